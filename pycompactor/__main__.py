@@ -1,0 +1,5 @@
+import sys
+
+from pycompactor.cli import main
+
+sys.exit(main())

@@ -1,0 +1,176 @@
+"""The `pycompactor` command line: argument parsing, output formatting, exit codes.
+
+Exit codes: 0 success, 1 runtime failure (one line on stderr; --debug adds the
+traceback), 2 bad argument (argparse's usage line plus one error line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pycompactor import __version__, db, schema
+from pycompactor.errors import PycompactorError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain aligned text table (the readable default; --json is for scripts)."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, ensure_ascii=False, indent=2, sort_keys=False))
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    dsn = db.resolve_dsn(args.dsn)
+    schema.upgrade(dsn, args.to)
+    print(f"compaction schema at revision {schema.current_revision(dsn)}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    with db.connect(args.dsn) as conn:
+        targets = db.plan_targets(conn, args.conversation)
+        n_pairs = len(db.eligible_pairs(conn, args.conversation)) if not args.json else None
+    if args.json:
+        print_json([
+            {
+                "from_pair": t.from_pair,
+                "to_pair": t.to_pair,
+                "source_message_ids": t.source_message_ids,
+                "source_hash": t.source_hash,
+            }
+            for t in targets
+        ])
+        return 0
+    print(f"conversation {args.conversation}: {n_pairs} eligible pairs, {len(targets)} targets")
+    if targets:
+        print(render_table(
+            ["pairs", "first source id", "last source id", "source_hash"],
+            [(f"{t.from_pair}-{t.to_pair}", t.source_message_ids[0], t.source_message_ids[-1],
+              t.source_hash) for t in targets],
+        ))
+    return 0
+
+
+def cmd_check_source(args: argparse.Namespace) -> int:
+    from pycompactor.source import check_source
+
+    with db.connect(args.dsn) as conn:
+        report = check_source(conn, args.conversation, args.sample)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        for problem in report.problems:
+            print(f"problem: {problem}")
+        if report.ok:
+            print("source views match the contract")
+            if report.samples:
+                print(render_table(
+                    ["conversation", "runs", "pairs", "excluded runs (reason: count)"],
+                    [(s.conversation_id, s.runs, s.pairs,
+                      ", ".join(f"{k}: {v}" for k, v in s.excluded.items()) or "-")
+                     for s in report.samples],
+                ))
+    return 0 if report.ok else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pycompactor.demo import run_demo
+
+    return run_demo()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pycompactor",
+        description="Cross-run conversation compaction for AI agents, enforced inside PostgreSQL.",
+        epilog="Connection: --dsn, else PYCOMPACTOR_DSN, else libpq's PG* variables.",
+    )
+    parser.add_argument("--version", action="version", version=f"pycompactor {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--dsn", default=None,
+        help="libpq connection string or URI (env: PYCOMPACTOR_DSN; PG* variables apply)",
+    )
+    common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Handler, help_: str, examples: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name, parents=[common], help=help_, description=help_,
+            epilog="examples:\n" + examples,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.set_defaults(handler=handler)
+        return p
+
+    p = add("migrate", cmd_migrate, "apply the engine's migrations (idempotent, concurrency-safe)",
+            "  pycompactor migrate --dsn postgresql://admin@db/agent\n"
+            "  PYCOMPACTOR_DSN=postgresql:///agent pycompactor migrate")
+    p.add_argument("--to", default="head", metavar="REVISION",
+                   help="target revision (default: head)")
+
+    p = add("plan", cmd_plan, "show the ranges the window policy makes targets now",
+            "  pycompactor plan conv-42\n  pycompactor plan conv-42 --json")
+    p.add_argument("conversation", metavar="CONVERSATION")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    p = add("check-source", cmd_check_source,
+            "check the source views against the contract; show excluded runs and why",
+            "  pycompactor check-source\n"
+            "  pycompactor check-source --conversation conv-42 --json")
+    p.add_argument("--conversation", action="append", metavar="ID",
+                   help="sample this conversation (repeatable; default: the first --sample ids)")
+    p.add_argument("--sample", type=positive_int, default=5, metavar="N",
+                   help="how many conversations to sample (default: 5)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    add("demo", cmd_demo,
+        "start a throwaway PostgreSQL, migrate, load a sample conversation and show the plan",
+        "  pycompactor demo")
+    return parser
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("pycompactor: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one clear line, never a traceback unless asked
+        if args.debug:
+            traceback.print_exc()
+        message = str(exc) if isinstance(exc, PycompactorError) else f"{type(exc).__name__}: {exc}"
+        print(f"pycompactor: error: {message.splitlines()[0] if message else type(exc).__name__}",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The one exception hierarchy of pycompactor, and the mapping from SQLSTATEs to it.
+
+Each class's docstring is its default message and names the fix. Driver errors are
+wrapped exactly once, at the boundary (`wrap_exceptions`), with `raise ... from exc`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import psycopg.errors
+
+
+class PycompactorError(Exception):
+    """pycompactor failed; run with --debug for details."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class UsageError(PycompactorError):
+    """Bad argument; see --help."""
+
+
+class DatabaseUnavailable(PycompactorError):
+    """Cannot reach the database; check --dsn, PYCOMPACTOR_DSN or the PG* variables."""
+
+
+class SchemaNotMigrated(PycompactorError):
+    """The compaction schema is missing or outdated; run `pycompactor migrate` first."""
+
+
+class ServerBinariesMissing(PycompactorError):
+    """PostgreSQL server binaries (initdb, pg_ctl) not found; install them (apt-get install postgresql)."""
+
+
+class SourceContractError(PycompactorError):
+    """The source views do not match the contract; run `pycompactor check-source`."""
+
+
+class EngineError(PycompactorError):
+    """The engine refused the operation."""
+
+    sqlstate: str = ""
+
+
+class NotUtf8Database(EngineError):
+    """pycompactor needs a UTF8-encoded database; create it with ENCODING 'UTF8'."""
+
+    sqlstate = "CP001"
+
+
+class InvalidRange(EngineError):
+    """from_pair must be a non-negative multiple of 10."""
+
+    sqlstate = "CP002"
+
+
+class InvalidSourceIds(EngineError):
+    """A range needs exactly 20 distinct, non-null source message ids."""
+
+    sqlstate = "CP003"
+
+
+class InvalidSourceHash(EngineError):
+    """source_hash must be 64 lowercase hexadecimal characters."""
+
+    sqlstate = "CP004"
+
+
+class InvalidSummary(EngineError):
+    """The summary must be non-empty plain text of at most 6,000 characters."""
+
+    sqlstate = "CP005"
+
+
+class DuplicateSummary(EngineError):
+    """A completed summary already exists for this identity; summaries are immutable."""
+
+    sqlstate = "CP006"
+
+
+class UnknownPromptVersion(EngineError):
+    """Unknown prompt version; see compaction.prompt_versions."""
+
+    sqlstate = "CP007"
+
+
+class ImmutableRow(EngineError):
+    """Completed summaries never change; erasure goes through compaction.erase_conversation."""
+
+    sqlstate = "CP010"
+
+
+class AppendOnly(EngineError):
+    """This engine table is append-only."""
+
+    sqlstate = "CP011"
+
+
+class TruncateRefused(EngineError):
+    """TRUNCATE is refused on engine tables."""
+
+    sqlstate = "CP012"
+
+
+class InvalidArgument(EngineError):
+    """An engine function was called with an invalid argument."""
+
+    sqlstate = "CP020"
+
+
+_BY_SQLSTATE: dict[str, type[EngineError]] = {
+    cls.sqlstate: cls
+    for cls in (
+        NotUtf8Database,
+        InvalidRange,
+        InvalidSourceIds,
+        InvalidSourceHash,
+        InvalidSummary,
+        DuplicateSummary,
+        UnknownPromptVersion,
+        ImmutableRow,
+        AppendOnly,
+        TruncateRefused,
+        InvalidArgument,
+    )
+}
+
+
+def from_driver(exc: psycopg.Error) -> PycompactorError:
+    """Translate one driver error into the hierarchy (the single mapping place)."""
+    sqlstate = exc.sqlstate or ""
+    if sqlstate in _BY_SQLSTATE:
+        diag = exc.diag.message_primary
+        return _BY_SQLSTATE[sqlstate](diag or None)
+    if isinstance(exc, psycopg.errors.UndefinedFunction | psycopg.errors.InvalidSchemaName):
+        return SchemaNotMigrated()
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
+        return SourceContractError(
+            f"{exc.diag.message_primary}; run `pycompactor check-source` to see what the "
+            "source views lack"
+        )
+    if isinstance(exc, psycopg.OperationalError) and sqlstate == "":
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return DatabaseUnavailable(
+            f"cannot reach the database ({first_line}); check --dsn, PYCOMPACTOR_DSN "
+            "or the PG* variables"
+        )
+    primary = exc.diag.message_primary or str(exc).strip().splitlines()[0]
+    return PycompactorError(f"database error {sqlstate}: {primary}")
+
+
+@contextmanager
+def wrap_exceptions() -> Iterator[None]:
+    """Re-raise driver errors as PycompactorError, keeping the cause."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise from_driver(exc) from exc

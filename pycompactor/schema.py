@@ -1,0 +1,139 @@
+"""Applying the stored logic: alembic upgrades/downgrades and the current definition in sql/.
+
+The SQL and the alembic environment ship inside the wheel (pycompactor/_data); in a
+checkout they are read from the repository's own sql/ and migrations/ directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import sqlalchemy
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.pool import NullPool
+
+from pycompactor.errors import NotUtf8Database, PycompactorError, wrap_exceptions
+
+#: Two-key advisory lock class of the project (see sql/00_schema.sql).
+LOCK_CLASS = 1129316352
+MIGRATION_LOCK_KEY = 1
+VERSION_TABLE = "alembic_version"
+VERSION_TABLE_SCHEMA = "compaction"
+
+
+def data_dir() -> Path:
+    """Directory holding sql/ and migrations/ (installed package data, else the checkout)."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "_data", package.parent):
+        if (candidate / "sql").is_dir() and (candidate / "migrations" / "env.py").is_file():
+            return candidate
+    raise PycompactorError(
+        "pycompactor's SQL files are missing from the installation; reinstall the package"
+    )
+
+
+def sql_files() -> list[Path]:
+    """The current definition, in the order it is applied."""
+    return sorted((data_dir() / "sql").glob("*.sql"))
+
+
+def delta_path(name: str) -> Path:
+    return data_dir() / "migrations" / "deltas" / name
+
+
+def make_engine(dsn: str) -> sqlalchemy.Engine:
+    """A SQLAlchemy engine over psycopg that takes a libpq DSN or URI as psycopg does."""
+    return sqlalchemy.create_engine(
+        "postgresql+psycopg://",
+        creator=lambda: psycopg.connect(dsn),
+        poolclass=NullPool,
+    )
+
+
+def alembic_config(dsn: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(data_dir() / "migrations"))
+    config.attributes["dsn"] = dsn
+    return config
+
+
+def prepare_migration(connection: sqlalchemy.Connection) -> None:
+    """Run first inside the migration transaction: refuse non-UTF8, serialise migrators.
+
+    The advisory lock is transaction-scoped, so concurrent `migrate` processes queue here
+    and the later ones find the version table already at head: a no-op.
+    """
+    encoding = connection.exec_driver_sql("SHOW server_encoding").scalar_one()
+    if encoding != "UTF8":
+        raise NotUtf8Database(
+            f"pycompactor needs a UTF8-encoded database, this one is {encoding}; "
+            "create it with ENCODING 'UTF8'"
+        )
+    connection.exec_driver_sql(
+        f"SELECT pg_catalog.pg_advisory_xact_lock({LOCK_CLASS}, {MIGRATION_LOCK_KEY})"
+    )
+    connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {VERSION_TABLE_SCHEMA}")
+
+
+def run_delta(name: str) -> None:
+    """Execute one SQL delta file inside the running alembic revision.
+
+    The file goes to psycopg without parameters, so `%` and `:name` in SQL text are
+    sent verbatim (SQLAlchemy's text() would treat `:name` as a bind parameter).
+    """
+    from alembic import op
+
+    raw: Any = op.get_bind().connection.dbapi_connection
+    with raw.cursor() as cursor:
+        execute_file(cursor, delta_path(name))
+
+
+def execute_file(cursor: psycopg.Cursor[Any], path: Path) -> None:
+    """Send one SQL file as a single parameterless simple query (`%`, `:name` stay verbatim)."""
+    cursor.execute(path.read_text(encoding="utf-8").encode("utf-8"))
+
+
+@contextlib.contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+def upgrade(dsn: str, revision: str = "head") -> None:
+    with wrap_exceptions(), _quiet_alembic():
+        command.upgrade(alembic_config(dsn), revision)
+
+
+def downgrade(dsn: str, revision: str = "base") -> None:
+    with wrap_exceptions(), _quiet_alembic():
+        command.downgrade(alembic_config(dsn), revision)
+
+
+def heads() -> list[str]:
+    return list(ScriptDirectory.from_config(alembic_config("")).get_heads())
+
+
+def current_revision(dsn: str) -> str | None:
+    """The revision the database is at (None before the first migration)."""
+    engine = make_engine(dsn)
+    with wrap_exceptions(), engine.connect() as connection:
+        context = MigrationContext.configure(
+            connection,
+            opts={"version_table": VERSION_TABLE, "version_table_schema": VERSION_TABLE_SCHEMA},
+        )
+        return context.get_current_revision()
+
+
+def apply_current_definition(conn: psycopg.Connection[Any]) -> None:
+    """Build the engine from sql/ directly (the reference the migrations are checked against)."""
+    with wrap_exceptions(), conn.transaction(), conn.cursor() as cursor:
+        for path in sql_files():
+            execute_file(cursor, path)

@@ -1,0 +1,59 @@
+-- pycompactor stored logic, section 5: ownership and privileges.
+--
+-- Engine objects belong to the NOLOGIN role compaction_owner (alembic's version table
+-- excepted: it belongs to whoever migrates). Nobody holds EXECUTE through PUBLIC; each
+-- role gets exactly what its job needs (docs/security.md).
+
+CREATE PROCEDURE compaction.assign_ownership()
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_object record;
+BEGIN
+    EXECUTE 'ALTER SCHEMA compaction OWNER TO compaction_owner';
+    EXECUTE 'ALTER SCHEMA compaction_source OWNER TO compaction_owner';
+    FOR v_object IN
+        SELECT c.oid::regclass AS name,
+               CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END AS kind
+        FROM pg_catalog.pg_class AS c
+        WHERE c.relnamespace IN ('compaction'::regnamespace, 'compaction_source'::regnamespace)
+          AND c.relkind IN ('r', 'p', 'v', 'S')
+          AND c.oid IS DISTINCT FROM pg_catalog.to_regclass('compaction.alembic_version')
+          -- sequences owned by a column follow their table
+          AND NOT (c.relkind = 'S' AND EXISTS (
+                SELECT 1 FROM pg_catalog.pg_depend AS d
+                WHERE d.objid = c.oid AND d.deptype IN ('a', 'i')))
+    LOOP
+        EXECUTE pg_catalog.format('ALTER %s %s OWNER TO compaction_owner', v_object.kind, v_object.name);
+    END LOOP;
+    FOR v_object IN
+        SELECT p.oid::regprocedure AS name,
+               CASE p.prokind WHEN 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END AS kind
+        FROM pg_catalog.pg_proc AS p
+        WHERE p.pronamespace IN ('compaction'::regnamespace, 'compaction_source'::regnamespace)
+    LOOP
+        EXECUTE pg_catalog.format('ALTER %s %s OWNER TO compaction_owner', v_object.kind, v_object.name);
+        EXECUTE pg_catalog.format('REVOKE ALL ON %s %s FROM PUBLIC', v_object.kind, v_object.name);
+    END LOOP;
+END
+$$;
+COMMENT ON PROCEDURE compaction.assign_ownership() IS
+    'Migration step: hands every engine object to compaction_owner and revokes EXECUTE from PUBLIC (run by each migration)';
+
+CALL compaction.assign_ownership();
+
+GRANT USAGE ON SCHEMA compaction TO compaction_worker, compaction_reader, compaction_auditor;
+
+GRANT EXECUTE ON FUNCTION
+    compaction.eligible_pairs(text),
+    compaction.plan_targets(text),
+    compaction.source_hash(text, int),
+    compaction.explain_runs(text)
+TO compaction_worker, compaction_reader;
+
+GRANT SELECT ON compaction.source_runs, compaction.source_messages
+TO compaction_worker, compaction_reader;
+
+-- Metadata only: which runs form pairs and why not, never their text.
+GRANT EXECUTE ON FUNCTION compaction.explain_runs(text) TO compaction_auditor;
