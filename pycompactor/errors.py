@@ -33,7 +33,7 @@ class SchemaNotMigrated(PycompactorError):
 
 
 class ServerBinariesMissing(PycompactorError):
-    """PostgreSQL server binaries (initdb, pg_ctl) not found; install them (apt-get install postgresql)."""
+    """PostgreSQL server binaries (initdb, pg_ctl) not found; apt-get install postgresql."""
 
 
 class SourceContractError(PycompactorError):

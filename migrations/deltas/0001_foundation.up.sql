@@ -1,4 +1,4 @@
--- Delta 0001_foundation (frozen once released): the concatenation of sql/00, 10, 20, 50 as of 0.1.0.
+-- Delta 0001_foundation (frozen once released): sql/00_schema, 10_source, 20_pairs and 90_roles as of 0.1.0.
 
 -- ==== sql/00_schema.sql ====
 -- pycompactor stored logic, section 0: preconditions, roles and schemas.
@@ -335,8 +335,8 @@ $$;
 COMMENT ON FUNCTION compaction.source_hash(text, int) IS
     'SHA-256 (lowercase hex) binding pairs from_pair..from_pair+9 (ids and texts of both sides); NULL unless all 10 pairs exist and from_pair is a non-negative multiple of 10';
 
--- ==== sql/50_roles.sql ====
--- pycompactor stored logic, section 5: ownership and privileges.
+-- ==== sql/90_roles.sql ====
+-- pycompactor stored logic, section 9 (last): ownership and privileges.
 --
 -- Engine objects belong to the NOLOGIN role compaction_owner (alembic's version table
 -- excepted: it belongs to whoever migrates). Nobody holds EXECUTE through PUBLIC; each

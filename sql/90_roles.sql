@@ -1,4 +1,4 @@
--- pycompactor stored logic, section 5: ownership and privileges.
+-- pycompactor stored logic, section 9 (last): ownership and privileges.
 --
 -- Engine objects belong to the NOLOGIN role compaction_owner (alembic's version table
 -- excepted: it belongs to whoever migrates). Nobody holds EXECUTE through PUBLIC; each
