@@ -72,6 +72,8 @@ def prepare_migration(connection: sqlalchemy.Connection) -> None:
     and the later ones find the version table already at head: a no-op.
     """
     encoding = connection.exec_driver_sql("SHOW server_encoding").scalar_one()
+    if isinstance(encoding, bytes):  # SQL_ASCII databases hand text back undecoded
+        encoding = encoding.decode("ascii", "replace")
     if encoding != "UTF8":
         raise NotUtf8Database(
             f"pycompactor needs a UTF8-encoded database, this one is {encoding}; "

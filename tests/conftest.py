@@ -97,11 +97,13 @@ def server(postgresql_proc: PostgreSQLExecutor) -> PostgreSQLExecutor:
 
 def create_database(admin_dsn: str, name: str, template: str = "template0",
                     encoding: str = "UTF8") -> None:
+    # A non-UTF8 encoding needs a locale that accepts it.
+    locale = psycopg.sql.SQL("" if encoding == "UTF8" else " LOCALE 'C'")
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute(
-            psycopg.sql.SQL("CREATE DATABASE {} TEMPLATE {} ENCODING {}").format(
+            psycopg.sql.SQL("CREATE DATABASE {} TEMPLATE {} ENCODING {}{}").format(
                 psycopg.sql.Identifier(name), psycopg.sql.Identifier(template),
-                psycopg.sql.Literal(encoding),
+                psycopg.sql.Literal(encoding), locale,
             )
         )
 
