@@ -53,7 +53,9 @@ def make_engine(dsn: str) -> sqlalchemy.Engine:
     """A SQLAlchemy engine over psycopg that takes a libpq DSN or URI as psycopg does."""
     return sqlalchemy.create_engine(
         "postgresql+psycopg://",
-        creator=lambda: psycopg.connect(dsn),
+        # client_encoding keeps text decodable even on a SQL_ASCII server, so the
+        # encoding check below can refuse it with a readable message.
+        creator=lambda: psycopg.connect(dsn, client_encoding="UTF8"),
         poolclass=NullPool,
     )
 
@@ -72,8 +74,6 @@ def prepare_migration(connection: sqlalchemy.Connection) -> None:
     and the later ones find the version table already at head: a no-op.
     """
     encoding = connection.exec_driver_sql("SHOW server_encoding").scalar_one()
-    if isinstance(encoding, bytes):  # SQL_ASCII databases hand text back undecoded
-        encoding = encoding.decode("ascii", "replace")
     if encoding != "UTF8":
         raise NotUtf8Database(
             f"pycompactor needs a UTF8-encoded database, this one is {encoding}; "
