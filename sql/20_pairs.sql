@@ -45,7 +45,9 @@ AS $$
                r.status AS run_status,
                count(m.message_id) FILTER (WHERE m.role = 'user') AS n_user,
                count(m.message_id) FILTER (WHERE m.role = 'assistant') AS n_assistant,
-               bool_or(m.conversation_id IS DISTINCT FROM p_conversation_id) AS foreign_message,
+               -- m.run_id is NULL only on the outer join's filler row of a run with no messages
+               coalesce(bool_or(m.conversation_id IS DISTINCT FROM p_conversation_id)
+                            FILTER (WHERE m.run_id IS NOT NULL), false) AS foreign_message,
                (array_agg(m.message_id) FILTER (WHERE m.role = 'user'))[1] AS user_message_id,
                (array_agg(m.seq) FILTER (WHERE m.role = 'user'))[1] AS user_seq,
                (array_agg(m.content) FILTER (WHERE m.role = 'user'))[1] AS user_content,
