@@ -7,6 +7,15 @@ hashes sources, projects history under a byte budget, calls the model and runs w
 from pycompactor.errors import PycompactorError
 from pycompactor.hashing import source_hash
 from pycompactor.models import Pair, RunVerdict, Target
+from pycompactor.projection import Projection, project_history
 
-__all__ = ["Pair", "PycompactorError", "RunVerdict", "Target", "source_hash"]
+__all__ = [
+    "Pair",
+    "Projection",
+    "PycompactorError",
+    "RunVerdict",
+    "Target",
+    "project_history",
+    "source_hash",
+]
 __version__ = "0.1.0"

@@ -1,0 +1,603 @@
+"""Projection for the next Run: source-checked summaries under a UTF-8 byte budget (DESIGN §9).
+
+Two layers:
+
+* a pure, deterministic core over frozen dataclasses: `plan_projection` decides, from
+  pair *metadata* (ids and byte lengths), each range's current source hash and the stored
+  summaries' metadata, which summaries are valid, which one each range uses, and which
+  newest suffix of history fits the budget; `render_projection` then turns that plan plus
+  the few texts it names into chat messages. `project_pairs` runs both over in-memory
+  pairs (hashing with `pycompactor.source_hash`); tests drive it without a database.
+* a thin reading layer, `project_history`, that feeds the core from PostgreSQL in one
+  read-only repeatable-read transaction (so the metadata, the hashes and the texts come
+  from one snapshot): pair metadata newest first without text, summary metadata without
+  text, then only the texts the plan includes. Message text shipped and processed grows
+  with the budget, not with the conversation (docs/projection.md, "Cost").
+
+The rules, the marker line and the manifest shape are documented in docs/projection.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Literal, Protocol, TypedDict
+
+import psycopg
+from psycopg import pq
+from psycopg.rows import class_row
+
+from pycompactor.errors import PycompactorError, UsageError, wrap_exceptions
+from pycompactor.hashing import PAIRS_PER_RANGE, source_hash
+
+#: Fixed cost added to the UTF-8 byte length of every message's content (role, framing).
+MESSAGE_OVERHEAD_BYTES: Final = 16
+
+#: First line of every summary message; {from_pair} and {to_pair} are zero-based pair
+#: indices. The summary text follows on the next line. The en dash is U+2013.
+SUMMARY_MARKER: Final = "[pycompactor summary of assistant replies, pairs {from_pair}–{to_pair}]"
+
+Placement = Literal["raw", "summarized", "omitted"]
+RAW: Final = "raw"
+SUMMARIZED: Final = "summarized"
+OMITTED: Final = "omitted"
+
+Reason = Literal["version_not_projectable", "stale_source", "superseded", "did_not_fit"]
+VERSION_NOT_PROJECTABLE: Final = "version_not_projectable"
+STALE_SOURCE: Final = "stale_source"
+SUPERSEDED: Final = "superseded"
+DID_NOT_FIT: Final = "did_not_fit"
+
+
+class ChatMessage(TypedDict):
+    """One chat-API message: {"role": "user" | "assistant", "content": str}."""
+
+    role: str
+    content: str
+
+
+def marker_line(from_pair: int, to_pair: int) -> str:
+    """The fixed first line of the assistant message that carries a range's summary."""
+    return SUMMARY_MARKER.format(from_pair=from_pair, to_pair=to_pair)
+
+
+def summary_content(from_pair: int, to_pair: int, summary: str) -> str:
+    """Content of a summary message: the marker line, a newline, the summary text."""
+    return f"{marker_line(from_pair, to_pair)}\n{summary}"
+
+
+def utf8_len(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def message_cost(content: str) -> int:
+    """Cost of one message: UTF-8 bytes of its content + MESSAGE_OVERHEAD_BYTES."""
+    return utf8_len(content) + MESSAGE_OVERHEAD_BYTES
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True, slots=True)
+class PairMeta:
+    """An eligible pair without its texts: ids and UTF-8 byte lengths are enough to plan."""
+
+    pair_index: int
+    user_message_id: str
+    assistant_message_id: str
+    user_bytes: int
+    assistant_bytes: int
+
+    @property
+    def cost(self) -> int:
+        return self.user_bytes + self.assistant_bytes + 2 * MESSAGE_OVERHEAD_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryCandidate:
+    """A stored completed summary of the conversation and scope, without its text."""
+
+    summary_id: int
+    from_pair: int
+    to_pair: int
+    source_message_ids: tuple[str, ...]
+    source_hash: str
+    prompt_version: str
+    projectable: bool
+    completed_at: datetime
+    summary_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSummary:
+    """A stored summary with its text, for the in-memory path (`project_pairs`)."""
+
+    summary_id: int
+    from_pair: int
+    to_pair: int
+    source_message_ids: tuple[str, ...]
+    source_hash: str
+    prompt_version: str
+    projectable: bool
+    completed_at: datetime
+    summary: str
+
+    def candidate(self) -> SummaryCandidate:
+        return SummaryCandidate(
+            self.summary_id, self.from_pair, self.to_pair, tuple(self.source_message_ids),
+            self.source_hash, self.prompt_version, self.projectable, self.completed_at,
+            utf8_len(self.summary),
+        )
+
+
+class SourcePair(Protocol):
+    """An eligible pair with its texts (pycompactor.models.Pair has these attributes)."""
+
+    @property
+    def pair_index(self) -> int: ...
+    @property
+    def user_message_id(self) -> str: ...
+    @property
+    def user_content(self) -> str: ...
+    @property
+    def assistant_message_id(self) -> str: ...
+    @property
+    def assistant_content(self) -> str: ...
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True, slots=True)
+class PairPlacement:
+    """Manifest entry of one eligible pair; summary_id is set iff placement is summarized."""
+
+    pair_index: int
+    placement: Placement
+    summary_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedSummary:
+    """A stored summary that is not in the projection, with the first reason that applies."""
+
+    summary_id: int
+    from_pair: int
+    reason: Reason
+
+
+@dataclass(frozen=True, slots=True)
+class RawItem:
+    """Plan item: a pair that travels as its original user and assistant messages."""
+
+    pair_index: int
+    user_message_id: str
+    assistant_message_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryItem:
+    """Plan item: a range's 10 original user messages, then one summary message."""
+
+    summary_id: int
+    from_pair: int
+    to_pair: int
+    user_message_ids: tuple[str, ...]
+
+
+PlanItem = RawItem | SummaryItem
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to project, decided from metadata; `items` are in chronological order."""
+
+    items: tuple[PlanItem, ...]
+    pairs: tuple[PairPlacement, ...]
+    rejected_summaries: tuple[RejectedSummary, ...]
+    used_bytes: int
+    budget_bytes: int
+
+    @property
+    def message_ids(self) -> tuple[str, ...]:
+        """The source messages whose texts the projection needs, chronologically."""
+        ids: list[str] = []
+        for item in self.items:
+            if isinstance(item, RawItem):
+                ids += (item.user_message_id, item.assistant_message_id)
+            else:
+                ids += item.user_message_ids
+        return tuple(ids)
+
+    @property
+    def summary_ids(self) -> tuple[int, ...]:
+        return tuple(i.summary_id for i in self.items if isinstance(i, SummaryItem))
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """History for the next Run and its manifest (DESIGN §9)."""
+
+    messages: tuple[ChatMessage, ...]
+    pairs: tuple[PairPlacement, ...]
+    rejected_summaries: tuple[RejectedSummary, ...]
+    used_bytes: int
+    budget_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Exactly the five keys of §9, JSON-ready (what `pycompactor project --json` prints)."""
+        return {
+            "messages": [{"role": m["role"], "content": m["content"]} for m in self.messages],
+            "pairs": [
+                {"pair_index": p.pair_index, "placement": p.placement, "summary_id": p.summary_id}
+                for p in self.pairs
+            ],
+            "rejected_summaries": [
+                {"summary_id": r.summary_id, "from_pair": r.from_pair, "reason": r.reason}
+                for r in self.rejected_summaries
+            ],
+            "used_bytes": self.used_bytes,
+            "budget_bytes": self.budget_bytes,
+        }
+
+
+class HistoryChanged(PycompactorError):
+    """The history changed while it was being projected; project again."""
+
+
+# --------------------------------------------------------------------------- pure core
+
+
+def check_budget(budget_bytes: object) -> int:
+    """A budget is a whole number of bytes, 0 or more; anything else is a bad argument."""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
+        raise UsageError(f"budget_bytes must be a whole number of bytes, got {budget_bytes!r}")
+    if budget_bytes < 0:
+        raise UsageError(f"budget_bytes must be 0 or more, got {budget_bytes}")
+    return budget_bytes
+
+
+_VERSION_NUMBER = re.compile(r"@(\d+)$")
+
+
+def version_rank(prompt_version: str) -> int:
+    """Preference among projectable versions: the number after '@', higher first (@3 > @2).
+
+    A version without such a number ranks below every numbered one.
+    """
+    match = _VERSION_NUMBER.search(prompt_version)
+    return int(match.group(1)) if match else -1
+
+
+def _preference(summary: SummaryCandidate) -> tuple[int, datetime, int]:
+    # Sorted descending: newer prompt version, then latest completed_at, then higher id.
+    return (version_rank(summary.prompt_version), summary.completed_at, summary.summary_id)
+
+
+def _range_is_current(
+    summary: SummaryCandidate, pairs: Sequence[PairMeta], range_hashes: Mapping[int, str]
+) -> bool:
+    """Stored ids and hash equal the range's current ones (a missing range is stale)."""
+    start = summary.from_pair
+    if (
+        start < 0
+        or start % PAIRS_PER_RANGE
+        or summary.to_pair != start + PAIRS_PER_RANGE - 1
+        or summary.to_pair >= len(pairs)
+    ):
+        return False
+    current_ids = tuple(
+        mid for p in pairs[start : start + PAIRS_PER_RANGE]
+        for mid in (p.user_message_id, p.assistant_message_id)
+    )
+    return (
+        current_ids == tuple(summary.source_message_ids)
+        and range_hashes.get(start) == summary.source_hash
+    )
+
+
+def select_summaries(
+    pairs: Sequence[PairMeta],
+    range_hashes: Mapping[int, str],
+    summaries: Sequence[SummaryCandidate],
+) -> tuple[dict[int, SummaryCandidate], dict[int, Reason]]:
+    """Per range, the chosen valid summary; per other summary, its rejection reason.
+
+    Reasons are checked in the contract's order: version_not_projectable, stale_source,
+    superseded. (did_not_fit is decided later, by the walk.)
+    """
+    rejected: dict[int, Reason] = {}
+    valid_by_range: dict[int, list[SummaryCandidate]] = {}
+    for summary in summaries:
+        if not summary.projectable:
+            rejected[summary.summary_id] = VERSION_NOT_PROJECTABLE
+        elif not _range_is_current(summary, pairs, range_hashes):
+            rejected[summary.summary_id] = STALE_SOURCE
+        else:
+            valid_by_range.setdefault(summary.from_pair, []).append(summary)
+    chosen: dict[int, SummaryCandidate] = {}
+    for from_pair, valid in valid_by_range.items():
+        best, *others = sorted(valid, key=_preference, reverse=True)
+        chosen[from_pair] = best
+        for other in others:
+            rejected[other.summary_id] = SUPERSEDED
+    return chosen, rejected
+
+
+def block_cost(summary: SummaryCandidate, pairs: Sequence[PairMeta]) -> int:
+    """Cost of a summary block: the range's 10 user messages plus the summary message."""
+    users = pairs[summary.from_pair : summary.to_pair + 1]
+    summary_message = (
+        utf8_len(marker_line(summary.from_pair, summary.to_pair)) + 1 + summary.summary_bytes
+    )
+    return (
+        sum(p.user_bytes + MESSAGE_OVERHEAD_BYTES for p in users)
+        + summary_message + MESSAGE_OVERHEAD_BYTES
+    )
+
+
+def plan_projection(
+    pairs: Sequence[PairMeta],
+    range_hashes: Mapping[int, str],
+    summaries: Sequence[SummaryCandidate],
+    budget_bytes: int,
+) -> Plan:
+    """Decide the projection from metadata alone (pure and deterministic).
+
+    `pairs` are all eligible pairs, pair_index 0..N-1 in order; `range_hashes` maps the
+    first pair of a complete range to its current source hash (ranges without one are
+    treated as stale); `summaries` are every stored summary of the conversation and scope,
+    in any order.
+
+    The walk goes from the newest pair backwards: a pair outside any chosen summary's range
+    is taken raw; at a range with a chosen summary the whole block is tried, and if it does
+    not fit, that range's raw pairs newest first. The first thing that does not fit ends
+    the walk, so the included history is always a contiguous newest suffix.
+    """
+    budget = check_budget(budget_bytes)
+    if [p.pair_index for p in pairs] != list(range(len(pairs))):
+        raise ValueError("pairs must be every eligible pair, ordered by pair_index from 0")
+    chosen, rejected = select_summaries(pairs, range_hashes, summaries)
+
+    remaining = budget
+    newest_first: list[PlanItem] = []
+    placement: dict[int, tuple[Placement, int | None]] = {}
+    used_summaries: set[int] = set()
+    tried_ranges: set[int] = set()
+    index = len(pairs) - 1
+    while index >= 0:
+        start = index - index % PAIRS_PER_RANGE
+        summary = chosen.get(start)
+        if summary is not None and start not in tried_ranges:
+            tried_ranges.add(start)
+            # A chosen summary's range is complete and the walk is contiguous, so the walk
+            # meets the range at its last pair.
+            assert index == summary.to_pair
+            cost = block_cost(summary, pairs)
+            if cost <= remaining:
+                remaining -= cost
+                block = pairs[start : summary.to_pair + 1]
+                newest_first.append(SummaryItem(
+                    summary.summary_id, start, summary.to_pair,
+                    tuple(p.user_message_id for p in block),
+                ))
+                used_summaries.add(summary.summary_id)
+                for p in block:
+                    placement[p.pair_index] = (SUMMARIZED, summary.summary_id)
+                index = start - 1
+                continue
+            # The block does not fit: fall back to this range's raw pairs, newest first.
+        pair = pairs[index]
+        if pair.cost > remaining:
+            break
+        remaining -= pair.cost
+        newest_first.append(RawItem(pair.pair_index, pair.user_message_id,
+                                    pair.assistant_message_id))
+        placement[pair.pair_index] = (RAW, None)
+        index -= 1
+
+    # A chosen summary not in the projection did not fit: its block was tried and dropped,
+    # or the budget was spent before the walk reached its range.
+    for summary in chosen.values():
+        if summary.summary_id not in used_summaries:
+            rejected[summary.summary_id] = DID_NOT_FIT
+    by_id = {s.summary_id: s for s in summaries}
+    rejected_list = sorted(
+        (RejectedSummary(sid, by_id[sid].from_pair, reason) for sid, reason in rejected.items()),
+        key=lambda r: (r.from_pair, r.summary_id),
+    )
+    manifest = tuple(
+        PairPlacement(p.pair_index, *placement.get(p.pair_index, (OMITTED, None)))
+        for p in pairs
+    )
+    return Plan(
+        items=tuple(reversed(newest_first)),
+        pairs=manifest,
+        rejected_summaries=tuple(rejected_list),
+        used_bytes=budget - remaining,
+        budget_bytes=budget,
+    )
+
+
+def render_projection(
+    plan: Plan, message_texts: Mapping[str, str], summary_texts: Mapping[int, str]
+) -> Projection:
+    """Turn a plan and the texts it names into chat messages (pure).
+
+    Raises HistoryChanged if a text is missing or its size differs from what was planned
+    (the history changed between reads), so the budget holds whatever happens.
+    """
+    messages: list[ChatMessage] = []
+    try:
+        for item in plan.items:
+            if isinstance(item, RawItem):
+                messages.append({"role": "user",
+                                 "content": message_texts[item.user_message_id]})
+                messages.append({"role": "assistant",
+                                 "content": message_texts[item.assistant_message_id]})
+            else:
+                messages.extend({"role": "user", "content": message_texts[mid]}
+                                for mid in item.user_message_ids)
+                # The summary is a lossy account of assistant replies only: it travels in
+                # an assistant message, never as something the user said.
+                messages.append({
+                    "role": "assistant",
+                    "content": summary_content(item.from_pair, item.to_pair,
+                                               summary_texts[item.summary_id]),
+                })
+    except KeyError as exc:
+        raise HistoryChanged(
+            f"history changed while projecting ({exc.args[0]!r} disappeared); project again"
+        ) from None
+    used = sum(message_cost(m["content"]) for m in messages)
+    if used != plan.used_bytes or used > plan.budget_bytes:
+        raise HistoryChanged(
+            f"history changed while projecting (planned {plan.used_bytes} bytes, "
+            f"texts cost {used}); project again"
+        )
+    return Projection(
+        messages=tuple(messages),
+        pairs=plan.pairs,
+        rejected_summaries=plan.rejected_summaries,
+        used_bytes=used,
+        budget_bytes=plan.budget_bytes,
+    )
+
+
+def project_pairs(
+    pairs: Sequence[SourcePair], summaries: Sequence[StoredSummary], *, budget_bytes: int
+) -> Projection:
+    """The whole projection over in-memory pairs and summaries (no database).
+
+    Range hashes are recomputed with `pycompactor.source_hash`, the Python twin of the
+    SQL the database path uses.
+    """
+    metas = [
+        PairMeta(p.pair_index, p.user_message_id, p.assistant_message_id,
+                 utf8_len(p.user_content), utf8_len(p.assistant_content))
+        for p in pairs
+    ]
+    range_hashes = {
+        start: source_hash(pairs[start : start + PAIRS_PER_RANGE])
+        for start in range(0, len(pairs) - PAIRS_PER_RANGE + 1, PAIRS_PER_RANGE)
+    }
+    plan = plan_projection(metas, range_hashes, [s.candidate() for s in summaries],
+                           budget_bytes)
+    texts = {p.user_message_id: p.user_content for p in pairs}
+    texts.update({p.assistant_message_id: p.assistant_content for p in pairs})
+    return render_projection(plan, texts, {s.summary_id: s.summary for s in summaries})
+
+
+# --------------------------------------------------------------------------- database
+
+
+@dataclass(frozen=True, slots=True)
+class _PairRow:
+    pair_index: int
+    user_message_id: str
+    assistant_message_id: str
+    user_bytes: int
+    assistant_bytes: int
+    range_hash: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _SummaryRow:
+    summary_id: int
+    from_pair: int
+    to_pair: int
+    source_message_ids: list[str]
+    source_hash: str
+    prompt_version: str
+    projectable: bool
+    completed_at: datetime
+    summary_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _TextRow:
+    message_id: str | None
+    summary_id: int | None
+    content: str
+
+
+# Each is one statement; all three run in one snapshot (see _snapshot).
+_PAIRS_SQL: Final = (
+    "SELECT pair_index, user_message_id, assistant_message_id, user_bytes, assistant_bytes,"
+    " range_hash FROM compaction.projection_pairs(%(conversation_id)s::text, %(scope)s::text)"
+)
+_SUMMARIES_SQL: Final = (
+    "SELECT summary_id, from_pair, to_pair, source_message_ids, source_hash, prompt_version,"
+    " projectable, completed_at, summary_bytes"
+    " FROM compaction.projection_summaries(%(conversation_id)s::text, %(scope)s::text)"
+)
+_TEXTS_SQL: Final = (
+    "SELECT message_id, summary_id, content FROM compaction.projection_texts("
+    "%(conversation_id)s::text, %(message_ids)s::text[], %(summary_ids)s::bigint[])"
+)
+
+
+@contextmanager
+def _snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """One read-only repeatable-read transaction, unless the caller already has one.
+
+    The plan is made from metadata and the texts are read afterwards; one snapshot keeps
+    them consistent (render_projection still checks). Inside a caller's transaction its
+    own isolation level applies. Transaction-scoped only, so PgBouncer pooling is fine.
+    """
+    if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield
+    else:
+        yield
+
+
+def project_history(
+    conn: psycopg.Connection[Any],
+    conversation_id: str,
+    *,
+    budget_bytes: int,
+    scope: str = "default",
+) -> Projection:
+    """History for the next Run of a conversation under a UTF-8 byte budget (DESIGN §9).
+
+    Reads pair and summary metadata (no text), plans, then reads only the texts the plan
+    includes: three statements in one snapshot, whatever the conversation's length.
+    An unknown conversation gives an empty projection; a negative budget raises UsageError.
+    """
+    budget = check_budget(budget_bytes)
+    params: dict[str, Any] = {"conversation_id": conversation_id, "scope": scope}
+    with wrap_exceptions(), _snapshot(conn):
+        with conn.cursor(row_factory=class_row(_PairRow)) as cur:
+            pair_rows = cur.execute(_PAIRS_SQL, params).fetchall()
+        with conn.cursor(row_factory=class_row(_SummaryRow)) as cur:
+            summary_rows = cur.execute(_SUMMARIES_SQL, params).fetchall()
+        plan = plan_projection(
+            [PairMeta(r.pair_index, r.user_message_id, r.assistant_message_id,
+                      r.user_bytes, r.assistant_bytes) for r in pair_rows],
+            {r.pair_index: r.range_hash for r in pair_rows if r.range_hash is not None},
+            [SummaryCandidate(r.summary_id, r.from_pair, r.to_pair,
+                              tuple(r.source_message_ids), r.source_hash, r.prompt_version,
+                              r.projectable, r.completed_at, r.summary_bytes)
+             for r in summary_rows],
+            budget,
+        )
+        message_texts: dict[str, str] = {}
+        summary_texts: dict[int, str] = {}
+        if plan.items:
+            with conn.cursor(row_factory=class_row(_TextRow)) as cur:
+                cur.execute(_TEXTS_SQL, {
+                    "conversation_id": conversation_id,
+                    "message_ids": list(plan.message_ids),
+                    "summary_ids": list(plan.summary_ids),
+                })
+                for row in cur:
+                    if row.message_id is not None:
+                        message_texts[row.message_id] = row.content
+                    elif row.summary_id is not None:
+                        summary_texts[row.summary_id] = row.content
+    return render_projection(plan, message_texts, summary_texts)

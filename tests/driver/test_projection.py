@@ -1,0 +1,432 @@
+"""The pure projection core (no database): selection, reasons, the walk, the budget."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pycompactor import Projection
+from pycompactor.errors import UsageError
+from pycompactor.hashing import source_hash, source_message_ids
+from pycompactor.models import Pair
+from pycompactor.projection import (
+    SUMMARY_MARKER,
+    HistoryChanged,
+    PairMeta,
+    StoredSummary,
+    marker_line,
+    message_cost,
+    plan_projection,
+    project_pairs,
+    render_projection,
+)
+
+V1, V2, V3 = (f"conversation-compaction@{n}" for n in (1, 2, 3))
+PROJECTABLE = {V1: False, V2: True, V3: True}
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def make_pairs(n: int, user: str = "question {i}", assistant: str = "answer {i}") -> list[Pair]:
+    return [
+        Pair(i, f"r{i}", f"u{i}", user.format(i=i), f"a{i}", assistant.format(i=i))
+        for i in range(n)
+    ]
+
+
+def summary_of(
+    pairs: Sequence[Pair],
+    from_pair: int,
+    summary_id: int,
+    *,
+    version: str = V3,
+    completed_at: datetime = T0,
+    text: str | None = None,
+) -> StoredSummary:
+    block = pairs[from_pair : from_pair + 10]
+    return StoredSummary(
+        summary_id=summary_id,
+        from_pair=from_pair,
+        to_pair=from_pair + 9,
+        source_message_ids=tuple(source_message_ids(block)),
+        source_hash=source_hash(block),
+        prompt_version=version,
+        projectable=PROJECTABLE[version],
+        completed_at=completed_at,
+        summary=text if text is not None else f"summary #{summary_id} of {from_pair}",
+    )
+
+
+def everything(pairs: Sequence[Pair], summaries: Sequence[StoredSummary] = ()) -> int:
+    """A budget large enough for every pair raw and every summary block."""
+    raw = sum(message_cost(p.user_content) + message_cost(p.assistant_content) for p in pairs)
+    return raw + sum(message_cost(marker_line(0, 9) + "\n" + s.summary) + 64 for s in summaries)
+
+
+def placements(projection: Projection) -> list[tuple[str, int | None]]:
+    return [(p.placement, p.summary_id) for p in projection.pairs]
+
+
+def reasons(projection: Projection) -> dict[int, str]:
+    return {r.summary_id: r.reason for r in projection.rejected_summaries}
+
+
+# ----------------------------------------------------------------------------- examples
+
+
+def test_marker_line_is_fixed_and_zero_based() -> None:
+    assert (
+        SUMMARY_MARKER == "[pycompactor summary of assistant replies, pairs {from_pair}–{to_pair}]"
+    )
+    assert marker_line(0, 9) == "[pycompactor summary of assistant replies, pairs 0–9]"
+    assert marker_line(10, 19) == "[pycompactor summary of assistant replies, pairs 10–19]"
+
+
+def test_cost_is_utf8_bytes_plus_16() -> None:
+    assert message_cost("") == 16
+    assert message_cost("é") == 18
+    assert message_cost("你好") == 22
+    assert message_cost("🙂") == 20
+
+
+def test_everything_fits_raw_in_chat_order() -> None:
+    pairs = make_pairs(3)
+    projection = project_pairs(pairs, [], budget_bytes=10_000)
+    assert projection.messages == (
+        {"role": "user", "content": "question 0"},
+        {"role": "assistant", "content": "answer 0"},
+        {"role": "user", "content": "question 1"},
+        {"role": "assistant", "content": "answer 1"},
+        {"role": "user", "content": "question 2"},
+        {"role": "assistant", "content": "answer 2"},
+    )
+    assert placements(projection) == [("raw", None)] * 3
+    assert projection.used_bytes == 3 * (10 + 8 + 32)
+    assert projection.budget_bytes == 10_000
+
+
+def test_exact_budget_boundary() -> None:
+    pairs = make_pairs(2)
+    pair_cost = message_cost("question 1") + message_cost("answer 1")
+    exact = project_pairs(pairs, [], budget_bytes=pair_cost)
+    assert placements(exact) == [("omitted", None), ("raw", None)]
+    assert exact.used_bytes == pair_cost
+    short = project_pairs(pairs, [], budget_bytes=pair_cost - 1)
+    assert placements(short) == [("omitted", None), ("omitted", None)]
+    assert short.messages == ()
+    assert short.used_bytes == 0
+
+
+def test_zero_budget_and_empty_conversation() -> None:
+    pairs = make_pairs(12)
+    summary = summary_of(pairs, 0, 1)
+    projection = project_pairs(pairs, [summary], budget_bytes=0)
+    assert projection.messages == ()
+    assert placements(projection) == [("omitted", None)] * 12
+    assert reasons(projection) == {1: "did_not_fit"}
+    empty = project_pairs([], [], budget_bytes=0)
+    assert empty.to_dict() == {
+        "messages": [],
+        "pairs": [],
+        "rejected_summaries": [],
+        "used_bytes": 0,
+        "budget_bytes": 0,
+    }
+
+
+@pytest.mark.parametrize("bad", [-1, -100])
+def test_negative_budget_is_a_usage_error(bad: int) -> None:
+    with pytest.raises(UsageError, match="budget_bytes must be 0 or more"):
+        project_pairs(make_pairs(1), [], budget_bytes=bad)
+
+
+def test_non_integer_budget_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="whole number"):
+        project_pairs(make_pairs(1), [], budget_bytes=True)
+    with pytest.raises(UsageError, match="whole number"):
+        project_pairs(make_pairs(1), [], budget_bytes=1.5)  # type: ignore[arg-type]
+
+
+def test_valid_summary_block_then_newer_raw_pairs() -> None:
+    pairs = make_pairs(12)
+    summary = summary_of(pairs, 0, 7, text="两只基金的净值比较（上周）")
+    projection = project_pairs(pairs, [summary], budget_bytes=10_000)
+    assert placements(projection) == [("summarized", 7)] * 10 + [("raw", None)] * 2
+    assert projection.rejected_summaries == ()
+    messages = projection.messages
+    assert [m["role"] for m in messages[:11]] == ["user"] * 10 + ["assistant"]
+    assert [m["content"] for m in messages[:10]] == [f"question {i}" for i in range(10)]
+    assert messages[10]["content"] == (
+        "[pycompactor summary of assistant replies, pairs 0–9]\n两只基金的净值比较（上周）"
+    )
+    assert [m["content"] for m in messages[11:]] == [
+        "question 10",
+        "answer 10",
+        "question 11",
+        "answer 11",
+    ]
+    assert projection.used_bytes == sum(message_cost(m["content"]) for m in messages)
+
+
+def test_stale_source_falls_back_to_raw() -> None:
+    pairs = make_pairs(10)
+    summary = summary_of(pairs, 0, 1)
+    edited = [*pairs[:3], replace(pairs[3], assistant_content="answer 3, corrected"), *pairs[4:]]
+    projection = project_pairs(edited, [summary], budget_bytes=10_000)
+    assert reasons(projection) == {1: "stale_source"}
+    assert placements(projection) == [("raw", None)] * 10
+    assert "answer 3, corrected" in [m["content"] for m in projection.messages]
+
+
+def test_changed_ids_are_stale_even_with_the_same_texts() -> None:
+    pairs = make_pairs(10)
+    summary = summary_of(pairs, 0, 1)
+    renamed = [*pairs[:3], replace(pairs[3], user_message_id="u3-new"), *pairs[4:]]
+    assert reasons(project_pairs(renamed, [summary], budget_bytes=10_000)) == {1: "stale_source"}
+
+
+def test_summary_of_a_missing_range_is_stale() -> None:
+    pairs = make_pairs(15)
+    other = make_pairs(20)
+    summary = summary_of(other, 10, 4)
+    projection = project_pairs(pairs, [summary], budget_bytes=10_000)
+    assert reasons(projection) == {4: "stale_source"}
+    assert placements(projection) == [("raw", None)] * 15
+
+
+def test_version_one_is_never_projected_and_reported_first() -> None:
+    pairs = make_pairs(10)
+    v1 = summary_of(pairs, 0, 1, version=V1)
+    v1_stale = replace(summary_of(pairs, 0, 2, version=V1), source_hash="0" * 64)
+    projection = project_pairs(pairs, [v1, v1_stale], budget_bytes=10_000)
+    assert reasons(projection) == {1: "version_not_projectable", 2: "version_not_projectable"}
+    assert placements(projection) == [("raw", None)] * 10
+
+
+def test_version_three_wins_over_a_newer_version_two() -> None:
+    pairs = make_pairs(10)
+    v2 = summary_of(pairs, 0, 5, version=V2, completed_at=T0 + timedelta(days=3))
+    v3 = summary_of(pairs, 0, 4, version=V3, completed_at=T0)
+    projection = project_pairs(pairs, [v2, v3], budget_bytes=10_000)
+    assert placements(projection) == [("summarized", 4)] * 10
+    assert reasons(projection) == {5: "superseded"}
+
+
+def test_version_two_is_used_alone() -> None:
+    pairs = make_pairs(10)
+    projection = project_pairs(pairs, [summary_of(pairs, 0, 5, version=V2)], budget_bytes=10_000)
+    assert placements(projection) == [("summarized", 5)] * 10
+
+
+def test_same_version_latest_completed_then_higher_id() -> None:
+    pairs = make_pairs(10)
+    older = summary_of(pairs, 0, 9, completed_at=T0)
+    newer = summary_of(pairs, 0, 3, completed_at=T0 + timedelta(seconds=1))
+    tie = summary_of(pairs, 0, 8, completed_at=T0)
+    projection = project_pairs(pairs, [older, newer, tie], budget_bytes=10_000)
+    assert placements(projection)[0] == ("summarized", 3)
+    assert reasons(projection) == {8: "superseded", 9: "superseded"}
+    projection = project_pairs(pairs, [older, tie], budget_bytes=10_000)
+    assert placements(projection)[0] == ("summarized", 9)
+    assert reasons(projection) == {8: "superseded"}
+
+
+def test_stale_preferred_summary_lets_the_valid_one_through() -> None:
+    pairs = make_pairs(10)
+    v3_stale = replace(summary_of(pairs, 0, 2), source_hash="f" * 64)
+    v2 = summary_of(pairs, 0, 1, version=V2)
+    projection = project_pairs(pairs, [v3_stale, v2], budget_bytes=10_000)
+    assert placements(projection)[0] == ("summarized", 1)
+    assert reasons(projection) == {2: "stale_source"}
+
+
+def test_block_too_big_falls_back_to_raw_pairs_newest_first() -> None:
+    pairs = make_pairs(12)
+    summary = summary_of(pairs, 0, 1, text="x" * 2000)
+    tail = sum(message_cost(p.user_content) + message_cost(p.assistant_content) for p in pairs[8:])
+    projection = project_pairs(pairs, [summary], budget_bytes=tail)
+    assert reasons(projection) == {1: "did_not_fit"}
+    assert placements(projection) == [("omitted", None)] * 8 + [("raw", None)] * 4
+    assert projection.messages[0] == {"role": "user", "content": "question 8"}
+    assert projection.used_bytes == tail
+
+
+def test_block_too_big_but_all_raw_pairs_fit_continues_older() -> None:
+    pairs = make_pairs(20, user="q{i}", assistant="a{i}")
+    summary = summary_of(pairs, 10, 1, text="y" * 500)
+    raw_all = sum(message_cost(p.user_content) + message_cost(p.assistant_content) for p in pairs)
+    projection = project_pairs(pairs, [summary], budget_bytes=raw_all)
+    assert reasons(projection) == {1: "did_not_fit"}
+    assert placements(projection) == [("raw", None)] * 20
+
+
+def test_walk_stops_at_the_first_thing_that_does_not_fit() -> None:
+    # The small oldest pair would fit on its own, but history must stay contiguous.
+    pairs = [
+        Pair(0, "r0", "u0", "q", "a0", "a"),
+        Pair(1, "r1", "u1", "long question " * 20, "a1", "long answer"),
+        Pair(2, "r2", "u2", "question 2", "a2", "answer 2"),
+    ]
+    budget = message_cost("question 2") + message_cost("answer 2") + 40
+    assert message_cost("q") + message_cost("a") <= 40
+    projection = project_pairs(pairs, [], budget_bytes=budget)
+    assert placements(projection) == [("omitted", None), ("omitted", None), ("raw", None)]
+
+
+def test_unreached_summaries_keep_their_reasons() -> None:
+    pairs = make_pairs(40)
+    valid = summary_of(pairs, 0, 1)
+    stale = replace(summary_of(pairs, 10, 2), source_hash="a" * 64)
+    v1 = summary_of(pairs, 20, 3, version=V1)
+    projection = project_pairs(pairs, [valid, stale, v1], budget_bytes=100)
+    assert reasons(projection) == {
+        1: "did_not_fit",
+        2: "stale_source",
+        3: "version_not_projectable",
+    }
+    assert [r.from_pair for r in projection.rejected_summaries] == [0, 10, 20]
+
+
+def test_render_refuses_texts_that_changed_size_or_vanished() -> None:
+    metas = [PairMeta(0, "u0", "a0", 1, 1)]
+    plan = plan_projection(metas, {}, [], 100)
+    assert render_projection(plan, {"u0": "q", "a0": "a"}, {}).used_bytes == 34
+    with pytest.raises(HistoryChanged):
+        render_projection(plan, {"u0": "qq", "a0": "a"}, {})
+    with pytest.raises(HistoryChanged):
+        render_projection(plan, {"u0": "q"}, {})
+
+
+def test_plan_needs_every_pair_in_order() -> None:
+    with pytest.raises(ValueError, match="every eligible pair"):
+        plan_projection([PairMeta(1, "u1", "a1", 1, 1)], {}, [], 10)
+
+
+def test_to_dict_has_exactly_the_contract_keys() -> None:
+    pairs = make_pairs(10)
+    projection = project_pairs(pairs, [summary_of(pairs, 0, 1, version=V1)], budget_bytes=70)
+    data = projection.to_dict()
+    assert list(data) == ["messages", "pairs", "rejected_summaries", "used_bytes", "budget_bytes"]
+    assert data["pairs"][-1] == {"pair_index": 9, "placement": "raw", "summary_id": None}
+    assert data["rejected_summaries"] == [
+        {"summary_id": 1, "from_pair": 0, "reason": "version_not_projectable"}
+    ]
+    assert json.loads(json.dumps(data)) == data
+
+
+# --------------------------------------------------------------------------- properties
+
+# Multibyte on purpose (2-, 3- and 4-byte UTF-8), plus ASCII whitespace inside texts.
+ALPHABET = st.sampled_from(list("ab z\t\néß你好净值🙂\u3000"))
+USER_TEXT = st.text(ALPHABET, min_size=1, max_size=12).map(lambda s: "Q" + s)
+ASSISTANT_TEXT = st.text(ALPHABET, min_size=1, max_size=40).map(lambda s: "A" + s)
+SUMMARY_TAG = "§SUMMARY§"  # never produced by ALPHABET, so it marks summary text
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> tuple[list[Pair], list[StoredSummary], int]:
+    n = draw(st.integers(0, 45))
+    pairs = [
+        Pair(i, f"r{i}", f"u{i}", draw(USER_TEXT), f"a{i}", draw(ASSISTANT_TEXT)) for i in range(n)
+    ]
+    summaries: list[StoredSummary] = []
+    n_summaries = draw(st.integers(0, 8))
+    for summary_id in draw(
+        st.lists(st.integers(1, 10_000), min_size=n_summaries, max_size=n_summaries, unique=True)
+    ):
+        from_pair = 10 * draw(st.integers(0, max(0, n // 10)))
+        source = pairs if from_pair + 10 <= n else make_pairs(from_pair + 10)
+        summary = summary_of(
+            source,
+            from_pair,
+            summary_id,
+            version=draw(st.sampled_from([V1, V2, V3])),
+            completed_at=T0 + timedelta(seconds=draw(st.integers(0, 3))),
+            text=SUMMARY_TAG + draw(st.text(ALPHABET, min_size=0, max_size=80)),
+        )
+        staleness = draw(st.sampled_from(["fresh", "fresh", "hash", "ids"]))
+        if staleness == "hash":
+            summary = replace(summary, source_hash="0" * 64)
+        elif staleness == "ids":
+            summary = replace(summary, source_message_ids=summary.source_message_ids[::-1])
+        summaries.append(summary)
+    budget = draw(st.integers(0, everything(pairs, summaries)))
+    return pairs, summaries, budget
+
+
+@settings(max_examples=300, deadline=None)
+@given(conversations())
+def test_projection_properties(case: tuple[list[Pair], list[StoredSummary], int]) -> None:
+    pairs, summaries, budget = case
+    projection = project_pairs(pairs, summaries, budget_bytes=budget)
+    messages = projection.messages
+
+    # Never over budget; used_bytes is what the messages cost.
+    assert projection.used_bytes == sum(message_cost(m["content"]) for m in messages)
+    assert projection.used_bytes <= budget == projection.budget_bytes
+
+    # Every eligible pair exactly once, in order; included pairs are a newest suffix.
+    assert [p.pair_index for p in projection.pairs] == list(range(len(pairs)))
+    included = [p.pair_index for p in projection.pairs if p.placement != "omitted"]
+    assert included == list(range(len(pairs) - len(included), len(pairs)))
+
+    # Maximal: the walk only stops on a pair that did not fit even raw.
+    omitted = [p.pair_index for p in projection.pairs if p.placement == "omitted"]
+    if omitted:
+        stop = pairs[omitted[-1]]
+        assert (
+            message_cost(stop.user_content) + message_cost(stop.assistant_content)
+            > budget - projection.used_bytes
+        )
+
+    # Every stored summary is either used or rejected with a reason, never both.
+    used = {p.summary_id for p in projection.pairs if p.summary_id is not None}
+    rejected = {r.summary_id: r.reason for r in projection.rejected_summaries}
+    assert used.isdisjoint(rejected)
+    assert used | set(rejected) == {s.summary_id for s in summaries}
+    by_id = {s.summary_id: s for s in summaries}
+    for summary_id in used:
+        summary = by_id[summary_id]
+        assert summary.projectable
+        block = pairs[summary.from_pair : summary.to_pair + 1]
+        assert summary.source_hash == source_hash(block)
+        assert tuple(source_message_ids(block)) == summary.source_message_ids
+
+    # Messages replay the manifest: raw pairs verbatim, summary blocks with the 10 original
+    # user texts verbatim and the marked summary in an assistant message.
+    expected: list[tuple[str, str]] = []
+    index = min(included, default=len(pairs))
+    while index < len(pairs):
+        entry = projection.pairs[index]
+        if entry.placement == "raw":
+            expected += [
+                ("user", pairs[index].user_content),
+                ("assistant", pairs[index].assistant_content),
+            ]
+            index += 1
+        else:
+            assert entry.summary_id is not None
+            summary = by_id[entry.summary_id]
+            assert index == summary.from_pair
+            assert all(
+                p.summary_id == summary.summary_id for p in projection.pairs[index : index + 10]
+            )
+            expected += [("user", p.user_content) for p in pairs[index : index + 10]]
+            expected.append(("assistant", marker_line(index, index + 9) + "\n" + summary.summary))
+            index += 10
+    assert [(m["role"], m["content"]) for m in messages] == expected
+
+    # Summary text never travels in a user message.
+    assert not any(SUMMARY_TAG in m["content"] for m in messages if m["role"] == "user")
+
+    # Deterministic, whatever order the summaries are given in.
+    shuffled = list(summaries)
+    random.Random(budget).shuffle(shuffled)
+    again = project_pairs(pairs, shuffled, budget_bytes=budget)
+    assert json.dumps(again.to_dict()) == json.dumps(projection.to_dict())
