@@ -8,13 +8,24 @@ transaction pooling mode.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 from psycopg.rows import class_row
 
 from pycompactor.errors import wrap_exceptions
-from pycompactor.models import Pair, RunVerdict, Target
+from pycompactor.models import (
+    ClaimResult,
+    CompleteResult,
+    FailResult,
+    HeartbeatResult,
+    Pair,
+    QueuedConversation,
+    RunVerdict,
+    Target,
+)
 
 Connection = psycopg.Connection[Any]
 
@@ -72,3 +83,148 @@ def explain_runs(conn: Connection, conversation_id: str) -> list[RunVerdict]:
             {"conversation_id": conversation_id},
         )
         return cur.fetchall()
+
+
+#: The lease a claim or heartbeat grants unless told otherwise (the SQL default).
+DEFAULT_LEASE = timedelta(minutes=5)
+
+
+def claim(conn: Connection, conversation_id: str, scope: str, from_pair: int,
+          source_message_ids: Sequence[str], source_hash: str, model: str,
+          prompt_version: str, worker: str, *, lease: timedelta = DEFAULT_LEASE,
+          now: datetime | None = None) -> ClaimResult:
+    """Claim one attempt of an identity; refusals come back as reasons, never errors."""
+    with wrap_exceptions(), conn.cursor(row_factory=class_row(ClaimResult)) as cur:
+        cur.execute(
+            "SELECT claimed, reason, job_id, attempt, lease_expires_at"
+            " FROM compaction.claim("
+            "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
+            " p_from_pair => %(from_pair)s::int,"
+            " p_source_message_ids => %(source_message_ids)s::text[],"
+            " p_source_hash => %(source_hash)s::text, p_model => %(model)s::text,"
+            " p_prompt_version => %(prompt_version)s::text, p_worker => %(worker)s::text,"
+            " p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)",
+            {"conversation_id": conversation_id, "scope": scope, "from_pair": from_pair,
+             "source_message_ids": list(source_message_ids), "source_hash": source_hash,
+             "model": model, "prompt_version": prompt_version, "worker": worker,
+             "lease": lease, "now": now},
+        )
+        row = cur.fetchone()
+        assert row is not None  # the function always returns exactly one row
+        return row
+
+
+def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
+             finish_reason: str | None, tool_call_count: int, *,
+             response_id: str | None = None, now: datetime | None = None) -> CompleteResult:
+    """Record attempt (job_id, attempt)'s result; fenced (lease_lost) and idempotent."""
+    with wrap_exceptions(), conn.cursor(row_factory=class_row(CompleteResult)) as cur:
+        cur.execute(
+            "SELECT ok, reason, summary_id FROM compaction.complete("
+            "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
+            " p_summary => %(summary)s::text, p_finish_reason => %(finish_reason)s::text,"
+            " p_tool_call_count => %(tool_call_count)s::int,"
+            " p_response_id => %(response_id)s::text, p_now => %(now)s::timestamptz)",
+            {"job_id": job_id, "attempt": attempt, "summary": summary,
+             "finish_reason": finish_reason, "tool_call_count": tool_call_count,
+             "response_id": response_id, "now": now},
+        )
+        row = cur.fetchone()
+        assert row is not None
+        return row
+
+
+def fail(conn: Connection, job_id: int, attempt: int, reason: str, *,
+         now: datetime | None = None) -> FailResult:
+    """Record attempt (job_id, attempt) failed with the worker's reason; fenced."""
+    with wrap_exceptions(), conn.cursor(row_factory=class_row(FailResult)) as cur:
+        cur.execute(
+            "SELECT ok, reason FROM compaction.fail("
+            "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
+            " p_reason => %(reason)s::text, p_now => %(now)s::timestamptz)",
+            {"job_id": job_id, "attempt": attempt, "reason": reason, "now": now},
+        )
+        row = cur.fetchone()
+        assert row is not None
+        return row
+
+
+def heartbeat(conn: Connection, job_id: int, attempt: int, *,
+              lease: timedelta = DEFAULT_LEASE, now: datetime | None = None) -> HeartbeatResult:
+    """Renew the lease of running attempt (job_id, attempt); ok=False when fenced off."""
+    with wrap_exceptions(), conn.cursor(row_factory=class_row(HeartbeatResult)) as cur:
+        cur.execute(
+            "SELECT ok, lease_expires_at FROM compaction.heartbeat("
+            "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
+            " p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)",
+            {"job_id": job_id, "attempt": attempt, "lease": lease, "now": now},
+        )
+        row = cur.fetchone()
+        assert row is not None
+        return row
+
+
+def reap(conn: Connection, *, now: datetime | None = None) -> int:
+    """Fail (lease_expired) every running attempt whose lease ran out; returns how many."""
+    with wrap_exceptions(), conn.cursor() as cur:
+        cur.execute("SELECT compaction.reap(p_now => %(now)s::timestamptz)", {"now": now})
+        row = cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def enqueue(conn: Connection, conversation_id: str, scope: str = "default") -> None:
+    """Mark a conversation as having new history (hosts that re-point the source views)."""
+    with wrap_exceptions(), conn.cursor() as cur:
+        cur.execute(
+            "SELECT compaction.enqueue(p_conversation_id => %(conversation_id)s::text,"
+            " p_scope => %(scope)s::text)",
+            {"conversation_id": conversation_id, "scope": scope},
+        )
+
+
+def dequeue(conn: Connection, limit: int = 100) -> list[QueuedConversation]:
+    """Take up to `limit` queued conversations, oldest first (one statement, even if none)."""
+    with wrap_exceptions(), conn.cursor(row_factory=class_row(QueuedConversation)) as cur:
+        cur.execute(
+            "SELECT conversation_id, scope, enqueued_at"
+            " FROM compaction.dequeue(p_limit => %(limit)s::int)",
+            {"limit": limit},
+        )
+        return cur.fetchall()
+
+
+def import_summary(conn: Connection, conversation_id: str, scope: str, from_pair: int,
+                   source_message_ids: Sequence[str], source_hash: str, model: str,
+                   prompt_version: str, summary: str, completed_at: datetime) -> int:
+    """Record a summary made by an earlier system; returns its summary_id (CP00x on bad shape)."""
+    with wrap_exceptions(), conn.cursor() as cur:
+        cur.execute(
+            "SELECT compaction.import_summary("
+            "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
+            " p_from_pair => %(from_pair)s::int,"
+            " p_source_message_ids => %(source_message_ids)s::text[],"
+            " p_source_hash => %(source_hash)s::text, p_model => %(model)s::text,"
+            " p_prompt_version => %(prompt_version)s::text, p_summary => %(summary)s::text,"
+            " p_completed_at => %(completed_at)s::timestamptz)",
+            {"conversation_id": conversation_id, "scope": scope, "from_pair": from_pair,
+             "source_message_ids": list(source_message_ids), "source_hash": source_hash,
+             "model": model, "prompt_version": prompt_version, "summary": summary,
+             "completed_at": completed_at},
+        )
+        row = cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def erase_conversation(conn: Connection, conversation_id: str, reason: str) -> int:
+    """Erase a conversation's engine rows (owner/admin only); returns summaries removed."""
+    with wrap_exceptions(), conn.cursor() as cur:
+        cur.execute(
+            "SELECT compaction.erase_conversation(p_conversation_id => %(conversation_id)s::text,"
+            " p_reason => %(reason)s::text)",
+            {"conversation_id": conversation_id, "reason": reason},
+        )
+        row = cur.fetchone()
+        assert row is not None
+        return int(row[0])

@@ -1,8 +1,9 @@
-"""Typed results of the engine's read functions (frozen dataclasses, never raw tuples)."""
+"""Typed results of the engine's functions (frozen dataclasses, never raw tuples)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,3 +36,52 @@ class RunVerdict:
     run_status: str | None
     eligible: bool
     reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """Answer of compaction.claim: claimed with a lease, or the first refusal reason.
+
+    job_id is set for refusals about an existing identity (already_completed,
+    already_running, attempts_exhausted); attempt and lease_expires_at only when claimed.
+    """
+
+    claimed: bool
+    reason: str
+    job_id: int | None
+    attempt: int | None
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteResult:
+    """Answer of compaction.complete: 'completed' with the summary id, or why not."""
+
+    ok: bool
+    reason: str
+    summary_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class FailResult:
+    """Answer of compaction.fail: 'failed', or 'lease_lost' when fenced off."""
+
+    ok: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    """Answer of compaction.heartbeat: the renewed lease, or ok=False (lease lost)."""
+
+    ok: bool
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedConversation:
+    """One conversation (per scope) taken from the work queue by compaction.dequeue."""
+
+    conversation_id: str
+    scope: str
+    enqueued_at: datetime

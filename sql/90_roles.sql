@@ -57,3 +57,31 @@ TO compaction_worker, compaction_reader;
 
 -- Metadata only: which runs form pairs and why not, never their text.
 GRANT EXECUTE ON FUNCTION compaction.explain_runs(text) TO compaction_auditor;
+
+-- Database core (revision 0002_core). The worker drives claims through functions only;
+-- it holds no INSERT, UPDATE or DELETE on any engine table.
+GRANT EXECUTE ON FUNCTION
+    compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz),
+    compaction.complete(bigint, int, text, text, int, text, timestamptz),
+    compaction.fail(bigint, int, text, timestamptz),
+    compaction.heartbeat(bigint, int, interval, timestamptz),
+    compaction.reap(timestamptz),
+    compaction.enqueue(text, text),
+    compaction.dequeue(int)
+TO compaction_worker;
+
+GRANT SELECT ON compaction.prompt_versions TO compaction_worker, compaction_reader;
+GRANT SELECT ON compaction.summaries TO compaction_reader;
+
+-- Metadata only. audit_stale_summaries recomputes hashes, and a function inside a view
+-- runs with the caller's EXECUTE privilege: source_hash returns a hash, never text.
+GRANT SELECT ON compaction.audit_jobs, compaction.audit_stale_summaries,
+                compaction.audit_exhausted, compaction.audit_events
+TO compaction_auditor;
+GRANT EXECUTE ON FUNCTION compaction.source_hash(text, int) TO compaction_auditor;
+
+-- TRUNCATE is refused by triggers as well; not even the owner holds the privilege.
+REVOKE TRUNCATE ON compaction.jobs, compaction.attempts, compaction.job_summaries,
+                   compaction.audit_events, compaction.admission, compaction.queue,
+                   compaction.settings, compaction.prompt_versions
+FROM compaction_owner;

@@ -1,0 +1,1338 @@
+-- Delta 0002_core (frozen once released): sql/30_claims, 40_immutability, 50_audit and
+-- the 0002 additions to 90_roles.sql, as of the database core.
+
+-- ==== sql/30_claims.sql ====
+-- pycompactor stored logic, section 3: jobs, attempts, summaries, claims and completion.
+--
+-- Layout. An identity (conversation_id, scope, from_pair, to_pair, source_hash, model,
+-- prompt_version) is one row of compaction.jobs, made by its first claim or by an import,
+-- and never changed. Each claim of it appends one row to compaction.attempts (at most
+-- two: attempts_at_most_two). A completed summary is one row of compaction.job_summaries
+-- (one per identity: job_summaries_one_per_identity), written by complete() or
+-- import_summary(). compaction.summaries is the public view over them.
+--
+-- Concurrency. Every writer of one conversation's rows takes the transaction-scoped
+-- advisory lock (1129316352, hashtext(conversation_id)) first (lock_conversation), so
+-- a claim's checks and inserts see a settled state; the partial unique index attempts_one_running and the
+-- unique index job_summaries_one_per_identity remain the final word if a caller runs
+-- at REPEATABLE READ and the lock's guarantee weakens. Admission is decided under the
+-- global lock (1129316352, 2) by counting compaction.admission, a small table (not per
+-- conversation, so not distributed under Citus) holding one row per running attempt.
+--
+-- Citus: conversation_id leads every primary key and unique index of per-conversation
+-- tables (jobs, attempts, job_summaries, queue, audit_events).
+
+-- ---------------------------------------------------------------------------------------
+-- Tables
+-- ---------------------------------------------------------------------------------------
+
+CREATE TABLE compaction.settings (
+    singleton   boolean NOT NULL DEFAULT true,
+    max_running int NOT NULL DEFAULT 8,
+    CONSTRAINT settings_pkey PRIMARY KEY (singleton),
+    -- With the primary key, at most one row can exist.
+    CONSTRAINT settings_single_row CHECK (singleton),
+    CONSTRAINT settings_max_running_not_negative CHECK (max_running >= 0)
+);
+COMMENT ON TABLE compaction.settings IS
+    'Engine settings, a single row: max_running caps running (unexpired) attempts across the database (default 8)';
+INSERT INTO compaction.settings (singleton, max_running) VALUES (true, 8);
+
+CREATE TABLE compaction.prompt_versions (
+    prompt_version   text NOT NULL,
+    input_kind       text NOT NULL,
+    projectable      boolean NOT NULL,
+    accepts_new_jobs boolean NOT NULL,
+    CONSTRAINT prompt_versions_pkey PRIMARY KEY (prompt_version),
+    CONSTRAINT prompt_versions_input_kind_valid CHECK (input_kind IN ('mixed', 'assistant_only'))
+);
+COMMENT ON TABLE compaction.prompt_versions IS
+    'Known prompt versions: input kind, whether their summaries may be projected, whether claims may start new jobs with them';
+INSERT INTO compaction.prompt_versions (prompt_version, input_kind, projectable, accepts_new_jobs)
+VALUES ('conversation-compaction@1', 'mixed', false, false),
+       ('conversation-compaction@2', 'assistant_only', true, false),
+       ('conversation-compaction@3', 'assistant_only', true, true);
+
+-- Shape rules shared by claim (refusal reasons), import_summary (errors) and the tables'
+-- CHECK constraints (last line of defence against direct writes by the owner).
+CREATE FUNCTION compaction.valid_source_ids(p_source_message_ids text[])
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p_source_message_ids IS NOT NULL
+       AND pg_catalog.array_ndims(p_source_message_ids) = 1
+       AND pg_catalog.cardinality(p_source_message_ids) = 20
+       AND pg_catalog.array_position(p_source_message_ids, NULL) IS NULL
+       AND (SELECT count(DISTINCT i.id) FROM pg_catalog.unnest(p_source_message_ids) AS i (id)) = 20
+$$;
+COMMENT ON FUNCTION compaction.valid_source_ids(text[]) IS
+    'Internal: true when the array holds exactly 20 distinct non-null ids (one dimension)';
+
+CREATE FUNCTION compaction.valid_source_hash(p_source_hash text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p_source_hash IS NOT NULL AND p_source_hash OPERATOR(pg_catalog.~) '^[0-9a-f]{64}$'
+$$;
+COMMENT ON FUNCTION compaction.valid_source_hash(text) IS
+    'Internal: true when the text is 64 lowercase hexadecimal characters (a SHA-256 in hex)';
+
+-- NULL when the text is an acceptable summary, else the reason it is not.
+CREATE FUNCTION compaction.summary_problem(p_summary text)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+               WHEN NOT compaction.has_content(p_summary) THEN 'empty'
+               -- characters, not bytes: 6,000 four-byte emoji are a valid summary
+               WHEN pg_catalog.char_length(p_summary) > 6000 THEN 'too_long'
+           END
+$$;
+COMMENT ON FUNCTION compaction.summary_problem(text) IS
+    'Internal: NULL for a valid summary text, else empty (NULL or whitespace only) or too_long (over 6,000 characters)';
+
+CREATE TABLE compaction.jobs (
+    conversation_id    text NOT NULL,
+    job_id             bigint GENERATED ALWAYS AS IDENTITY,
+    scope              text NOT NULL,
+    from_pair          int NOT NULL,
+    to_pair            int NOT NULL,
+    source_message_ids text[] NOT NULL,
+    source_hash        text NOT NULL,
+    model              text NOT NULL,
+    prompt_version     text NOT NULL,
+    created_at         timestamptz NOT NULL,
+    CONSTRAINT jobs_pkey PRIMARY KEY (conversation_id, job_id),
+    CONSTRAINT jobs_identity_key
+        UNIQUE (conversation_id, scope, from_pair, source_hash, model, prompt_version),
+    CONSTRAINT jobs_prompt_version_fkey FOREIGN KEY (prompt_version)
+        REFERENCES compaction.prompt_versions (prompt_version),
+    CONSTRAINT jobs_range_valid
+        CHECK (from_pair >= 0 AND from_pair % 10 = 0 AND to_pair = from_pair + 9),
+    CONSTRAINT jobs_source_ids_valid CHECK (compaction.valid_source_ids(source_message_ids)),
+    CONSTRAINT jobs_source_hash_valid CHECK (compaction.valid_source_hash(source_hash)),
+    CONSTRAINT jobs_scope_not_empty CHECK (scope <> ''),
+    CONSTRAINT jobs_model_not_empty CHECK (model <> '')
+);
+COMMENT ON TABLE compaction.jobs IS
+    'One row per compaction identity (conversation, scope, range, source hash, model, prompt version) with its 20 source ids; immutable';
+-- complete/fail/heartbeat are addressed by job_id alone (the fencing token is
+-- (job_id, attempt)); this finds the job's conversation, then everything is keyed by it.
+CREATE INDEX jobs_job_id_idx ON compaction.jobs (job_id);
+
+CREATE TABLE compaction.attempts (
+    conversation_id  text NOT NULL,
+    job_id           bigint NOT NULL,
+    attempt          int NOT NULL,
+    state            text NOT NULL,
+    reason           text,
+    worker           text NOT NULL,
+    started_at       timestamptz NOT NULL,
+    lease_expires_at timestamptz NOT NULL,
+    finished_at      timestamptz,
+    finish_reason    text,
+    tool_call_count  int,
+    response_id      text,
+    summary_chars    int,
+    CONSTRAINT attempts_pkey PRIMARY KEY (conversation_id, job_id, attempt),
+    CONSTRAINT attempts_job_fkey FOREIGN KEY (conversation_id, job_id)
+        REFERENCES compaction.jobs (conversation_id, job_id),
+    -- Bounded retries: the first attempt and one retry, never a third.
+    CONSTRAINT attempts_at_most_two CHECK (attempt BETWEEN 1 AND 2),
+    CONSTRAINT attempts_state_valid CHECK (state IN ('running', 'completed', 'failed')),
+    CONSTRAINT attempts_finished_iff_terminal CHECK ((state = 'running') = (finished_at IS NULL)),
+    CONSTRAINT attempts_reason_matches_state CHECK (
+        CASE state
+            WHEN 'running' THEN reason IS NULL
+            WHEN 'completed' THEN reason = 'completed'
+            ELSE reason IS NOT NULL AND reason <> ''
+        END)
+);
+COMMENT ON TABLE compaction.attempts IS
+    'Append-only attempt log: one row per claim of an identity (at most 2); only running -> completed | failed (and lease renewal) ever changes';
+-- The final word on exclusivity: one running attempt per identity, whatever the callers do.
+CREATE UNIQUE INDEX attempts_one_running
+    ON compaction.attempts (conversation_id, job_id) WHERE state = 'running';
+
+-- Admission state: one row per running attempt, kept by a trigger on attempts. Claims
+-- count the unexpired rows under the global admission lock. Not per conversation: under
+-- Citus it stays a small local (or reference) table while the rest is distributed.
+CREATE TABLE compaction.admission (
+    conversation_id  text NOT NULL,
+    job_id           bigint NOT NULL,
+    attempt          int NOT NULL,
+    lease_expires_at timestamptz NOT NULL,
+    CONSTRAINT admission_pkey PRIMARY KEY (conversation_id, job_id)
+);
+COMMENT ON TABLE compaction.admission IS
+    'Internal: one row per running attempt with its lease, counted by claim to enforce settings.max_running';
+-- claim counts the unexpired leases: lease_expires_at > now.
+CREATE INDEX admission_lease_idx ON compaction.admission (lease_expires_at);
+
+CREATE TABLE compaction.job_summaries (
+    conversation_id text NOT NULL,
+    summary_id      bigint GENERATED ALWAYS AS IDENTITY,
+    job_id          bigint NOT NULL,
+    attempt         int,
+    summary         text NOT NULL,
+    completed_at    timestamptz NOT NULL,
+    CONSTRAINT job_summaries_pkey PRIMARY KEY (conversation_id, summary_id),
+    -- One completed summary per identity, ever (an identity is one jobs row).
+    CONSTRAINT job_summaries_one_per_identity UNIQUE (conversation_id, job_id),
+    CONSTRAINT job_summaries_job_fkey FOREIGN KEY (conversation_id, job_id)
+        REFERENCES compaction.jobs (conversation_id, job_id),
+    -- attempt is NULL for an imported summary (no attempt produced it here).
+    CONSTRAINT job_summaries_attempt_fkey FOREIGN KEY (conversation_id, job_id, attempt)
+        REFERENCES compaction.attempts (conversation_id, job_id, attempt),
+    CONSTRAINT job_summaries_summary_valid CHECK (compaction.summary_problem(summary) IS NULL)
+);
+COMMENT ON TABLE compaction.job_summaries IS
+    'Completed summaries, one per identity, immutable; attempt is NULL for imports (read them through compaction.summaries)';
+
+CREATE TABLE compaction.queue (
+    conversation_id text NOT NULL,
+    scope           text NOT NULL,
+    enqueued_at     timestamptz NOT NULL,
+    CONSTRAINT queue_pkey PRIMARY KEY (conversation_id, scope)
+);
+COMMENT ON TABLE compaction.queue IS
+    'Conversations (per scope) with history the worker has not looked at since; filled by enqueue, emptied by dequeue';
+-- dequeue takes the oldest entries first.
+CREATE INDEX queue_enqueued_at_idx ON compaction.queue (enqueued_at);
+
+CREATE TABLE compaction.audit_events (
+    conversation_id  text NOT NULL,
+    event_id         bigint GENERATED ALWAYS AS IDENTITY,
+    kind             text NOT NULL,
+    occurred_at      timestamptz NOT NULL,
+    recorded_at      timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    -- Identifies the writing transaction: erase_conversation's tombstone exempts exactly
+    -- its own transaction's deletes (compaction.erasing).
+    xact_id          xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
+    scope            text,
+    from_pair        int,
+    to_pair          int,
+    job_id           bigint,
+    attempt          int,
+    reason           text,
+    worker           text,
+    model            text,
+    prompt_version   text,
+    source_hash      text,
+    summary_id       bigint,
+    summary_chars    int,
+    erased_jobs      int,
+    erased_attempts  int,
+    erased_summaries int,
+    CONSTRAINT audit_events_pkey PRIMARY KEY (conversation_id, event_id),
+    CONSTRAINT audit_events_kind_valid CHECK (
+        kind IN ('claim', 'completion', 'failure', 'lease_expiry', 'import', 'erasure'))
+);
+COMMENT ON TABLE compaction.audit_events IS
+    'Append-only event log, one row per state change (claim, completion, failure, lease_expiry, import, erasure); metadata only, never text';
+-- The DBA reads the log newest first across conversations.
+CREATE INDEX audit_events_event_id_idx ON compaction.audit_events (event_id);
+
+-- ---------------------------------------------------------------------------------------
+-- Triggers that keep derived state in the same transaction as each change
+-- ---------------------------------------------------------------------------------------
+
+CREATE FUNCTION compaction.attempts_track_admission()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NEW.state = 'running' THEN
+        INSERT INTO compaction.admission AS ad (conversation_id, job_id, attempt, lease_expires_at)
+        VALUES (NEW.conversation_id, NEW.job_id, NEW.attempt, NEW.lease_expires_at)
+        ON CONFLICT (conversation_id, job_id) DO UPDATE
+            SET attempt = EXCLUDED.attempt, lease_expires_at = EXCLUDED.lease_expires_at;
+    ELSE
+        DELETE FROM compaction.admission AS ad
+        WHERE ad.conversation_id = NEW.conversation_id
+          AND ad.job_id = NEW.job_id
+          AND ad.attempt = NEW.attempt;
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION compaction.attempts_track_admission() IS
+    'Trigger: mirrors running attempts and their leases into compaction.admission';
+
+CREATE TRIGGER attempts_track_admission
+    AFTER INSERT OR UPDATE ON compaction.attempts
+    FOR EACH ROW EXECUTE FUNCTION compaction.attempts_track_admission();
+ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_track_admission;
+
+CREATE FUNCTION compaction.attempts_record_event()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_kind        text;
+    v_occurred_at timestamptz;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        v_kind := 'claim';
+        v_occurred_at := NEW.started_at;
+    ELSIF OLD.state = 'running' AND NEW.state <> 'running' THEN
+        v_kind := CASE
+                      WHEN NEW.state = 'completed' THEN 'completion'
+                      WHEN NEW.reason = 'lease_expired' THEN 'lease_expiry'
+                      ELSE 'failure'
+                  END;
+        v_occurred_at := NEW.finished_at;
+    ELSE
+        RETURN NULL;  -- a lease renewal is not a state change
+    END IF;
+    INSERT INTO compaction.audit_events
+        (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id, attempt,
+         reason, worker, model, prompt_version, source_hash, summary_id, summary_chars)
+    SELECT j.conversation_id, v_kind, v_occurred_at, j.scope, j.from_pair, j.to_pair,
+           j.job_id, NEW.attempt, NEW.reason, NEW.worker, j.model, j.prompt_version,
+           j.source_hash,
+           (SELECT s.summary_id FROM compaction.job_summaries AS s
+            WHERE v_kind = 'completion'
+              AND s.conversation_id = NEW.conversation_id AND s.job_id = NEW.job_id),
+           NEW.summary_chars
+    FROM compaction.jobs AS j
+    WHERE j.conversation_id = NEW.conversation_id AND j.job_id = NEW.job_id;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION compaction.attempts_record_event() IS
+    'Trigger: writes the audit event of a claim, completion, failure or lease expiry';
+
+CREATE TRIGGER attempts_record_event
+    AFTER INSERT OR UPDATE ON compaction.attempts
+    FOR EACH ROW EXECUTE FUNCTION compaction.attempts_record_event();
+ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_record_event;
+
+CREATE FUNCTION compaction.job_summaries_record_import()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO compaction.audit_events
+        (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id,
+         model, prompt_version, source_hash, summary_id, summary_chars)
+    SELECT j.conversation_id, 'import', NEW.completed_at, j.scope, j.from_pair, j.to_pair,
+           j.job_id, j.model, j.prompt_version, j.source_hash, NEW.summary_id,
+           pg_catalog.char_length(NEW.summary)
+    FROM compaction.jobs AS j
+    WHERE j.conversation_id = NEW.conversation_id AND j.job_id = NEW.job_id;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION compaction.job_summaries_record_import() IS
+    'Trigger: writes the audit event of an imported summary';
+
+CREATE TRIGGER job_summaries_record_import
+    AFTER INSERT ON compaction.job_summaries
+    FOR EACH ROW WHEN (NEW.attempt IS NULL)
+    EXECUTE FUNCTION compaction.job_summaries_record_import();
+ALTER TABLE compaction.job_summaries ENABLE ALWAYS TRIGGER job_summaries_record_import;
+
+-- ---------------------------------------------------------------------------------------
+-- Claims and completion
+-- ---------------------------------------------------------------------------------------
+
+-- Serialises every writer of one conversation's engine rows (claim, complete, fail,
+-- heartbeat, import_summary, erase_conversation). Transaction-scoped: PgBouncer-safe.
+CREATE FUNCTION compaction.lock_conversation(p_conversation_id text)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Keys 0..15 of the class are reserved for fixed locks (migrations, admission): a
+    -- hash landing there moves to -1..-16, where it can only meet other conversations.
+    SELECT pg_catalog.pg_advisory_xact_lock(
+               1129316352, CASE WHEN k.h BETWEEN 0 AND 15 THEN -1 - k.h ELSE k.h END)
+    FROM (SELECT pg_catalog.hashtext(p_conversation_id) AS h) AS k
+$$;
+COMMENT ON FUNCTION compaction.lock_conversation(text) IS
+    'Internal: transaction-scoped advisory lock (1129316352, hashtext(conversation_id) moved off 0..15) serialising one conversation''s writers';
+
+CREATE FUNCTION compaction.claim(
+    p_conversation_id    text,
+    p_scope              text,
+    p_from_pair          int,
+    p_source_message_ids text[],
+    p_source_hash        text,
+    p_model              text,
+    p_prompt_version     text,
+    p_worker             text,
+    p_lease              interval DEFAULT '5 minutes',
+    p_now                timestamptz DEFAULT NULL)
+RETURNS TABLE (claimed boolean, reason text, job_id bigint, attempt int,
+               lease_expires_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now         timestamptz := coalesce(p_now, pg_catalog.now());
+    v_accepts     boolean;
+    v_target_ids  text[];
+    v_target_hash text;
+    v_job_id      bigint;
+    v_failed      int;
+    v_attempt     int;
+    v_max_running int;
+    v_in_flight   bigint;
+    v_lease       timestamptz;
+BEGIN
+    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
+       OR p_model = '' OR p_worker IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION 'claim needs a conversation, a non-empty scope, model and worker, and a positive lease'
+            USING ERRCODE = 'CP020';
+    END IF;
+
+    -- Checks in the contract's order; the first failing one is the answer.
+    IF p_from_pair IS NULL OR p_from_pair < 0 OR p_from_pair % 10 <> 0 THEN
+        RETURN QUERY SELECT false, 'invalid_range'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF NOT compaction.valid_source_ids(p_source_message_ids) THEN
+        RETURN QUERY SELECT false, 'invalid_source_ids'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT pv.accepts_new_jobs INTO v_accepts
+    FROM compaction.prompt_versions AS pv
+    WHERE pv.prompt_version = p_prompt_version;
+    IF v_accepts IS NOT TRUE THEN
+        RETURN QUERY SELECT false, 'prompt_version_closed'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    -- From here on the conversation's engine rows are ours until commit.
+    PERFORM compaction.lock_conversation(p_conversation_id);
+
+    SELECT t.source_message_ids, t.source_hash INTO v_target_ids, v_target_hash
+    FROM compaction.plan_targets(p_conversation_id) AS t
+    WHERE t.from_pair = p_from_pair;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT false, 'not_eligible'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF NOT compaction.valid_source_hash(p_source_hash)
+       OR v_target_hash IS DISTINCT FROM p_source_hash
+       OR v_target_ids IS DISTINCT FROM p_source_message_ids THEN
+        RETURN QUERY SELECT false, 'source_mismatch'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    SELECT j.job_id INTO v_job_id
+    FROM compaction.jobs AS j
+    WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
+      AND j.from_pair = p_from_pair AND j.source_hash = p_source_hash
+      AND j.model = p_model AND j.prompt_version = p_prompt_version;
+
+    IF v_job_id IS NULL THEN
+        v_attempt := 1;
+    ELSE
+        -- Reap this identity: an expired attempt is a failed attempt.
+        UPDATE compaction.attempts AS a
+        SET state = 'failed', reason = 'lease_expired', finished_at = v_now
+        WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id
+          AND a.state = 'running' AND a.lease_expires_at <= v_now;
+
+        IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
+                   WHERE s.conversation_id = p_conversation_id AND s.job_id = v_job_id) THEN
+            RETURN QUERY SELECT false, 'already_completed'::text, v_job_id, NULL::int, NULL::timestamptz;
+            RETURN;
+        END IF;
+        IF EXISTS (SELECT 1 FROM compaction.attempts AS a
+                   WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id
+                     AND a.state = 'running') THEN
+            RETURN QUERY SELECT false, 'already_running'::text, v_job_id, NULL::int, NULL::timestamptz;
+            RETURN;
+        END IF;
+        SELECT count(*) INTO v_failed
+        FROM compaction.attempts AS a
+        WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id;
+        IF v_failed >= 2 THEN
+            RETURN QUERY SELECT false, 'attempts_exhausted'::text, v_job_id, NULL::int, NULL::timestamptz;
+            RETURN;
+        END IF;
+        v_attempt := v_failed + 1;
+    END IF;
+
+    -- Admission: taken last, only by a claim about to admit, so refusals never queue on
+    -- it; held to commit, so the count below is exact across concurrent claimers.
+    PERFORM pg_catalog.pg_advisory_xact_lock(1129316352, 2);
+    SELECT s.max_running INTO v_max_running FROM compaction.settings AS s;
+    SELECT count(*) INTO v_in_flight
+    FROM compaction.admission AS ad
+    WHERE ad.lease_expires_at > v_now;
+    IF v_in_flight >= coalesce(v_max_running, 8) THEN
+        RETURN QUERY SELECT false, 'admission_full'::text, v_job_id, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    v_lease := v_now + p_lease;
+    BEGIN
+        IF v_job_id IS NULL THEN
+            INSERT INTO compaction.jobs
+                (conversation_id, scope, from_pair, to_pair, source_message_ids, source_hash,
+                 model, prompt_version, created_at)
+            VALUES (p_conversation_id, p_scope, p_from_pair, p_from_pair + 9,
+                    p_source_message_ids, p_source_hash, p_model, p_prompt_version, v_now)
+            RETURNING job_id INTO v_job_id;
+        END IF;
+        INSERT INTO compaction.attempts
+            (conversation_id, job_id, attempt, state, worker, started_at, lease_expires_at)
+        VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, v_now, v_lease);
+    EXCEPTION WHEN unique_violation THEN
+        -- Only reachable when the caller's snapshot predates a concurrent winner
+        -- (REPEATABLE READ): the unique indexes decide, the loser gets a refusal row.
+        RETURN QUERY SELECT false, 'already_running'::text, v_job_id, NULL::int, NULL::timestamptz;
+        RETURN;
+    END;
+    RETURN QUERY SELECT true, 'claimed'::text, v_job_id, v_attempt, v_lease;
+END
+$$;
+COMMENT ON FUNCTION compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz) IS
+    'Claims one attempt of an identity for a worker with a lease, or returns the first refusal reason (see DESIGN §6)';
+
+-- The fencing step shared by complete, fail and heartbeat: locks the conversation and the
+-- attempt row, and answers whether (job_id, attempt) is still running with a live lease.
+-- An expired, unreaped attempt is marked failed (lease_expired) on the way.
+CREATE FUNCTION compaction.fence(p_job_id bigint, p_attempt int, p_now timestamptz)
+RETURNS compaction.attempts
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_conversation_id text;
+    v_attempt         compaction.attempts;
+BEGIN
+    SELECT j.conversation_id INTO v_conversation_id
+    FROM compaction.jobs AS j
+    WHERE j.job_id = p_job_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM compaction.lock_conversation(v_conversation_id);
+    SELECT a.* INTO v_attempt
+    FROM compaction.attempts AS a
+    WHERE a.conversation_id = v_conversation_id AND a.job_id = p_job_id
+      AND a.attempt = p_attempt
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF v_attempt.state = 'running' AND v_attempt.lease_expires_at <= p_now THEN
+        UPDATE compaction.attempts AS a
+        SET state = 'failed', reason = 'lease_expired', finished_at = p_now
+        WHERE a.conversation_id = v_conversation_id AND a.job_id = p_job_id
+          AND a.attempt = p_attempt
+        RETURNING a.* INTO v_attempt;
+    END IF;
+    RETURN v_attempt;
+END
+$$;
+COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz) IS
+    'Internal: locks attempt (job_id, attempt) and returns it, first failing it (lease_expired) if its lease ran out; NULL if unknown';
+
+CREATE FUNCTION compaction.complete(
+    p_job_id          bigint,
+    p_attempt         int,
+    p_summary         text,
+    p_finish_reason   text,
+    p_tool_call_count int,
+    p_response_id     text DEFAULT NULL,
+    p_now             timestamptz DEFAULT NULL)
+RETURNS TABLE (ok boolean, reason text, summary_id bigint)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now        timestamptz := coalesce(p_now, pg_catalog.now());
+    v_attempt    compaction.attempts;
+    v_summary_id bigint;
+    v_problem    text;
+BEGIN
+    v_attempt := compaction.fence(p_job_id, p_attempt, v_now);
+    IF v_attempt.state = 'completed' THEN
+        -- Idempotent for the same token and the same text (a lost reply re-sent); any
+        -- other text for a completed attempt is a stale writer: lease_lost.
+        SELECT s.summary_id INTO v_summary_id
+        FROM compaction.job_summaries AS s
+        WHERE s.conversation_id = v_attempt.conversation_id AND s.job_id = p_job_id
+          AND s.attempt = p_attempt AND s.summary = p_summary;
+        IF FOUND THEN
+            RETURN QUERY SELECT true, 'completed'::text, v_summary_id;
+        ELSE
+            RETURN QUERY SELECT false, 'lease_lost'::text, NULL::bigint;
+        END IF;
+        RETURN;
+    END IF;
+    IF v_attempt.state IS DISTINCT FROM 'running' THEN
+        RETURN QUERY SELECT false, 'lease_lost'::text, NULL::bigint;
+        RETURN;
+    END IF;
+
+    IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
+               WHERE s.conversation_id = v_attempt.conversation_id AND s.job_id = p_job_id) THEN
+        v_problem := 'already_completed';
+    ELSIF p_finish_reason IS DISTINCT FROM 'stop' THEN
+        v_problem := 'not_stopped';
+    ELSIF p_tool_call_count IS DISTINCT FROM 0 THEN
+        v_problem := 'tool_calls';
+    ELSE
+        v_problem := compaction.summary_problem(p_summary);
+    END IF;
+
+    IF v_problem IS NOT NULL THEN
+        UPDATE compaction.attempts AS a
+        SET state = 'failed', reason = v_problem, finished_at = v_now,
+            finish_reason = p_finish_reason, tool_call_count = p_tool_call_count,
+            response_id = p_response_id, summary_chars = pg_catalog.char_length(p_summary)
+        WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
+          AND a.attempt = p_attempt;
+        RETURN QUERY SELECT false, v_problem, NULL::bigint;
+        RETURN;
+    END IF;
+
+    INSERT INTO compaction.job_summaries (conversation_id, job_id, attempt, summary, completed_at)
+    VALUES (v_attempt.conversation_id, p_job_id, p_attempt, p_summary, v_now)
+    RETURNING summary_id INTO v_summary_id;
+    UPDATE compaction.attempts AS a
+    SET state = 'completed', reason = 'completed', finished_at = v_now,
+        finish_reason = p_finish_reason, tool_call_count = p_tool_call_count,
+        response_id = p_response_id, summary_chars = pg_catalog.char_length(p_summary)
+    WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
+      AND a.attempt = p_attempt;
+    RETURN QUERY SELECT true, 'completed'::text, v_summary_id;
+END
+$$;
+COMMENT ON FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz) IS
+    'Records the result of attempt (job_id, attempt): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off';
+
+CREATE FUNCTION compaction.fail(
+    p_job_id  bigint,
+    p_attempt int,
+    p_reason  text,
+    p_now     timestamptz DEFAULT NULL)
+RETURNS TABLE (ok boolean, reason text)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := coalesce(p_now, pg_catalog.now());
+    v_attempt compaction.attempts;
+BEGIN
+    IF p_reason IS NULL OR p_reason = '' OR p_reason IN ('completed', 'lease_expired') THEN
+        RAISE EXCEPTION 'fail needs a reason other than completed or lease_expired'
+            USING ERRCODE = 'CP020';
+    END IF;
+    v_attempt := compaction.fence(p_job_id, p_attempt, v_now);
+    IF v_attempt.state IS DISTINCT FROM 'running' THEN
+        RETURN QUERY SELECT false, 'lease_lost'::text;
+        RETURN;
+    END IF;
+    UPDATE compaction.attempts AS a
+    SET state = 'failed', reason = p_reason, finished_at = v_now
+    WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
+      AND a.attempt = p_attempt;
+    RETURN QUERY SELECT true, 'failed'::text;
+END
+$$;
+COMMENT ON FUNCTION compaction.fail(bigint, int, text, timestamptz) IS
+    'Records attempt (job_id, attempt) failed with the worker''s reason (e.g. http_error, timeout); lease_lost if fenced off';
+
+CREATE FUNCTION compaction.heartbeat(
+    p_job_id  bigint,
+    p_attempt int,
+    p_lease   interval DEFAULT '5 minutes',
+    p_now     timestamptz DEFAULT NULL)
+RETURNS TABLE (ok boolean, lease_expires_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := coalesce(p_now, pg_catalog.now());
+    v_attempt compaction.attempts;
+BEGIN
+    IF p_lease IS NULL OR p_lease <= interval '0' THEN
+        RAISE EXCEPTION 'heartbeat needs a positive lease' USING ERRCODE = 'CP020';
+    END IF;
+    v_attempt := compaction.fence(p_job_id, p_attempt, v_now);
+    IF v_attempt.state IS DISTINCT FROM 'running' THEN
+        RETURN QUERY SELECT false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    UPDATE compaction.attempts AS a
+    SET lease_expires_at = v_now + p_lease
+    WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
+      AND a.attempt = p_attempt;
+    RETURN QUERY SELECT true, v_now + p_lease;
+END
+$$;
+COMMENT ON FUNCTION compaction.heartbeat(bigint, int, interval, timestamptz) IS
+    'Renews the lease of running attempt (job_id, attempt) to now + p_lease; ok = false if fenced off (lease_lost)';
+
+CREATE FUNCTION compaction.reap(p_now timestamptz DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now   timestamptz := coalesce(p_now, pg_catalog.now());
+    v_count int;
+BEGIN
+    -- SKIP LOCKED: an attempt locked right now is being completed, failed or renewed by
+    -- its own fenced call, which settles its expiry itself; two reapers never deadlock.
+    WITH expired AS (
+        SELECT a.conversation_id, a.job_id, a.attempt
+        FROM compaction.attempts AS a
+        WHERE a.state = 'running' AND a.lease_expires_at <= v_now
+        ORDER BY a.conversation_id, a.job_id
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE compaction.attempts AS a
+    SET state = 'failed', reason = 'lease_expired', finished_at = v_now
+    FROM expired AS e
+    WHERE a.conversation_id = e.conversation_id AND a.job_id = e.job_id
+      AND a.attempt = e.attempt;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION compaction.reap(timestamptz) IS
+    'Marks running attempts whose lease expired at p_now failed (lease_expired); returns how many';
+
+-- ---------------------------------------------------------------------------------------
+-- The work queue
+-- ---------------------------------------------------------------------------------------
+
+CREATE FUNCTION compaction.enqueue(p_conversation_id text, p_scope text DEFAULT 'default')
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' THEN
+        RAISE EXCEPTION 'enqueue needs a conversation id and a non-empty scope'
+            USING ERRCODE = 'CP020';
+    END IF;
+    -- Already queued: nothing to write (no row churn for a chatty host).
+    INSERT INTO compaction.queue (conversation_id, scope, enqueued_at)
+    VALUES (p_conversation_id, p_scope, pg_catalog.now())
+    ON CONFLICT (conversation_id, scope) DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION compaction.enqueue(text, text) IS
+    'Marks a conversation (per scope) as having new history for the worker; cheap and idempotent';
+
+CREATE FUNCTION compaction.dequeue(p_limit int DEFAULT 100)
+RETURNS TABLE (conversation_id text, scope text, enqueued_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        RAISE EXCEPTION 'dequeue needs a limit of at least 1' USING ERRCODE = 'CP020';
+    END IF;
+    -- SKIP LOCKED: concurrent workers take disjoint batches. An enqueue racing this
+    -- delete waits for it and then re-inserts, so no new history is ever lost.
+    RETURN QUERY
+    WITH picked AS (
+        SELECT q.conversation_id, q.scope
+        FROM compaction.queue AS q
+        ORDER BY q.enqueued_at, q.conversation_id, q.scope
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM compaction.queue AS q
+    USING picked AS p
+    WHERE q.conversation_id = p.conversation_id AND q.scope = p.scope
+    RETURNING q.conversation_id, q.scope, q.enqueued_at;
+END
+$$;
+COMMENT ON FUNCTION compaction.dequeue(int) IS
+    'Takes (and removes) up to p_limit queued conversations, oldest first; concurrent workers get disjoint batches';
+
+-- Writes to the reference history enqueue the conversations they touch (scope
+-- 'default'), once per statement, so a bulk COPY costs one INSERT here.
+CREATE FUNCTION compaction.source_enqueue()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        -- Sorted keys: concurrent bulk writers take queue row locks in one order.
+        INSERT INTO compaction.queue (conversation_id, scope, enqueued_at)
+        SELECT DISTINCT n.conversation_id, 'default', pg_catalog.now()
+        FROM new_rows AS n
+        WHERE n.conversation_id IS NOT NULL
+        ORDER BY 1
+        ON CONFLICT (conversation_id, scope) DO NOTHING;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        INSERT INTO compaction.queue (conversation_id, scope, enqueued_at)
+        SELECT DISTINCT o.conversation_id, 'default', pg_catalog.now()
+        FROM old_rows AS o
+        WHERE o.conversation_id IS NOT NULL
+        ORDER BY 1
+        ON CONFLICT (conversation_id, scope) DO NOTHING;
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION compaction.source_enqueue() IS
+    'Trigger: enqueues (scope default) every conversation whose reference runs or messages a statement wrote';
+
+CREATE TRIGGER runs_enqueue_insert
+    AFTER INSERT ON compaction_source.runs
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
+CREATE TRIGGER runs_enqueue_update
+    AFTER UPDATE ON compaction_source.runs
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
+CREATE TRIGGER runs_enqueue_delete
+    AFTER DELETE ON compaction_source.runs
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
+CREATE TRIGGER messages_enqueue_insert
+    AFTER INSERT ON compaction_source.messages
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
+CREATE TRIGGER messages_enqueue_update
+    AFTER UPDATE ON compaction_source.messages
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
+CREATE TRIGGER messages_enqueue_delete
+    AFTER DELETE ON compaction_source.messages
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
+ALTER TABLE compaction_source.runs ENABLE ALWAYS TRIGGER runs_enqueue_insert;
+ALTER TABLE compaction_source.runs ENABLE ALWAYS TRIGGER runs_enqueue_update;
+ALTER TABLE compaction_source.runs ENABLE ALWAYS TRIGGER runs_enqueue_delete;
+ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_enqueue_insert;
+ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_enqueue_update;
+ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_enqueue_delete;
+
+-- ---------------------------------------------------------------------------------------
+-- Imports
+-- ---------------------------------------------------------------------------------------
+
+CREATE FUNCTION compaction.import_summary(
+    p_conversation_id    text,
+    p_scope              text,
+    p_from_pair          int,
+    p_source_message_ids text[],
+    p_source_hash        text,
+    p_model              text,
+    p_prompt_version     text,
+    p_summary            text,
+    p_completed_at       timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_job_id     bigint;
+    v_summary_id bigint;
+    v_problem    text;
+BEGIN
+    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
+       OR p_model = '' OR p_completed_at IS NULL THEN
+        RAISE EXCEPTION 'import_summary needs a conversation, a non-empty scope and model, and completed_at'
+            USING ERRCODE = 'CP020';
+    END IF;
+    IF p_from_pair IS NULL OR p_from_pair < 0 OR p_from_pair % 10 <> 0 THEN
+        RAISE EXCEPTION 'invalid range: from_pair % is not a non-negative multiple of 10', p_from_pair
+            USING ERRCODE = 'CP002';
+    END IF;
+    IF NOT compaction.valid_source_ids(p_source_message_ids) THEN
+        RAISE EXCEPTION 'invalid source ids: a range needs exactly 20 distinct non-null message ids'
+            USING ERRCODE = 'CP003';
+    END IF;
+    IF NOT compaction.valid_source_hash(p_source_hash) THEN
+        RAISE EXCEPTION 'invalid source hash: expected 64 lowercase hexadecimal characters'
+            USING ERRCODE = 'CP004';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM compaction.prompt_versions AS pv
+                   WHERE pv.prompt_version = p_prompt_version) THEN
+        RAISE EXCEPTION 'unknown prompt version %', p_prompt_version
+            USING ERRCODE = 'CP007';
+    END IF;
+    v_problem := compaction.summary_problem(p_summary);
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid summary: %', v_problem
+            USING ERRCODE = 'CP005';
+    END IF;
+
+    PERFORM compaction.lock_conversation(p_conversation_id);
+
+    SELECT j.job_id INTO v_job_id
+    FROM compaction.jobs AS j
+    WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
+      AND j.from_pair = p_from_pair AND j.source_hash = p_source_hash
+      AND j.model = p_model AND j.prompt_version = p_prompt_version;
+    BEGIN
+        IF v_job_id IS NULL THEN
+            INSERT INTO compaction.jobs
+                (conversation_id, scope, from_pair, to_pair, source_message_ids, source_hash,
+                 model, prompt_version, created_at)
+            VALUES (p_conversation_id, p_scope, p_from_pair, p_from_pair + 9,
+                    p_source_message_ids, p_source_hash, p_model, p_prompt_version,
+                    p_completed_at)
+            RETURNING job_id INTO v_job_id;
+        END IF;
+        INSERT INTO compaction.job_summaries (conversation_id, job_id, attempt, summary, completed_at)
+        VALUES (p_conversation_id, v_job_id, NULL, p_summary, p_completed_at)
+        RETURNING summary_id INTO v_summary_id;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION 'a completed summary already exists for this identity (conversation %, scope %, pairs %-%)',
+                p_conversation_id, p_scope, p_from_pair, p_from_pair + 9
+            USING ERRCODE = 'CP006';
+    END;
+    RETURN v_summary_id;
+END
+$$;
+COMMENT ON FUNCTION compaction.import_summary(text, text, int, text[], text, text, text, text, timestamptz) IS
+    'Records a completed summary made by an earlier system (any known prompt version; source need not be current); returns its summary_id';
+
+-- ---------------------------------------------------------------------------------------
+-- The public view of completed summaries
+-- ---------------------------------------------------------------------------------------
+
+CREATE VIEW compaction.summaries AS
+    SELECT s.summary_id,
+           j.conversation_id,
+           j.scope,
+           j.from_pair,
+           j.to_pair,
+           j.source_message_ids,
+           j.source_hash,
+           j.model,
+           j.prompt_version,
+           s.summary,
+           s.completed_at,
+           CASE WHEN s.attempt IS NOT NULL THEN s.job_id END AS job_id,
+           s.attempt IS NULL AS imported
+    FROM compaction.job_summaries AS s
+    JOIN compaction.jobs AS j
+      ON j.conversation_id = s.conversation_id AND j.job_id = s.job_id;
+COMMENT ON VIEW compaction.summaries IS
+    'Every completed summary with its identity and source binding; job_id is NULL for imported summaries';
+
+-- ==== sql/40_immutability.sql ====
+-- pycompactor stored logic, section 4: immutability and erasure.
+--
+-- Completed summaries, identities and the event log never change, for any role: the
+-- guards below are BEFORE triggers enabled ALWAYS, so they fire for the owner, for a
+-- superuser and under session_replication_role = replica. TRUNCATE is refused by
+-- statement triggers (and the privilege is revoked in 90_roles.sql).
+--
+-- The one sanctioned removal is compaction.erase_conversation. It first writes its
+-- erasure tombstone to compaction.audit_events; the delete guards let a row go only when
+-- an erasure event of that row's conversation was written by the current transaction
+-- (compaction.erasing). An accidental DELETE has no such event and is refused; forging
+-- one needs INSERT on the event log, i.e. the owner, and leaves the forgery on record.
+
+CREATE FUNCTION compaction.erasing(p_conversation_id text)
+RETURNS boolean
+LANGUAGE sql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (
+        SELECT 1
+        FROM compaction.audit_events AS e
+        WHERE e.conversation_id = p_conversation_id
+          AND e.kind = 'erasure'
+          AND e.xact_id = pg_catalog.pg_current_xact_id_if_assigned())
+$$;
+COMMENT ON FUNCTION compaction.erasing(text) IS
+    'Internal: true inside the transaction of erase_conversation(p_conversation_id), after its tombstone was written';
+
+CREATE FUNCTION compaction.jobs_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND compaction.erasing(OLD.conversation_id) THEN
+        RETURN OLD;
+    END IF;
+    IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
+               WHERE s.conversation_id = OLD.conversation_id AND s.job_id = OLD.job_id) THEN
+        RAISE EXCEPTION 'compaction.jobs: job % has a completed summary; its identity never changes (% refused)',
+                OLD.job_id, TG_OP
+            USING ERRCODE = 'CP010',
+                  HINT = 'Erasure requests go through compaction.erase_conversation.';
+    END IF;
+    RAISE EXCEPTION 'compaction.jobs: identities are append-only (% of job % refused)', TG_OP, OLD.job_id
+        USING ERRCODE = 'CP011',
+              HINT = 'Erasure requests go through compaction.erase_conversation.';
+END
+$$;
+COMMENT ON FUNCTION compaction.jobs_guard() IS
+    'Trigger: refuses UPDATE and DELETE of identities (CP010 with a completed summary, else CP011) except inside erase_conversation';
+
+CREATE FUNCTION compaction.job_summaries_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND compaction.erasing(OLD.conversation_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'compaction.job_summaries: completed summary % is immutable (% refused)',
+            OLD.summary_id, TG_OP
+        USING ERRCODE = 'CP010',
+              HINT = 'Erasure requests go through compaction.erase_conversation.';
+END
+$$;
+COMMENT ON FUNCTION compaction.job_summaries_guard() IS
+    'Trigger: refuses UPDATE and DELETE of completed summaries (CP010) except inside erase_conversation';
+
+CREATE FUNCTION compaction.attempts_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF compaction.erasing(OLD.conversation_id) THEN
+            RETURN OLD;
+        END IF;
+        RAISE EXCEPTION 'compaction.attempts: the attempt log is append-only (DELETE of job % attempt % refused)',
+                OLD.job_id, OLD.attempt
+            USING ERRCODE = 'CP011';
+    END IF;
+    -- The only changes: running -> completed | failed, and a running attempt's lease renewal.
+    IF OLD.state = 'running'
+       AND (NEW.conversation_id, NEW.job_id, NEW.attempt, NEW.worker, NEW.started_at)
+           IS NOT DISTINCT FROM
+           (OLD.conversation_id, OLD.job_id, OLD.attempt, OLD.worker, OLD.started_at)
+       AND (NEW.state IN ('completed', 'failed')
+            OR (NEW.state = 'running'
+                AND (NEW.reason, NEW.finished_at, NEW.finish_reason, NEW.tool_call_count,
+                     NEW.response_id, NEW.summary_chars)
+                    IS NOT DISTINCT FROM
+                    (OLD.reason, OLD.finished_at, OLD.finish_reason, OLD.tool_call_count,
+                     OLD.response_id, OLD.summary_chars))) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'compaction.attempts: only running -> completed | failed may change (job % attempt % is %)',
+            OLD.job_id, OLD.attempt, OLD.state
+        USING ERRCODE = 'CP011';
+END
+$$;
+COMMENT ON FUNCTION compaction.attempts_guard() IS
+    'Trigger: attempts are append-only except running -> completed | failed and lease renewal; DELETE only inside erase_conversation';
+
+CREATE FUNCTION compaction.audit_events_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'compaction.audit_events is append-only (% refused)', TG_OP
+        USING ERRCODE = 'CP011';
+END
+$$;
+COMMENT ON FUNCTION compaction.audit_events_guard() IS
+    'Trigger: refuses every UPDATE and DELETE of the event log (CP011)';
+
+CREATE FUNCTION compaction.truncate_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'TRUNCATE of %.% refused: engine tables are never truncated',
+            TG_TABLE_SCHEMA, TG_TABLE_NAME
+        USING ERRCODE = 'CP012',
+              HINT = 'Erasure requests go through compaction.erase_conversation.';
+END
+$$;
+COMMENT ON FUNCTION compaction.truncate_guard() IS
+    'Trigger: refuses TRUNCATE of an engine table (CP012)';
+
+CREATE TRIGGER jobs_guard
+    BEFORE UPDATE OR DELETE ON compaction.jobs
+    FOR EACH ROW EXECUTE FUNCTION compaction.jobs_guard();
+CREATE TRIGGER job_summaries_guard
+    BEFORE UPDATE OR DELETE ON compaction.job_summaries
+    FOR EACH ROW EXECUTE FUNCTION compaction.job_summaries_guard();
+CREATE TRIGGER attempts_guard
+    BEFORE UPDATE OR DELETE ON compaction.attempts
+    FOR EACH ROW EXECUTE FUNCTION compaction.attempts_guard();
+CREATE TRIGGER audit_events_guard
+    BEFORE UPDATE OR DELETE ON compaction.audit_events
+    FOR EACH ROW EXECUTE FUNCTION compaction.audit_events_guard();
+ALTER TABLE compaction.jobs ENABLE ALWAYS TRIGGER jobs_guard;
+ALTER TABLE compaction.job_summaries ENABLE ALWAYS TRIGGER job_summaries_guard;
+ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_guard;
+ALTER TABLE compaction.audit_events ENABLE ALWAYS TRIGGER audit_events_guard;
+
+CREATE TRIGGER jobs_truncate_guard
+    BEFORE TRUNCATE ON compaction.jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER attempts_truncate_guard
+    BEFORE TRUNCATE ON compaction.attempts
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER job_summaries_truncate_guard
+    BEFORE TRUNCATE ON compaction.job_summaries
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER audit_events_truncate_guard
+    BEFORE TRUNCATE ON compaction.audit_events
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER admission_truncate_guard
+    BEFORE TRUNCATE ON compaction.admission
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER queue_truncate_guard
+    BEFORE TRUNCATE ON compaction.queue
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER settings_truncate_guard
+    BEFORE TRUNCATE ON compaction.settings
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER prompt_versions_truncate_guard
+    BEFORE TRUNCATE ON compaction.prompt_versions
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+ALTER TABLE compaction.jobs ENABLE ALWAYS TRIGGER jobs_truncate_guard;
+ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_truncate_guard;
+ALTER TABLE compaction.job_summaries ENABLE ALWAYS TRIGGER job_summaries_truncate_guard;
+ALTER TABLE compaction.audit_events ENABLE ALWAYS TRIGGER audit_events_truncate_guard;
+ALTER TABLE compaction.admission ENABLE ALWAYS TRIGGER admission_truncate_guard;
+ALTER TABLE compaction.queue ENABLE ALWAYS TRIGGER queue_truncate_guard;
+ALTER TABLE compaction.settings ENABLE ALWAYS TRIGGER settings_truncate_guard;
+ALTER TABLE compaction.prompt_versions ENABLE ALWAYS TRIGGER prompt_versions_truncate_guard;
+
+CREATE FUNCTION compaction.erase_conversation(p_conversation_id text, p_reason text)
+RETURNS int
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_jobs      int;
+    v_attempts  int;
+    v_summaries int;
+BEGIN
+    IF p_conversation_id IS NULL OR NOT compaction.has_content(p_reason) THEN
+        RAISE EXCEPTION 'erase_conversation needs a conversation id and a reason'
+            USING ERRCODE = 'CP020';
+    END IF;
+    PERFORM compaction.lock_conversation(p_conversation_id);
+
+    SELECT count(*) INTO v_jobs FROM compaction.jobs AS j
+    WHERE j.conversation_id = p_conversation_id;
+    SELECT count(*) INTO v_attempts FROM compaction.attempts AS a
+    WHERE a.conversation_id = p_conversation_id;
+    SELECT count(*) INTO v_summaries FROM compaction.job_summaries AS s
+    WHERE s.conversation_id = p_conversation_id;
+
+    -- The tombstone comes first: it is what lets the guards pass these deletes. It holds
+    -- ids, counts, the reason and the time, never text of the erased rows.
+    INSERT INTO compaction.audit_events
+        (conversation_id, kind, occurred_at, reason, erased_jobs, erased_attempts, erased_summaries)
+    VALUES (p_conversation_id, 'erasure', pg_catalog.now(), p_reason, v_jobs, v_attempts, v_summaries);
+
+    DELETE FROM compaction.job_summaries AS s WHERE s.conversation_id = p_conversation_id;
+    DELETE FROM compaction.admission AS ad WHERE ad.conversation_id = p_conversation_id;
+    DELETE FROM compaction.attempts AS a WHERE a.conversation_id = p_conversation_id;
+    DELETE FROM compaction.jobs AS j WHERE j.conversation_id = p_conversation_id;
+    DELETE FROM compaction.queue AS q WHERE q.conversation_id = p_conversation_id;
+    RETURN v_summaries;
+END
+$$;
+COMMENT ON FUNCTION compaction.erase_conversation(text, text) IS
+    'Erasure requests (owner/admin only): removes a conversation''s jobs, attempts, summaries and queue entries, never source rows; leaves a content-free tombstone event; returns summaries removed';
+
+-- ==== sql/50_audit.sql ====
+-- pycompactor stored logic, section 5: audit views.
+--
+-- compaction_auditor reads these and compaction.audit_events (the event log table) and
+-- nothing else: metadata only (ids, ranges, hashes, models, versions, states, reasons,
+-- times, lengths), never message or summary text. Recipes: docs/audit.md.
+
+CREATE VIEW compaction.audit_jobs AS
+    SELECT j.conversation_id,
+           j.scope,
+           j.from_pair,
+           j.to_pair,
+           j.job_id,
+           j.source_hash,
+           j.model,
+           j.prompt_version,
+           j.created_at,
+           a.attempt,
+           a.state,
+           a.reason,
+           a.worker,
+           a.started_at,
+           a.lease_expires_at,
+           a.finished_at,
+           a.finished_at - a.started_at AS duration,
+           a.finish_reason,
+           a.tool_call_count,
+           a.response_id,
+           a.summary_chars,
+           s.summary_id,
+           false AS imported
+    FROM compaction.jobs AS j
+    JOIN compaction.attempts AS a
+      ON a.conversation_id = j.conversation_id AND a.job_id = j.job_id
+    LEFT JOIN compaction.job_summaries AS s
+      ON s.conversation_id = a.conversation_id AND s.job_id = a.job_id AND s.attempt = a.attempt
+    UNION ALL
+    SELECT j.conversation_id,
+           j.scope,
+           j.from_pair,
+           j.to_pair,
+           j.job_id,
+           j.source_hash,
+           j.model,
+           j.prompt_version,
+           j.created_at,
+           NULL::int,
+           'imported'::text,
+           NULL::text,
+           NULL::text,
+           NULL::timestamptz,
+           NULL::timestamptz,
+           s.completed_at,
+           NULL::interval,
+           NULL::text,
+           NULL::int,
+           NULL::text,
+           pg_catalog.char_length(s.summary),
+           s.summary_id,
+           true
+    FROM compaction.jobs AS j
+    JOIN compaction.job_summaries AS s
+      ON s.conversation_id = j.conversation_id AND s.job_id = j.job_id
+    WHERE s.attempt IS NULL;
+COMMENT ON VIEW compaction.audit_jobs IS
+    'Audit: every job with each attempt (state, reason, worker, lease, duration, finish metadata) and imported summaries as state imported; no text';
+
+CREATE VIEW compaction.audit_stale_summaries AS
+    SELECT s.summary_id,
+           j.conversation_id,
+           j.scope,
+           j.from_pair,
+           j.to_pair,
+           CASE WHEN s.attempt IS NOT NULL THEN j.job_id END AS job_id,
+           s.attempt IS NULL AS imported,
+           j.model,
+           j.prompt_version,
+           s.completed_at,
+           j.source_hash AS stored_hash,
+           c.current_hash,
+           CASE WHEN c.current_hash IS NULL THEN 'range_incomplete' ELSE 'source_changed' END
+               AS staleness
+    FROM compaction.job_summaries AS s
+    JOIN compaction.jobs AS j
+      ON j.conversation_id = s.conversation_id AND j.job_id = s.job_id
+    CROSS JOIN LATERAL (
+        SELECT compaction.source_hash(j.conversation_id, j.from_pair) AS current_hash
+    ) AS c
+    WHERE c.current_hash IS DISTINCT FROM j.source_hash;
+COMMENT ON VIEW compaction.audit_stale_summaries IS
+    'Audit: completed summaries whose source changed since (hash recomputed in SQL) or whose range no longer has 10 pairs';
+
+CREATE VIEW compaction.audit_exhausted AS
+    SELECT j.conversation_id,
+           j.scope,
+           j.from_pair,
+           j.to_pair,
+           j.job_id,
+           j.source_hash,
+           j.model,
+           j.prompt_version,
+           max(a.reason) FILTER (WHERE a.attempt = 1) AS first_reason,
+           max(a.reason) FILTER (WHERE a.attempt = 2) AS second_reason,
+           max(a.finished_at) AS exhausted_at
+    FROM compaction.jobs AS j
+    JOIN compaction.attempts AS a
+      ON a.conversation_id = j.conversation_id AND a.job_id = j.job_id
+    WHERE a.state = 'failed'
+      AND NOT EXISTS (SELECT 1 FROM compaction.job_summaries AS s
+                      WHERE s.conversation_id = j.conversation_id AND s.job_id = j.job_id)
+    GROUP BY j.conversation_id, j.scope, j.from_pair, j.to_pair, j.job_id, j.source_hash,
+             j.model, j.prompt_version
+    HAVING count(*) >= 2;
+COMMENT ON VIEW compaction.audit_exhausted IS
+    'Audit: identities whose two attempts both failed (claims answer attempts_exhausted), with both reasons';
+
+-- ==== sql/90_roles.sql (0002 additions) ====
+CALL compaction.assign_ownership();
+
+-- Database core (revision 0002_core). The worker drives claims through functions only;
+-- it holds no INSERT, UPDATE or DELETE on any engine table.
+GRANT EXECUTE ON FUNCTION
+    compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz),
+    compaction.complete(bigint, int, text, text, int, text, timestamptz),
+    compaction.fail(bigint, int, text, timestamptz),
+    compaction.heartbeat(bigint, int, interval, timestamptz),
+    compaction.reap(timestamptz),
+    compaction.enqueue(text, text),
+    compaction.dequeue(int)
+TO compaction_worker;
+
+GRANT SELECT ON compaction.prompt_versions TO compaction_worker, compaction_reader;
+GRANT SELECT ON compaction.summaries TO compaction_reader;
+
+-- Metadata only. audit_stale_summaries recomputes hashes, and a function inside a view
+-- runs with the caller's EXECUTE privilege: source_hash returns a hash, never text.
+GRANT SELECT ON compaction.audit_jobs, compaction.audit_stale_summaries,
+                compaction.audit_exhausted, compaction.audit_events
+TO compaction_auditor;
+GRANT EXECUTE ON FUNCTION compaction.source_hash(text, int) TO compaction_auditor;
+
+-- TRUNCATE is refused by triggers as well; not even the owner holds the privilege.
+REVOKE TRUNCATE ON compaction.jobs, compaction.attempts, compaction.job_summaries,
+                   compaction.audit_events, compaction.admission, compaction.queue,
+                   compaction.settings, compaction.prompt_versions
+FROM compaction_owner;

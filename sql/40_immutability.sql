@@ -1,0 +1,227 @@
+-- pycompactor stored logic, section 4: immutability and erasure.
+--
+-- Completed summaries, identities and the event log never change, for any role: the
+-- guards below are BEFORE triggers enabled ALWAYS, so they fire for the owner, for a
+-- superuser and under session_replication_role = replica. TRUNCATE is refused by
+-- statement triggers (and the privilege is revoked in 90_roles.sql).
+--
+-- The one sanctioned removal is compaction.erase_conversation. It first writes its
+-- erasure tombstone to compaction.audit_events; the delete guards let a row go only when
+-- an erasure event of that row's conversation was written by the current transaction
+-- (compaction.erasing). An accidental DELETE has no such event and is refused; forging
+-- one needs INSERT on the event log, i.e. the owner, and leaves the forgery on record.
+
+CREATE FUNCTION compaction.erasing(p_conversation_id text)
+RETURNS boolean
+LANGUAGE sql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (
+        SELECT 1
+        FROM compaction.audit_events AS e
+        WHERE e.conversation_id = p_conversation_id
+          AND e.kind = 'erasure'
+          AND e.xact_id = pg_catalog.pg_current_xact_id_if_assigned())
+$$;
+COMMENT ON FUNCTION compaction.erasing(text) IS
+    'Internal: true inside the transaction of erase_conversation(p_conversation_id), after its tombstone was written';
+
+CREATE FUNCTION compaction.jobs_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND compaction.erasing(OLD.conversation_id) THEN
+        RETURN OLD;
+    END IF;
+    IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
+               WHERE s.conversation_id = OLD.conversation_id AND s.job_id = OLD.job_id) THEN
+        RAISE EXCEPTION 'compaction.jobs: job % has a completed summary; its identity never changes (% refused)',
+                OLD.job_id, TG_OP
+            USING ERRCODE = 'CP010',
+                  HINT = 'Erasure requests go through compaction.erase_conversation.';
+    END IF;
+    RAISE EXCEPTION 'compaction.jobs: identities are append-only (% of job % refused)', TG_OP, OLD.job_id
+        USING ERRCODE = 'CP011',
+              HINT = 'Erasure requests go through compaction.erase_conversation.';
+END
+$$;
+COMMENT ON FUNCTION compaction.jobs_guard() IS
+    'Trigger: refuses UPDATE and DELETE of identities (CP010 with a completed summary, else CP011) except inside erase_conversation';
+
+CREATE FUNCTION compaction.job_summaries_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND compaction.erasing(OLD.conversation_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'compaction.job_summaries: completed summary % is immutable (% refused)',
+            OLD.summary_id, TG_OP
+        USING ERRCODE = 'CP010',
+              HINT = 'Erasure requests go through compaction.erase_conversation.';
+END
+$$;
+COMMENT ON FUNCTION compaction.job_summaries_guard() IS
+    'Trigger: refuses UPDATE and DELETE of completed summaries (CP010) except inside erase_conversation';
+
+CREATE FUNCTION compaction.attempts_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF compaction.erasing(OLD.conversation_id) THEN
+            RETURN OLD;
+        END IF;
+        RAISE EXCEPTION 'compaction.attempts: the attempt log is append-only (DELETE of job % attempt % refused)',
+                OLD.job_id, OLD.attempt
+            USING ERRCODE = 'CP011';
+    END IF;
+    -- The only changes: running -> completed | failed, and a running attempt's lease renewal.
+    IF OLD.state = 'running'
+       AND (NEW.conversation_id, NEW.job_id, NEW.attempt, NEW.worker, NEW.started_at)
+           IS NOT DISTINCT FROM
+           (OLD.conversation_id, OLD.job_id, OLD.attempt, OLD.worker, OLD.started_at)
+       AND (NEW.state IN ('completed', 'failed')
+            OR (NEW.state = 'running'
+                AND (NEW.reason, NEW.finished_at, NEW.finish_reason, NEW.tool_call_count,
+                     NEW.response_id, NEW.summary_chars)
+                    IS NOT DISTINCT FROM
+                    (OLD.reason, OLD.finished_at, OLD.finish_reason, OLD.tool_call_count,
+                     OLD.response_id, OLD.summary_chars))) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'compaction.attempts: only running -> completed | failed may change (job % attempt % is %)',
+            OLD.job_id, OLD.attempt, OLD.state
+        USING ERRCODE = 'CP011';
+END
+$$;
+COMMENT ON FUNCTION compaction.attempts_guard() IS
+    'Trigger: attempts are append-only except running -> completed | failed and lease renewal; DELETE only inside erase_conversation';
+
+CREATE FUNCTION compaction.audit_events_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'compaction.audit_events is append-only (% refused)', TG_OP
+        USING ERRCODE = 'CP011';
+END
+$$;
+COMMENT ON FUNCTION compaction.audit_events_guard() IS
+    'Trigger: refuses every UPDATE and DELETE of the event log (CP011)';
+
+CREATE FUNCTION compaction.truncate_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'TRUNCATE of %.% refused: engine tables are never truncated',
+            TG_TABLE_SCHEMA, TG_TABLE_NAME
+        USING ERRCODE = 'CP012',
+              HINT = 'Erasure requests go through compaction.erase_conversation.';
+END
+$$;
+COMMENT ON FUNCTION compaction.truncate_guard() IS
+    'Trigger: refuses TRUNCATE of an engine table (CP012)';
+
+CREATE TRIGGER jobs_guard
+    BEFORE UPDATE OR DELETE ON compaction.jobs
+    FOR EACH ROW EXECUTE FUNCTION compaction.jobs_guard();
+CREATE TRIGGER job_summaries_guard
+    BEFORE UPDATE OR DELETE ON compaction.job_summaries
+    FOR EACH ROW EXECUTE FUNCTION compaction.job_summaries_guard();
+CREATE TRIGGER attempts_guard
+    BEFORE UPDATE OR DELETE ON compaction.attempts
+    FOR EACH ROW EXECUTE FUNCTION compaction.attempts_guard();
+CREATE TRIGGER audit_events_guard
+    BEFORE UPDATE OR DELETE ON compaction.audit_events
+    FOR EACH ROW EXECUTE FUNCTION compaction.audit_events_guard();
+ALTER TABLE compaction.jobs ENABLE ALWAYS TRIGGER jobs_guard;
+ALTER TABLE compaction.job_summaries ENABLE ALWAYS TRIGGER job_summaries_guard;
+ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_guard;
+ALTER TABLE compaction.audit_events ENABLE ALWAYS TRIGGER audit_events_guard;
+
+CREATE TRIGGER jobs_truncate_guard
+    BEFORE TRUNCATE ON compaction.jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER attempts_truncate_guard
+    BEFORE TRUNCATE ON compaction.attempts
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER job_summaries_truncate_guard
+    BEFORE TRUNCATE ON compaction.job_summaries
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER audit_events_truncate_guard
+    BEFORE TRUNCATE ON compaction.audit_events
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER admission_truncate_guard
+    BEFORE TRUNCATE ON compaction.admission
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER queue_truncate_guard
+    BEFORE TRUNCATE ON compaction.queue
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER settings_truncate_guard
+    BEFORE TRUNCATE ON compaction.settings
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER prompt_versions_truncate_guard
+    BEFORE TRUNCATE ON compaction.prompt_versions
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+ALTER TABLE compaction.jobs ENABLE ALWAYS TRIGGER jobs_truncate_guard;
+ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_truncate_guard;
+ALTER TABLE compaction.job_summaries ENABLE ALWAYS TRIGGER job_summaries_truncate_guard;
+ALTER TABLE compaction.audit_events ENABLE ALWAYS TRIGGER audit_events_truncate_guard;
+ALTER TABLE compaction.admission ENABLE ALWAYS TRIGGER admission_truncate_guard;
+ALTER TABLE compaction.queue ENABLE ALWAYS TRIGGER queue_truncate_guard;
+ALTER TABLE compaction.settings ENABLE ALWAYS TRIGGER settings_truncate_guard;
+ALTER TABLE compaction.prompt_versions ENABLE ALWAYS TRIGGER prompt_versions_truncate_guard;
+
+CREATE FUNCTION compaction.erase_conversation(p_conversation_id text, p_reason text)
+RETURNS int
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_jobs      int;
+    v_attempts  int;
+    v_summaries int;
+BEGIN
+    IF p_conversation_id IS NULL OR NOT compaction.has_content(p_reason) THEN
+        RAISE EXCEPTION 'erase_conversation needs a conversation id and a reason'
+            USING ERRCODE = 'CP020';
+    END IF;
+    PERFORM compaction.lock_conversation(p_conversation_id);
+
+    SELECT count(*) INTO v_jobs FROM compaction.jobs AS j
+    WHERE j.conversation_id = p_conversation_id;
+    SELECT count(*) INTO v_attempts FROM compaction.attempts AS a
+    WHERE a.conversation_id = p_conversation_id;
+    SELECT count(*) INTO v_summaries FROM compaction.job_summaries AS s
+    WHERE s.conversation_id = p_conversation_id;
+
+    -- The tombstone comes first: it is what lets the guards pass these deletes. It holds
+    -- ids, counts, the reason and the time, never text of the erased rows.
+    INSERT INTO compaction.audit_events
+        (conversation_id, kind, occurred_at, reason, erased_jobs, erased_attempts, erased_summaries)
+    VALUES (p_conversation_id, 'erasure', pg_catalog.now(), p_reason, v_jobs, v_attempts, v_summaries);
+
+    DELETE FROM compaction.job_summaries AS s WHERE s.conversation_id = p_conversation_id;
+    DELETE FROM compaction.admission AS ad WHERE ad.conversation_id = p_conversation_id;
+    DELETE FROM compaction.attempts AS a WHERE a.conversation_id = p_conversation_id;
+    DELETE FROM compaction.jobs AS j WHERE j.conversation_id = p_conversation_id;
+    DELETE FROM compaction.queue AS q WHERE q.conversation_id = p_conversation_id;
+    RETURN v_summaries;
+END
+$$;
+COMMENT ON FUNCTION compaction.erase_conversation(text, text) IS
+    'Erasure requests (owner/admin only): removes a conversation''s jobs, attempts, summaries and queue entries, never source rows; leaves a content-free tombstone event; returns summaries removed';
