@@ -40,26 +40,32 @@ STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+    -- A lateral aggregate per run: the messages of each run are fetched by the run_id
+    -- index, so the cost follows this conversation's size, never the table's.
     WITH per_run AS (
         SELECT r.run_id,
                r.status AS run_status,
-               count(m.message_id) FILTER (WHERE m.role = 'user') AS n_user,
-               count(m.message_id) FILTER (WHERE m.role = 'assistant') AS n_assistant,
-               -- m.run_id is NULL only on the outer join's filler row of a run with no messages
-               coalesce(bool_or(m.conversation_id IS DISTINCT FROM p_conversation_id)
-                            FILTER (WHERE m.run_id IS NOT NULL), false) AS foreign_message,
-               (array_agg(m.message_id) FILTER (WHERE m.role = 'user'))[1] AS user_message_id,
-               (array_agg(m.seq) FILTER (WHERE m.role = 'user'))[1] AS user_seq,
-               (array_agg(m.content) FILTER (WHERE m.role = 'user'))[1] AS user_content,
-               (array_agg(m.message_id) FILTER (WHERE m.role = 'assistant'))[1] AS assistant_message_id,
-               (array_agg(m.status) FILTER (WHERE m.role = 'assistant'))[1] AS assistant_status,
-               (array_agg(m.content) FILTER (WHERE m.role = 'assistant'))[1] AS assistant_content
+               m.*
         FROM compaction.source_runs AS r
-        LEFT JOIN compaction.source_messages AS m
-               ON m.run_id = r.run_id
-              AND m.role IN ('user', 'assistant')
+        CROSS JOIN LATERAL (
+            SELECT count(*) FILTER (WHERE sm.role = 'user') AS n_user,
+                   count(*) FILTER (WHERE sm.role = 'assistant') AS n_assistant,
+                   coalesce(bool_or(sm.conversation_id IS DISTINCT FROM p_conversation_id),
+                            false) AS foreign_message,
+                   (array_agg(sm.message_id) FILTER (WHERE sm.role = 'user'))[1] AS user_message_id,
+                   (array_agg(sm.seq) FILTER (WHERE sm.role = 'user'))[1] AS user_seq,
+                   (array_agg(sm.content) FILTER (WHERE sm.role = 'user'))[1] AS user_content,
+                   (array_agg(sm.message_id) FILTER (WHERE sm.role = 'assistant'))[1]
+                       AS assistant_message_id,
+                   (array_agg(sm.status) FILTER (WHERE sm.role = 'assistant'))[1]
+                       AS assistant_status,
+                   (array_agg(sm.content) FILTER (WHERE sm.role = 'assistant'))[1]
+                       AS assistant_content
+            FROM compaction.source_messages AS sm
+            WHERE sm.run_id = r.run_id
+              AND sm.role IN ('user', 'assistant')
+        ) AS m
         WHERE r.conversation_id = p_conversation_id
-        GROUP BY r.run_id, r.status
     )
     SELECT p.run_id,
            p.run_status,
