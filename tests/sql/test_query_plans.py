@@ -65,13 +65,14 @@ def explain_body(conn: Conn, function: str, argument: str) -> list[dict[str, Any
     body = row[0].replace("p_conversation_id", "$1")
     conn.execute(b"PREPARE body(text) AS " + body.encode())
     try:
-        (plan_json,) = conn.execute(
+        row = conn.execute(
             sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE body({})").format(
                 sql.Literal(argument))
-        ).fetchone() or (None,)
+        ).fetchone()
     finally:
         conn.execute("DEALLOCATE body")
-    plan = plan_json if isinstance(plan_json, list) else json.loads(plan_json)
+    assert row is not None
+    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
     return list(nodes(plan[0]["Plan"]))
 
 
