@@ -1,0 +1,256 @@
+"""Deterministic two-connection interleavings (fencing vs the reaper) and lock footprint.
+
+Orders are forced with explicit transactions and row locks; a blocked call is observed
+through pg_locks (a condition, not a sleep).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from pycompactor import db
+from pycompactor.models import ClaimResult, CompleteResult
+from tests.history import History
+from tests.sql.engine import GOOD, LEASE, T0, claim, scalar, target
+
+Conn = psycopg.Connection[Any]
+LOCK_CLASS = 1129316352
+
+
+@pytest.fixture
+def tx(dsn: str) -> Iterator[Conn]:
+    """A second connection in explicit-transaction mode (not autocommit)."""
+    with psycopg.connect(dsn) as connection:
+        yield connection
+
+
+def wait_until_blocked(observer: Conn, pid: int) -> None:
+    """Return once backend `pid` waits for a lock (polls pg_locks; fails after 30 s)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if observer.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s"
+                            " AND NOT granted)", (pid,)).fetchone() == (True,):
+            return
+    raise AssertionError(f"backend {pid} never blocked")
+
+
+class Background:
+    """Runs one call on another thread and hands back its result."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self.result = call()
+            except BaseException as exc:  # handed to the test thread
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def join(self) -> Any:
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def claimed(conn: Conn) -> ClaimResult:
+    t = target(conn, "c1")
+    c = claim(conn, "c1", t)
+    assert c.claimed
+    assert c.job_id is not None
+    return c
+
+
+def assert_expired_once(conn: Conn) -> None:
+    assert conn.execute("SELECT state, reason FROM compaction.attempts").fetchall() \
+        == [("failed", "lease_expired")]
+    assert scalar(conn, "SELECT count(*) FROM compaction.summaries") == 0
+    assert scalar(conn, "SELECT count(*) FROM compaction.audit_events"
+                        " WHERE kind = 'lease_expiry'") == 1
+
+
+def test_reaper_first_then_stale_complete(conn: Conn, dsn: str) -> None:
+    c = claimed(conn)
+    assert c.job_id is not None
+    job_id = c.job_id
+    with psycopg.connect(dsn) as reaper:
+        # the reaper expires the attempt and holds its transaction open
+        assert db.reap(reaper, now=T0 + LEASE) == 1
+        with psycopg.connect(dsn, autocommit=True) as worker:
+            pid = worker.info.backend_pid
+            # the worker's clock still says the lease is valid: only the fence stops it
+            bg = Background(lambda: db.complete(worker, job_id, 1, GOOD, "stop", 0, now=T0))
+            wait_until_blocked(conn, pid)
+            reaper.commit()
+            result: CompleteResult = bg.join()
+    assert (result.ok, result.reason, result.summary_id) == (False, "lease_lost", None)
+    assert_expired_once(conn)
+
+
+def test_stale_complete_first_then_reaper(conn: Conn, dsn: str) -> None:
+    c = claimed(conn)
+    assert c.job_id is not None
+    with psycopg.connect(dsn) as worker:
+        result = db.complete(worker, c.job_id, 1, GOOD, "stop", 0, now=T0 + LEASE)
+        assert (result.ok, result.reason) == (False, "lease_lost")
+        # the stale complete holds the attempt's row: the reaper skips it, never blocks
+        with psycopg.connect(dsn, autocommit=True) as reaper:
+            assert db.reap(reaper, now=T0 + LEASE) == 0
+            worker.commit()
+            assert db.reap(reaper, now=T0 + LEASE * 10) == 0
+    assert_expired_once(conn)
+
+
+def test_valid_complete_in_flight_beats_reaper(conn: Conn, dsn: str) -> None:
+    c = claimed(conn)
+    assert c.job_id is not None
+    with psycopg.connect(dsn) as worker:
+        assert db.complete(worker, c.job_id, 1, GOOD, "stop", 0, now=T0).ok
+        with psycopg.connect(dsn, autocommit=True) as reaper:
+            assert db.reap(reaper, now=T0 + LEASE) == 0
+            worker.commit()
+            assert db.reap(reaper, now=T0 + LEASE) == 0
+    assert conn.execute("SELECT state, reason FROM compaction.attempts").fetchall() \
+        == [("completed", "completed")]
+
+
+def test_heartbeat_and_reaper_serialise(conn: Conn, dsn: str) -> None:
+    c = claimed(conn)
+    assert c.job_id is not None
+    job_id = c.job_id
+    with psycopg.connect(dsn) as reaper:
+        assert db.reap(reaper, now=T0 + LEASE) == 1
+        with psycopg.connect(dsn, autocommit=True) as worker:
+            bg = Background(lambda: db.heartbeat(worker, job_id, 1, now=T0 + LEASE / 2))
+            wait_until_blocked(conn, worker.info.backend_pid)
+            reaper.commit()
+            beat = bg.join()
+    assert beat.ok is False
+    assert_expired_once(conn)
+
+
+# --- lock footprint and statement bound --------------------------------------------------
+
+def conversation_key(conn: Conn, conversation_id: str) -> int:
+    """objid pg_locks shows for compaction.lock_conversation's second key."""
+    h = int(scalar(conn, "SELECT hashtext(%s)", (conversation_id,)))
+    key = -1 - h if 0 <= h <= 15 else h
+    return key & 0xFFFFFFFF
+
+
+def locks_of(conn: Conn, pid: int) -> list[tuple[str, str | None, int | None, int | None, str]]:
+    return conn.execute(
+        "SELECT locktype, relation::regclass::text, classid::oid::bigint, objid::oid::bigint,"
+        " mode FROM pg_locks WHERE pid = %s AND granted ORDER BY 1, 2", (pid,)).fetchall()
+
+
+def assert_narrow(locks: list[tuple[str, str | None, int | None, int | None, str]],
+                  advisory: set[int]) -> None:
+    seen_advisory = set()
+    for locktype, relation, classid, objid, mode in locks:
+        if locktype == "advisory":
+            assert classid == LOCK_CLASS
+            assert objid is not None
+            seen_advisory.add(objid)
+            assert mode == "ExclusiveLock"
+        elif locktype == "relation":
+            # row-level work only (RowShareLock: foreign-key checks lock referenced rows
+            # FOR KEY SHARE); never a table-wide Share/Exclusive lock
+            assert mode in ("AccessShareLock", "RowShareLock", "RowExclusiveLock"), \
+                (relation, mode)
+        else:
+            assert locktype in ("virtualxid", "transactionid"), locktype
+    assert seen_advisory == advisory
+
+
+def test_claim_complete_lock_footprint(conn: Conn, tx: Conn, dsn: str) -> None:
+    t = target(conn, "c1")
+    other = target(conn, "c2")
+    # another conversation's engine rows are locked by a third session the whole time
+    c2 = claim(conn, "c2", other)
+    assert c2.job_id is not None
+    with psycopg.connect(dsn) as blocker:
+        blocker.execute("SELECT * FROM compaction.jobs WHERE conversation_id = 'c2' FOR UPDATE")
+        blocker.execute("SELECT * FROM compaction.attempts WHERE conversation_id = 'c2'"
+                        " FOR UPDATE")
+        blocker.execute("SELECT * FROM compaction.admission WHERE conversation_id = 'c2'"
+                        " FOR UPDATE")
+        tx.execute("SET LOCAL lock_timeout = '10s'")
+        pid = tx.info.backend_pid
+        c = claim(tx, "c1", t)
+        assert c.claimed
+        assert c.job_id is not None
+        assert_narrow(locks_of(conn, pid), {conversation_key(conn, "c1"), 2})
+        tx.commit()
+
+        tx.execute("SET LOCAL lock_timeout = '10s'")
+        done = db.complete(tx, c.job_id, 1, GOOD, "stop", 0, now=T0)
+        assert done.ok
+        # completion never takes the admission lock
+        assert_narrow(locks_of(conn, pid), {conversation_key(conn, "c1")})
+        tx.commit()
+        blocker.rollback()
+
+
+def function_calls(dsn: str, conversation_id: str, n_pairs: int) -> dict[str, int]:
+    """Server-side function calls of one claim + complete (a fresh session: the xact stats
+    view also shows this session's not yet flushed counts)."""
+    with psycopg.connect(dsn) as tx:
+        History(tx).pairs(conversation_id, n_pairs)
+        tx.commit()
+        t = db.plan_targets(tx, conversation_id)[0]
+        tx.commit()
+        tx.execute("SET LOCAL track_functions = 'all'")
+        c = claim(tx, conversation_id, t)
+        assert c.job_id is not None
+        assert db.complete(tx, c.job_id, 1, GOOD, "stop", 0, now=T0).ok
+        calls = dict(tx.execute(
+            "SELECT schemaname || '.' || funcname, calls::int FROM pg_stat_xact_user_functions"
+        ).fetchall())
+        tx.commit()
+        return calls
+
+
+def test_claim_complete_is_a_bounded_number_of_statements(conn: Conn, tx: Conn,
+                                                          dsn: str) -> None:
+    """Two client statements. Server-side, the same calls whatever other conversations
+    hold; only the per-pair helpers of the plan (one conversation's rows) grow with its
+    own history."""
+    statements: list[str] = []
+
+    class Counting(psycopg.Cursor[Any]):
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            statements.append(str(query))
+            return super().execute(query, params, **kwargs)
+
+    before = function_calls(dsn, "before", 30)
+    for i in range(5):
+        nt = target(conn, f"noise-{i}")
+        assert claim(conn, f"noise-{i}", nt).claimed
+    after = function_calls(dsn, "after", 30)
+    assert before == after
+    assert before["compaction.claim"] == 1
+    assert before["compaction.complete"] == 1
+    big = function_calls(dsn, "big", 400)
+    per_pair = {"compaction.pair_bytes", "compaction.has_content"}
+    assert {k for k in big if big[k] != before.get(k)} == per_pair
+
+    History(conn).pairs("counted", 30)
+    t = db.plan_targets(conn, "counted")[0]
+    tx.cursor_factory = Counting
+    c = claim(tx, "counted", t)
+    assert c.job_id is not None
+    assert db.complete(tx, c.job_id, 1, GOOD, "stop", 0, now=T0).ok
+    tx.commit()
+    assert len(statements) == 2
