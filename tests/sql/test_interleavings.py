@@ -215,7 +215,7 @@ def function_calls(dsn: str, conversation_id: str, n_pairs: int) -> dict[str, in
         c = claim(tx, conversation_id, t)
         assert c.job_id is not None
         assert db.complete(tx, c.job_id, 1, GOOD, "stop", 0, now=T0).ok
-        calls = dict(tx.execute(
+        calls: dict[str, int] = dict(tx.execute(
             "SELECT schemaname || '.' || funcname, calls::int FROM pg_stat_xact_user_functions"
         ).fetchall())
         tx.commit()
