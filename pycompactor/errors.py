@@ -40,6 +40,10 @@ class SourceContractError(PycompactorError):
     """The source views do not match the contract; run `pycompactor check-source`."""
 
 
+class PermissionDenied(PycompactorError):
+    """Permission denied; the connecting role lacks the engine role this task needs."""
+
+
 class EngineError(PycompactorError):
     """The engine refused the operation."""
 
@@ -136,6 +140,11 @@ def from_driver(exc: psycopg.Error) -> PycompactorError:
     if sqlstate in _BY_SQLSTATE:
         diag = exc.diag.message_primary
         return _BY_SQLSTATE[sqlstate](diag or None)
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return PermissionDenied(
+            f"{exc.diag.message_primary or 'permission denied'}; connect as a role granted "
+            "compaction_worker, compaction_reader or compaction_auditor as the task needs"
+        )
     if isinstance(exc, psycopg.errors.UndefinedFunction | psycopg.errors.InvalidSchemaName):
         return SchemaNotMigrated()
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):

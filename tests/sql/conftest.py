@@ -1,0 +1,44 @@
+"""Fixtures of the database-core tests."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from pytest_postgresql.executors import PostgreSQLExecutor
+
+from tests.conftest import make_dsn
+
+LoginRole = Callable[[str], str]
+
+
+@pytest.fixture
+def login_role(postgresql_proc: PostgreSQLExecutor, admin_dsn: str,
+               dsn: str) -> Iterator[LoginRole]:
+    """Factory: a LOGIN role that is a member of one engine role; returns its DSN.
+
+    Roles are cluster-wide, so names are unique and every role is dropped at teardown.
+    """
+    created: list[str] = []
+    dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    assert isinstance(dbname, str)
+
+    def factory(member_of: str) -> str:
+        name = f"login_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                psycopg.sql.Identifier(name), psycopg.sql.Identifier(member_of)))
+        created.append(name)
+        return make_dsn(postgresql_proc, dbname, user=name)
+
+    yield factory
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        for name in created:
+            admin.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(name)))
+
+
+def connect_as(dsn: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(dsn, autocommit=True)
