@@ -30,11 +30,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Final, Literal, Protocol, TypeAlias
-
-import openai
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias
 
 from pycompactor.errors import PycompactorError, UsageError
+
+if TYPE_CHECKING:
+    # Imported lazily at run time: `openai` takes about a second to import, and the
+    # offline summarizer (demo, tests, air-gapped workers) never needs it.
+    import openai
 
 PROMPT_VERSION: Final = "conversation-compaction@3"
 #: SHA-256 of the prompt file's bytes. A test fails when the text changes: a changed
@@ -262,6 +265,8 @@ def parse_completion(body: bytes) -> ModelOutcome:
 
 def failure_from_exception(exc: openai.OpenAIError) -> Failure:
     """Map a transport-level error of the openai client to its stable reason."""
+    import openai
+
     # APITimeoutError subclasses APIConnectionError: test it first.
     if isinstance(exc, openai.APITimeoutError):
         return Failure(TIMEOUT, str(exc))
@@ -324,6 +329,8 @@ class OpenAISummarizer:
         self._timeout_seconds = float(timeout_seconds)
         self._attempts = transport_attempts
         self._backoff = retry_backoff_seconds
+        import openai
+
         self._client = openai.OpenAI(
             base_url=base_url if base_url is not None else os.environ.get("OPENAI_BASE_URL"),
             api_key=api_key,
@@ -340,6 +347,8 @@ class OpenAISummarizer:
         return str(self._client.base_url)
 
     def summarize(self, pairs: Sequence[AssistantReply]) -> ModelOutcome:
+        import openai
+
         request = build_request(pairs, self._model)
         deadline = time.monotonic() + self._timeout_seconds
         for attempt in range(1, self._attempts + 1):
@@ -409,6 +418,7 @@ _SENTENCE_SPLIT = re.compile(
     r"|(?<=[。！？])(?![。！？”’」』）)\]\"'])[ \t\r\f\v]*"
     r"|(?<=[。！？][”’」』）)\]\"'])[ \t\r\f\v]*"
 )
+_LINE_BREAKS = re.compile(r"[\n\r]+")
 _ASCII_WS_RUN = re.compile(r"[ \t\n\r\f\v]+")
 _DIGIT = re.compile(r"\d")
 # Named entities, heuristically: a capitalised word that does not open the sentence,
@@ -423,7 +433,9 @@ _CJK_ENDS = frozenset("。！？”’」』）")
 def split_sentences(text: str) -> list[str]:
     """Sentences of a reply, with runs of ASCII whitespace collapsed to one space."""
     sentences: list[str] = []
-    for line in text.splitlines():
+    # Only \n and \r end lines: str.splitlines() would also split on U+0085, U+2028 and
+    # others, which §3 counts as content.
+    for line in _LINE_BREAKS.split(text):
         for piece in _SENTENCE_SPLIT.split(line):
             sentence = _ASCII_WS_RUN.sub(" ", piece).strip(_ASCII_WS)
             if sentence:
@@ -484,6 +496,8 @@ def extractive_summary(pairs: Sequence[AssistantReply], limit: int = MAX_SUMMARY
         chosen[r][s] = text
 
     for _neg_tier, _rank, r, s in candidates:
+        if used >= limit - 1:
+            break  # the smallest addition costs two characters
         text = sentences[r][s]
         if used + cost(r, text) <= limit:
             take(r, s, text)
