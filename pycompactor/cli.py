@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pycompactor import __version__, db, schema
+from pycompactor.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
 from pycompactor.errors import PycompactorError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -137,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=positive_int, default=5, metavar="N",
                    help="how many conversations to sample (default: 5)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    p = add("audit", cmd_audit,
+            "show jobs, stale summaries, exhausted identities or the event log (metadata only)",
+            AUDIT_EXAMPLES)
+    add_audit_arguments(p)
 
     add("demo", cmd_demo,
         "start a throwaway PostgreSQL, migrate, load a sample conversation and show the plan",

@@ -13,10 +13,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg.rows import class_row
+from psycopg import sql
+from psycopg.rows import class_row, dict_row
 
 from pycompactor.errors import wrap_exceptions
 from pycompactor.models import (
+    AuditReport,
     ClaimResult,
     CompleteResult,
     FailResult,
@@ -228,3 +230,46 @@ def erase_conversation(conn: Connection, conversation_id: str, reason: str) -> i
         row = cur.fetchone()
         assert row is not None
         return int(row[0])
+
+
+#: Audit views by short name, with the order that puts the newest first.
+AUDIT_VIEWS: dict[str, tuple[str, str]] = {
+    "jobs": ("audit_jobs", "created_at DESC, job_id DESC, attempt NULLS FIRST"),
+    "stale": ("audit_stale_summaries", "completed_at DESC, summary_id DESC"),
+    "exhausted": ("audit_exhausted", "exhausted_at DESC, job_id DESC"),
+    "events": ("audit_events", "event_id DESC"),
+}
+
+
+def audit(conn: Connection, view: str, *, conversation_id: str | None = None,
+          limit: int = 50) -> AuditReport:
+    """Read one audit view (`jobs`, `stale`, `exhausted`, `events`), newest first."""
+    if view not in AUDIT_VIEWS:
+        raise ValueError(f"unknown audit view {view!r}; choose from {', '.join(AUDIT_VIEWS)}")
+    name, order = AUDIT_VIEWS[view]
+    query = sql.SQL(
+        "SELECT * FROM compaction.{view}"
+        " WHERE %(conversation_id)s::text IS NULL OR conversation_id = %(conversation_id)s::text"
+        " ORDER BY {order} LIMIT %(limit)s::int"
+    ).format(view=sql.Identifier(name), order=sql.SQL(order))
+    with wrap_exceptions(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, {"conversation_id": conversation_id, "limit": limit})
+        rows = cur.fetchall()
+        columns = [c.name for c in cur.description or []]
+    return AuditReport(view=name, columns=columns, rows=rows)
+
+
+def conversations_after(conn: Connection, after: str, limit: int) -> list[str]:
+    """One page of the conversations of compaction.source_runs, in id order, after `after`.
+
+    The worker's --sweep walks pages of these (keyset paging: each page is one short
+    index range scan on the reference tables, never a scan of every message).
+    """
+    with wrap_exceptions(), conn.cursor() as cur:
+        cur.execute(
+            "SELECT DISTINCT r.conversation_id FROM compaction.source_runs AS r"
+            " WHERE r.conversation_id > %(after)s::text"
+            " ORDER BY r.conversation_id LIMIT %(limit)s::int",
+            {"after": after, "limit": limit},
+        )
+        return [str(row[0]) for row in cur.fetchall()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,3 +86,12 @@ class QueuedConversation:
     conversation_id: str
     scope: str
     enqueued_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    """Rows of one audit view (metadata only), newest first, as column -> value mappings."""
+
+    view: str
+    columns: list[str]
+    rows: list[dict[str, Any]]

@@ -1,0 +1,87 @@
+"""`pycompactor audit`: the audit views as readable tables or JSON (metadata only).
+
+Every view it shows is readable by compaction_auditor, so a DBA can run it under that
+role; none of them holds message or summary text.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timedelta
+from typing import Any
+
+from pycompactor import db
+from pycompactor.models import AuditReport
+
+#: The columns shown as a table (--json prints every column of the view).
+TABLE_COLUMNS: dict[str, list[str]] = {
+    "jobs": ["conversation_id", "scope", "pairs", "job_id", "model", "prompt_version",
+             "attempt", "state", "reason", "worker", "started_at", "duration", "summary_id"],
+    "stale": ["summary_id", "conversation_id", "scope", "pairs", "prompt_version", "imported",
+              "staleness", "completed_at"],
+    "exhausted": ["conversation_id", "scope", "pairs", "job_id", "model", "prompt_version",
+                  "first_reason", "second_reason", "exhausted_at"],
+    "events": ["event_id", "occurred_at", "kind", "conversation_id", "scope", "pairs",
+               "job_id", "attempt", "reason", "summary_id"],
+}
+
+AUDIT_EXAMPLES = (
+    "  pycompactor audit                              # jobs and their attempts\n"
+    "  pycompactor audit --view stale                 # summaries whose source changed\n"
+    "  pycompactor audit --view exhausted --json\n"
+    "  pycompactor audit --view events --limit 20 --conversation conv-42\n"
+)
+
+
+def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
+    from pycompactor.cli import positive_int
+
+    parser.add_argument("--view", choices=list(db.AUDIT_VIEWS), default="jobs",
+                        help="jobs (default): jobs with attempts; stale: summaries whose source"
+                             " changed; exhausted: identities with 2 failed attempts; events:"
+                             " the event log")
+    parser.add_argument("--conversation", metavar="ID", default=None,
+                        help="only this conversation")
+    parser.add_argument("--limit", type=positive_int, default=50, metavar="N",
+                        help="newest N rows (default: 50)")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return value
+
+
+def cell(row: dict[str, Any], column: str) -> object:
+    if column == "pairs":
+        return f"{row['from_pair']}-{row['to_pair']}" if row.get("from_pair") is not None else None
+    value = row.get(column)
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="seconds")
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():.1f}s"
+    return value
+
+
+def render(view: str, report: AuditReport) -> str:
+    from pycompactor.cli import render_table
+
+    columns = TABLE_COLUMNS[view]
+    if not report.rows:
+        return f"{report.view}: no rows"
+    return render_table(columns, [[cell(row, c) for c in columns] for row in report.rows])
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from pycompactor.cli import print_json
+
+    with db.connect(args.dsn) as conn:
+        report = db.audit(conn, args.view, conversation_id=args.conversation, limit=args.limit)
+    if args.json:
+        print_json([{k: jsonable(v) for k, v in row.items()} for row in report.rows])
+    else:
+        print(render(args.view, report))
+    return 0

@@ -1,0 +1,144 @@
+"""§10 audit views and `pycompactor audit`: jobs with attempts and durations, stale
+summaries by recomputed hash, exhausted identities, the event log."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from pycompactor import cli, db
+from tests.history import History
+from tests.sql.conftest import LoginRole
+from tests.sql.engine import GOOD, LEASE, MODEL, T0, V3, claim, target
+
+Conn = psycopg.Connection[Any]
+
+
+def scenario(conn: Conn) -> dict[str, int]:
+    """done (completed, later edited), gone (range lost pairs), tired (exhausted),
+    busy (running), imp (imported, current)."""
+    history = History(conn)
+    ids: dict[str, int] = {}
+    seeded = history.pairs("done", 30)
+    t = db.plan_targets(conn, "done")[0]
+    c = claim(conn, "done", t)
+    assert c.job_id is not None
+    done = db.complete(conn, c.job_id, 1, GOOD, "stop", 0, now=T0 + timedelta(seconds=42))
+    assert done.summary_id is not None
+    ids["done"] = done.summary_id
+    conn.execute("UPDATE compaction_source.messages SET content = 'edited' WHERE message_id = %s",
+                 (seeded[4].assistant_message_id,))
+
+    gone = history.pairs("gone", 30)
+    t = db.plan_targets(conn, "gone")[0]
+    c = claim(conn, "gone", t)
+    assert c.job_id is not None
+    result = db.complete(conn, c.job_id, 1, GOOD, "stop", 0, now=T0)
+    assert result.summary_id is not None
+    ids["gone"] = result.summary_id
+    conn.execute("DELETE FROM compaction_source.messages WHERE run_id = ANY(%s)",
+                 ([p.run_id for p in gone[:25]],))
+
+    t = target(conn, "tired")
+    c = claim(conn, "tired", t)
+    assert c.job_id is not None
+    ids["tired"] = c.job_id
+    assert db.fail(conn, c.job_id, 1, "http_error", now=T0).ok
+    assert claim(conn, "tired", t, now=T0).claimed
+    assert db.reap(conn, now=T0 + LEASE) == 1
+
+    t = target(conn, "busy")
+    assert claim(conn, "busy", t, now=T0 + LEASE).claimed
+
+    t = target(conn, "imp")
+    ids["imp"] = db.import_summary(conn, "imp", "default", 0, t.source_message_ids,
+                                   t.source_hash, MODEL, "conversation-compaction@2",
+                                   "imported summary", T0)
+    return ids
+
+
+def test_audit_views(conn: Conn) -> None:
+    ids = scenario(conn)
+    jobs = conn.execute(
+        "SELECT conversation_id, attempt, state, reason, duration, imported"
+        " FROM compaction.audit_jobs ORDER BY conversation_id, attempt").fetchall()
+    assert jobs == [
+        ("busy", 1, "running", None, None, False),
+        ("done", 1, "completed", "completed", timedelta(seconds=42), False),
+        ("gone", 1, "completed", "completed", timedelta(0), False),
+        ("imp", None, "imported", None, None, True),
+        ("tired", 1, "failed", "http_error", timedelta(0), False),
+        ("tired", 2, "failed", "lease_expired", LEASE, False),
+    ]
+    stale = conn.execute(
+        "SELECT summary_id, conversation_id, staleness, current_hash IS NULL"
+        " FROM compaction.audit_stale_summaries ORDER BY summary_id").fetchall()
+    assert stale == [(ids["done"], "done", "source_changed", False),
+                     (ids["gone"], "gone", "range_incomplete", True)]
+    exhausted = conn.execute(
+        "SELECT conversation_id, job_id, first_reason, second_reason, exhausted_at"
+        " FROM compaction.audit_exhausted").fetchall()
+    assert exhausted == [("tired", ids["tired"], "http_error", "lease_expired", T0 + LEASE)]
+    events = conn.execute(
+        "SELECT conversation_id, kind, attempt, reason FROM compaction.audit_events"
+        " ORDER BY event_id").fetchall()
+    assert events == [
+        ("done", "claim", 1, None), ("done", "completion", 1, "completed"),
+        ("gone", "claim", 1, None), ("gone", "completion", 1, "completed"),
+        ("tired", "claim", 1, None), ("tired", "failure", 1, "http_error"),
+        ("tired", "claim", 2, None), ("tired", "lease_expiry", 2, "lease_expired"),
+        ("busy", "claim", 1, None),
+        ("imp", "import", None, None),
+    ]
+
+
+def test_audit_cli(conn: Conn, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario(conn)
+    assert cli.main(["audit", "--dsn", dsn]) == 0
+    out = capsys.readouterr().out
+    assert "lease_expired" in out
+    assert "http_error" in out
+    assert GOOD not in out
+    assert cli.main(["audit", "--dsn", dsn, "--view", "stale", "--json"]) == 0
+    stale = json.loads(capsys.readouterr().out)
+    assert sorted(r["staleness"] for r in stale) == ["range_incomplete", "source_changed"]
+    assert cli.main(["audit", "--dsn", dsn, "--view", "exhausted"]) == 0
+    assert "tired" in capsys.readouterr().out
+    assert cli.main(["audit", "--dsn", dsn, "--view", "events", "--limit", "2", "--json",
+                     "--conversation", "tired"]) == 0
+    events = json.loads(capsys.readouterr().out)
+    assert [e["kind"] for e in events] == ["lease_expiry", "claim"]
+    assert cli.main(["audit", "--dsn", dsn, "--view", "events", "--conversation", "none"]) == 0
+    assert "no rows" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        cli.main(["audit", "--dsn", dsn, "--view", "secrets"])
+    assert info.value.code == 2
+
+
+def test_audit_cli_runs_as_auditor(conn: Conn, login_role: LoginRole,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    scenario(conn)
+    auditor = login_role("compaction_auditor")
+    for view in ("jobs", "stale", "exhausted", "events"):
+        assert cli.main(["audit", "--dsn", auditor, "--view", view, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)
+    worker = login_role("compaction_worker")
+    assert cli.main(["audit", "--dsn", worker]) == 1
+    assert "permission denied" in capsys.readouterr().err
+
+
+def test_prompt_versions_seeded(conn: Conn) -> None:
+    assert conn.execute("SELECT * FROM compaction.prompt_versions ORDER BY 1").fetchall() == [
+        ("conversation-compaction@1", "mixed", False, False),
+        ("conversation-compaction@2", "assistant_only", True, False),
+        (V3, "assistant_only", True, True),
+    ]
+    assert conn.execute("SELECT max_running FROM compaction.settings").fetchall() == [(8,)]
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute("INSERT INTO compaction.settings (singleton) VALUES (true)")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("INSERT INTO compaction.settings (singleton) VALUES (false)")
