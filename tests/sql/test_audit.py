@@ -4,7 +4,9 @@ summaries by recomputed hash, exhausted identities, the event log."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -142,3 +144,17 @@ def test_prompt_versions_seeded(conn: Conn) -> None:
         conn.execute("INSERT INTO compaction.settings (singleton) VALUES (true)")
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("INSERT INTO compaction.settings (singleton) VALUES (false)")
+
+
+def test_docs_audit_queries_run(conn: Conn, login_role: LoginRole) -> None:
+    """Every psql recipe of docs/audit.md runs (as the auditor, unless it needs settings)."""
+    scenario(conn)
+    text = (Path(__file__).parents[2] / "docs" / "audit.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```sql\n(.*?)```", text, flags=re.DOTALL)
+    assert len(blocks) >= 10
+    with psycopg.connect(login_role("compaction_auditor"), autocommit=True) as auditor:
+        for block in blocks:
+            if block.startswith("CREATE ROLE"):
+                continue
+            runner = conn if "compaction.settings" in block else auditor
+            runner.execute(block).fetchall()
