@@ -66,6 +66,42 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_project(args: argparse.Namespace) -> int:
+    from pycompactor.projection import project_history
+
+    with db.connect(args.dsn) as conn:
+        projection = project_history(conn, args.conversation, budget_bytes=args.budget_bytes,
+                                     scope=args.scope)
+    if args.json:
+        print_json(projection.to_dict())
+        return 0
+    print(f"conversation {args.conversation} (scope {args.scope}): "
+          f"{len(projection.pairs)} eligible pairs, {len(projection.messages)} messages, "
+          f"{projection.used_bytes} of {projection.budget_bytes} bytes used")
+    # One row per run of consecutive pairs with the same placement and summary, so a long
+    # conversation's omitted history is one line; --json lists every pair.
+    runs: list[list[Any]] = []
+    for entry in projection.pairs:
+        if runs and runs[-1][1:] == [entry.placement, entry.summary_id]:
+            runs[-1][0][1] = entry.pair_index
+        else:
+            runs.append([[entry.pair_index, entry.pair_index], entry.placement, entry.summary_id])
+    if runs:
+        print(render_table(
+            ["pairs", "placement", "summary_id"],
+            [(f"{a}-{b}" if a != b else f"{a}", placement, summary_id)
+             for (a, b), placement, summary_id in runs],
+        ))
+    if projection.rejected_summaries:
+        print("rejected summaries:")
+        print(render_table(
+            ["summary_id", "pairs", "reason"],
+            [(r.summary_id, f"{r.from_pair}-{r.from_pair + 9}", r.reason)
+             for r in projection.rejected_summaries],
+        ))
+    return 0
+
+
 def cmd_check_source(args: argparse.Namespace) -> int:
     from pycompactor.source import check_source
 
@@ -129,6 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("conversation", metavar="CONVERSATION")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
+    p = add("project", cmd_project,
+            "show the history the next Run gets under a UTF-8 byte budget, and why",
+            "  pycompactor project conv-42 --budget-bytes 65536\n"
+            "  pycompactor project conv-42 --budget-bytes 65536 --scope support --json")
+    p.add_argument("conversation", metavar="CONVERSATION")
+    p.add_argument("--budget-bytes", type=non_negative_int, required=True, metavar="N",
+                   help="message bytes allowed: UTF-8 bytes of each content + 16 per message")
+    p.add_argument("--scope", default="default", metavar="S",
+                   help="summary lane to use (default: default)")
+    p.add_argument("--json", action="store_true",
+                   help="print Projection.to_dict() as JSON for scripts")
+
     p = add("check-source", cmd_check_source,
             "check the source views against the contract; show excluded runs and why",
             "  pycompactor check-source\n"
@@ -157,6 +205,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {value}")
     return value
 
 

@@ -85,3 +85,10 @@ REVOKE TRUNCATE ON compaction.jobs, compaction.attempts, compaction.job_summarie
                    compaction.audit_events, compaction.admission, compaction.queue,
                    compaction.settings, compaction.prompt_versions
 FROM compaction_owner;
+
+-- Projection (revision 0003_projection): what `pycompactor project` needs, read-only.
+GRANT EXECUTE ON FUNCTION
+    compaction.projection_pairs(text, text),
+    compaction.projection_summaries(text, text),
+    compaction.projection_texts(text, text[], bigint[])
+TO compaction_worker, compaction_reader;

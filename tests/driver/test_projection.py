@@ -430,3 +430,42 @@ def test_projection_properties(case: tuple[list[Pair], list[StoredSummary], int]
     random.Random(budget).shuffle(shuffled)
     again = project_pairs(pairs, shuffled, budget_bytes=budget)
     assert json.dumps(again.to_dict()) == json.dumps(projection.to_dict())
+
+
+def test_docs_worked_example() -> None:
+    """The numbers of docs/projection.md's worked example."""
+    pairs = make_pairs(12, user="Q{i}", assistant="A{i}")
+    summaries = [
+        summary_of(
+            pairs, 0, 5, version=V2, completed_at=T0 + timedelta(days=8), text="older summary"
+        ),
+        summary_of(pairs, 0, 6, version=V1, text="mixed summary"),
+        summary_of(pairs, 0, 7, version=V3, text="NAVs compared (last week's)"),
+    ]
+    assert len(marker_line(0, 9).encode()) == 55
+
+    wide = project_pairs(pairs, summaries, budget_bytes=400)
+    assert wide.used_bytes == 355
+    assert placements(wide) == [("summarized", 7)] * 10 + [("raw", None)] * 2
+    assert [m["content"] for m in wide.messages] == [
+        *(f"Q{i}" for i in range(10)),
+        "[pycompactor summary of assistant replies, pairs 0–9]\nNAVs compared (last week's)",
+        "Q10",
+        "A10",
+        "Q11",
+        "A11",
+    ]
+    assert reasons(wide) == {5: "superseded", 6: "version_not_projectable"}
+
+    narrow = project_pairs(pairs, summaries, budget_bytes=200)
+    assert narrow.used_bytes == 184
+    assert placements(narrow) == [("omitted", None)] * 7 + [("raw", None)] * 5
+    assert [(r.summary_id, r.reason) for r in narrow.rejected_summaries] == [
+        (5, "superseded"),
+        (6, "version_not_projectable"),
+        (7, "did_not_fit"),
+    ]
+
+    tiny = project_pairs(pairs, summaries, budget_bytes=75)
+    assert tiny.used_bytes == 38
+    assert placements(tiny) == [("omitted", None)] * 11 + [("raw", None)]

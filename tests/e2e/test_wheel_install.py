@@ -33,6 +33,11 @@ def test_fresh_install_migrates_from_package_data(
     ).stdout.strip()
     assert Path(where).name == "_data"
     assert not Path(where).is_relative_to(REPO)
+    # The prompt ships too, and still matches its pinned hash.
+    subprocess.run(
+        [str(python), "-c", "from pycompactor.summarizer import load_prompt; load_prompt()"],
+        check=True, cwd=tmp_path,
+    )
 
     dsn = new_database()
     migrate = subprocess.run(
