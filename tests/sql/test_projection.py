@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from pycompactor import db, project_history, source_hash
-from pycompactor.errors import UsageError
+from pycompactor.errors import PycompactorError, UsageError
 from pycompactor.hashing import source_message_ids
 from pycompactor.projection import marker_line, message_cost
 from tests.history import History, SeededPair
@@ -313,3 +313,15 @@ def test_ten_thousand_pairs_read_only_the_texts_that_fit(conn: Conn) -> None:
                      ([pairs[-1].user_message_id, pairs[-1].assistant_message_id],))
         seq_after, idx_after = rows_read(conn, "compaction_source.messages")
     assert (seq_after - seq_before, idx_after - idx_before) == (0, 2)
+
+
+def test_reader_role_can_project_and_auditor_cannot(conn: Conn) -> None:
+    pairs = History(conn).pairs("r", 12)
+    summary_id = import_summary(conn, "r", pairs, 0)
+    conn.execute("SET ROLE compaction_reader")
+    projection = project_history(conn, "r", budget_bytes=BIG)
+    assert projection.pairs[0].summary_id == summary_id
+    assert len(projection.messages) == 11 + 4
+    conn.execute("SET ROLE compaction_auditor")
+    with pytest.raises(PycompactorError, match="permission denied"):
+        project_history(conn, "r", budget_bytes=BIG)
