@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pycompactor import __version__, db, schema
+from pycompactor import __version__, db
 from pycompactor.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
 from pycompactor.errors import PycompactorError
 
@@ -35,6 +35,8 @@ def print_json(value: Any) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    from pycompactor import schema  # alembic and SQLAlchemy load only for this command
+
     dsn = db.resolve_dsn(args.dsn)
     schema.upgrade(dsn, args.to)
     print(f"compaction schema at revision {schema.current_revision(dsn)}")
@@ -124,6 +126,37 @@ def cmd_check_source(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    import os
+    from datetime import timedelta
+
+    from pycompactor.errors import UsageError
+    from pycompactor.summarizer import make_summarizer
+    from pycompactor.worker import WorkerConfig, run_worker
+
+    parser: argparse.ArgumentParser = args.worker_parser
+    model = args.model if args.model is not None else os.environ.get("PYCOMPACTOR_MODEL", "")
+    if not model:
+        parser.error("no model given; pass --model or set PYCOMPACTOR_MODEL "
+                     "(pycompactor/extractive-1 needs no server)")
+    try:
+        summarizer = make_summarizer(model, timeout_seconds=args.timeout_seconds)
+    except UsageError as exc:
+        parser.error(str(exc))
+    config = WorkerConfig(
+        model=model, dsn=args.dsn, scope=args.scope, once=args.once,
+        conversation=args.conversation, sweep=args.sweep, concurrency=args.concurrency,
+        lease=timedelta(seconds=args.lease_seconds), poll_seconds=args.poll_seconds,
+        drain_seconds=args.drain_seconds, timeout_seconds=args.timeout_seconds,
+        log_format=args.log_format,
+    )
+    try:
+        run_worker(config, summarizer)
+    finally:
+        summarizer.close()
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from pycompactor.demo import run_demo
 
@@ -192,6 +225,46 @@ def build_parser() -> argparse.ArgumentParser:
             AUDIT_EXAMPLES)
     add_audit_arguments(p)
 
+    p = add("worker", cmd_worker,
+            "claim compaction targets, summarize them outside any transaction, record results",
+            "  PYCOMPACTOR_MODEL=pycompactor/extractive-1 pycompactor worker --once\n"
+            "  OPENAI_BASE_URL=http://llm:8000/v1 OPENAI_API_KEY=... \\\n"
+            "    pycompactor worker --model gpt-4o-mini --concurrency 8 --log-format json\n"
+            "  pycompactor worker --once --conversation conv-42 --model pycompactor/extractive-1\n"
+            "  pycompactor worker --sweep --model gpt-4o-mini   # hosts that cannot call enqueue\n"
+            "\n"
+            "environment: PYCOMPACTOR_DSN (--dsn), PYCOMPACTOR_MODEL (--model), OPENAI_BASE_URL\n"
+            "and OPENAI_API_KEY (the OpenAI-compatible server; any key for servers without\n"
+            "auth). SIGTERM/SIGINT: stop claiming, drain, record unfinished calls `interrupted`.")
+    p.set_defaults(worker_parser=p)
+    p.add_argument("--model", default=None, metavar="MODEL",
+                   help="model id recorded on each job (env: PYCOMPACTOR_MODEL); "
+                        "pycompactor/extractive-1 selects the offline summarizer")
+    p.add_argument("--once", action="store_true",
+                   help="one pass: claim each target claimable now, process them, exit 0")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--conversation", default=None, metavar="ID",
+                       help="only this conversation (default: conversations from the queue)")
+    where.add_argument("--sweep", action="store_true",
+                       help="walk every conversation of compaction.source_runs, a page at a "
+                            "time (for hosts that cannot call compaction.enqueue)")
+    p.add_argument("--scope", default="default", metavar="S",
+                   help="summary lane to compact (default: default)")
+    p.add_argument("--concurrency", type=positive_int, default=4, metavar="N",
+                   help="model calls in flight in this process (default: 4); "
+                        "compaction.settings.max_running bounds all workers together")
+    p.add_argument("--timeout-seconds", type=positive_float, default=120.0, metavar="S",
+                   help="deadline of one model call, transport retry included (default: 120)")
+    p.add_argument("--poll-seconds", type=positive_float, default=5.0, metavar="S",
+                   help="longest wait between queue polls when idle (default: 5)")
+    p.add_argument("--drain-seconds", type=non_negative_float, default=30.0, metavar="S",
+                   help="on SIGTERM/SIGINT, how long in-flight calls may finish (default: 30)")
+    p.add_argument("--lease-seconds", type=positive_float, default=300.0, metavar="S",
+                   help="advanced: lease of a claimed attempt, renewed every third of it "
+                        "(default: 300); a crashed worker's attempt expires after this")
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="stderr log: key=value text (default) or one JSON object per line")
+
     add("demo", cmd_demo,
         "start a throwaway PostgreSQL, migrate, load a sample conversation and show the plan",
         "  pycompactor demo")
@@ -215,6 +288,26 @@ def non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (value >= 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text}")
     return value
 
 

@@ -1,0 +1,762 @@
+"""`pycompactor worker`: turns compaction targets into immutable summaries, surviving crashes.
+
+This module owns the worker process: finding work (the queue, one conversation, or a slow
+sweep of every conversation), process-local admission (`--concurrency`), the
+claim -> model call -> complete/fail cycle with its heartbeats, graceful shutdown, and
+the worker's structured event log. The database owns every state transition; the worker
+only moves data between the database and the model (STYLE.md):
+
+* a claim commits on its own (autocommit: each `db.*` call is one statement) before the
+  model is called, and no transaction is open while the call runs (DESIGN.md §11);
+* the result goes back through `complete` (a Reply: the database judges not_stopped,
+  tool_calls, empty, too_long) or `fail` (a Failure: its reason), fenced by the token
+  (job_id, attempt): a worker whose lease was lost is refused, never believed;
+* the model receives the pairs of the very `eligible_pairs` read whose ids and hash the
+  claim binds (recomputed here from those pairs), so a summary is of exactly the claimed
+  source even if history changed between reads.
+
+Queue discipline. `compaction.dequeue` removes entries, so the worker puts a conversation
+back (`enqueue`, idempotent) whenever it may still hold work this pass could not settle:
+right after a successful claim (so a worker killed mid-call leaves its conversation
+queued, and another worker retries it once the lease expires), after a claim refused for
+a transient reason (already_running, admission_full, the source moved), after a failed
+first attempt (a later pass makes attempt 2), and for every dequeued conversation left
+unexamined at shutdown. A completed or exhausted conversation is not put back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import FrameType
+from typing import Any, Final, Literal, TextIO
+
+import psycopg
+
+from pycompactor import db
+from pycompactor.errors import DatabaseUnavailable, PycompactorError
+from pycompactor.hashing import source_hash, source_message_ids
+from pycompactor.models import Pair, QueuedConversation
+from pycompactor.summarizer import (
+    DEFAULT_TIMEOUT_SECONDS,
+    PROMPT_VERSION,
+    Failure,
+    ModelOutcome,
+    Reply,
+    Summarizer,
+)
+
+LogFormat = Literal["text", "json"]
+
+#: Failure reason when the shutdown drain ran out before the model answered.
+INTERRUPTED: Final = "interrupted"
+#: Failure reason when the summarizer raised instead of returning an outcome (a bug).
+WORKER_ERROR: Final = "worker_error"
+
+# Claim refusals after which the conversation may become claimable later: put it back.
+_RETRY_LATER: Final = frozenset(
+    {"already_running", "admission_full", "not_eligible", "source_mismatch"}
+)
+# Granularity of the main thread's waits: how fast it notices a signal or a free slot.
+_TICK: Final = 0.05
+_IDLE_START_SECONDS: Final = 0.05
+_DB_BACKOFF_START: Final = 0.5
+_DB_BACKOFF_MAX: Final = 30.0
+# Connection-class SQLSTATEs (connection exception, rollback, resources, operator
+# intervention): the database may be back soon, so the loop reconnects and retries.
+_TRANSIENT_SQLSTATE_CLASSES: Final = frozenset({"08", "40", "53", "57"})
+
+
+def default_worker_id() -> str:
+    """host:pid:uuid, unique per process, readable in the attempt log."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Everything `pycompactor worker` was told; the model string is the job's `model`."""
+
+    model: str
+    dsn: str | None = None
+    scope: str = "default"
+    once: bool = False
+    conversation: str | None = None
+    sweep: bool = False
+    concurrency: int = 4
+    lease: timedelta = db.DEFAULT_LEASE
+    poll_seconds: float = 5.0
+    drain_seconds: float = 30.0
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    log_format: LogFormat = "text"
+    #: Conversations taken from the queue (or a sweep page) per statement.
+    batch_size: int = 100
+    worker_id: str = field(default_factory=default_worker_id)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("a worker needs a model")
+        if self.concurrency < 1 or self.batch_size < 1:
+            raise ValueError("concurrency and batch_size must be at least 1")
+        if self.lease <= timedelta(0):
+            raise ValueError("the lease must be positive")
+        if self.conversation is not None and self.sweep:
+            raise ValueError("--conversation and --sweep exclude each other")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A target together with the pairs it was planned from; the claim binds these."""
+
+    conversation_id: str
+    from_pair: int
+    source_message_ids: list[str]
+    source_hash: str
+    pairs: tuple[Pair, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """One claimed attempt; (job_id, attempt) is the fencing token."""
+
+    conversation_id: str
+    scope: str
+    from_pair: int
+    job_id: int
+    attempt: int
+    pairs: tuple[Pair, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """How one claimed attempt ended, as far as this worker knows.
+
+    outcome: `completed`; `failed` (reason from the database or the summarizer);
+    `lease_lost` (the fence refused us: reaped, or recorded by someone else);
+    `interrupted` (shutdown drain ran out); `result_lost` (the database stayed
+    unreachable: the reaper will expire the attempt).
+    """
+
+    job: ClaimedJob
+    outcome: str
+    reason: str
+    summary_id: int | None
+    latency_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """Totals of a worker run (what `stopped` logs)."""
+
+    passes: int
+    claimed: int
+    refused: dict[str, int]
+    outcomes: dict[str, int]
+
+
+# --- the event log ---------------------------------------------------------------------
+
+
+class EventLog:
+    """One line per event on a stream: `key=value` text by default, or one JSON object.
+
+    Secrets (the API key, the DSN password) are replaced by `***` in every field, so no
+    driver or client message can leak them.
+    """
+
+    def __init__(self, log_format: LogFormat = "text", stream: TextIO | None = None,
+                 secrets: Sequence[str] = ()) -> None:
+        self._format = log_format
+        self._stream = stream
+        # Short strings would be masked all over the log; real secrets are longer.
+        self._secrets = [s for s in secrets if len(s) >= 4]
+        self._lock = threading.Lock()
+
+    def _redact(self, value: object) -> object:
+        if isinstance(value, str):
+            for secret in self._secrets:
+                value = value.replace(secret, "***")
+        return value
+
+    def emit(self, event: str, **fields: object) -> None:
+        record: dict[str, object] = {
+            "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "event": event,
+        }
+        record.update((k, self._redact(v)) for k, v in fields.items() if v is not None)
+        if self._format == "json":
+            line = json.dumps(record, ensure_ascii=False, default=str)
+        else:
+            parts = [str(record.pop("ts")), str(record.pop("event"))]
+            parts += [f"{k}={_text_value(v)}" for k, v in record.items()]
+            line = " ".join(parts)
+        stream = self._stream if self._stream is not None else sys.stderr
+        with self._lock:
+            stream.write(line + "\n")
+            stream.flush()
+
+
+def _text_value(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    # Quote only what would break `key=value` splitting.
+    if text == "" or any(c.isspace() or c in "\"=" for c in text):
+        return json.dumps(text, ensure_ascii=False)
+    return text
+
+
+def secrets_of(dsn: str | None) -> list[str]:
+    """What must never be logged: the API key and any database password in use."""
+    found = [os.environ.get("OPENAI_API_KEY", ""), os.environ.get("PGPASSWORD", "")]
+    with contextlib.suppress(psycopg.ProgrammingError):
+        found.append(str(psycopg.conninfo.conninfo_to_dict(db.resolve_dsn(dsn))
+                         .get("password") or ""))
+    return [s for s in found if s]
+
+
+# --- connections -----------------------------------------------------------------------
+
+
+class _Connections:
+    """Idle autocommit connections shared by the worker's threads.
+
+    A psycopg connection runs one statement at a time, so each thread takes its own from
+    here for the duration of one call; broken ones are dropped and replaced on demand.
+    """
+
+    def __init__(self, connect: Callable[[], db.Connection]) -> None:
+        self._connect = connect
+        self._idle: list[db.Connection] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def get(self) -> Iterator[db.Connection]:
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            conn = self._connect()
+        try:
+            yield conn
+        finally:
+            if conn.closed or conn.broken:
+                conn.close()
+            else:
+                with self._lock:
+                    self._idle.append(conn)
+
+    def close_all(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for database trouble that a reconnect may cure (in loop mode we retry)."""
+    if isinstance(exc, DatabaseUnavailable):
+        return True
+    cause = exc.__cause__ if isinstance(exc, PycompactorError) else exc
+    if isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError):
+        return True
+    return isinstance(cause, psycopg.Error) and (
+        (cause.sqlstate or "")[:2] in _TRANSIENT_SQLSTATE_CLASSES
+    )
+
+
+# --- the worker ------------------------------------------------------------------------
+
+
+class _Running:
+    """A claimed attempt in flight. `state` moves calling -> recording -> done, or
+    calling -> interrupted (the drain ran out; the main thread recorded the failure)."""
+
+    def __init__(self, job: ClaimedJob) -> None:
+        self.job = job
+        self.started = time.monotonic()
+        self.state = "calling"
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+
+
+class Worker:
+    """One worker process's engine; `run()` returns when the pass (or the loop) is over."""
+
+    def __init__(self, config: WorkerConfig, summarizer: Summarizer, *,
+                 connect: Callable[[], db.Connection] | None = None,
+                 log: EventLog | None = None) -> None:
+        if summarizer.model != config.model:
+            raise ValueError(f"summarizer is for {summarizer.model!r}, not {config.model!r}")
+        self.config = config
+        self._summarizer = summarizer
+        self._pool = _Connections(connect or (lambda: db.connect(config.dsn)))
+        self._log = log or EventLog(config.log_format, secrets=secrets_of(config.dsn))
+        self._slots = threading.BoundedSemaphore(config.concurrency)
+        self._running: dict[tuple[int, int], _Running] = {}
+        self._running_lock = threading.Lock()
+        self._closing = threading.Event()
+        # Set by signal handlers: a plain attribute, because a handler that took a lock
+        # the interrupted main thread holds would deadlock.
+        self._signals = 0
+        self._stop_noticed = False
+        self._drain_deadline: float | None = None
+        self._last_reap = -float("inf")
+        self._sweep_after = ""
+        self._passes = 0
+        self._claimed = 0
+        self._refused: Counter[str] = Counter()
+        self._outcomes: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
+
+    # -- stopping ------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop claiming and drain (what SIGTERM/SIGINT do); a second request skips the drain.
+
+        Safe to call from a signal handler: it only bumps a counter.
+        """
+        self._signals += 1
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.request_stop()
+
+    @property
+    def stopping(self) -> bool:
+        if self._signals and not self._stop_noticed:
+            self._stop_noticed = True
+            self._drain_deadline = time.monotonic() + self.config.drain_seconds
+            self._log.emit("stopping", in_flight=len(self._running),
+                           drain_seconds=self.config.drain_seconds)
+        if self._signals > 1:
+            self._drain_deadline = time.monotonic()
+        return self._signals > 0
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, _TICK))
+
+    def _take_slot(self) -> bool:
+        """Wait for a free local slot (process-local admission); False when stopping."""
+        while not self.stopping:
+            if self._slots.acquire(timeout=_TICK):
+                return True
+        return False
+
+    # -- running ---------------------------------------------------------------------
+
+    def run(self) -> WorkerReport:
+        """One pass (`once`) or passes until stopped; then drain. Returns the totals."""
+        cfg = self.config
+        previous: dict[signal.Signals, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, self._on_signal)
+        source = ("conversation" if cfg.conversation is not None
+                  else "sweep" if cfg.sweep else "queue")
+        self._log.emit("started", worker=cfg.worker_id, model=cfg.model, scope=cfg.scope,
+                       mode="once" if cfg.once else "loop", source=source,
+                       conversation_id=cfg.conversation, concurrency=cfg.concurrency,
+                       lease_seconds=cfg.lease.total_seconds(),
+                       timeout_seconds=cfg.timeout_seconds, pid=os.getpid())
+        heartbeats = threading.Thread(target=self._heartbeat_loop, name="heartbeat",
+                                      daemon=True)
+        heartbeats.start()
+        try:
+            if cfg.once:
+                self._pass()
+            else:
+                self._loop()
+        finally:
+            self._finish_jobs()
+            self._closing.set()
+            heartbeats.join(timeout=5)
+            self._pool.close_all()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        report = self.report()
+        self._log.emit("stopped", passes=report.passes, claimed=report.claimed,
+                       refused=report.refused, outcomes=report.outcomes)
+        return report
+
+    def report(self) -> WorkerReport:
+        with self._counts_lock:
+            return WorkerReport(self._passes, self._claimed, dict(self._refused),
+                                dict(self._outcomes))
+
+    def _loop(self) -> None:
+        idle = _IDLE_START_SECONDS
+        db_backoff = _DB_BACKOFF_START
+        while not self.stopping:
+            # Dequeue only when a local slot is free: work taken off the queue should not
+            # wait in this process while other workers idle.
+            if not self._take_slot():
+                break
+            self._slots.release()  # only this thread claims, so the slot stays free
+            try:
+                busy = self._pass()
+            except PycompactorError as exc:
+                if not is_transient(exc):
+                    raise
+                self._log.emit("db_error", error=str(exc), retry_in_seconds=db_backoff)
+                self._pool.close_all()
+                self._sleep(db_backoff)
+                db_backoff = min(db_backoff * 2, _DB_BACKOFF_MAX)
+                continue
+            db_backoff = _DB_BACKOFF_START
+            if busy:
+                idle = _IDLE_START_SECONDS
+            else:
+                self._sleep(idle)
+                idle = min(idle * 2, max(self.config.poll_seconds, _IDLE_START_SECONDS))
+
+    # -- one pass ----------------------------------------------------------------------
+
+    def _pass(self) -> bool:
+        """Reap, find conversations, claim what is claimable. True if anything was claimed
+        without hitting global admission (the loop then goes again without backing off)."""
+        cfg = self.config
+        with self._counts_lock:
+            self._passes += 1
+        with self._pool.get() as conn:
+            self._reap(conn)
+        claimed = 0
+        throttled = False
+        for conversation_id, entries in self._work():
+            if self.stopping or throttled:
+                self._put_back(entries)
+                continue
+            n, admission_full = self._process(conversation_id, entries)
+            claimed += n
+            throttled = throttled or admission_full
+        return claimed > 0 and not throttled and not cfg.once
+
+    def _reap(self, conn: db.Connection) -> None:
+        # Claims reap the identity they touch; this catches the rest, at most every
+        # tenth of a lease in loop mode (passes can be many per second when busy).
+        now = time.monotonic()
+        if not self.config.once and now - self._last_reap < self.config.lease.total_seconds() / 10:
+            return
+        self._last_reap = now
+        reaped = db.reap(conn)
+        if reaped:
+            self._log.emit("reaped", count=reaped)
+
+    def _work(self) -> Iterator[tuple[str, list[QueuedConversation]]]:
+        """Conversations to examine, each with the queue entries it came from (to put back)."""
+        cfg = self.config
+        if cfg.conversation is not None:
+            yield cfg.conversation, []
+            return
+        if cfg.sweep:
+            yield from self._sweep()
+            return
+        seen: set[tuple[str, str]] = set()
+        while not self.stopping:
+            limit = cfg.batch_size if cfg.once else cfg.concurrency
+            with self._pool.get() as conn:
+                batch = db.dequeue(conn, limit)
+            if not batch:
+                return
+            for i, entry in enumerate(batch):
+                key = (entry.conversation_id, entry.scope)
+                if key in seen or self.stopping:
+                    # Back where this pass started (our own put-backs): the pass is over.
+                    self._put_back(batch[i:])
+                    return
+                seen.add(key)
+                if entry.scope != cfg.scope:
+                    # Another scope's lane: leave it for that scope's workers.
+                    self._put_back([entry])
+                    continue
+                yield entry.conversation_id, [entry]
+            if not cfg.once:
+                return  # loop mode: one batch per pass, so the reaper and backoff run
+
+    def _sweep(self) -> Iterator[tuple[str, list[QueuedConversation]]]:
+        """--sweep: every conversation of source_runs in id order, a page per statement.
+
+        With --once, the whole walk; in the loop, one page per pass from where the last
+        one stopped (wrapping around), so a full sweep is slow and spread out.
+        """
+        cfg = self.config
+        while not self.stopping:
+            with self._pool.get() as conn:
+                page = db.conversations_after(conn, self._sweep_after, cfg.batch_size)
+            self._sweep_after = page[-1] if len(page) == cfg.batch_size else ""
+            for conversation_id in page:
+                if self.stopping:
+                    return
+                yield conversation_id, []
+            if not cfg.once or not self._sweep_after:
+                return
+
+    def _put_back(self, entries: Sequence[QueuedConversation]) -> None:
+        if not entries:
+            return
+        with self._pool.get() as conn:
+            for entry in entries:
+                db.enqueue(conn, entry.conversation_id, entry.scope)
+
+    def _process(self, conversation_id: str,
+                 entries: list[QueuedConversation]) -> tuple[int, bool]:
+        """Examine one conversation and claim its claimable targets; (claimed, throttled)."""
+        cfg = self.config
+        with self._pool.get() as conn:
+            candidates, moved = self._examine(conn, conversation_id)
+        claimed = 0
+        requeue = moved
+        insured = False
+        admission_full = False
+        for candidate in candidates:
+            if admission_full or not self._take_slot():
+                requeue = True  # stopping or throttled before every target was tried
+                break
+            try:
+                with self._pool.get() as conn:
+                    result = db.claim(
+                        conn, conversation_id, cfg.scope, candidate.from_pair,
+                        candidate.source_message_ids, candidate.source_hash, cfg.model,
+                        PROMPT_VERSION, cfg.worker_id, lease=cfg.lease,
+                    )
+            except BaseException:
+                self._slots.release()
+                raise
+            if not result.claimed:
+                self._slots.release()
+                with self._counts_lock:
+                    self._refused[result.reason] += 1
+                self._log.emit("claim_refused", conversation_id=conversation_id,
+                               from_pair=candidate.from_pair, job_id=result.job_id,
+                               outcome="refused", reason=result.reason)
+                requeue = requeue or result.reason in _RETRY_LATER
+                admission_full = result.reason == "admission_full"
+                continue
+            assert result.job_id is not None
+            assert result.attempt is not None
+            job = ClaimedJob(conversation_id, cfg.scope, candidate.from_pair, result.job_id,
+                             result.attempt, candidate.pairs)
+            self._start(job, result.lease_expires_at)
+            claimed += 1
+            if not insured:
+                # Crash insurance: if this process dies mid-call, the conversation is
+                # still queued and another worker retries once the lease expires.
+                insured = True
+                self._enqueue(conversation_id)
+        if requeue and not insured:
+            self._enqueue(conversation_id)
+        return claimed, admission_full
+
+    def _enqueue(self, conversation_id: str) -> None:
+        with self._pool.get() as conn:
+            db.enqueue(conn, conversation_id, self.config.scope)
+
+    def _examine(self, conn: db.Connection,
+                 conversation_id: str) -> tuple[list[Candidate], bool]:
+        """The targets of a conversation with their pairs from one eligible_pairs read.
+
+        Returns (candidates, moved): moved when the plan and the pairs read just after it
+        disagree (history changed in between); those targets are left for a later pass.
+        """
+        targets = db.plan_targets(conn, conversation_id)
+        if not targets:
+            return [], False
+        pairs = db.eligible_pairs(conn, conversation_id)
+        candidates: list[Candidate] = []
+        moved = False
+        for target in targets:
+            chunk = tuple(pairs[target.from_pair : target.to_pair + 1])
+            # The hash the claim binds is computed from exactly the pairs the model gets.
+            ids = source_message_ids(chunk) if len(chunk) == 10 else []
+            digest = source_hash(chunk) if len(chunk) == 10 else ""
+            if ids != target.source_message_ids or digest != target.source_hash:
+                moved = True
+                self._log.emit("source_moved", conversation_id=conversation_id,
+                               from_pair=target.from_pair, outcome="skipped",
+                               reason="source changed between plan and read")
+                continue
+            candidates.append(Candidate(conversation_id, target.from_pair, ids, digest, chunk))
+        return candidates, moved
+
+    # -- claimed attempts ----------------------------------------------------------------
+
+    def _start(self, job: ClaimedJob, lease_expires_at: datetime | None) -> None:
+        running = _Running(job)
+        with self._running_lock:
+            self._running[(job.job_id, job.attempt)] = running
+        with self._counts_lock:
+            self._claimed += 1
+        self._log.emit("claimed", job_id=job.job_id, attempt=job.attempt,
+                       conversation_id=job.conversation_id, from_pair=job.from_pair,
+                       lease_expires_at=lease_expires_at)
+        # Daemon: a model call still hanging after the drain must not keep the process
+        # alive; its attempt is already recorded `interrupted` by then.
+        threading.Thread(target=self._run_job, args=(running,), daemon=True,
+                         name=f"job-{job.job_id}-{job.attempt}").start()
+
+    def _run_job(self, running: _Running) -> None:
+        job = running.job
+        started = running.started
+        try:
+            try:
+                # Outside any transaction: this thread holds no connection here.
+                outcome: ModelOutcome = self._summarizer.summarize(job.pairs)
+            except Exception as exc:  # a summarizer bug is still just a failed attempt
+                outcome = Failure(WORKER_ERROR, f"{type(exc).__name__}: {exc}")
+            with running.lock:
+                if running.state != "calling":
+                    return  # interrupted: the main thread has recorded it
+                running.state = "recording"
+            result = self._record(job, outcome, started)
+            self._finished(result, outcome)
+            if job.attempt == 1 and result.outcome != "completed":
+                # The retry (attempt 2) belongs to a later pass, never this one.
+                with contextlib.suppress(PycompactorError):
+                    self._enqueue(job.conversation_id)
+        except Exception as exc:
+            self._log.emit("job_error", job_id=job.job_id, attempt=job.attempt,
+                           conversation_id=job.conversation_id, from_pair=job.from_pair,
+                           error=f"{type(exc).__name__}: {exc}")
+        finally:
+            with running.lock:
+                if running.state == "recording":
+                    running.state = "done"
+            with self._running_lock:
+                self._running.pop((job.job_id, job.attempt), None)
+            running.done.set()
+            self._slots.release()
+
+    def _record(self, job: ClaimedJob, outcome: ModelOutcome, started: float) -> JobResult:
+        """complete (Reply) or fail (Failure) with the fencing token, retrying DB trouble
+        until the lease would have run out anyway."""
+        give_up = started + self.config.lease.total_seconds()
+        backoff = 0.2
+        while True:
+            try:
+                with self._pool.get() as conn:
+                    if isinstance(outcome, Reply):
+                        done = db.complete(conn, job.job_id, job.attempt, outcome.text,
+                                           outcome.finish_reason, outcome.tool_call_count,
+                                           response_id=outcome.response_id)
+                        # ok=False is the database's verdict: not_stopped, tool_calls, ...
+                        completed, reason, summary_id = done.ok, done.reason, done.summary_id
+                    else:
+                        failed = db.fail(conn, job.job_id, job.attempt, outcome.reason)
+                        # ok=True means "recorded failed"; ok=False means fenced off.
+                        completed, summary_id = False, None
+                        reason = outcome.reason if failed.ok else failed.reason
+                break
+            except PycompactorError as exc:
+                if not is_transient(exc) or time.monotonic() + backoff >= give_up:
+                    return JobResult(job, "result_lost", f"{type(exc).__name__}: {exc}",
+                                     None, _ms_since(started))
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        outcome_name = ("lease_lost" if reason == "lease_lost"
+                        else "completed" if completed else "failed")
+        return JobResult(job, outcome_name, reason, summary_id, _ms_since(started))
+
+    def _finished(self, result: JobResult, outcome: ModelOutcome | None) -> None:
+        with self._counts_lock:
+            self._outcomes[result.outcome] += 1
+        job = result.job
+        event = {"completed": "completed", "failed": "failed"}.get(result.outcome, result.outcome)
+        fields: dict[str, object] = {
+            "job_id": job.job_id, "attempt": job.attempt,
+            "conversation_id": job.conversation_id, "from_pair": job.from_pair,
+            "outcome": result.outcome, "reason": result.reason,
+            "summary_id": result.summary_id, "latency_ms": result.latency_ms,
+        }
+        if isinstance(outcome, Failure) and outcome.detail:
+            fields["detail"] = outcome.detail[:300]
+        elif isinstance(outcome, Reply):
+            fields.update(finish_reason=outcome.finish_reason,
+                          tool_call_count=outcome.tool_call_count,
+                          response_id=outcome.response_id, summary_chars=len(outcome.text))
+        self._log.emit(event, **fields)
+
+    def _heartbeat_loop(self) -> None:
+        """Renew every in-flight attempt's lease every third of a lease."""
+        interval = self.config.lease.total_seconds() / 3
+        while not self._closing.wait(interval):
+            with self._running_lock:
+                calling = [r for r in self._running.values() if r.state == "calling"]
+            for running in calling:
+                job = running.job
+                try:
+                    with self._pool.get() as conn:
+                        beat = db.heartbeat(conn, job.job_id, job.attempt,
+                                            lease=self.config.lease)
+                except PycompactorError as exc:
+                    self._log.emit("heartbeat_error", job_id=job.job_id, attempt=job.attempt,
+                                   conversation_id=job.conversation_id, error=str(exc))
+                    break  # try again next tick, with a fresh connection
+                if not beat.ok:
+                    # Fenced off (reaped or recorded elsewhere): the call may finish, but
+                    # complete will be refused with lease_lost; nothing to do but say so.
+                    self._log.emit("heartbeat_refused", job_id=job.job_id,
+                                   attempt=job.attempt, conversation_id=job.conversation_id,
+                                   from_pair=job.from_pair, reason="lease_lost")
+
+    def _finish_jobs(self) -> None:
+        """Wait for in-flight attempts; once stopping, only until the drain deadline, then
+        record the ones still calling the model as failed (`interrupted`)."""
+        while True:
+            with self._running_lock:
+                pending = list(self._running.values())
+            if not pending:
+                return
+            if self.stopping and self._drain_deadline is not None \
+                    and time.monotonic() >= self._drain_deadline:
+                break
+            pending[0].done.wait(_TICK)
+        recording = []
+        for running in pending:
+            with running.lock:
+                if running.state != "calling":
+                    recording.append(running)
+                    continue
+                running.state = "interrupted"
+            self._interrupt(running)
+        # Attempts already writing their result get a short grace to finish it.
+        grace = time.monotonic() + 5.0
+        for running in recording:
+            running.done.wait(max(0.0, grace - time.monotonic()))
+
+    def _interrupt(self, running: _Running) -> None:
+        job = running.job
+        try:
+            with self._pool.get() as conn:
+                failed = db.fail(conn, job.job_id, job.attempt, INTERRUPTED)
+            result = JobResult(job, "interrupted" if failed.ok else failed.reason,
+                               INTERRUPTED if failed.ok else failed.reason, None,
+                               _ms_since(running.started))
+        except PycompactorError as exc:
+            # The lease will expire and the reaper record it; say why it was not ours.
+            result = JobResult(job, "result_lost", str(exc), None, _ms_since(running.started))
+        self._finished(result, None)
+        if job.attempt == 1:
+            with contextlib.suppress(PycompactorError):
+                self._enqueue(job.conversation_id)
+
+
+def _ms_since(started: float) -> int:
+    return round((time.monotonic() - started) * 1000)
+
+
+def run_worker(config: WorkerConfig, summarizer: Summarizer, *,
+               connect: Callable[[], db.Connection] | None = None,
+               log: EventLog | None = None) -> WorkerReport:
+    """Run a worker to completion (one pass with `once`, else until SIGTERM/SIGINT)."""
+    return Worker(config, summarizer, connect=connect, log=log).run()
