@@ -23,9 +23,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH pairs AS (
-        SELECT e.pair_index, e.user_message_id, e.user_content,
-               e.assistant_message_id, e.assistant_content
-        FROM compaction.eligible_pairs(p_conversation_id) AS e
+        SELECT i.pair_index, i.user_message_id, i.user_bytes,
+               i.assistant_message_id, i.assistant_bytes
+        FROM compaction.indexed_pairs(p_conversation_id) AS i
     ),
     -- Only ranges that a stored summary of this scope claims need their hash recomputed.
     claimed AS (
@@ -38,10 +38,9 @@ AS $$
     -- pairs (source_hash would judge every run again for each range).
     hashes AS (
         SELECT c.from_pair,
-               pg_catalog.encode(pg_catalog.sha256(pg_catalog.string_agg(
-                   compaction.pair_bytes(p.user_message_id, p.user_content,
-                                         p.assistant_message_id, p.assistant_content),
-                   ''::bytea ORDER BY p.pair_index)), 'hex') AS range_hash
+               compaction.range_hash(ARRAY(SELECT pg_catalog.unnest(array_agg(
+                   ARRAY[p.user_message_id, p.assistant_message_id] ORDER BY p.pair_index))))
+                   AS range_hash
         FROM claimed AS c
         JOIN pairs AS p ON p.pair_index / 10 * 10 = c.from_pair
         GROUP BY c.from_pair
@@ -50,8 +49,8 @@ AS $$
     SELECT p.pair_index,
            p.user_message_id,
            p.assistant_message_id,
-           pg_catalog.octet_length(p.user_content),
-           pg_catalog.octet_length(p.assistant_content),
+           p.user_bytes,
+           p.assistant_bytes,
            h.range_hash
     FROM pairs AS p
     LEFT JOIN hashes AS h ON h.from_pair = p.pair_index

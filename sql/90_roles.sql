@@ -46,7 +46,9 @@ CALL compaction.assign_ownership();
 GRANT USAGE ON SCHEMA compaction TO compaction_worker, compaction_reader, compaction_auditor;
 
 GRANT EXECUTE ON FUNCTION
+    compaction.indexed_pairs(text),
     compaction.eligible_pairs(text),
+    compaction.range_hash(text[]),
     compaction.plan_targets(text),
     compaction.source_hash(text, int),
     compaction.explain_runs(text)

@@ -3,9 +3,10 @@
 DROP PROCEDURE compaction.assign_ownership();
 DROP FUNCTION compaction.source_hash(text, int);
 DROP FUNCTION compaction.plan_targets(text);
-DROP FUNCTION compaction.pair_bytes(text, text, text, text);
+DROP FUNCTION compaction.range_hash(text[]);
 DROP FUNCTION compaction.explain_runs(text);
 DROP FUNCTION compaction.eligible_pairs(text);
+DROP FUNCTION compaction.indexed_pairs(text);
 DROP FUNCTION compaction.judge_runs(text);
 DROP FUNCTION compaction.has_content(text);
 DROP VIEW compaction.source_messages;

@@ -137,9 +137,10 @@ COMMENT ON VIEW compaction.source_messages IS
 -- run with their owner's rights anyway, and the audit views must be able to recompute a
 -- hash for a role that may never read message text itself.
 
--- Shared by eligibility (content rule of pairs) and, later, by summary validation:
--- content means a character other than the six ASCII whitespace characters, so NBSP,
--- U+3000 and zero-width characters count as content.
+-- Shared by eligibility (content rule of pairs) and summary validation: content means a
+-- character other than the six ASCII whitespace characters, so NBSP, U+3000 and
+-- zero-width characters count as content. The prefix test decides almost every text from
+-- its first characters, and substr() detoasts only that slice of a large message.
 CREATE FUNCTION compaction.has_content(p_text text)
 RETURNS boolean
 LANGUAGE sql
@@ -148,15 +149,20 @@ PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT p_text IS NOT NULL
-       AND pg_catalog.btrim(p_text, ' ' || pg_catalog.chr(9) || pg_catalog.chr(10)
-                                || pg_catalog.chr(11) || pg_catalog.chr(12)
-                                || pg_catalog.chr(13)) <> ''
+       AND (pg_catalog.btrim(pg_catalog.substr(p_text, 1, 64),
+                             ' ' || pg_catalog.chr(9) || pg_catalog.chr(10) || pg_catalog.chr(11)
+                                 || pg_catalog.chr(12) || pg_catalog.chr(13)) <> ''
+            OR pg_catalog.btrim(p_text,
+                             ' ' || pg_catalog.chr(9) || pg_catalog.chr(10) || pg_catalog.chr(11)
+                                 || pg_catalog.chr(12) || pg_catalog.chr(13)) <> '')
 $$;
 COMMENT ON FUNCTION compaction.has_content(text) IS
     'True when the text has a character other than space, \t, \n, \r, \f, \v (NULL is no content)';
 
 -- One verdict per run of the conversation. The single place where §3's rules live:
--- eligible_pairs keeps the runs with no reason, explain_runs shows the reasons.
+-- indexed_pairs keeps the runs with no reason, explain_runs shows the reasons. It returns
+-- no message text (byte lengths come from the varlena header without detoasting), so
+-- judging a long conversation does not read its text.
 CREATE FUNCTION compaction.judge_runs(p_conversation_id text)
 RETURNS TABLE (
     run_id               text,
@@ -164,9 +170,9 @@ RETURNS TABLE (
     reason               text,
     user_message_id      text,
     user_seq             bigint,
-    user_content         text,
+    user_bytes           int,
     assistant_message_id text,
-    assistant_content    text
+    assistant_bytes      int
 )
 LANGUAGE sql
 STABLE
@@ -187,13 +193,18 @@ AS $$
                             false) AS foreign_message,
                    (array_agg(sm.message_id) FILTER (WHERE sm.role = 'user'))[1] AS user_message_id,
                    (array_agg(sm.seq) FILTER (WHERE sm.role = 'user'))[1] AS user_seq,
-                   (array_agg(sm.content) FILTER (WHERE sm.role = 'user'))[1] AS user_content,
+                   bool_and(compaction.has_content(sm.content)) FILTER (WHERE sm.role = 'user')
+                       AS user_has_content,
+                   max(pg_catalog.octet_length(sm.content)) FILTER (WHERE sm.role = 'user')
+                       AS user_bytes,
                    (array_agg(sm.message_id) FILTER (WHERE sm.role = 'assistant'))[1]
                        AS assistant_message_id,
                    (array_agg(sm.status) FILTER (WHERE sm.role = 'assistant'))[1]
                        AS assistant_status,
-                   (array_agg(sm.content) FILTER (WHERE sm.role = 'assistant'))[1]
-                       AS assistant_content
+                   bool_and(compaction.has_content(sm.content)) FILTER (WHERE sm.role = 'assistant')
+                       AS assistant_has_content,
+                   max(pg_catalog.octet_length(sm.content)) FILTER (WHERE sm.role = 'assistant')
+                       AS assistant_bytes
             FROM compaction.source_messages AS sm
             WHERE sm.run_id = r.run_id
               AND sm.role IN ('user', 'assistant')
@@ -212,19 +223,45 @@ AS $$
                WHEN p.n_assistant = 0 THEN 'no_assistant_message'
                WHEN p.n_assistant > 1 THEN 'multiple_assistant_messages'
                WHEN p.assistant_status IS DISTINCT FROM 'completed' THEN 'assistant_not_completed'
-               WHEN NOT compaction.has_content(p.user_content) THEN 'empty_user_content'
-               WHEN NOT compaction.has_content(p.assistant_content) THEN 'empty_assistant_content'
+               WHEN NOT p.user_has_content THEN 'empty_user_content'
+               WHEN NOT p.assistant_has_content THEN 'empty_assistant_content'
            END,
            p.user_message_id,
            p.user_seq,
-           p.user_content,
+           p.user_bytes::int,
            p.assistant_message_id,
-           p.assistant_content
+           p.assistant_bytes::int
     FROM per_run AS p
 $$;
 COMMENT ON FUNCTION compaction.judge_runs(text) IS
-    'Internal: every run of a conversation with the first eligibility rule it breaks (NULL when it forms a pair), with its pair''s ids and texts';
+    'Internal: every run of a conversation with the first eligibility rule it breaks (NULL when it forms a pair), its pair''s ids and UTF-8 byte lengths; no text';
 
+CREATE FUNCTION compaction.indexed_pairs(p_conversation_id text)
+RETURNS TABLE (
+    pair_index           int,
+    run_id               text,
+    user_message_id      text,
+    user_bytes           int,
+    assistant_message_id text,
+    assistant_bytes      int
+)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT (row_number() OVER w - 1)::int,
+           j.run_id, j.user_message_id, j.user_bytes, j.assistant_message_id, j.assistant_bytes
+    FROM compaction.judge_runs(p_conversation_id) AS j
+    WHERE j.reason IS NULL
+    WINDOW w AS (ORDER BY j.user_seq, j.user_message_id)
+    ORDER BY j.user_seq, j.user_message_id
+$$;
+COMMENT ON FUNCTION compaction.indexed_pairs(text) IS
+    'Eligible pairs of a conversation without their text: pair_index, run and message ids, UTF-8 byte lengths (what planning and projection need before reading any text)';
+
+-- Texts are fetched by message id for the pairs asked for only; the run and role are
+-- matched too, so a host view with a duplicated message id cannot graft a stranger's text.
 CREATE FUNCTION compaction.eligible_pairs(p_conversation_id text)
 RETURNS TABLE (
     pair_index           int,
@@ -239,13 +276,13 @@ STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT (row_number() OVER w - 1)::int,
-           j.run_id, j.user_message_id, j.user_content,
-           j.assistant_message_id, j.assistant_content
-    FROM compaction.judge_runs(p_conversation_id) AS j
-    WHERE j.reason IS NULL
-    WINDOW w AS (ORDER BY j.user_seq, j.user_message_id)
-    ORDER BY j.user_seq, j.user_message_id
+    SELECT i.pair_index, i.run_id, i.user_message_id, u.content, i.assistant_message_id, a.content
+    FROM compaction.indexed_pairs(p_conversation_id) AS i
+    JOIN compaction.source_messages AS u
+      ON u.message_id = i.user_message_id AND u.run_id = i.run_id AND u.role = 'user'
+    JOIN compaction.source_messages AS a
+      ON a.message_id = i.assistant_message_id AND a.run_id = i.run_id AND a.role = 'assistant'
+    ORDER BY i.pair_index
 $$;
 COMMENT ON FUNCTION compaction.eligible_pairs(text) IS
     'Settled user/assistant pairs of a conversation, ordered by the user message (seq, message_id); pair_index is 0-based';
@@ -266,28 +303,29 @@ COMMENT ON FUNCTION compaction.explain_runs(text) IS
 
 -- enc(s) = 4-byte big-endian length of UTF-8(s), then UTF-8(s); the database is UTF8,
 -- so convert_to(..., 'UTF8') is the text's own bytes. The hash of a range is the SHA-256
--- of its ten pair_bytes concatenated in pair order.
-CREATE FUNCTION compaction.pair_bytes(
-    p_user_message_id text, p_user_content text,
-    p_assistant_message_id text, p_assistant_content text)
-RETURNS bytea
+-- of enc(u0 id) enc(u0 text) enc(a0 id) enc(a0 text) ... enc(a9 text).
+CREATE FUNCTION compaction.range_hash(p_message_ids text[])
+RETURNS text
 LANGUAGE sql
-IMMUTABLE
-STRICT
-PARALLEL SAFE
+STABLE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT pg_catalog.int4send(pg_catalog.octet_length(p_user_message_id))
-        || pg_catalog.convert_to(p_user_message_id, 'UTF8')
-        || pg_catalog.int4send(pg_catalog.octet_length(p_user_content))
-        || pg_catalog.convert_to(p_user_content, 'UTF8')
-        || pg_catalog.int4send(pg_catalog.octet_length(p_assistant_message_id))
-        || pg_catalog.convert_to(p_assistant_message_id, 'UTF8')
-        || pg_catalog.int4send(pg_catalog.octet_length(p_assistant_content))
-        || pg_catalog.convert_to(p_assistant_content, 'UTF8')
+    -- p_message_ids is [u0, a0, ..., u9, a9]: the hash input walks it two by two.
+    SELECT CASE WHEN pg_catalog.cardinality(p_message_ids) = 20
+                 AND count(*) = 20 THEN
+               pg_catalog.encode(pg_catalog.sha256(pg_catalog.string_agg(
+                   pg_catalog.int4send(pg_catalog.octet_length(ids.id))
+                   || pg_catalog.convert_to(ids.id, 'UTF8')
+                   || pg_catalog.int4send(pg_catalog.octet_length(m.content))
+                   || pg_catalog.convert_to(m.content, 'UTF8'),
+                   ''::bytea ORDER BY ids.ord)), 'hex')
+           END
+    FROM pg_catalog.unnest(p_message_ids) WITH ORDINALITY AS ids (id, ord)
+    JOIN compaction.source_messages AS m ON m.message_id = ids.id
 $$;
-COMMENT ON FUNCTION compaction.pair_bytes(text, text, text, text) IS
-    'Internal: one pair''s share of the source hash input: enc(user id) enc(user text) enc(assistant id) enc(assistant text)';
+COMMENT ON FUNCTION compaction.range_hash(text[]) IS
+    'Source hash of a range given its 20 current source ids [u0, a0, ..., u9, a9], reading only those messages; NULL unless all 20 are found exactly once';
 
 CREATE FUNCTION compaction.plan_targets(p_conversation_id text)
 RETURNS TABLE (from_pair int, to_pair int, source_message_ids text[], source_hash text)
@@ -297,27 +335,28 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH pairs AS (
-        SELECT e.pair_index / 10 * 10 AS from_pair,
-               e.pair_index,
-               e.user_message_id,
-               e.assistant_message_id,
-               compaction.pair_bytes(e.user_message_id, e.user_content,
-                                     e.assistant_message_id, e.assistant_content) AS bytes,
+        SELECT i.pair_index / 10 * 10 AS from_pair,
+               i.pair_index,
+               i.user_message_id,
+               i.assistant_message_id,
                count(*) OVER () AS n_pairs
-        FROM compaction.eligible_pairs(p_conversation_id) AS e
+        FROM compaction.indexed_pairs(p_conversation_id) AS i
+    ),
+    ranges AS (
+        SELECT p.from_pair,
+               -- unnest of the 10x2 array walks it row by row: [u0, a0, u1, a1, ...]
+               ARRAY(SELECT pg_catalog.unnest(array_agg(
+                   ARRAY[p.user_message_id, p.assistant_message_id] ORDER BY p.pair_index)))
+                   AS source_message_ids
+        FROM pairs AS p
+        -- The newest 20 pairs never enter a target: range k qualifies iff 10k + 30 <= N.
+        WHERE p.from_pair + 30 <= p.n_pairs
+        GROUP BY p.from_pair
     )
-    SELECT p.from_pair::int,
-           (p.from_pair + 9)::int,
-           -- unnest of the 10x2 array walks it row by row: [u0, a0, u1, a1, ...]
-           ARRAY(SELECT pg_catalog.unnest(array_agg(ARRAY[p.user_message_id, p.assistant_message_id]
-                                                    ORDER BY p.pair_index))),
-           pg_catalog.encode(pg_catalog.sha256(
-               pg_catalog.string_agg(p.bytes, ''::bytea ORDER BY p.pair_index)), 'hex')
-    FROM pairs AS p
-    -- The newest 20 pairs never enter a target: range k qualifies iff 10k + 30 <= N.
-    WHERE p.from_pair + 30 <= p.n_pairs
-    GROUP BY p.from_pair
-    ORDER BY p.from_pair
+    SELECT r.from_pair::int, (r.from_pair + 9)::int, r.source_message_ids,
+           compaction.range_hash(r.source_message_ids)
+    FROM ranges AS r
+    ORDER BY r.from_pair
 $$;
 COMMENT ON FUNCTION compaction.plan_targets(text) IS
     'Ranges of 10 pairs the fixed window policy makes targets now (N >= 10k + 30), with their 20 source ids [u0, a0, ..., u9, a9] and source hash';
@@ -330,15 +369,13 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN count(*) = 10 THEN
-               pg_catalog.encode(pg_catalog.sha256(pg_catalog.string_agg(
-                   compaction.pair_bytes(p.user_message_id, p.user_content,
-                                         p.assistant_message_id, p.assistant_content),
-                   ''::bytea ORDER BY p.pair_index)), 'hex')
+               compaction.range_hash(ARRAY(SELECT pg_catalog.unnest(array_agg(
+                   ARRAY[i.user_message_id, i.assistant_message_id] ORDER BY i.pair_index))))
            END
-    FROM compaction.eligible_pairs(p_conversation_id) AS p
+    FROM compaction.indexed_pairs(p_conversation_id) AS i
     WHERE p_from_pair >= 0
       AND p_from_pair % 10 = 0
-      AND p.pair_index BETWEEN p_from_pair AND p_from_pair + 9
+      AND i.pair_index BETWEEN p_from_pair AND p_from_pair + 9
 $$;
 COMMENT ON FUNCTION compaction.source_hash(text, int) IS
     'SHA-256 (lowercase hex) binding pairs from_pair..from_pair+9 (ids and texts of both sides); NULL unless all 10 pairs exist and from_pair is a non-negative multiple of 10';
@@ -392,7 +429,9 @@ CALL compaction.assign_ownership();
 GRANT USAGE ON SCHEMA compaction TO compaction_worker, compaction_reader, compaction_auditor;
 
 GRANT EXECUTE ON FUNCTION
+    compaction.indexed_pairs(text),
     compaction.eligible_pairs(text),
+    compaction.range_hash(text[]),
     compaction.plan_targets(text),
     compaction.source_hash(text, int),
     compaction.explain_runs(text)

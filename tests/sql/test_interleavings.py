@@ -243,7 +243,7 @@ def test_claim_complete_is_a_bounded_number_of_statements(conn: Conn, tx: Conn,
     assert before["compaction.claim"] == 1
     assert before["compaction.complete"] == 1
     big = function_calls(dsn, "big", 400)
-    per_pair = {"compaction.pair_bytes", "compaction.has_content"}
+    per_pair = {"compaction.range_hash", "compaction.has_content"}
     assert {k for k in big if big[k] != before.get(k)} == per_pair
 
     History(conn).pairs("counted", 30)
