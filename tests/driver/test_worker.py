@@ -1,0 +1,409 @@
+"""The worker in-process, against the real cluster and the scripted loopback model server.
+
+In-process where a unit is clearer than a subprocess: every failure class of the
+summarizer contract, the statements one pass sends (10,000 idle conversations), the
+source moving between plan, read and claim, heartbeats, scopes, sweep, admission.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from pycompactor import db
+from pycompactor.models import Pair, Target
+from pycompactor.summarizer import OpenAISummarizer, Summarizer
+from pycompactor.worker import EventLog, Worker, WorkerConfig, WorkerReport
+from tests.history import History
+from tests.modelserver import (
+    ModelServer,
+    RecordedRequest,
+    ScriptedResponse,
+    content_filter,
+    hang,
+    http_error,
+    length,
+    malformed_json,
+    multiple_choices,
+    no_choices,
+    refusal,
+    reply,
+    stop,
+    too_long,
+)
+from tests.workerkit import (
+    MODEL,
+    StringLog,
+    attempts,
+    events_named,
+    seed,
+    source_digest,
+    summaries,
+    wait_for,
+)
+
+Conn = psycopg.Connection[Any]
+
+
+def make_worker(dsn: str, summarizer: Summarizer, log: StringLog, *,
+                connect: Callable[[], db.Connection] | None = None,
+                **options: Any) -> Worker:
+    config = WorkerConfig(model=summarizer.model, dsn=dsn, once=options.pop("once", True),
+                          log_format="json", **options)
+    return Worker(config, summarizer, connect=connect, log=EventLog("json", stream=log))
+
+
+def run_once(dsn: str, base_url: str, *, timeout_seconds: float = 10.0,
+             **options: Any) -> tuple[WorkerReport, StringLog]:
+    log = StringLog()
+    with OpenAISummarizer(MODEL, base_url=base_url, api_key="k",
+                          timeout_seconds=timeout_seconds) as summarizer:
+        report = make_worker(dsn, summarizer, log, **options).run()
+    return report, log
+
+
+@pytest.fixture
+def one_range(conn: Conn) -> Iterator[str]:
+    """A conversation with exactly one target (pairs 0-9); yields the source fingerprint."""
+    seed(conn, "conv-1", 30)
+    before = source_digest(conn)
+    yield before
+    assert source_digest(conn) == before  # a worker never touches the source
+
+
+# --- acceptance 2: every failure class ends as a failed attempt with its reason ------------
+
+FAILURES: list[tuple[str, list[ScriptedResponse], str]] = [
+    # 5xx and 429 are retried once inside the attempt, so the server sees two requests.
+    ("http_500", [http_error(500), http_error(500)], "http_500"),
+    ("http_503_then_400", [http_error(503), http_error(400)], "http_400"),
+    ("http_429", [http_error(429, retry_after="0"), http_error(429, retry_after="0")],
+     "http_429"),
+    ("http_401", [http_error(401)], "http_401"),
+    ("malformed_json", [malformed_json()], "malformed_response"),
+    ("zero_choices", [no_choices()], "malformed_response"),
+    ("refusal", [refusal("I can't help with that.")], "refusal"),
+    ("multiple_choices", [multiple_choices(2)], "multiple_choices"),
+    ("finish_length", [length()], "not_stopped"),
+    ("content_filter", [content_filter("partial")], "not_stopped"),
+    ("tool_call_finish", [reply("text", finish_reason="tool_calls", tool_calls=1)],
+     "not_stopped"),
+    ("function_call", [reply("text", function_call=True)], "tool_calls"),
+    ("empty", [stop(" \t\n ")], "empty"),
+    ("null_content", [reply(None)], "empty"),
+    ("too_long", [too_long(6001)], "too_long"),
+]
+
+
+@pytest.mark.parametrize(("script", "reason"), [(s, r) for _, s, r in FAILURES],
+                         ids=[name for name, _, _ in FAILURES])
+def test_failure_class_is_a_failed_attempt(conn: Conn, dsn: str, one_range: str,
+                                           model_server: ModelServer,
+                                           script: list[ScriptedResponse], reason: str) -> None:
+    model_server.enqueue(*script)
+    report, log = run_once(dsn, model_server.base_url)
+    assert len(model_server.requests) == len(script)
+    assert [(a.attempt, a.state, a.reason) for a in attempts(conn, "conv-1")] == [
+        (1, "failed", reason)]
+    assert summaries(conn) == []
+    [failed] = events_named(log.events(), "failed")
+    assert (failed["outcome"], failed["reason"], failed["attempt"]) == ("failed", reason, 1)
+    assert report.outcomes == {"failed": 1}
+
+
+def test_case_a_good_text_plus_a_tool_call_is_not_a_summary(
+        conn: Conn, dsn: str, one_range: str, model_server: ModelServer) -> None:
+    """The article's Case A: excellent prose with a normal stop, but also a tool call."""
+    prose = "Funds F0-F9 were compared on last week's NAV; this is not the current NAV."
+    model_server.enqueue(reply(prose, finish_reason="stop", tool_calls=1))
+    run_once(dsn, model_server.base_url)
+    [row] = attempts(conn, "conv-1")
+    assert (row.state, row.reason) == ("failed", "tool_calls")
+    assert summaries(conn) == []
+    detail = conn.execute("SELECT finish_reason, tool_call_count, summary_chars"
+                          " FROM compaction.attempts").fetchone()
+    assert detail == ("stop", 1, len(prose))
+
+
+def test_timeout(conn: Conn, dsn: str, one_range: str, model_server: ModelServer) -> None:
+    model_server.enqueue(hang())
+    _report, log = run_once(dsn, model_server.base_url, timeout_seconds=0.5)
+    assert [(a.state, a.reason) for a in attempts(conn, "conv-1")] == [("failed", "timeout")]
+    assert summaries(conn) == []
+    [failed] = events_named(log.events(), "failed")
+    assert failed["latency_ms"] >= 500
+
+
+def test_connection_error(conn: Conn, dsn: str, one_range: str) -> None:
+    with socket.socket() as s:  # a port nobody listens on any more
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_once(dsn, f"http://127.0.0.1:{port}/v1")
+    assert [(a.state, a.reason) for a in attempts(conn, "conv-1")] == [
+        ("failed", "connection_error")]
+    assert summaries(conn) == []
+
+
+def test_exactly_6000_characters_is_a_summary(conn: Conn, dsn: str, one_range: str,
+                                              model_server: ModelServer) -> None:
+    model_server.enqueue(too_long(6000))
+    run_once(dsn, model_server.base_url)
+    assert [len(text) for _, _, text in summaries(conn)] == [6000]
+
+
+# --- acceptance 8: one pass touches only the conversation that got new history -----------
+
+_STATEMENTS: list[tuple[str, Any]] = []
+
+
+class RecordingCursor(psycopg.Cursor[Any]):
+    """Records every statement the worker sends (its text and parameters)."""
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        _STATEMENTS.append((str(query), params))
+        return super().execute(query, params, **kwargs)
+
+
+def test_one_pass_touches_only_the_conversation_with_new_history(
+        conn: Conn, dsn: str, model_server: ModelServer) -> None:
+    # 10,000 conversations: 9,999 idle ones of 3 pairs, written in one statement per
+    # table, and one of 25 pairs.
+    conn.execute("""
+        INSERT INTO compaction_source.conversations
+        SELECT 'idle-' || c FROM generate_series(1, 9999) c;
+        INSERT INTO compaction_source.runs (run_id, conversation_id, status)
+        SELECT 'idle-' || c || '-r' || p, 'idle-' || c, 'completed'
+        FROM generate_series(1, 9999) c, generate_series(1, 3) p;
+        INSERT INTO compaction_source.messages
+            (message_id, conversation_id, run_id, role, status, content, seq)
+        SELECT 'idle-' || c || '-' || role || p, 'idle-' || c, 'idle-' || c || '-r' || p,
+               role, 'completed', role || ' text ' || p, 2 * p + (role = 'assistant')::int
+        FROM generate_series(1, 9999) c, generate_series(1, 3) p,
+             unnest(ARRAY['user', 'assistant']) role;
+    """)
+    history = History(conn)
+    history.pairs("conv-hot", 25)
+    assert conn.execute("SELECT count(*) FROM compaction_source.conversations").fetchone() == (
+        10000,)
+    # Nothing is waiting: every conversation was looked at long ago.
+    conn.execute("DELETE FROM compaction.queue")
+    # 10 more pairs arrive in one of them (25 -> 35 pairs: range 0-9 becomes a target);
+    # the reference tables' trigger enqueues it.
+    history.pairs("conv-hot", 10)
+    assert conn.execute("SELECT conversation_id FROM compaction.queue").fetchall() == [
+        ("conv-hot",)]
+
+    model_server.enqueue(stop("Summary of conv-hot."))
+    _STATEMENTS.clear()
+    run_once(dsn, model_server.base_url, connect=lambda: psycopg.connect(
+        dsn, autocommit=True, cursor_factory=RecordingCursor))
+
+    assert summaries(conn) == [("conv-hot", 0, "Summary of conv-hot.")]
+    # The model call runs in its own thread, so complete and the main thread's second
+    # dequeue interleave either way: compare the statements as a multiset.
+    calls = Counter(_function_of(query) for query, _ in _STATEMENTS)
+    assert calls == Counter({
+        "compaction.reap": 1,
+        "compaction.dequeue": 2,        # one queued conversation; then the pass meets its
+        "compaction.enqueue": 2,        # own insurance entry (claim) and puts it back
+        "compaction.plan_targets": 1,
+        "compaction.eligible_pairs": 1,
+        "compaction.claim": 1,
+        "compaction.complete": 1,
+    }), _STATEMENTS
+    conversations = {v for _, params in _STATEMENTS if isinstance(params, dict)
+                     for k, v in params.items() if k == "conversation_id"}
+    assert conversations == {"conv-hot"}
+
+
+def _function_of(query: str) -> str:
+    """The engine function a statement calls (every worker statement calls exactly one)."""
+    start = query.index("compaction.")
+    return query[start:query.index("(", start)]
+
+
+# --- the claimed source is the summarized source --------------------------------------
+
+
+def _rewrite_reply(conn: Conn, message_id: str, text: str) -> None:
+    conn.execute("UPDATE compaction_source.messages SET content = %s WHERE message_id = %s",
+                 (text, message_id))
+
+
+def test_source_moving_between_plan_and_read_is_not_claimed(
+        conn: Conn, dsn: str, model_server: ModelServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """History edited after plan_targets but before eligible_pairs: the pairs read no
+    longer hash to the plan, so nothing is claimed and the conversation is put back."""
+    seed(conn, "conv-1", 30)
+    real_plan = db.plan_targets
+
+    def plan_then_edit(c: db.Connection, conversation_id: str) -> list[Target]:
+        plan = real_plan(c, conversation_id)
+        _rewrite_reply(conn, "conv-1-a003", "Edited after planning: NAV 99.99 on 2026-04-01.")
+        return plan
+
+    monkeypatch.setattr(db, "plan_targets", plan_then_edit)
+    _report, log = run_once(dsn, model_server.base_url, conversation="conv-1")
+    assert [e["event"] for e in log.events() if e["event"] == "source_moved"] == [
+        "source_moved"]
+    assert attempts(conn) == []
+    assert model_server.requests == []
+    assert conn.execute("SELECT conversation_id FROM compaction.queue").fetchall() == [
+        ("conv-1",)]
+
+    # The next pass plans and reads the same state: the model gets the edited reply.
+    monkeypatch.setattr(db, "plan_targets", real_plan)
+    model_server.enqueue(stop("ok"))
+    run_once(dsn, model_server.base_url)
+    [request] = model_server.requests
+    assert b"Edited after planning: NAV 99.99 on 2026-04-01." in request.body
+    assert summaries(conn) == [("conv-1", 0, "ok")]
+
+
+def test_source_moving_between_read_and_claim_is_refused(
+        conn: Conn, dsn: str, model_server: ModelServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Edited after the pairs were read: the claim binds the hash of what was read, so the
+    database refuses it (source_mismatch) and the stale text never reaches the model."""
+    seed(conn, "conv-1", 30)
+    real_read = db.eligible_pairs
+
+    def read_then_edit(c: db.Connection, conversation_id: str) -> list[Pair]:
+        pairs = real_read(c, conversation_id)
+        _rewrite_reply(conn, "conv-1-a005", "Edited after reading.")
+        return pairs
+
+    monkeypatch.setattr(db, "eligible_pairs", read_then_edit)
+    _report, log = run_once(dsn, model_server.base_url, conversation="conv-1")
+    assert [e["reason"] for e in events_named(log.events(), "claim_refused")] == [
+        "source_mismatch"]
+    assert model_server.requests == []
+    assert attempts(conn) == []
+
+
+# --- leases, scopes, sweep, admission ----------------------------------------------------
+
+
+def test_heartbeats_keep_a_slow_call_alive_past_its_first_lease(
+        conn: Conn, dsn: str, one_range: str, model_server: ModelServer) -> None:
+    model_server.enqueue(hang(stop("Slow but fine.")))
+    log = StringLog()
+    result: list[WorkerReport] = []
+    with OpenAISummarizer(MODEL, base_url=model_server.base_url, api_key="k",
+                          timeout_seconds=30) as summarizer:
+        worker = make_worker(dsn, summarizer, log, lease=timedelta(seconds=0.9))
+        thread = threading.Thread(target=lambda: result.append(worker.run()))
+        thread.start()
+        try:
+            assert model_server.hanging.wait(30)
+            first = conn.execute("SELECT lease_expires_at FROM compaction.attempts").fetchone()
+            assert first is not None
+            # Real time passes the first lease while the call hangs; heartbeats renew it.
+            wait_for(lambda: _db_now_after(conn, first[0]), timeout=10, what="first lease")
+            wait_for(lambda: db.reap(conn) == 0 and _running_lease_after(conn, first[0]),
+                     timeout=10, what="a renewed lease")
+        finally:
+            model_server.release()
+            thread.join(30)
+    assert result[0].outcomes == {"completed": 1}
+    assert summaries(conn) == [("conv-1", 0, "Slow but fine.")]
+
+
+def _db_now_after(conn: Conn, moment: Any) -> bool:
+    row = conn.execute("SELECT now() > %s", (moment,)).fetchone()
+    return bool(row and row[0])
+
+
+def _running_lease_after(conn: Conn, moment: Any) -> bool:
+    row = conn.execute("SELECT bool_and(state = 'running' AND lease_expires_at > now()"
+                       " AND lease_expires_at > %s) FROM compaction.attempts",
+                       (moment,)).fetchone()
+    return bool(row and row[0])
+
+
+def test_scope_lanes(conn: Conn, dsn: str, model_server: ModelServer) -> None:
+    """A worker compacts its --scope; queue entries of other lanes are left for them."""
+    seed(conn, "conv-1", 30)  # the trigger queued ('conv-1', 'default')
+    model_server.enqueue(stop("support lane"))
+    db.enqueue(conn, "conv-1", "support")
+    report, _log = run_once(dsn, model_server.base_url, scope="support")
+    assert report.outcomes == {"completed": 1}
+    assert [(a.scope, a.state) for a in attempts(conn)] == [("support", "completed")]
+    queued = conn.execute("SELECT conversation_id, scope FROM compaction.queue"
+                          " ORDER BY 2").fetchall()
+    # The default lane's entry is back; the support lane holds only the insurance entry.
+    assert queued == [("conv-1", "default"), ("conv-1", "support")]
+
+
+def test_sweep_finds_conversations_nobody_enqueued(conn: Conn, dsn: str) -> None:
+    from pycompactor.summarizer import ExtractiveSummarizer
+
+    for c in range(7):
+        seed(conn, f"conv-{c}", 30)
+    conn.execute("DELETE FROM compaction.queue")
+    log = StringLog()
+    report = make_worker(dsn, ExtractiveSummarizer(), log, sweep=True, batch_size=3).run()
+    assert report.outcomes == {"completed": 7}
+    assert [c for c, _, _ in summaries(conn)] == [f"conv-{c}" for c in range(7)]
+
+
+def test_global_admission_full_puts_work_back(conn: Conn, dsn: str,
+                                              model_server: ModelServer) -> None:
+    """max_running = 1 across the database: one claim, the rest refused and re-queued."""
+    for c in range(3):
+        seed(conn, f"conv-{c}", 30)
+    conn.execute("UPDATE compaction.settings SET max_running = 1")
+    model_server.enqueue(stop("first"))
+    report, log = run_once(dsn, model_server.base_url, concurrency=4)
+    assert report.claimed == 1
+    assert report.refused == {"admission_full": 1}
+    assert len(model_server.requests) == 1
+    queued = {r[0] for r in conn.execute("SELECT conversation_id FROM compaction.queue")}
+    assert queued == {"conv-0", "conv-1", "conv-2"}  # nothing lost from the queue
+    assert [e["reason"] for e in events_named(log.events(), "claim_refused")] == [
+        "admission_full"]
+
+
+def test_process_local_concurrency_bound(conn: Conn, dsn: str) -> None:
+    """--concurrency 2: never more than two model calls in flight, over six targets."""
+    for c in range(6):
+        seed(conn, f"conv-{c}", 30)
+    lock = threading.Lock()
+    in_flight = [0, 0]  # current, max
+    two = threading.Event()
+    gate = threading.Event()
+
+    def handler(_request: RecordedRequest) -> ScriptedResponse:
+        with lock:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight[1], in_flight[0])
+            if in_flight[0] == 2:
+                two.set()
+        gate.wait(30)
+        with lock:
+            in_flight[0] -= 1
+        return stop("s")
+
+    with ModelServer(handler=handler) as server:
+        result: list[WorkerReport] = []
+        thread = threading.Thread(target=lambda: result.append(
+            run_once(dsn, server.base_url, concurrency=2)[0]))
+        thread.start()
+        try:
+            assert two.wait(30)
+            # Both slots are taken: the worker waits; its claims stop at two.
+            wait_for(lambda: len(attempts(conn)) == 2, what="two claims")
+        finally:
+            gate.set()
+            thread.join(60)
+        assert len(server.requests) == 6
+    assert in_flight[1] == 2
+    assert result[0].outcomes == {"completed": 6}
