@@ -310,6 +310,9 @@ class Worker:
         self._drain_deadline: float | None = None
         self._last_reap = -float("inf")
         self._sweep_after = ""
+        # Dequeued entries not yet examined or put back. If a database error cuts a pass
+        # short they are put back first thing on reconnect, so the queue loses nothing.
+        self._unsettled: list[QueuedConversation] = []
         self._passes = 0
         self._claimed = 0
         self._refused: Counter[str] = Counter()
@@ -380,6 +383,8 @@ class Worker:
                 self._loop()
         finally:
             self._finish_jobs()
+            with contextlib.suppress(PycompactorError):
+                self._put_back(list(self._unsettled))
             self._closing.set()
             heartbeats.join(timeout=5)
             self._pool.close_all()
@@ -429,6 +434,7 @@ class Worker:
         cfg = self.config
         with self._counts_lock:
             self._passes += 1
+        self._put_back(list(self._unsettled))
         with self._pool.get() as conn:
             self._reap(conn)
         claimed = 0
@@ -437,7 +443,8 @@ class Worker:
             if self.stopping or throttled:
                 self._put_back(entries)
                 continue
-            n, admission_full = self._process(conversation_id, entries)
+            n, admission_full = self._process(conversation_id)
+            self._settled(entries)
             claimed += n
             throttled = throttled or admission_full
         return claimed > 0 and not throttled and not cfg.once
@@ -469,6 +476,7 @@ class Worker:
                 batch = db.dequeue(conn, limit)
             if not batch:
                 return
+            self._unsettled.extend(batch)
             for i, entry in enumerate(batch):
                 key = (entry.conversation_id, entry.scope)
                 if key in seen or self.stopping:
@@ -508,9 +516,14 @@ class Worker:
         with self._pool.get() as conn:
             for entry in entries:
                 db.enqueue(conn, entry.conversation_id, entry.scope)
+                self._settled([entry])
 
-    def _process(self, conversation_id: str,
-                 entries: list[QueuedConversation]) -> tuple[int, bool]:
+    def _settled(self, entries: Sequence[QueuedConversation]) -> None:
+        for entry in entries:
+            with contextlib.suppress(ValueError):
+                self._unsettled.remove(entry)
+
+    def _process(self, conversation_id: str) -> tuple[int, bool]:
         """Examine one conversation and claim its claimable targets; (claimed, throttled)."""
         cfg = self.config
         with self._pool.get() as conn:

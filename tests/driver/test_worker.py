@@ -109,9 +109,9 @@ def test_failure_class_is_a_failed_attempt(conn: Conn, dsn: str, one_range: str,
                                            script: list[ScriptedResponse], reason: str) -> None:
     model_server.enqueue(*script)
     report, log = run_once(dsn, model_server.base_url)
-    assert len(model_server.requests) == len(script)
+    assert len(model_server.requests) == len(script), log.getvalue()
     assert [(a.attempt, a.state, a.reason) for a in attempts(conn, "conv-1")] == [
-        (1, "failed", reason)]
+        (1, "failed", reason)], log.getvalue()
     assert summaries(conn) == []
     [failed] = events_named(log.events(), "failed")
     assert (failed["outcome"], failed["reason"], failed["attempt"]) == ("failed", reason, 1)
@@ -407,3 +407,35 @@ def test_process_local_concurrency_bound(conn: Conn, dsn: str) -> None:
         assert len(server.requests) == 6
     assert in_flight[1] == 2
     assert result[0].outcomes == {"completed": 6}
+
+
+def test_database_error_mid_pass_loses_no_queued_conversation(
+        conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loop mode: a pass cut short by a database error after dequeuing puts its batch
+    back on the next pass (after a backoff), so both conversations still get compacted."""
+    from pycompactor.errors import DatabaseUnavailable
+    from pycompactor.summarizer import ExtractiveSummarizer
+
+    seed(conn, "conv-0", 30)
+    seed(conn, "conv-1", 30)
+    real_plan = db.plan_targets
+    failures = [DatabaseUnavailable("cannot reach the database (test)")]
+
+    def flaky_plan(c: db.Connection, conversation_id: str) -> list[Target]:
+        if failures:
+            raise failures.pop()
+        return real_plan(c, conversation_id)
+
+    monkeypatch.setattr(db, "plan_targets", flaky_plan)
+    log = StringLog()
+    worker = make_worker(dsn, ExtractiveSummarizer(), log, once=False, concurrency=2,
+                         poll_seconds=0.1)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: len(summaries(conn)) == 2, timeout=30, what="both summaries")
+    finally:
+        worker.request_stop()
+        thread.join(30)
+    assert [e["event"] for e in log.events() if e["event"] == "db_error"] == ["db_error"]
+    assert worker.report().outcomes == {"completed": 2}

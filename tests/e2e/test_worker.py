@@ -216,7 +216,9 @@ def test_crashed_worker_is_recovered_by_another(
     seed(conn, "conv-1", 30)
     env = worker_env(dsn, model_server.base_url)
     model_server.enqueue(hang(), stop("Recovered summary."))
-    first = WorkerProcess("--model", MODEL, "--lease-seconds", "1.5", "--poll-seconds", "0.2",
+    # A short lease, so the takeover comes soon; long enough (heartbeat every second)
+    # that a loaded test machine does not expire it while the first worker lives.
+    first = WorkerProcess("--model", MODEL, "--lease-seconds", "3", "--poll-seconds", "0.2",
                           env=env)
     try:
         assert model_server.hanging.wait(30)
@@ -225,8 +227,10 @@ def test_crashed_worker_is_recovered_by_another(
     finally:
         if first.proc.poll() is None:
             first.proc.kill()
-    [running] = attempts(conn, "conv-1")
-    assert (running.attempt, running.state) == (1, "running")
+    rows = attempts(conn, "conv-1")
+    assert len(rows) == 1, first.stderr
+    running = rows[0]
+    assert (running.attempt, running.state) == (1, "running"), first.stderr
 
     # A long-running worker finds the conversation on the queue (the first worker put it
     # back right after claiming) and takes it over once the lease has expired.
