@@ -1,63 +1,13 @@
 -- pycompactor stored logic, section 6: reads behind projection (Python pycompactor.projection).
 --
--- project_history plans from metadata and then reads only the texts it includes, so the
--- text it ships grows with the budget, not with the conversation: projection_pairs and
--- projection_summaries return no message or summary text, projection_texts returns the
--- texts of the messages and summaries named. Eligibility stays in compaction.eligible_pairs
--- (judge_runs); these functions only reshape its result. All run as the engine owner
+-- project_history plans from metadata and reads text only where the plan needs it, so
+-- its cost grows with the budget, not with the conversation: the eligible pairs come from
+-- compaction.indexed_pairs (ids and byte lengths, no text), projection_summaries returns
+-- no summary text, projection_range_hashes recomputes the source hash of just the ranges
+-- the walk can reach, and projection_texts returns the texts of the messages and summaries
+-- named. Eligibility stays in compaction.judge_runs. All run as the engine owner
 -- (SECURITY DEFINER): the source views run with their owner's rights anyway, and the
 -- summaries sit behind engine tables.
-
-CREATE FUNCTION compaction.projection_pairs(p_conversation_id text, p_scope text)
-RETURNS TABLE (
-    pair_index           int,
-    user_message_id      text,
-    assistant_message_id text,
-    user_bytes           int,
-    assistant_bytes      int,
-    range_hash           text
-)
-LANGUAGE sql
-STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    WITH pairs AS (
-        SELECT i.pair_index, i.user_message_id, i.user_bytes,
-               i.assistant_message_id, i.assistant_bytes
-        FROM compaction.indexed_pairs(p_conversation_id) AS i
-    ),
-    -- Only ranges that a stored summary of this scope claims need their hash recomputed.
-    claimed AS (
-        SELECT DISTINCT s.from_pair
-        FROM compaction.summaries AS s
-        WHERE s.conversation_id = p_conversation_id
-          AND s.scope = p_scope
-    ),
-    -- The §5 hash, as compaction.source_hash computes it, but over this one scan of the
-    -- pairs (source_hash would judge every run again for each range).
-    hashes AS (
-        SELECT c.from_pair,
-               compaction.range_hash(ARRAY(SELECT pg_catalog.unnest(array_agg(
-                   ARRAY[p.user_message_id, p.assistant_message_id] ORDER BY p.pair_index))))
-                   AS range_hash
-        FROM claimed AS c
-        JOIN pairs AS p ON p.pair_index / 10 * 10 = c.from_pair
-        GROUP BY c.from_pair
-        HAVING count(*) = 10
-    )
-    SELECT p.pair_index,
-           p.user_message_id,
-           p.assistant_message_id,
-           p.user_bytes,
-           p.assistant_bytes,
-           h.range_hash
-    FROM pairs AS p
-    LEFT JOIN hashes AS h ON h.from_pair = p.pair_index
-    ORDER BY p.pair_index
-$$;
-COMMENT ON FUNCTION compaction.projection_pairs(text, text) IS
-    'Eligible pairs without text: ids, UTF-8 byte lengths, and on the first pair of each complete range that a summary of the scope claims, its current source hash';
 
 CREATE FUNCTION compaction.projection_summaries(p_conversation_id text, p_scope text)
 RETURNS TABLE (
@@ -94,6 +44,29 @@ AS $$
 $$;
 COMMENT ON FUNCTION compaction.projection_summaries(text, text) IS
     'Completed summaries of a conversation and scope without their text: source binding, version, whether it is projectable, completed_at, UTF-8 byte length';
+
+-- The §5 hash of the ranges named, each by its 20 current source ids (one row of a
+-- two-dimensional array per range): range_hash reads those 20 messages by primary key and
+-- nothing else, so the cost follows the number of ranges asked for, never the
+-- conversation's length. The caller takes the ids from compaction.indexed_pairs in the
+-- same snapshot.
+CREATE FUNCTION compaction.projection_range_hashes(
+    p_from_pairs int[], p_source_message_ids text[])
+RETURNS TABLE (from_pair int, range_hash text)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- p_source_message_ids[i:i] is row i, [u0, a0, ..., u9, a9]; unnest flattens it.
+    SELECT f.from_pair,
+           compaction.range_hash(ARRAY(
+               SELECT pg_catalog.unnest(p_source_message_ids[f.ord::int : f.ord::int])))
+    FROM pg_catalog.unnest(p_from_pairs) WITH ORDINALITY AS f (from_pair, ord)
+    ORDER BY f.ord
+$$;
+COMMENT ON FUNCTION compaction.projection_range_hashes(int[], text[]) IS
+    'Current source hash of each range named by its first pair and its 20 current source ids (row i of the 2-D array), reading only those messages; NULL where the ids are not 20 messages found once each';
 
 CREATE FUNCTION compaction.projection_texts(
     p_conversation_id text, p_message_ids text[], p_summary_ids bigint[])

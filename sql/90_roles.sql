@@ -89,8 +89,9 @@ REVOKE TRUNCATE ON compaction.jobs, compaction.attempts, compaction.job_summarie
 FROM compaction_owner;
 
 -- Projection (revision 0003_projection): what `pycompactor project` needs, read-only.
+-- Pairs come from compaction.indexed_pairs, granted with the read functions of §3–5.
 GRANT EXECUTE ON FUNCTION
-    compaction.projection_pairs(text, text),
     compaction.projection_summaries(text, text),
+    compaction.projection_range_hashes(int[], text[]),
     compaction.projection_texts(text, text[], bigint[])
 TO compaction_worker, compaction_reader;

@@ -20,11 +20,15 @@ from pycompactor.projection import (
     SUMMARY_MARKER,
     HistoryChanged,
     PairMeta,
+    Plan,
     StoredSummary,
+    SummaryCandidate,
+    block_cost,
     marker_line,
     message_cost,
     plan_projection,
     project_pairs,
+    projection_reach,
     render_projection,
 )
 
@@ -279,18 +283,105 @@ def test_walk_stops_at_the_first_thing_that_does_not_fit() -> None:
     assert placements(projection) == [("omitted", None), ("omitted", None), ("raw", None)]
 
 
-def test_unreached_summaries_keep_their_reasons() -> None:
+def test_unreached_summaries_are_reported_from_metadata() -> None:
+    # Budget 100 holds about two of the newest pairs: the walk cannot reach ranges 0-29.
     pairs = make_pairs(40)
     valid = summary_of(pairs, 0, 1)
-    stale = replace(summary_of(pairs, 10, 2), source_hash="a" * 64)
+    older = summary_of(pairs, 0, 5, completed_at=T0 - timedelta(days=1))
+    stale_hash = replace(summary_of(pairs, 10, 2), source_hash="a" * 64)
+    stale_ids = replace(summary_of(pairs, 10, 4),
+                        source_message_ids=summary_of(pairs, 10, 4).source_message_ids[::-1])
     v1 = summary_of(pairs, 20, 3, version=V1)
-    projection = project_pairs(pairs, [valid, stale, v1], budget_bytes=100)
+    projection = project_pairs(pairs, [valid, older, stale_hash, stale_ids, v1],
+                               budget_bytes=100)
     assert reasons(projection) == {
         1: "did_not_fit",
-        2: "stale_source",
+        5: "superseded",
+        # Content-level staleness is checked only where the walk can reach: beyond it, the
+        # preferred candidate (by metadata) is did_not_fit, whatever its text.
+        2: "did_not_fit",
+        4: "stale_source",  # the ids prove it without reading any text
         3: "version_not_projectable",
     }
-    assert [r.from_pair for r in projection.rejected_summaries] == [0, 10, 20]
+    assert [r.from_pair for r in projection.rejected_summaries] == [0, 0, 10, 10, 20]
+
+
+def test_stale_summary_within_reach_is_stale_source() -> None:
+    pairs = make_pairs(40)
+    stale = replace(summary_of(pairs, 20, 2), source_hash="a" * 64)
+    valid = summary_of(pairs, 20, 3, version=V2)
+    newest = pairs[30:]
+    raw_30_39 = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
+                    for p in newest)
+    # Just enough to pass pairs 30-39 raw: the walk reaches range 20, so it is checked.
+    projection = project_pairs(pairs, [stale, valid], budget_bytes=raw_30_39)
+    assert reasons(projection) == {2: "stale_source", 3: "did_not_fit"}
+    # One byte less and range 20 is out of reach: reported from metadata.
+    projection = project_pairs(pairs, [stale, valid], budget_bytes=raw_30_39 - 1)
+    assert reasons(projection) == {2: "did_not_fit", 3: "superseded"}
+
+
+def metas(n: int, user_bytes: int = 34, assistant_bytes: int = 34) -> list[PairMeta]:
+    """n pairs costing (34 + 16) + (34 + 16) = 100 bytes each by default."""
+    return [PairMeta(i, f"u{i}", f"a{i}", user_bytes, assistant_bytes) for i in range(n)]
+
+
+def candidate(pairs: Sequence[PairMeta], from_pair: int, summary_id: int, *,
+              block: int, projectable: bool = True) -> SummaryCandidate:
+    """A summary of pairs from_pair..+9 with the current ids whose block costs `block`."""
+    ids = tuple(m for p in pairs[from_pair : from_pair + 10]
+                for m in (p.user_message_id, p.assistant_message_id))
+    base = SummaryCandidate(summary_id, from_pair, from_pair + 9, ids, "0" * 64, V3,
+                            projectable, T0, 0)
+    summary = replace(base, summary_bytes=block - block_cost(base, pairs))
+    assert block_cost(summary, pairs) == block
+    return summary
+
+
+def test_reach_is_bounded_by_the_cheapest_possible_cost_of_what_is_newer() -> None:
+    pairs = metas(45)  # ranges 0-39 complete, pairs 40-44 raw only: 500 bytes
+    summaries = [
+        candidate(pairs, 30, 1, block=700),
+        candidate(pairs, 20, 2, block=5_000),  # dearer than its raw pairs (1,000)
+        candidate(pairs, 20, 3, block=6_000),
+        candidate(pairs, 10, 4, block=700),
+        candidate(pairs, 10, 5, block=650, projectable=False),  # not a candidate
+        candidate(pairs, 0, 6, block=700),
+    ]
+    # Cheapest possible spend before each range: 30: 500; 20: 500 + 700;
+    # 10: 1,200 + min(5,000, 1,000); 0: 2,200 + 700.
+    assert projection_reach(pairs, summaries, 0) == ()
+    assert projection_reach(pairs, summaries, 499) == ()
+    assert projection_reach(pairs, summaries, 500) == (30,)
+    assert projection_reach(pairs, summaries, 1_199) == (30,)
+    assert projection_reach(pairs, summaries, 1_200) == (20, 30)
+    assert projection_reach(pairs, summaries, 2_199) == (20, 30)
+    assert projection_reach(pairs, summaries, 2_200) == (10, 20, 30)
+    assert projection_reach(pairs, summaries, 2_900) == (0, 10, 20, 30)
+    assert projection_reach(pairs, [], 10**9) == ()
+
+
+def test_reach_skips_ranges_that_metadata_already_rejects() -> None:
+    pairs = metas(30)
+    stale_ids = replace(candidate(pairs, 20, 1, block=700), source_message_ids=("x",) * 20)
+    v1 = replace(candidate(pairs, 10, 2, block=700), projectable=False)
+    incomplete = SummaryCandidate(3, 30, 39, ("y",) * 20, "0" * 64, V3, True, T0, 10)
+    beyond = candidate(pairs, 0, 4, block=700)
+    # Ranges 20 and 10 have no candidate, so they cost their raw pairs (1,000 each).
+    assert projection_reach(pairs, [stale_ids, v1, incomplete, beyond], 1_999) == ()
+    assert projection_reach(pairs, [stale_ids, v1, incomplete, beyond], 2_000) == (0,)
+    # The newest range is met at once: it is in reach even with a budget of 0.
+    assert projection_reach(pairs, [candidate(pairs, 20, 5, block=10_000)], 0) == (20,)
+
+
+def test_plan_refuses_to_walk_into_an_unchecked_range() -> None:
+    pairs = metas(10)
+    summary = candidate(pairs, 0, 1, block=700)
+    with pytest.raises(ValueError, match="source hash was not given"):
+        plan_projection(pairs, {}, [summary], 1_000)
+    assert plan_projection(pairs, {0: None}, [summary], 1_000).rejected_summaries[0].reason \
+        == "stale_source"
+    assert plan_projection(pairs, {0: "0" * 64}, [summary], 1_000).pairs[0].summary_id == 1
 
 
 def test_render_refuses_texts_that_changed_size_or_vanished() -> None:
@@ -430,6 +521,40 @@ def test_projection_properties(case: tuple[list[Pair], list[StoredSummary], int]
     random.Random(budget).shuffle(shuffled)
     again = project_pairs(pairs, shuffled, budget_bytes=budget)
     assert json.dumps(again.to_dict()) == json.dumps(projection.to_dict())
+
+    # Checking hashes only within the reach loses nothing: with every range's hash
+    # checked, the messages and placements are the same, and only candidates beyond the
+    # reach may get other reasons (there, content-level staleness is not checked: the
+    # preferred candidate is did_not_fit, the others superseded).
+    full = oracle_plan(pairs, summaries, budget)
+    assert full.pairs == projection.pairs
+    assert full.used_bytes == projection.used_bytes
+    reach = set(projection_reach(
+        [PairMeta(p.pair_index, p.user_message_id, p.assistant_message_id,
+                  len(p.user_content.encode()), len(p.assistant_content.encode()))
+         for p in pairs],
+        [s.candidate() for s in summaries], budget))
+    full_reasons = {r.summary_id: r.reason for r in full.rejected_summaries}
+    for summary_id, reason in rejected.items():
+        if by_id[summary_id].from_pair in reach or reason in ("version_not_projectable",
+                                                               "stale_source"):
+            assert full_reasons[summary_id] == reason
+        else:
+            assert reason in ("did_not_fit", "superseded")
+            assert full_reasons[summary_id] in ("stale_source", "did_not_fit", "superseded")
+
+
+def oracle_plan(pairs: Sequence[Pair], summaries: Sequence[StoredSummary], budget: int) -> Plan:
+    """The plan with every complete range's source hash checked, reachable or not."""
+    metas = [
+        PairMeta(p.pair_index, p.user_message_id, p.assistant_message_id,
+                 len(p.user_content.encode()), len(p.assistant_content.encode()))
+        for p in pairs
+    ]
+    hashes: dict[int, str | None] = {
+        start: source_hash(pairs[start : start + 10]) for start in range(0, len(pairs) - 9, 10)
+    }
+    return plan_projection(metas, hashes, [s.candidate() for s in summaries], budget)
 
 
 def test_docs_worked_example() -> None:

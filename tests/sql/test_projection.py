@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import string
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -11,7 +13,7 @@ from typing import Any, ClassVar, LiteralString
 import psycopg
 import pytest
 
-from pycompactor import db, project_history, source_hash
+from pycompactor import Projection, db, project_history, source_hash
 from pycompactor.errors import PycompactorError, UsageError
 from pycompactor.hashing import source_message_ids
 from pycompactor.projection import marker_line, message_cost
@@ -230,20 +232,23 @@ def test_works_inside_the_callers_transaction(dsn: str) -> None:
 
 def test_range_hashes_equal_the_python_hash(conn: Conn) -> None:
     pairs = History(conn).pairs("h", 25, text="ß\u3000净")
-    import_summary(conn, "h", pairs, 10)
     rows = conn.execute(
-        "SELECT pair_index, range_hash FROM compaction.projection_pairs('h', 'default')"
-        " WHERE range_hash IS NOT NULL").fetchall()
-    assert rows == [(10, source_hash(pairs[10:20]))]
+        "SELECT from_pair, range_hash FROM compaction.projection_range_hashes(%s, %s)",
+        ([10, 0, 20], [source_message_ids(pairs[10:20]), source_message_ids(pairs[0:10]),
+                       [*source_message_ids(pairs[10:19]), "nobody", "nothing"]]),
+    ).fetchall()
+    assert rows == [(10, source_hash(pairs[10:20])), (0, source_hash(pairs[0:10])), (20, None)]
+    assert conn.execute("SELECT count(*) FROM compaction.projection_range_hashes('{}', '{}')"
+                        ).fetchone() == (0,)
 
 
 # ---------------------------------------------------------------------------- cost
 
 
 class RecordingCursor(psycopg.Cursor[Any]):
-    """Records each statement with the rows and the bytes of the result it received."""
+    """Records each statement, its parameters, and the rows and bytes of its result."""
 
-    log: ClassVar[list[tuple[str, int, int]]] = []
+    log: ClassVar[list[tuple[str, Any, int, int]]] = []
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         result = super().execute(query, params, **kwargs)
@@ -254,65 +259,209 @@ class RecordingCursor(psycopg.Cursor[Any]):
             for c in range(res.nfields if res is not None else 0):
                 value = res.get_value(r, c) if res is not None else None
                 size += len(value) if value is not None else 0
-        RecordingCursor.log.append((str(query), rows, size))
+        RecordingCursor.log.append((str(query), params, rows, size))
         return result
 
 
-def rows_read(conn: Conn, table: LiteralString) -> tuple[int, int]:
+def recorded(conn: Conn, conversation_id: str, budget: int
+             ) -> tuple[Projection, list[tuple[str, Any, int, int]]]:
+    RecordingCursor.log = []
+    conn.cursor_factory = RecordingCursor
+    try:
+        projection = project_history(conn, conversation_id, budget_bytes=budget)
+    finally:
+        conn.cursor_factory = psycopg.Cursor
+    return projection, RecordingCursor.log
+
+
+def statement(log: list[tuple[str, Any, int, int]], function: str
+              ) -> tuple[str, Any, int, int] | None:
+    found = [entry for entry in log if f"compaction.{function}(" in entry[0]]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def required(log: list[tuple[str, Any, int, int]], function: str) -> tuple[str, Any, int, int]:
+    found = statement(log, function)
+    assert found is not None, function
+    return found
+
+
+def test_stale_summary_beyond_reach_is_not_hash_checked(conn: Conn) -> None:
+    pairs = History(conn).pairs("far", 40)
+    preferred = import_summary(conn, "far", pairs, 0)
+    other = import_summary(conn, "far", pairs, 0, version=V2)
+    edit_pair_3(conn, pairs[3])  # same ids, changed text: only the hash can tell
+
+    # Two pairs' worth of budget: the walk cannot reach pairs 0-9, so their hash is not
+    # computed and both summaries are reported from metadata alone.
+    newest = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
+                 for p in pairs[38:])
+    projection, log = recorded(conn, "far", newest)
+    assert statement(log, "projection_range_hashes") is None
+    assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
+        (preferred, "did_not_fit"), (other, "superseded")]
+    assert [p.placement for p in projection.pairs] == ["omitted"] * 38 + ["raw"] * 2
+
+    # Enough to pass pairs 10-39 raw: the walk reaches range 0, which is checked.
+    within = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
+                 for p in pairs[10:])
+    projection, log = recorded(conn, "far", within)
+    hashes = required(log, "projection_range_hashes")
+    assert hashes[1]["from_pairs"] == [0]
+    assert hashes[2] == 1
+    assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
+        (preferred, "stale_source"), (other, "stale_source")]
+    assert [p.placement for p in projection.pairs] == ["omitted"] * 10 + ["raw"] * 30
+
+
+def seed_long_replies(conn: Conn, conversation_id: str, n: int, reply: str) -> list[SeededPair]:
+    """n pairs by COPY: short questions, each reply `reply` after its own prefix."""
+    History(conn).conversation(conversation_id)
+    seeded = [SeededPair(f"{conversation_id}:r{k}", f"{conversation_id}:u{k}",
+                         f"{conversation_id}:a{k}", f"question {k}?", f"answer {k}: {reply}")
+              for k in range(n)]
+    with conn.cursor() as cur:
+        with cur.copy("COPY compaction_source.runs (run_id, conversation_id, status)"
+                      " FROM STDIN") as copy:
+            for p in seeded:
+                copy.write_row((p.run_id, conversation_id, "completed"))
+        with cur.copy("COPY compaction_source.messages (message_id, conversation_id, run_id,"
+                      " role, status, content, seq) FROM STDIN") as copy:
+            for k, p in enumerate(seeded):
+                copy.write_row((p.user_message_id, conversation_id, p.run_id, "user",
+                                "completed", p.user_content, 2 * k))
+                copy.write_row((p.assistant_message_id, conversation_id, p.run_id,
+                                "assistant", "completed", p.assistant_content, 2 * k + 1))
+    return seeded
+
+
+def toast_blocks(conn: Conn) -> int:
+    """Block accesses (read + hit) of compaction_source.messages' TOAST table so far."""
+    conn.execute("SELECT pg_stat_force_next_flush()")  # the counters include our last call
     row = conn.execute(
-        "SELECT coalesce(seq_tup_read, 0), coalesce(idx_tup_fetch, 0)"
-        " FROM pg_stat_xact_user_tables WHERE relid = %s::regclass", (table,)).fetchone()
+        "SELECT coalesce(toast_blks_read, 0) + coalesce(toast_blks_hit, 0)"
+        " FROM pg_statio_user_tables WHERE relid = 'compaction_source.messages'::regclass"
+    ).fetchone()
     assert row is not None
-    return row[0], row[1]
+    blocks: int = row[0]
+    return blocks
+
+
+def toast_blocks_of(conn: Conn, query: LiteralString, params: Any = None) -> int:
+    before = toast_blocks(conn)
+    conn.execute(query, params).fetchall()
+    return toast_blocks(conn) - before
+
+
+def messages_fetched(conn: Conn, query: LiteralString, params: Any = None) -> tuple[int, int]:
+    """(rows read by sequential scans, rows fetched by index) of source messages for one query."""
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT coalesce(seq_tup_read, 0), coalesce(idx_tup_fetch, 0)"
+            " FROM pg_stat_xact_user_tables WHERE relid = 'compaction_source.messages'::regclass"
+        ).fetchone()
+        conn.execute(query, params).fetchall()
+        after = conn.execute(
+            "SELECT coalesce(seq_tup_read, 0), coalesce(idx_tup_fetch, 0)"
+            " FROM pg_stat_xact_user_tables WHERE relid = 'compaction_source.messages'::regclass"
+        ).fetchone()
+    assert row is not None
+    assert after is not None
+    return after[0] - row[0], after[1] - row[1]
 
 
 @pytest.mark.slow
-def test_ten_thousand_pairs_read_only_the_texts_that_fit(conn: Conn) -> None:
-    filler = "净值 NAV comparison " * 12  # about 250 bytes per message
-    pairs = History(conn).pairs("big", 10_000, text=filler)
-    for from_pair in range(9_900, 9_980, 10):
-        import_summary(conn, "big", pairs, from_pair)
+def test_ten_thousand_summarized_pairs_read_only_what_the_budget_reaches(conn: Conn) -> None:
+    # No autovacuum/analyze on the source while the TOAST counters are read.
+    conn.execute("ALTER TABLE compaction_source.messages"
+                 " SET (autovacuum_enabled = off, toast.autovacuum_enabled = off)")
+    n = 10_000
+    # Random letters do not compress, so each ~2 KB reply is stored out of line (TOAST).
+    reply = "".join(random.Random(5).choices(string.ascii_letters + string.digits, k=2_000))
+    pairs = seed_long_replies(conn, "big", n, reply)
+    with conn.cursor() as cur:  # every range summarized, the steady state
+        cur.executemany(
+            "SELECT compaction.import_summary('big', 'default', %s, %s, %s, 'test-model',"
+            " %s, %s, %s)",
+            [(start, source_message_ids(pairs[start : start + 10]),
+              source_hash(pairs[start : start + 10]), V3,
+              f"summary of {start}: " + "净值 " * 100, T0)
+             for start in range(0, n, 10)])
+    toast_table = conn.execute(
+        "SELECT reltoastrelid::regclass::text FROM pg_class"
+        " WHERE oid = 'compaction_source.messages'::regclass").fetchone()
+    assert toast_table is not None
+    toasted = conn.execute(psycopg.sql.SQL(
+        "SELECT count(DISTINCT chunk_id), pg_relation_size({0}::regclass)"
+        " / current_setting('block_size')::int FROM {1}").format(
+            psycopg.sql.Literal(toast_table[0]),
+            psycopg.sql.SQL(".").join(psycopg.sql.Identifier(part)
+                                      for part in toast_table[0].split(".")))).fetchone()
+    assert toasted is not None
+    toast_values, toast_pages = toasted
+    assert toast_values == n  # every reply, uncompressed, out of line; no question
     budget = 64 * 1024
+
+    started = time.perf_counter()
+    before = toast_blocks(conn)
+    projection, log = recorded(conn, "big", budget)
+    call_blocks = toast_blocks(conn) - before
+    elapsed = time.perf_counter() - started
+
+    summarized = {p.summary_id for p in projection.pairs if p.summary_id is not None}
+    raw = [p for p in projection.pairs if p.placement == "raw"]
+    assert len(projection.pairs) == n
+    assert projection.used_bytes <= budget
+    assert 10 < len(summarized) < 100
+    # SET TRANSACTION, pairs, summaries, hashes, texts: five statements, whatever n.
+    assert len(log) == 5
+    pairs_stmt, summaries_stmt, hashes_stmt, texts_stmt = (
+        required(log, f) for f in ("indexed_pairs", "projection_summaries",
+                                   "projection_range_hashes", "projection_texts"))
     total_text = sum(len(p.user_content.encode()) + len(p.assistant_content.encode())
                      for p in pairs)
-    assert total_text > 5_000_000
+    # Metadata for every pair and summary (the manifest lists them all), but no text.
+    assert pairs_stmt[2] == n
+    assert summaries_stmt[2] == n // 10
+    assert pairs_stmt[3] + summaries_stmt[3] < total_text / 20
+    # Hashes for the reachable ranges only: the ones used, plus the one whose block was
+    # tried and dropped. All else is beyond reach.
+    reach = hashes_stmt[1]["from_pairs"]
+    assert hashes_stmt[2] == len(reach) == len(summarized) + 1
+    assert min(reach) > n - 10 * (len(summarized) + 2)
+    # Texts: one row per projected message (a summary's text is its assistant message).
+    assert texts_stmt[2] == len(projection.messages)
+    assert texts_stmt[3] <= projection.used_bytes
 
-    RecordingCursor.log = []
-    conn.cursor_factory = RecordingCursor
-    started = time.perf_counter()
-    projection = project_history(conn, "big", budget_bytes=budget)
-    elapsed = time.perf_counter() - started
-    conn.cursor_factory = psycopg.Cursor
-    log = RecordingCursor.log
+    # On the server, each text statement fetches exactly the rows it names, by key.
+    assert messages_fetched(
+        conn, "SELECT * FROM compaction.projection_range_hashes(%s, %s)",
+        (reach, hashes_stmt[1]["source_message_ids"])) == (0, 20 * len(reach))
+    assert messages_fetched(
+        conn, "SELECT * FROM compaction.projection_texts('big', %s, %s)",
+        (texts_stmt[1]["message_ids"], texts_stmt[1]["summary_ids"])) == (
+        0, len(texts_stmt[1]["message_ids"]))
 
-    included = [p for p in projection.pairs if p.placement != "omitted"]
-    assert len(projection.pairs) == 10_000
-    assert 0 < len(included) < 400
-    assert projection.used_bytes <= budget
-    # A few statements, whatever the length: SET TRANSACTION, pairs, summaries, texts.
-    assert len(log) == 4
-    (_, _, _), (pairs_sql, n_pair_rows, pair_bytes), (_, n_summaries, _), \
-        (texts_sql, n_texts, text_bytes) = log
-    assert "projection_pairs" in pairs_sql
-    assert "projection_texts" in texts_sql
-    assert n_summaries == 8
-    # Metadata for every pair (the manifest lists every pair), but no text: far less
-    # than the conversation's text.
-    assert n_pair_rows == 10_000
-    assert pair_bytes < total_text / 5
-    # Text: exactly one row per message the projection carries (a summary's text is its
-    # assistant message), and no more bytes than the projection uses.
-    assert n_texts == len(projection.messages)
-    assert text_bytes <= projection.used_bytes <= budget
+    # TOAST: what the call read beyond eligibility is the reachable replies (hashing) and
+    # the included raw replies, a small fraction of the conversation's; checking every
+    # summarized range, as before, reads every reply.
+    eligibility = toast_blocks_of(conn, "SELECT count(*) FROM compaction.indexed_pairs('big')")
+    every_range = toast_blocks_of(
+        conn, "SELECT count(*) FROM compaction.projection_range_hashes(%s, %s)",
+        (list(range(0, n, 10)), [source_message_ids(pairs[s : s + 10]) for s in range(0, n, 10)]))
+    replies_needed = 10 * len(reach) + len(raw)
+    assert call_blocks - eligibility <= replies_needed + 10
+    assert every_range >= n
+    assert call_blocks - eligibility < every_range / 10
+    # Eligibility (§3's content rule) looks at the first TOAST chunk of each message, never
+    # more: at most one block per reply.
+    assert eligibility <= n
+    print(f"\n10,000 pairs, 64 KiB: {elapsed:.3f}s; TOAST blocks: call {call_blocks},"
+          f" of which eligibility {eligibility}; hashing every range {every_range};"
+          f" toast pages {toast_pages}; reach {len(reach)} ranges, {len(summarized)} used,"
+          f" {len(raw)} raw pairs, {len(projection.messages)} messages")
     assert elapsed < 10
-
-    # On the server, the text read fetches exactly the rows it names, by primary key.
-    with conn.transaction():
-        seq_before, idx_before = rows_read(conn, "compaction_source.messages")
-        conn.execute("SELECT * FROM compaction.projection_texts('big', %s, '{}')",
-                     ([pairs[-1].user_message_id, pairs[-1].assistant_message_id],))
-        seq_after, idx_after = rows_read(conn, "compaction_source.messages")
-    assert (seq_after - seq_before, idx_after - idx_before) == (0, 2)
 
 
 def test_reader_role_can_project_and_auditor_cannot(conn: Conn) -> None:
