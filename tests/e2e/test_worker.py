@@ -255,10 +255,11 @@ def test_crashed_worker_is_recovered_by_another(
     assert len(attempts(conn, "conv-1")) == 2
 
 
-@pytest.mark.parametrize("release_during_drain", [False, True],
-                         ids=["drain-expires", "call-drains"])
+@pytest.mark.parametrize(("signum", "release_during_drain"), [
+    (signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, False)],
+    ids=["sigterm-drain-expires", "sigterm-call-drains", "sigint-drain-expires"])
 def test_sigterm_during_a_slow_call(conn: Conn, dsn: str, model_server: ModelServer,
-                                    release_during_drain: bool) -> None:
+                                    signum: signal.Signals, release_during_drain: bool) -> None:
     """Acceptance 6: SIGTERM while the model hangs: the call drains (completes) or, once
     --drain-seconds ran out, is recorded `interrupted`; exit code 0 either way."""
     seed(conn, "conv-1", 30)
@@ -269,7 +270,7 @@ def test_sigterm_during_a_slow_call(conn: Conn, dsn: str, model_server: ModelSer
     try:
         assert model_server.hanging.wait(30)
         proc.wait_event("claimed")
-        proc.proc.send_signal(signal.SIGTERM)
+        proc.proc.send_signal(signum)
         proc.wait_event("stopping")
         if release_during_drain:
             model_server.release()
