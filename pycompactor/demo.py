@@ -1,40 +1,374 @@
 """`pycompactor demo`: the whole pipeline on a throwaway cluster, with nothing to configure.
 
-Starts a private PostgreSQL from the installed server binaries, migrates it, loads the
-45-pair sample conversation and shows what the engine decides. The cluster is removed on
-exit, Ctrl-C included.
+This module owns the demo's story and how it is shown. It starts a private PostgreSQL
+from the installed server binaries, migrates it, loads the 45-pair sample conversation,
+compacts it with one pass of the real worker (`pycompactor/extractive-1`, in process, no
+network), and shows as tables: the plan, the jobs and attempts (`compaction.audit_jobs`),
+the summaries, the projection manifest pair by pair under a budget that leaves history
+raw, summarized and omitted, and bytes before and after. Then it edits an old message
+(pair 3) and shows the projection refusing the now stale summary (the article's Case B).
+
+The demo checks its own story: if the engine decided anything else, it fails (exit 1)
+instead of showing a wrong picture. The cluster is removed on exit, Ctrl-C included.
+On a terminal a live progress display runs while it works; otherwise (a pipe, a test)
+each step is one plain line and nothing is animated or coloured.
 """
 
 from __future__ import annotations
 
+import io
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
 from pycompactor import db, schema
-from pycompactor.cli import render_table
+from pycompactor.audit import cell
 from pycompactor.cluster import ThrowawayCluster
+from pycompactor.errors import PycompactorError
 from pycompactor.hashing import source_hash
+from pycompactor.models import Pair
+from pycompactor.projection import (
+    OMITTED,
+    RAW,
+    STALE_SOURCE,
+    SUMMARIZED,
+    Projection,
+    marker_line,
+    message_cost,
+    project_history,
+)
 from pycompactor.sample import CONVERSATION_ID, load_sample
+from pycompactor.summarizer import OFFLINE_MODEL, PROMPT_VERSION, ExtractiveSummarizer
+from pycompactor.worker import EventLog, Worker, WorkerConfig
+
+#: The pair whose user message the demo edits to make the summary of pairs 0-9 stale.
+EDITED_PAIR = 3
+#: A budget everything fits in (the sample is about 20 KB).
+UNLIMITED = 10_000_000
 
 
-def run_demo() -> int:
-    print("starting a throwaway PostgreSQL cluster ...", flush=True)
-    with ThrowawayCluster() as cluster:
-        print(f"migrating {cluster.dsn} ...", flush=True)
-        schema.upgrade(cluster.dsn)
-        with db.connect(cluster.dsn) as conn:
-            n = load_sample(conn)
-            print(f"loaded conversation {CONVERSATION_ID!r}: {n} runs\n")
-            pairs = db.eligible_pairs(conn, CONVERSATION_ID)
-            user_bytes = sum(len(p.user_content.encode()) for p in pairs)
-            assistant_bytes = sum(len(p.assistant_content.encode()) for p in pairs)
-            chars = sum(len(p.user_content) + len(p.assistant_content) for p in pairs)
-            print(f"eligible pairs: {len(pairs)} ({chars} characters, "
-                  f"{user_bytes + assistant_bytes} UTF-8 bytes)")
-            targets = db.plan_targets(conn, CONVERSATION_ID)
-            rows = []
-            for t in targets:
-                python_hash = source_hash(pairs[t.from_pair : t.to_pair + 1])
-                rows.append((f"{t.from_pair}-{t.to_pair}", t.source_hash[:16] + "...",
-                             "yes" if python_hash == t.source_hash else "NO"))
-            print("\nplan (at least 30 pairs before the first target, the newest 20 kept raw):")
-            print(render_table(["pairs", "source_hash", "python hash agrees"], rows))
-    print("\nthrowaway cluster stopped and removed")
+def make_console() -> Console:
+    """stdout; without a terminal, 120 columns (rich would use 80) and no styling."""
+    console = Console(highlight=False, emoji=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, emoji=False, width=120)
+    return console
+
+
+class Steps:
+    """The progress display: a spinner per step on a terminal, one line per step otherwise."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._progress: Progress | None = None
+        if console.is_terminal:
+            self._progress = Progress(
+                SpinnerColumn(finished_text="[green]done[/]"),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=console,
+            )
+
+    def __enter__(self) -> Steps:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    @contextmanager
+    def step(self, label: str) -> Iterator[None]:
+        started = time.monotonic()
+        if self._progress is None:
+            # Printed before the work starts, so a reader (or a test) sees where it is.
+            self.console.print(Text(f"{label} ..."))
+            yield
+            self.console.print(Text(f"  done in {time.monotonic() - started:.1f} s"))
+            return
+        task = self._progress.add_task(Text(label).plain, total=1)
+        yield
+        self._progress.update(task, completed=1)
+
+
+def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]],
+          *, right: Sequence[str] = ()) -> Group:
+    """A heading line and a rich table; every cell is literal text (ids and markers hold
+    brackets that rich would read as markup), cut with an ellipsis rather than wrapped."""
+    out = Table(box=box.SIMPLE_HEAD)
+    for header in headers:
+        out.add_column(Text(header), justify="right" if header in right else "left",
+                       no_wrap=True, overflow="ellipsis", min_width=len(header))
+    for row in rows:
+        out.add_row(*(Text("" if value is None else str(value)) for value in row))
+    return Group(Text(""), Text(title, style="bold"), out)
+
+
+def preview(text: str, width: int = 48) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def utf8(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def check(condition: bool, what: str) -> None:
+    """The demo verifies what it shows: a wrong outcome is an error, not a pretty table."""
+    if not condition:
+        raise PycompactorError(f"demo: expected {what}")
+
+
+def run_demo(console: Console | None = None) -> int:
+    console = console or make_console()
+    started = time.monotonic()
+    console.print(Text("pycompactor demo: cross-run compaction on a throwaway PostgreSQL, "
+                       "offline model, nothing to configure", style="bold"))
+    cluster = ThrowawayCluster()
+    with Steps(console) as steps:
+        try:
+            with steps.step("starting a throwaway PostgreSQL cluster"):
+                cluster.start()
+            with steps.step(f"migrating {cluster.dsn}"):
+                schema.upgrade(cluster.dsn)
+            with db.connect(cluster.dsn) as conn:
+                _story(conn, cluster.dsn, console, steps)
+        finally:
+            with steps.step("stopping the throwaway cluster"):
+                cluster.stop()
+    console.print(Text(f"throwaway cluster stopped and removed; demo took "
+                       f"{time.monotonic() - started:.1f} s"))
     return 0
+
+
+def _story(conn: db.Connection, dsn: str, console: Console, steps: Steps) -> None:
+    with steps.step(f"loading the sample conversation {CONVERSATION_ID!r}"):
+        load_sample(conn)
+    pairs = db.eligible_pairs(conn, CONVERSATION_ID)
+    chars = sum(len(p.user_content) + len(p.assistant_content) for p in pairs)
+    raw_bytes = sum(utf8(p.user_content) + utf8(p.assistant_content) for p in pairs)
+    console.print(Text(f"eligible pairs: {len(pairs)} ({chars} characters, {raw_bytes} UTF-8 "
+                       "bytes: the Chinese replies take 3 bytes a character)"))
+    console.print(table(
+        "A few turns of the sample", ["pair", "user message", "assistant reply"],
+        [(p.pair_index, preview(p.user_content, 44), preview(p.assistant_content, 56))
+         for p in (pairs[0], pairs[1], pairs[EDITED_PAIR], pairs[12])],
+    ))
+
+    _show_plan(conn, console, pairs)
+    _compact(conn, dsn, console, steps)
+    summaries = _show_summaries(conn, console, pairs)
+    _show_projections(conn, console, pairs, summaries)
+    _case_b(conn, console, steps, pairs, summaries)
+
+
+def _show_plan(conn: db.Connection, console: Console, pairs: Sequence[Pair]) -> None:
+    targets = db.plan_targets(conn, CONVERSATION_ID)
+    check([(t.from_pair, t.to_pair) for t in targets] == [(0, 9), (10, 19)],
+          "targets 0-9 and 10-19 for 45 pairs")
+    rows = []
+    for t in targets:
+        agrees = source_hash(pairs[t.from_pair : t.to_pair + 1]) == t.source_hash
+        check(agrees, "the Python source hash to equal the SQL one")
+        rows.append((f"{t.from_pair}-{t.to_pair}", t.source_message_ids[0],
+                     t.source_message_ids[-1], t.source_hash[:16] + "…", "yes"))
+    console.print(table(
+        "Plan: compaction.plan_targets (30 pairs before the first target, 10 per target, "
+        "the newest 20 never)",
+        ["pairs", "first source id", "last source id", "source_hash", "Python hash agrees"],
+        rows,
+    ))
+
+
+def _compact(conn: db.Connection, dsn: str, console: Console, steps: Steps) -> None:
+    log = io.StringIO()
+    with steps.step(f"compacting: one worker pass with {OFFLINE_MODEL} (claim, summarize "
+                    "outside any transaction, complete)"):
+        worker = Worker(WorkerConfig(model=OFFLINE_MODEL, dsn=dsn, once=True, concurrency=2,
+                                     log_format="json"),
+                        ExtractiveSummarizer(), log=EventLog("json", log))
+        report = worker.run()
+        # The worker turns SIGINT into a graceful drain; the demo still stops on Ctrl-C.
+        if worker.stopping:
+            raise KeyboardInterrupt
+    check(report.outcomes == {"completed": 2}, f"two completed attempts, got {report.outcomes}")
+    jobs = db.audit(conn, "jobs", conversation_id=CONVERSATION_ID)
+    columns = ["pairs", "job_id", "attempt", "state", "reason", "worker", "duration",
+               "summary_id"]
+    console.print(table(
+        f"Jobs and attempts: compaction.audit_jobs (model {OFFLINE_MODEL}, prompt "
+        f"{PROMPT_VERSION}; the pass claimed {report.claimed} and logged "
+        f"{len(log.getvalue().splitlines())} events)",
+        columns,
+        [[cell(row, c) for c in columns] for row in sorted(jobs.rows,
+                                                           key=lambda r: r["from_pair"])],
+    ))
+
+
+def _show_summaries(conn: db.Connection, console: Console,
+                    pairs: Sequence[Pair]) -> dict[int, tuple[int, str]]:
+    """Completed summaries by from_pair: (summary_id, text)."""
+    rows = conn.execute(
+        "SELECT from_pair, summary_id, summary FROM compaction.summaries"
+        " WHERE conversation_id = %s ORDER BY from_pair", (CONVERSATION_ID,),
+    ).fetchall()
+    summaries = {int(f): (int(i), str(s)) for f, i, s in rows}
+    check(sorted(summaries) == [0, 10], "summaries of pairs 0-9 and 10-19")
+    table_rows = []
+    for from_pair, (summary_id, text) in summaries.items():
+        block = pairs[from_pair : from_pair + 10]
+        raw = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
+                  for p in block)
+        summarized = (sum(message_cost(p.user_content) for p in block)
+                      + message_cost(f"{marker_line(from_pair, from_pair + 9)}\n{text}"))
+        table_rows.append((f"{from_pair}-{from_pair + 9}", summary_id, len(text), utf8(text),
+                           raw, summarized, f"{100 * (summarized - raw) / raw:+.0f}%"))
+    console.print(table(
+        "Summaries (the model saw only the 10 assistant replies; the 10 user messages travel "
+        "verbatim)",
+        ["pairs", "summary_id", "chars", "bytes", "raw pairs cost", "summary block cost",
+         "change"],
+        table_rows, right=["summary_id", "chars", "bytes", "raw pairs cost",
+                           "summary block cost", "change"],
+    ))
+    console.print(Text("cost = UTF-8 bytes + 16 per message. extractive-1 keeps the sentences "
+                       "with figures and dates first, and every sentence while 10 replies fit "
+                       "in 6,000 characters: the short replies of 10-19 are kept whole (plus "
+                       "a label each), so only 0-9 gets shorter. A real model writes less."))
+    excerpt = summaries[0][1].split("\n")[:3]
+    console.print(Text("Summary of pairs 0-9 begins:", style="bold"))
+    for line in excerpt:
+        console.print(Text("  " + preview(line, 110)))
+    return summaries
+
+
+def _manifest_rows(projection: Projection, pairs: Sequence[Pair]) -> list[tuple[object, ...]]:
+    """One row per pair with the bytes it contributes (a block's summary on its last pair)."""
+    summary_costs: dict[int, int] = {}
+    for message in projection.messages:
+        if message["role"] == "assistant" and message["content"].startswith(
+                "[pycompactor summary"):
+            last = int(message["content"].split("\n", 1)[0].rstrip("]").split("–")[-1])
+            summary_costs[last] = message_cost(message["content"])
+    rows: list[tuple[object, ...]] = []
+    for entry, pair in zip(projection.pairs, pairs, strict=True):
+        if entry.placement == RAW:
+            cost = message_cost(pair.user_content) + message_cost(pair.assistant_content)
+        elif entry.placement == SUMMARIZED:
+            cost = message_cost(pair.user_content) + summary_costs.get(entry.pair_index, 0)
+        else:
+            cost = 0
+        rows.append((entry.pair_index, entry.placement, entry.summary_id, cost,
+                     preview(pair.user_content, 52)))
+    return rows
+
+
+def _grouped(projection: Projection) -> list[tuple[str, str, object]]:
+    """Consecutive pairs with the same placement and summary as one row."""
+    runs: list[list[Any]] = []
+    for entry in projection.pairs:
+        if runs and runs[-1][1:] == [entry.placement, entry.summary_id]:
+            runs[-1][0][1] = entry.pair_index
+        else:
+            runs.append([[entry.pair_index, entry.pair_index], entry.placement, entry.summary_id])
+    return [(f"{a}-{b}", placement, summary_id) for (a, b), placement, summary_id in runs]
+
+
+def _show_projections(conn: db.Connection, console: Console, pairs: Sequence[Pair],
+                      summaries: dict[int, tuple[int, str]]) -> None:
+    full = project_history(conn, CONVERSATION_ID, budget_bytes=UNLIMITED)
+    check([p.placement for p in full.pairs] == [SUMMARIZED] * 20 + [RAW] * 25,
+          "pairs 0-19 summarized and 20-44 raw with room for everything")
+    # A budget with room for everything but the oldest block: the walk keeps 20-44 raw,
+    # uses the summary of 10-19, cannot fit 0-9's block nor pair 9 raw, and stops.
+    oldest_block = sum(message_cost(m["content"]) for m in full.messages[:11])
+    budget = full.used_bytes - oldest_block
+    tight = project_history(conn, CONVERSATION_ID, budget_bytes=budget)
+    check([p.placement for p in tight.pairs] == [OMITTED] * 10 + [SUMMARIZED] * 10 + [RAW] * 25,
+          "omitted 0-9, summarized 10-19 and raw 20-44 under the tight budget")
+    console.print(table(
+        f"Projection manifest for the next Run, budget {budget} bytes "
+        f"(project_history; {tight.used_bytes} bytes used, {len(tight.messages)} messages)",
+        ["pair", "placement", "summary_id", "bytes", "user message"],
+        _manifest_rows(tight, pairs), right=["pair", "summary_id", "bytes"],
+    ))
+    console.print(Text("bytes: what the pair adds to the projection; a block's summary message "
+                       "is counted on its last pair."))
+    console.print(table(
+        "Summaries not in that projection", ["summary_id", "pairs", "reason"],
+        [(r.summary_id, f"{r.from_pair}-{r.from_pair + 9}", r.reason)
+         for r in tight.rejected_summaries],
+    ))
+    raw_cost = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
+                   for p in pairs)
+
+    def share(used: int) -> str:
+        return f"{100 * used / raw_cost:.0f}%"
+
+    console.print(table(
+        "Bytes before and after (cost = UTF-8 bytes + 16 per message)",
+        ["history sent to the next Run", "messages", "bytes", "of raw"],
+        [
+            (f"all {len(pairs)} pairs raw (before)", 2 * len(pairs), raw_cost, "100%"),
+            ("projection with room for everything (after)", len(full.messages),
+             full.used_bytes, share(full.used_bytes)),
+            (f"projection under a {budget}-byte budget", len(tight.messages), tight.used_bytes,
+             share(tight.used_bytes)),
+        ],
+        right=["messages", "bytes", "of raw"],
+    ))
+    del summaries  # shown above; the manifest names them by id
+
+
+def _case_b(conn: db.Connection, console: Console, steps: Steps, pairs: Sequence[Pair],
+            summaries: dict[int, tuple[int, str]]) -> None:
+    edited = pairs[EDITED_PAIR]
+    new_text = edited.user_content.replace("费用", "费用和赎回费", 1)
+    if new_text == edited.user_content:
+        new_text = edited.user_content + " (edited)"
+    with steps.step(f"Case B: editing the user message of pair {EDITED_PAIR}, an old message "
+                    "inside the summarized range 0-9"):
+        conn.execute(
+            "UPDATE compaction_source.messages SET content = %s WHERE message_id = %s",
+            (new_text, edited.user_message_id),
+        )
+    console.print(table(
+        f"Edited message {edited.user_message_id}", ["", "content"],
+        [("before", edited.user_content), ("after", new_text)],
+    ))
+    after = project_history(conn, CONVERSATION_ID, budget_bytes=UNLIMITED)
+    stale_id = summaries[0][0]
+    check([(r.summary_id, r.reason) for r in after.rejected_summaries]
+          == [(stale_id, STALE_SOURCE)], "the summary of pairs 0-9 refused as stale_source")
+    check([p.placement for p in after.pairs[:10]] == [RAW] * 10, "pairs 0-9 back to raw")
+    console.print(table(
+        "Projection after the edit (room for everything): the stale summary is refused, "
+        "pairs 0-9 go back to their original messages",
+        ["pairs", "placement", "summary_id"], _grouped(after),
+    ))
+    console.print(table(
+        "Refused summaries", ["summary_id", "pairs", "reason"],
+        [(r.summary_id, f"{r.from_pair}-{r.from_pair + 9}", r.reason)
+         for r in after.rejected_summaries],
+    ))
+    stale = db.audit(conn, "stale", conversation_id=CONVERSATION_ID)
+    columns = ["summary_id", "pairs", "prompt_version", "staleness", "completed_at"]
+    console.print(table(
+        "compaction.audit_stale_summaries (what a DBA sees)", columns,
+        [[cell(row, c) for c in columns] for row in stale.rows],
+    ))
+    console.print(Text("The stored summary itself never changes (it is immutable); it is "
+                       "simply never projected again. The edit enqueued the conversation, so "
+                       "the next worker pass summarizes the new source of pairs 0-9 under a "
+                       "new identity."))

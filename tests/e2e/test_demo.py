@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from tests.e2e.cli import run_cli
@@ -27,14 +28,48 @@ def leftovers() -> tuple[set[str], set[str]]:
     return dirs, procs
 
 
+def rows(stdout: str) -> list[list[str]]:
+    """Table rows as whitespace-split cells (the demo's tables are plain text off a TTY)."""
+    return [line.split() for line in stdout.splitlines()]
+
+
 def test_demo_exits_0_and_cleans_up() -> None:
     before = leftovers()
+    started = time.monotonic()
     result = run_cli("demo", timeout=300)
+    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
-    assert "eligible pairs: 45" in result.stdout
-    assert "0-9" in result.stdout
-    assert "10-19" in result.stdout
+    out = result.stdout
+    assert elapsed < 60, elapsed
     assert leftovers() == before
+    # Readable without a terminal: no escape sequences, no progress bar redraws.
+    assert "\x1b[" not in out
+    assert "\r" not in out
+    assert "eligible pairs: 45" in out
+    table = rows(out)
+    # The plan, with the Python hash agreeing with SQL's.
+    assert any(r[:1] == ["0-9"] and r[-1] == "yes" for r in table)
+    assert any(r[:1] == ["10-19"] and r[-1] == "yes" for r in table)
+    # Jobs and attempts of the worker pass (extractive-1, offline).
+    assert "compaction.audit_jobs (model pycompactor/extractive-1" in out
+    assert sum(1 for r in table if r[2:5] == ["1", "completed", "completed"]) == 2
+    # The manifest pair by pair under the tight budget: 0-9 omitted, 10-19 summarized,
+    # 20-44 raw; then the summary that did not fit.
+    placements = {r[0]: r[1] for r in table
+                  if len(r) >= 2 and r[0].isdigit() and r[1] in {"raw", "summarized", "omitted"}}
+    assert [placements[str(i)] for i in range(45)] == (
+        ["omitted"] * 10 + ["summarized"] * 10 + ["raw"] * 25)
+    assert any(r[1:] == ["0-9", "did_not_fit"] for r in table)
+    # Bytes before and after.
+    assert any(r[:5] == ["all", "45", "pairs", "raw", "(before)"] for r in table)
+    # Case B: the edited pair 3 makes the summary of 0-9 stale; 0-9 goes back to raw.
+    assert "after    Cedar Dividend 的费用和赎回费是多少？" in out
+    assert ["0-9", "raw"] in table
+    assert ["10-19", "summarized", "2"] in table
+    assert ["1", "0-9", "stale_source"] in table
+    assert any(r[:4] == ["1", "0-9", "conversation-compaction@3", "source_changed"]
+               for r in table)
+    assert out.rstrip().splitlines()[-1].startswith("throwaway cluster stopped and removed")
 
 
 def test_demo_cleans_up_on_ctrl_c() -> None:
