@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint typecheck pytest clean
+.PHONY: help demo test lint typecheck pytest bench clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -25,7 +25,7 @@ demo: $(STAMP) ## run the demo on a throwaway local PostgreSQL (no API key neede
 test: lint typecheck pytest ## ruff, mypy --strict and the whole test suite
 
 lint: $(STAMP) ## ruff
-	$(BIN)/ruff check pycompactor tests migrations
+	$(BIN)/ruff check pycompactor tests migrations bench
 
 typecheck: $(STAMP) ## mypy --strict
 	$(BIN)/mypy
@@ -33,6 +33,10 @@ typecheck: $(STAMP) ## mypy --strict
 pytest: $(STAMP) ## the test suite against a throwaway cluster
 	@scripts/require-postgres
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: $(STAMP) ## benchmarks vs plain SQL on a durable throwaway cluster (~15 min; docs/benchmarks.md)
+	@scripts/require-postgres
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean: ## remove the virtualenv and build output
 	rm -rf $(VENV) build dist *.egg-info

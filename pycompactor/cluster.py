@@ -65,8 +65,11 @@ def free_port() -> int:
 class ThrowawayCluster:
     """initdb + pg_ctl start on loopback in a temp directory; stop() removes every trace."""
 
-    def __init__(self, bindir: Path | None = None) -> None:
+    def __init__(self, bindir: Path | None = None, *, durable: bool = False) -> None:
         self.bindir = bindir or find_bindir()
+        # The demo and tests trade crash safety for speed (fsync off); benchmarks need the
+        # production settings, where every commit waits for its WAL flush.
+        self.durable = durable
         self.user = server_user()
         self.port = 0
         self.root: Path | None = None
@@ -101,13 +104,24 @@ class ThrowawayCluster:
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
         self.port = free_port()
         data = self.root / "data"
+        durability = (
+            "-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
+            if self.durable else "-c fsync=off"
+        )
         self._run("initdb", "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
                   "--locale=C.UTF-8", "--no-sync")
         self._run(
             "pg_ctl", "start", "-w", "-D", str(data), "-l", str(self.root / "server.log"),
-            "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 {durability}",
         )
         return self.dsn
+
+    def restart(self) -> None:
+        """pg_ctl restart -m fast: sessions are cut, in-flight transactions roll back, and
+        the server comes back on the same port with the same options (postmaster.opts)."""
+        assert self.root is not None, "cluster not started"
+        self._run("pg_ctl", "restart", "-w", "-m", "fast", "-D", str(self.root / "data"),
+                  "-l", str(self.root / "server.log"))
 
     def stop(self) -> None:
         if self.root is None:

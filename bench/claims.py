@@ -1,0 +1,195 @@
+"""Benchmark 1: the claim -> complete cycle against a plain-SQL cycle of the same shape.
+
+K connections (one thread each, started together by a barrier) loop over ranges prepared
+beforehand. pycompactor's cycle is `compaction.claim` then `compaction.complete` (two
+autocommit statements, two commits). The baseline is what an application without the
+guarantees would write: INSERT a job row with a unique key (commit), then UPDATE it and
+INSERT a result row (one statement, one commit). Same connections, same number of
+statements and commits, so the ratio is the server-side cost of the checks, the locks
+and the audit trail.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from bench.common import (
+    REPETITIONS,
+    Conn,
+    Sizes,
+    drain_queue,
+    median,
+    ratio,
+    seed_conversations,
+    text_pool,
+    vacuum_analyze,
+)
+from pycompactor import db
+from pycompactor.summarizer import PROMPT_VERSION
+
+MODEL = "bench/fake-model"
+# The fake summary a model would have written: ~1 KB, mixed scripts.
+SUMMARY = text_pool(11, 1, 1024)[0]
+
+_BASELINE_DDL = """
+CREATE SCHEMA IF NOT EXISTS bench;
+CREATE TABLE bench.plain_jobs (
+    job_key     text PRIMARY KEY,
+    state       text NOT NULL,
+    worker      text NOT NULL,
+    started_at  timestamptz NOT NULL,
+    finished_at timestamptz
+);
+CREATE TABLE bench.plain_results (
+    job_key text PRIMARY KEY,
+    summary text NOT NULL
+);
+"""
+_BASELINE_START = (
+    "INSERT INTO bench.plain_jobs (job_key, state, worker, started_at)"
+    " VALUES (%(key)s, 'running', %(worker)s, now())"
+)
+_BASELINE_FINISH = (
+    "WITH done AS (UPDATE bench.plain_jobs SET state = 'completed', finished_at = now()"
+    "              WHERE job_key = %(key)s RETURNING job_key)"
+    " INSERT INTO bench.plain_results (job_key, summary) SELECT job_key, %(summary)s FROM done"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    conversation_id: str
+    from_pair: int
+    source_message_ids: list[str]
+    source_hash: str
+
+
+def _pycompactor_cycle(conn: Conn, item: Range, worker: str) -> None:
+    claimed = db.claim(conn, item.conversation_id, "default", item.from_pair,
+                       item.source_message_ids, item.source_hash, MODEL, PROMPT_VERSION,
+                       worker)
+    if not claimed.claimed or claimed.job_id is None or claimed.attempt is None:
+        raise RuntimeError(f"claim refused ({claimed.reason}): the prepared range is not"
+                           " claimable, so the benchmark would measure refusals")
+    done = db.complete(conn, claimed.job_id, claimed.attempt, SUMMARY, "stop", 0)
+    if not done.ok:
+        raise RuntimeError(f"complete refused: {done.reason}")
+
+
+def _baseline_cycle(conn: Conn, key: str, worker: str) -> None:
+    conn.execute(_BASELINE_START, {"key": key, "worker": worker})
+    cur = conn.execute(_BASELINE_FINISH, {"key": key, "summary": SUMMARY})
+    if cur.rowcount != 1:
+        raise RuntimeError("baseline cycle lost its row")
+
+
+def _run_parallel(connections: Sequence[Conn], work: Sequence[Sequence[Any]],
+                  cycle: Callable[[Conn, Any, str], None]) -> float:
+    """Each connection runs its own list of items; returns wall seconds for all of them."""
+    barrier = threading.Barrier(len(connections) + 1)
+    errors: list[BaseException] = []
+
+    def loop(index: int) -> None:
+        conn = connections[index]
+        worker = f"bench-{index}"
+        barrier.wait()
+        try:
+            for item in work[index]:
+                cycle(conn, item, worker)
+        except BaseException as exc:  # surfaced to the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True)
+               for i in range(len(connections))]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+def _split(items: Sequence[Any], k: int) -> list[list[Any]]:
+    return [list(items[i::k]) for i in range(k)]
+
+
+def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
+    ks = sizes.claim_connections
+    per_k = sizes.claim_warmup + REPETITIONS * sizes.claim_cycles
+    n_conversations = per_k * len(ks)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(_BASELINE_DDL)
+        # Admission is not what is measured: K connections never exceed K running
+        # attempts, but leave headroom so a slow commit never turns into a refusal.
+        conn.execute("UPDATE compaction.settings SET max_running = 1000")
+        # Many conversations of 35 pairs: each has exactly one target (range 0), and K
+        # connections never meet on one conversation's advisory lock.
+        seed_conversations(conn, "claim-", 0, n_conversations, sizes.claim_pairs,
+                           user_pool=text_pool(1, 16, 200),
+                           assistant_pool=text_pool(2, 32, 600))
+        drain_queue(conn)
+        # Statistics first: planned without them, judge_runs scans instead of probing.
+        vacuum_analyze(dsn)
+        targets = [
+            Range(str(c), int(f), list(ids), str(h))
+            for c, f, ids, h in conn.execute(
+                "SELECT c.conversation_id, t.from_pair, t.source_message_ids, t.source_hash"
+                " FROM compaction_source.conversations c,"
+                "      compaction.plan_targets(c.conversation_id) t"
+                " ORDER BY c.conversation_id").fetchall()
+        ]
+    if len(targets) != n_conversations:
+        raise RuntimeError(f"expected {n_conversations} targets, planned {len(targets)}")
+
+    results: list[dict[str, Any]] = []
+    keys = iter(range(10**9))
+    for index, k in enumerate(ks):
+        mine = targets[index * per_k:(index + 1) * per_k]
+        connections = [psycopg.connect(dsn, autocommit=True, application_name="bench-claims")
+                       for _ in range(k)]
+        try:
+            # Warm-up: caches, plans and connections, for both cycles.
+            _run_parallel(connections, _split(mine[:sizes.claim_warmup], k), _pycompactor_cycle)
+            _run_parallel(connections,
+                          _split([f"warm-{next(keys)}" for _ in range(sizes.claim_warmup)], k),
+                          _baseline_cycle)
+            ours: list[float] = []
+            plain: list[float] = []
+            for rep in range(REPETITIONS):
+                start = sizes.claim_warmup + rep * sizes.claim_cycles
+                batch = mine[start:start + sizes.claim_cycles]
+                # Alternate which side goes first, so drift favours neither.
+                sides: list[tuple[list[float], Sequence[Any], Callable[[Conn, Any, str], None]]]
+                sides = [
+                    (ours, batch, _pycompactor_cycle),
+                    (plain, [f"job-{next(keys)}" for _ in range(sizes.claim_cycles)],
+                     _baseline_cycle),
+                ]
+                if rep % 2:
+                    sides.reverse()
+                for sink, items, cycle in sides:
+                    seconds = _run_parallel(connections, _split(items, k), cycle)
+                    sink.append(len(items) / seconds)
+        finally:
+            for conn in connections:
+                conn.close()
+        results.append({
+            "connections": k,
+            "cycles_per_rep": sizes.claim_cycles,
+            "pycompactor_cycles_per_s": ours,
+            "baseline_cycles_per_s": plain,
+            "pycompactor_median": median(ours),
+            "baseline_median": median(plain),
+            "ratio": ratio(median(ours), median(plain)),
+        })
+    return {"runs": results}

@@ -1,0 +1,201 @@
+"""Benchmark 2: projection (`pycompactor.project_history`) against a bare newest-rows query.
+
+Three conversations (100, 1,000 and 10,000 pairs; replies of about 2 KB in mixed scripts)
+with every eligible range summarized, three budgets. The bare query is the least any
+application must do: walk the conversation's messages newest first (the
+(conversation_id, seq) index) and stop once the same byte budget is spent, in one
+statement. The per-statement breakdown and `indexed_pairs` alone show where the rest goes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import psycopg
+
+from bench.common import (
+    REPETITIONS,
+    Conn,
+    Sizes,
+    drain_queue,
+    import_all_targets,
+    latencies,
+    median,
+    percentile,
+    ratio,
+    seed_conversations,
+    text_pool,
+    vacuum_analyze,
+)
+from pycompactor import project_history
+from pycompactor.projection import MESSAGE_OVERHEAD_BYTES
+
+# The baseline, in the benchmark's own schema: a plpgsql FOR loop reads through a cursor,
+# so only the rows up to the budget are fetched, exactly as project_history's budget rule
+# counts them (UTF-8 bytes + 16 per message).
+_BARE_DDL = f"""
+CREATE SCHEMA IF NOT EXISTS bench;
+CREATE FUNCTION bench.newest_messages(p_conversation_id text, p_budget bigint)
+RETURNS TABLE (role text, content text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_spent bigint := 0;
+    v_cost  bigint;
+    r       record;
+BEGIN
+    FOR r IN SELECT m.role, m.content FROM compaction_source.messages AS m
+             WHERE m.conversation_id = p_conversation_id
+             ORDER BY m.seq DESC, m.message_id DESC LOOP
+        v_cost := octet_length(r.content) + {MESSAGE_OVERHEAD_BYTES};
+        EXIT WHEN v_spent + v_cost > p_budget;
+        v_spent := v_spent + v_cost;
+        role := r.role;
+        content := r.content;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+"""
+_BARE_SQL = "SELECT role, content FROM bench.newest_messages(%(c)s::text, %(b)s::bigint)"
+_INDEXED_PAIRS_SQL = "SELECT count(*) FROM compaction.indexed_pairs(%(c)s::text)"
+
+
+class TimingCursor(psycopg.Cursor[Any]):
+    """Adds each statement's wall time (execute includes fetching) to a shared dict."""
+
+    timings: ClassVar[dict[str, list[float]]] = {}
+    recording: ClassVar[bool] = False
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return super().execute(query, params, **kwargs)
+        finally:
+            if TimingCursor.recording:
+                text = str(query)
+                name = text[text.index("compaction."):].split("(")[0] \
+                    if "compaction." in text else text.split()[0].lower()
+                TimingCursor.timings.setdefault(name, []).append(
+                    (time.perf_counter() - started) * 1000)
+
+
+@contextmanager
+def _recording() -> Iterator[dict[str, list[float]]]:
+    TimingCursor.timings = {}
+    TimingCursor.recording = True
+    try:
+        yield TimingCursor.timings
+    finally:
+        TimingCursor.recording = False
+
+
+def _label(pairs: int) -> str:
+    return f"proj-{pairs}"
+
+
+def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(_BARE_DDL)
+        users = text_pool(21, 32, 240)
+        replies = text_pool(22, 64, sizes.reply_bytes)
+        for pairs in sizes.projection_pairs:
+            seed_conversations(conn, _label(pairs), 0, 1, pairs,
+                               user_pool=users, assistant_pool=replies)
+        drain_queue(conn)
+        vacuum_analyze(dsn)
+        summary = text_pool(23, 1, 1500)[0]
+        imported = import_all_targets(
+            conn, [f"{_label(p)}0" for p in sizes.projection_pairs], summary)
+    vacuum_analyze(dsn)
+
+    cells: list[dict[str, Any]] = []
+    judging: list[dict[str, Any]] = []
+    breakdown: list[dict[str, Any]] = []
+    with psycopg.connect(dsn, autocommit=True, cursor_factory=TimingCursor,
+                         application_name="bench-projection") as conn:
+        for pairs in sizes.projection_pairs:
+            conversation = f"{_label(pairs)}0"
+            for budget in sizes.projection_budgets:
+                cells.append(_measure_cell(conn, conversation, pairs, budget, sizes))
+            judging.append(_measure_judging(conn, conversation, pairs, sizes))
+            breakdown.append(_measure_breakdown(conn, conversation, pairs, sizes))
+
+    scaling: list[dict[str, Any]] = []
+    smallest, largest = min(sizes.projection_pairs), max(sizes.projection_pairs)
+    for budget in sizes.projection_budgets:
+        p50 = {c["pairs"]: c["pycompactor_p50_ms"] for c in cells if c["budget_bytes"] == budget}
+        scaling.append({"budget_bytes": budget, "small_pairs": smallest,
+                        "large_pairs": largest,
+                        "ratio_large_over_small": ratio(p50[largest], p50[smallest])})
+    return {"summaries_imported": imported, "cells": cells, "scaling": scaling,
+            "indexed_pairs": judging, "breakdown_64k": breakdown}
+
+
+def _measure_cell(conn: Conn, conversation: str, pairs: int, budget: int,
+                  sizes: Sizes) -> dict[str, Any]:
+    def ours() -> None:
+        project_history(conn, conversation, budget_bytes=budget)
+
+    def bare() -> None:
+        conn.execute(_BARE_SQL, {"c": conversation, "b": budget}).fetchall()
+
+    check = project_history(conn, conversation, budget_bytes=budget)
+    bare_rows = conn.execute(_BARE_SQL, {"c": conversation, "b": budget}).fetchall()
+    latencies(ours, sizes.projection_warmup)
+    latencies(bare, sizes.projection_warmup)
+    ours_p50: list[float] = []
+    ours_p95: list[float] = []
+    bare_p50: list[float] = []
+    bare_p95: list[float] = []
+    for rep in range(REPETITIONS):
+        order = [(ours, ours_p50, ours_p95), (bare, bare_p50, bare_p95)]
+        if rep % 2:
+            order.reverse()
+        for operation, p50s, p95s in order:
+            sample = latencies(operation, sizes.projection_ops)
+            p50s.append(percentile(sample, 50))
+            p95s.append(percentile(sample, 95))
+    summarized = sum(1 for p in check.pairs if p.placement == "summarized")
+    return {
+        "pairs": pairs,
+        "budget_bytes": budget,
+        "used_bytes": check.used_bytes,
+        "messages": len(check.messages),
+        "pairs_summarized": summarized,
+        "bare_messages": len(bare_rows),
+        "pycompactor_p50_ms_reps": ours_p50,
+        "bare_p50_ms_reps": bare_p50,
+        "pycompactor_p50_ms": median(ours_p50),
+        "pycompactor_p95_ms": median(ours_p95),
+        "bare_p50_ms": median(bare_p50),
+        "bare_p95_ms": median(bare_p95),
+        "ratio_p50": ratio(median(ours_p50), median(bare_p50)),
+    }
+
+
+def _measure_judging(conn: Conn, conversation: str, pairs: int,
+                     sizes: Sizes) -> dict[str, Any]:
+    """compaction.indexed_pairs alone: eligibility judges every run, reading no text."""
+    def judge() -> None:
+        conn.execute(_INDEXED_PAIRS_SQL, {"c": conversation}).fetchone()
+
+    latencies(judge, sizes.projection_warmup)
+    p50s = [percentile(latencies(judge, sizes.projection_ops), 50) for _ in range(REPETITIONS)]
+    return {"pairs": pairs, "p50_ms": median(p50s),
+            "us_per_run": median(p50s) * 1000 / pairs}
+
+
+def _measure_breakdown(conn: Conn, conversation: str, pairs: int,
+                       sizes: Sizes) -> dict[str, Any]:
+    """Median time of each statement project_history sends, at the 64 KiB budget."""
+    budget = 64 * 1024
+    with _recording() as timings:
+        for _ in range(sizes.projection_ops):
+            started = time.perf_counter()
+            project_history(conn, conversation, budget_bytes=budget)
+            timings.setdefault("(total)", []).append((time.perf_counter() - started) * 1000)
+    return {"pairs": pairs, "budget_bytes": budget,
+            "statement_p50_ms": {name: median(v) for name, v in sorted(timings.items())}}

@@ -1,0 +1,157 @@
+"""The targets of issue 6 checked against a run's results, and the markdown table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+KIB = 1024
+
+
+def _budget(nbytes: int) -> str:
+    return f"{nbytes // (KIB * KIB)} MiB" if nbytes >= KIB * KIB else f"{nbytes // KIB} KiB"
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per target of the issue that this run measured: measured, target, met."""
+    found: list[dict[str, Any]] = []
+    if "claim_cycle" in results:
+        runs = results["claim_cycle"]["runs"]
+        widest = max(runs, key=lambda r: r["connections"])
+        found.append({"name": f"claim->complete, {widest['connections']} connections,"
+                              " vs plain SQL", "measured": widest["ratio"],
+                      "target": ">= 0.6", "met": (widest["ratio"] or 0) >= 0.6})
+    if "projection" in results:
+        proj = results["projection"]
+        scale = next(s for s in proj["scaling"] if s["budget_bytes"] == 64 * KIB)
+        found.append({"name": f"projection 64 KiB: p50 {scale['large_pairs']:,} pairs /"
+                              f" p50 {scale['small_pairs']:,} pairs",
+                      "measured": scale["ratio_large_over_small"], "target": "<= 1.5",
+                      "met": (scale["ratio_large_over_small"] or 99) <= 1.5})
+        cell = next(c for c in proj["cells"]
+                    if c["budget_bytes"] == 64 * KIB and c["pairs"] == scale["large_pairs"])
+        found.append({"name": f"projection 64 KiB, {cell['pairs']:,} pairs: p50 vs bare query",
+                      "measured": cell["ratio_p50"], "target": "<= 3",
+                      "met": (cell["ratio_p50"] or 99) <= 3})
+    if "finding_work" in results:
+        idle = results["finding_work"]["idle"]
+        counts = sorted({n for i in idle for n in i["statements_per_pass"]})
+        no_text = all(i["message_scans"] == 0 and i["message_blocks"] == 0 for i in idle)
+        found.append({"name": "idle worker pass: statements per pass at "
+                              + " and ".join(f"{i['conversations']:,}" for i in idle)
+                              + " conversations; message text read",
+                      "measured": f"{counts} statements; "
+                                  + ("no message scans or blocks" if no_text
+                                     else "messages touched"),
+                      "target": "constant, no text", "met": len(counts) == 1 and no_text})
+    if "hashing" in results:
+        py = results["hashing"]["python"]
+        found.append({"name": "source_hash vs bare hashlib throughput (mixed scripts)",
+                      "measured": py["ratio"], "target": ">= 0.8",
+                      "met": (py["ratio"] or 0) >= 0.8})
+    return found
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    meta = results["meta"]
+    settings = meta.get("settings", {})
+    m = meta["machine"]
+    lines = [
+        "",
+        f"## {meta['date']} ({meta['mode']} run)",
+        "",
+        f"Machine: {m['cores']} cores, {m['cpu']}; Python {m['python']};"
+        f" PostgreSQL {settings.get('server_version', '?')} (fsync={settings.get('fsync', '?')},"
+        f" synchronous_commit={settings.get('synchronous_commit', '?')},"
+        f" full_page_writes={settings.get('full_page_writes', '?')},"
+        f" wal_sync_method={settings.get('wal_sync_method', '?')});"
+        f" medians of {meta['repetitions']} repetitions;"
+        f" {results['seconds'].get('total', '?')} s in all.",
+        "",
+        "| target | measured | goal | met |",
+        "| --- | --- | --- | --- |",
+    ]
+    for t in results["targets"]:
+        measured = t["measured"] if isinstance(t["measured"], str) else _fmt(t["measured"])
+        lines.append(f"| {t['name']} | {measured} | {t['target']} |"
+                     f" {'yes' if t['met'] else '**no**'} |")
+    if "claim_cycle" in results:
+        lines += ["", "Claim -> complete (cycles/s):", "",
+                  "| connections | pycompactor | plain SQL | ratio |", "| --- | --- | --- | --- |"]
+        for r in results["claim_cycle"]["runs"]:
+            lines.append(f"| {r['connections']} | {_fmt(r['pycompactor_median'], 0)} |"
+                         f" {_fmt(r['baseline_median'], 0)} | {_fmt(r['ratio'])} |")
+    if "projection" in results:
+        proj = results["projection"]
+        lines += ["", "Projection (ms; bare = newest messages up to the same bytes, one"
+                  " statement):", "",
+                  "| pairs | budget | p50 | p95 | bare p50 | bare p95 | ratio p50 |"
+                  " summarized pairs |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for c in proj["cells"]:
+            lines.append(
+                f"| {c['pairs']:,} | {_budget(c['budget_bytes'])} |"
+                f" {_fmt(c['pycompactor_p50_ms'])} | {_fmt(c['pycompactor_p95_ms'])} |"
+                f" {_fmt(c['bare_p50_ms'])} | {_fmt(c['bare_p95_ms'])} |"
+                f" {_fmt(c['ratio_p50'])} | {c['pairs_summarized']:,} |")
+        lines += ["", "| budget | p50 largest / p50 smallest |", "| --- | --- |"]
+        for s in proj["scaling"]:
+            lines.append(f"| {_budget(s['budget_bytes'])} ({s['large_pairs']:,} /"
+                         f" {s['small_pairs']:,} pairs) | {_fmt(s['ratio_large_over_small'])} |")
+        lines += ["", "Where projection's time goes at 64 KiB (p50 ms per statement;"
+                  " `indexed_pairs` alone = eligibility, which judges every run):", "",
+                  "| pairs | indexed_pairs alone | µs per run | per statement in project_history |",
+                  "| --- | --- | --- | --- |"]
+        for judged, parts in zip(proj["indexed_pairs"], proj["breakdown_64k"], strict=True):
+            detail = ", ".join(f"{k} {_fmt(v)}" for k, v in parts["statement_p50_ms"].items())
+            lines.append(f"| {judged['pairs']:,} | {_fmt(judged['p50_ms'])} |"
+                         f" {_fmt(judged['us_per_run'], 1)} | {detail} |")
+    if "finding_work" in results:
+        fw = results["finding_work"]
+        lines += ["", "Finding work (one `worker --once` pass in-process, offline model;"
+                  " includes opening its connection):", "",
+                  "| pass | conversations | p50 ms | statements | by function |"
+                  " message scans / blocks |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for i in fw["idle"]:
+            lines.append(f"| idle | {i['conversations']:,} | {_fmt(i['pass_p50_ms'])} |"
+                         f" {i['statements_per_pass']} | {_by_function(i)} |"
+                         f" {i['message_scans']} / {i['message_blocks']} |")
+        b = fw["busy"]
+        lines.append(f"| {b['changed_conversations']} got {b['new_pairs_each']} new pairs |"
+                     f" {b['conversations']:,} | {_fmt(b['pass_ms'])} |"
+                     f" {b['statements_per_pass']} | {_by_function(b)} | - |")
+        a = fw["after_busy"]
+        lines.append(f"| the pass after that | {a['conversations']:,} | {_fmt(a['pass_ms'])} |"
+                     f" {a['statements_per_pass']} | {_by_function(a)} | - |")
+    if "hashing" in results:
+        h = results["hashing"]
+        lines += ["", "Hashing one range of 10 pairs, 2 KB per message (MB/s; the floor"
+                  " encodes the str to UTF-8 and hashes it in one call):", "",
+                  "| texts | bytes | source_hash | µs per range | bare hashlib | ratio |"
+                  " encode + hashlib | ratio to that |", "| --- | --- | --- | --- | --- | --- |"
+                  " --- | --- |"]
+        for label, key in (("mixed scripts", "python"), ("ASCII", "python_ascii")):
+            v = h[key]
+            lines.append(f"| {label} | {v['bytes_per_range']:,} |"
+                         f" {_fmt(v['source_hash_mb_s'], 0)} |"
+                         f" {_fmt(v['source_hash_us_per_call'], 1)} |"
+                         f" {_fmt(v['hashlib_mb_s'], 0)} | {_fmt(v['ratio'])} |"
+                         f" {_fmt(v['encode_and_hashlib_mb_s'], 0)} |"
+                         f" {_fmt(v['ratio_vs_encode_and_hashlib'])} |")
+        lines += ["", "SQL per call (p50 µs):", "",
+                  "| pairs in conversation | compaction.source_hash | compaction.range_hash |"
+                  " SELECT 1 |", "| --- | --- | --- | --- |"]
+        for s in h["sql"]:
+            lines.append(f"| {s['pairs']:,} | {_fmt(s['source_hash_p50_us'], 0)} |"
+                         f" {_fmt(s['range_hash_p50_us'], 0)} | {_fmt(s['select_1_p50_us'], 0)} |")
+    lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _by_function(entry: dict[str, Any]) -> str:
+    calls: dict[str, int] = entry["statements_by_function"]
+    return ", ".join(f"{k.removeprefix('compaction.')} {v}" for k, v in sorted(calls.items()))

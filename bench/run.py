@@ -1,0 +1,104 @@
+"""`make bench`: the cost of pycompactor's guarantees, as ratios against plain SQL.
+
+Starts a throwaway durable PostgreSQL (fsync, synchronous_commit and full_page_writes on),
+migrates a template, runs the four benchmarks of issue 6 each in its own database (a
+fixed number of operations after a warm-up, 3 repetitions, medians), writes
+`bench/results/latest.json` and appends a markdown table to `docs/benchmarks.md`.
+
+    python -m bench.run                 # the full run (under ~15 minutes on 2 cores)
+    python -m bench.run --smoke         # tiny sizes, seconds: checks that everything runs
+    python -m bench.run --out DIR       # write DIR/latest.json and DIR/benchmarks.md instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import claims, finding, hashing, projecting
+from bench.common import FULL, REPETITIONS, SMOKE, BenchCluster, Sizes, cpu_model
+from bench.report import markdown_table, targets
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS: dict[str, Callable[[str, Sizes], dict[str, Any]]] = {
+    "claim_cycle": claims.run,
+    "projection": projecting.run,
+    "finding_work": finding.run,
+    "hashing": hashing.run,
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes: checks that every benchmark runs (numbers mean nothing)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write latest.json and benchmarks.md into this directory instead of"
+                             " bench/results/ and docs/")
+    parser.add_argument("--only", action="append", choices=sorted(BENCHMARKS), default=None,
+                        help="run only this benchmark (repeatable)")
+    return parser.parse_args(argv)
+
+
+def machine() -> dict[str, Any]:
+    return {"cores": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the throwaway cluster is stopped and removed.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    sizes = SMOKE if args.smoke else FULL
+    json_path = (args.out or ROOT / "bench" / "results") / "latest.json"
+    md_path = args.out / "benchmarks.md" if args.out else ROOT / "docs" / "benchmarks.md"
+    chosen = args.only or list(BENCHMARKS)
+    started = time.perf_counter()
+    results: dict[str, Any] = {
+        "meta": {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "mode": "smoke" if sizes.smoke else "full",
+            "repetitions": REPETITIONS,
+            "machine": machine(),
+        },
+        "seconds": {},
+    }
+    with BenchCluster() as cluster:
+        with psycopg.connect(cluster.dsn_for(cluster.TEMPLATE)) as conn:
+            row = conn.execute("SELECT version()").fetchone()
+        results["meta"]["postgresql"] = str(row[0]) if row else "unknown"
+        results["meta"]["settings"] = cluster.settings()
+        for name in chosen:
+            print(f"bench: {name} ...", file=sys.stderr, flush=True)
+            began = time.perf_counter()
+            results[name] = BENCHMARKS[name](cluster.new_database(name), sizes)
+            results["seconds"][name] = round(time.perf_counter() - began, 1)
+            print(f"bench: {name} done in {results['seconds'][name]} s", file=sys.stderr,
+                  flush=True)
+    results["seconds"]["total"] = round(time.perf_counter() - started, 1)
+    results["targets"] = targets(results)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
+                         encoding="utf-8")
+    table = markdown_table(results)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    with md_path.open("a", encoding="utf-8") as md:
+        md.write(table)
+    print(table)
+    print(f"bench: wrote {json_path} and appended to {md_path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""`make bench` in smoke mode: every benchmark runs end to end and writes its report.
+
+Benchmarks are not timed tests: nothing here looks at a number's size, only that the
+run finishes, the JSON has the expected shape and the markdown table is written to the
+directory given by --out (never to docs/benchmarks.md or bench/results/).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    data = json.loads((tmp_path / "latest.json").read_text(encoding="utf-8"))
+    assert set(data) == {"meta", "seconds", "targets", "claim_cycle", "projection",
+                         "finding_work", "hashing"}
+    assert data["meta"]["mode"] == "smoke"
+    assert data["meta"]["settings"]["fsync"] == "on"
+    assert data["meta"]["settings"]["synchronous_commit"] == "on"
+    assert data["meta"]["settings"]["full_page_writes"] == "on"
+    assert [r["connections"] for r in data["claim_cycle"]["runs"]] == [1, 2, 8]
+    for run in data["claim_cycle"]["runs"]:
+        assert {"pycompactor_median", "baseline_median", "ratio"} <= set(run)
+    cells = data["projection"]["cells"]
+    assert len(cells) == 9
+    assert all(c["used_bytes"] <= c["budget_bytes"] for c in cells)
+    assert {"pycompactor_p50_ms", "pycompactor_p95_ms", "bare_p50_ms", "ratio_p50"} <= set(
+        cells[0])
+    assert {"idle", "busy", "after_busy"} <= set(data["finding_work"])
+    assert {"python", "python_ascii", "sql"} <= set(data["hashing"])
+    assert len(data["targets"]) == 5
+    assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
+
+    table = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")
+    assert "(smoke run)" in table
+    assert "| target | measured | goal | met |" in table
