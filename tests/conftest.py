@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,8 +78,24 @@ def postgresql_proc(pg_bindir: Path, pg_workdir: Path) -> Iterator[PostgreSQLExe
         " -c full_page_writes=off -c listen_addresses=127.0.0.1",
     )
     executor.start()
-    yield executor
-    executor.stop()
+    try:
+        wait_until_accepting(make_dsn(executor, "postgres"))
+        yield executor
+    finally:
+        executor.stop()
+
+
+def wait_until_accepting(dsn: str, timeout: float = 120.0) -> None:
+    """The executor returns once the port listens; the server may still be starting up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with psycopg.connect(dsn, connect_timeout=5):
+                return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)  # polling a server we do not control, bounded by the deadline
 
 
 def make_dsn(executor: PostgreSQLExecutor, dbname: str, user: str = "postgres") -> str:
