@@ -1,20 +1,27 @@
 """Connections and one typed method per stored function (results as frozen dataclasses).
 
 SQL text for the engine's interface lives here and in sql/; nothing else in the package
-builds SQL. Every call is a single statement, so these work through PgBouncer in
+builds SQL. The worker's calls (claim, complete, fail, heartbeat, reap, enqueue, dequeue
+and the reads it plans from) each run in their own short transaction that first sets
+`lock_timeout` and `statement_timeout` transaction-locally (`set_config(..., true)`, i.e.
+SET LOCAL): a lock held by a hung session costs a worker one lock_timeout, never a hang,
+and no session state is left behind, so all of this works through PgBouncer in
 transaction pooling mode.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final, TypeVar
 
 import psycopg
-from psycopg import sql
-from psycopg.rows import class_row, dict_row
+from psycopg import pq, sql
+from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
 
 from pycompactor.errors import wrap_exceptions
 from pycompactor.models import (
@@ -30,6 +37,56 @@ from pycompactor.models import (
 )
 
 Connection = psycopg.Connection[Any]
+Row = TypeVar("Row")
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Per-call limits: how long to wait for a lock, and for a whole statement."""
+
+    lock: timedelta = timedelta(seconds=5)
+    statement: timedelta = timedelta(seconds=60)
+
+    def __post_init__(self) -> None:
+        # 0 would mean "no limit" to PostgreSQL: refuse it rather than silently hang.
+        if self.lock <= timedelta(0) or self.statement <= timedelta(0):
+            raise ValueError("lock and statement timeouts must be positive")
+
+
+DEFAULT_TIMEOUTS: Final = Timeouts()
+#: Sent first in each call's transaction; is_local=true makes both settings end with it.
+TIMEOUTS_SQL: Final = (
+    "SELECT pg_catalog.set_config('lock_timeout', %(lock_ms)s::text, true),"
+    " pg_catalog.set_config('statement_timeout', %(statement_ms)s::text, true)"
+)
+# The timeouts each connection opened by connect() was given (others get the defaults).
+_timeouts: weakref.WeakKeyDictionary[Connection, Timeouts] = weakref.WeakKeyDictionary()
+
+
+def timeouts_of(conn: Connection) -> Timeouts:
+    return _timeouts.get(conn, DEFAULT_TIMEOUTS)
+
+
+def _ms(value: timedelta) -> str:
+    return str(max(1, round(value.total_seconds() * 1000)))
+
+
+@contextmanager
+def _call(conn: Connection, row_factory: RowFactory[Row]) -> Iterator[psycopg.Cursor[Row]]:
+    """A cursor inside a transaction whose lock and statement timeouts are set LOCAL.
+
+    On an autocommit connection (ours) the call gets its own transaction. A caller who
+    manages transactions (autocommit off, or inside `conn.transaction()`) keeps them: the
+    call joins that transaction, which the caller commits, and the settings last until it
+    ends (still never beyond it).
+    """
+    timeouts = timeouts_of(conn)
+    own = conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
+    with wrap_exceptions(), conn.transaction() if own else nullcontext(), \
+            conn.cursor(row_factory=row_factory) as cur:
+        cur.execute(TIMEOUTS_SQL, {"lock_ms": _ms(timeouts.lock),
+                                   "statement_ms": _ms(timeouts.statement)})
+        yield cur
 
 
 def resolve_dsn(dsn: str | None) -> str:
@@ -37,16 +94,25 @@ def resolve_dsn(dsn: str | None) -> str:
     return dsn if dsn is not None else os.environ.get("PYCOMPACTOR_DSN", "")
 
 
-def connect(dsn: str | None = None, *, autocommit: bool = True) -> Connection:
-    """Open a connection; autocommit by default, as each engine call is one statement."""
+def connect(dsn: str | None = None, *, autocommit: bool = True,
+            timeouts: Timeouts = DEFAULT_TIMEOUTS) -> Connection:
+    """Open a connection; autocommit by default, as each engine call is its own transaction.
+
+    Server-side prepared statements are off (prepare_threshold=None): under PgBouncer's
+    transaction pooling a statement prepared on one server connection is unknown to the
+    next one the pooler hands out.
+    """
     with wrap_exceptions():
-        return psycopg.connect(
-            resolve_dsn(dsn), autocommit=autocommit, application_name="pycompactor"
+        conn = psycopg.connect(
+            resolve_dsn(dsn), autocommit=autocommit, application_name="pycompactor",
+            prepare_threshold=None,
         )
+    _timeouts[conn] = timeouts
+    return conn
 
 
 def eligible_pairs(conn: Connection, conversation_id: str) -> list[Pair]:
-    with wrap_exceptions(), conn.cursor(row_factory=class_row(Pair)) as cur:
+    with _call(conn, class_row(Pair)) as cur:
         cur.execute(
             "SELECT pair_index, run_id, user_message_id, user_content,"
             " assistant_message_id, assistant_content"
@@ -57,7 +123,7 @@ def eligible_pairs(conn: Connection, conversation_id: str) -> list[Pair]:
 
 
 def plan_targets(conn: Connection, conversation_id: str) -> list[Target]:
-    with wrap_exceptions(), conn.cursor(row_factory=class_row(Target)) as cur:
+    with _call(conn, class_row(Target)) as cur:
         cur.execute(
             "SELECT from_pair, to_pair, source_message_ids, source_hash"
             " FROM compaction.plan_targets(%(conversation_id)s::text)",
@@ -96,7 +162,7 @@ def claim(conn: Connection, conversation_id: str, scope: str, from_pair: int,
           prompt_version: str, worker: str, *, lease: timedelta = DEFAULT_LEASE,
           now: datetime | None = None) -> ClaimResult:
     """Claim one attempt of an identity; refusals come back as reasons, never errors."""
-    with wrap_exceptions(), conn.cursor(row_factory=class_row(ClaimResult)) as cur:
+    with _call(conn, class_row(ClaimResult)) as cur:
         cur.execute(
             "SELECT claimed, reason, job_id, attempt, lease_expires_at"
             " FROM compaction.claim("
@@ -120,7 +186,7 @@ def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
              finish_reason: str | None, tool_call_count: int, *,
              response_id: str | None = None, now: datetime | None = None) -> CompleteResult:
     """Record attempt (job_id, attempt)'s result; fenced (lease_lost) and idempotent."""
-    with wrap_exceptions(), conn.cursor(row_factory=class_row(CompleteResult)) as cur:
+    with _call(conn, class_row(CompleteResult)) as cur:
         cur.execute(
             "SELECT ok, reason, summary_id FROM compaction.complete("
             "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
@@ -139,7 +205,7 @@ def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
 def fail(conn: Connection, job_id: int, attempt: int, reason: str, *,
          now: datetime | None = None) -> FailResult:
     """Record attempt (job_id, attempt) failed with the worker's reason; fenced."""
-    with wrap_exceptions(), conn.cursor(row_factory=class_row(FailResult)) as cur:
+    with _call(conn, class_row(FailResult)) as cur:
         cur.execute(
             "SELECT ok, reason FROM compaction.fail("
             "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
@@ -154,7 +220,7 @@ def fail(conn: Connection, job_id: int, attempt: int, reason: str, *,
 def heartbeat(conn: Connection, job_id: int, attempt: int, *,
               lease: timedelta = DEFAULT_LEASE, now: datetime | None = None) -> HeartbeatResult:
     """Renew the lease of running attempt (job_id, attempt); ok=False when fenced off."""
-    with wrap_exceptions(), conn.cursor(row_factory=class_row(HeartbeatResult)) as cur:
+    with _call(conn, class_row(HeartbeatResult)) as cur:
         cur.execute(
             "SELECT ok, lease_expires_at FROM compaction.heartbeat("
             "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
@@ -168,7 +234,7 @@ def heartbeat(conn: Connection, job_id: int, attempt: int, *,
 
 def reap(conn: Connection, *, now: datetime | None = None) -> int:
     """Fail (lease_expired) every running attempt whose lease ran out; returns how many."""
-    with wrap_exceptions(), conn.cursor() as cur:
+    with _call(conn, tuple_row) as cur:
         cur.execute("SELECT compaction.reap(p_now => %(now)s::timestamptz)", {"now": now})
         row = cur.fetchone()
         assert row is not None
@@ -177,7 +243,7 @@ def reap(conn: Connection, *, now: datetime | None = None) -> int:
 
 def enqueue(conn: Connection, conversation_id: str, scope: str = "default") -> None:
     """Mark a conversation as having new history (hosts that re-point the source views)."""
-    with wrap_exceptions(), conn.cursor() as cur:
+    with _call(conn, tuple_row) as cur:
         cur.execute(
             "SELECT compaction.enqueue(p_conversation_id => %(conversation_id)s::text,"
             " p_scope => %(scope)s::text)",
@@ -187,7 +253,7 @@ def enqueue(conn: Connection, conversation_id: str, scope: str = "default") -> N
 
 def dequeue(conn: Connection, limit: int = 100) -> list[QueuedConversation]:
     """Take up to `limit` queued conversations, oldest first (one statement, even if none)."""
-    with wrap_exceptions(), conn.cursor(row_factory=class_row(QueuedConversation)) as cur:
+    with _call(conn, class_row(QueuedConversation)) as cur:
         cur.execute(
             "SELECT conversation_id, scope, enqueued_at"
             " FROM compaction.dequeue(p_limit => %(limit)s::int)",
@@ -265,7 +331,7 @@ def conversations_after(conn: Connection, after: str, limit: int) -> list[str]:
     The worker's --sweep walks pages of these (keyset paging: each page is one short
     index range scan on the reference tables, never a scan of every message).
     """
-    with wrap_exceptions(), conn.cursor() as cur:
+    with _call(conn, tuple_row) as cur:
         cur.execute(
             "SELECT DISTINCT r.conversation_id FROM compaction.source_runs AS r"
             " WHERE r.conversation_id > %(after)s::text"

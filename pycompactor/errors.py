@@ -116,6 +116,18 @@ class InvalidArgument(EngineError):
     sqlstate = "CP020"
 
 
+class DatabaseTimeout(PycompactorError):
+    """A database call gave up waiting; the work is left for a later pass."""
+
+
+class LockTimeout(DatabaseTimeout):
+    """Gave up waiting for a lock (lock_timeout): another session holds it."""
+
+
+class StatementCanceled(DatabaseTimeout):
+    """The statement was cancelled (statement_timeout, or an operator's pg_cancel_backend)."""
+
+
 _BY_SQLSTATE: dict[str, type[EngineError]] = {
     cls.sqlstate: cls
     for cls in (
@@ -152,6 +164,10 @@ def from_driver(exc: psycopg.Error) -> PycompactorError:
             f"{exc.diag.message_primary}; run `pycompactor check-source` to see what the "
             "source views lack"
         )
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return LockTimeout(f"{LockTimeout.__doc__} ({exc.diag.message_primary})")
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return StatementCanceled(f"{StatementCanceled.__doc__} ({exc.diag.message_primary})")
     if isinstance(exc, psycopg.OperationalError) and sqlstate == "":
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return DatabaseUnavailable(

@@ -45,7 +45,12 @@ from typing import Any, Final, Literal, TextIO
 import psycopg
 
 from pycompactor import db
-from pycompactor.errors import DatabaseUnavailable, PycompactorError
+from pycompactor.errors import (
+    DatabaseTimeout,
+    DatabaseUnavailable,
+    LockTimeout,
+    PycompactorError,
+)
 from pycompactor.hashing import source_hash, source_message_ids
 from pycompactor.models import Pair, QueuedConversation
 from pycompactor.summarizer import (
@@ -102,6 +107,9 @@ class WorkerConfig:
     #: Conversations taken from the queue (or a sweep page) per statement.
     batch_size: int = 100
     worker_id: str = field(default_factory=default_worker_id)
+    #: lock_timeout / statement_timeout of every database call (a hung session's lock
+    #: costs one timeout and that target is left for a later pass).
+    timeouts: db.Timeouts = db.DEFAULT_TIMEOUTS
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -262,8 +270,8 @@ class _Connections:
 
 def is_transient(exc: BaseException) -> bool:
     """True for database trouble that a reconnect may cure (in loop mode we retry)."""
-    if isinstance(exc, DatabaseUnavailable):
-        return True
+    if isinstance(exc, DatabaseUnavailable | DatabaseTimeout):
+        return True  # a timed-out lock or statement may well succeed on the next try
     cause = exc.__cause__ if isinstance(exc, PycompactorError) else exc
     if isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError):
         return True
@@ -297,7 +305,8 @@ class Worker:
             raise ValueError(f"summarizer is for {summarizer.model!r}, not {config.model!r}")
         self.config = config
         self._summarizer = summarizer
-        self._pool = _Connections(connect or (lambda: db.connect(config.dsn)))
+        self._pool = _Connections(
+            connect or (lambda: db.connect(config.dsn, timeouts=config.timeouts)))
         self._log = log or EventLog(config.log_format, secrets=secrets_of(config.dsn))
         self._slots = threading.BoundedSemaphore(config.concurrency)
         self._running: dict[tuple[int, int], _Running] = {}
@@ -526,8 +535,12 @@ class Worker:
     def _process(self, conversation_id: str) -> tuple[int, bool]:
         """Examine one conversation and claim its claimable targets; (claimed, throttled)."""
         cfg = self.config
-        with self._pool.get() as conn:
-            candidates, moved = self._examine(conn, conversation_id)
+        try:
+            with self._pool.get() as conn:
+                candidates, moved = self._examine(conn, conversation_id)
+        except DatabaseTimeout as exc:
+            self._skipped(conversation_id, None, exc)
+            return 0, False
         claimed = 0
         requeue = moved
         insured = False
@@ -543,6 +556,13 @@ class Worker:
                         candidate.source_message_ids, candidate.source_hash, cfg.model,
                         PROMPT_VERSION, cfg.worker_id, lease=cfg.lease,
                     )
+            except DatabaseTimeout as exc:
+                # A hung session holds this conversation's lock (or the database is
+                # overloaded): give up the conversation for this pass, keep it queued.
+                self._slots.release()
+                self._skipped(conversation_id, candidate.from_pair, exc)
+                requeue = True
+                break
             except BaseException:
                 self._slots.release()
                 raise
@@ -570,6 +590,15 @@ class Worker:
         if requeue and not insured:
             self._enqueue(conversation_id)
         return claimed, admission_full
+
+    def _skipped(self, conversation_id: str, from_pair: int | None,
+                 exc: DatabaseTimeout) -> None:
+        self._log.emit("target_skipped", conversation_id=conversation_id, from_pair=from_pair,
+                       outcome="skipped",
+                       reason="lock_timeout" if isinstance(exc, LockTimeout)
+                       else "statement_timeout", error=str(exc))
+        if from_pair is None:
+            self._enqueue(conversation_id)  # a later pass examines it again
 
     def _enqueue(self, conversation_id: str) -> None:
         with self._pool.get() as conn:
@@ -674,6 +703,12 @@ class Worker:
                 if not is_transient(exc) or time.monotonic() + backoff >= give_up:
                     return JobResult(job, "result_lost", f"{type(exc).__name__}: {exc}",
                                      None, _ms_since(started))
+                # Re-sent with the same token and text: if the lost call had committed,
+                # complete answers with the same summary_id (idempotent), else it records
+                # it now; fail is fenced the same way.
+                self._log.emit("record_retry", job_id=job.job_id, attempt=job.attempt,
+                               conversation_id=job.conversation_id, from_pair=job.from_pair,
+                               error=str(exc), retry_in_seconds=backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
         outcome_name = ("lease_lost" if reason == "lease_lost"

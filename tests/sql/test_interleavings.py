@@ -253,4 +253,7 @@ def test_claim_complete_is_a_bounded_number_of_statements(conn: Conn, tx: Conn,
     assert c.job_id is not None
     assert db.complete(tx, c.job_id, 1, GOOD, "stop", 0, now=T0).ok
     tx.commit()
-    assert len(statements) == 2
+    # Each call is preceded by its transaction-local lock and statement timeouts.
+    assert statements == [db.TIMEOUTS_SQL, statements[1], db.TIMEOUTS_SQL, statements[3]]
+    assert "compaction.claim(" in statements[1]
+    assert "compaction.complete(" in statements[3]
