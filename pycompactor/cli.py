@@ -133,7 +133,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from pycompactor.errors import UsageError
     from pycompactor.summarizer import make_summarizer
-    from pycompactor.worker import WorkerConfig, run_worker
+    from pycompactor.worker import EventLog, WorkerConfig, run_worker, secrets_of
 
     parser: argparse.ArgumentParser = args.worker_parser
     model = args.model if args.model is not None else os.environ.get("PYCOMPACTOR_MODEL", "")
@@ -153,9 +153,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
         timeouts=db.Timeouts(lock=timedelta(seconds=args.lock_timeout_seconds),
                              statement=timedelta(seconds=args.statement_timeout_seconds)),
     )
+    log = EventLog(args.log_format, secrets=secrets_of(args.dsn))
+    server = None
     try:
-        run_worker(config, summarizer)
+        if args.metrics_port is not None:
+            from pycompactor import metrics
+
+            server = metrics.serve(args.metrics_port, args.metrics_address)
+            log.emit("metrics_listening", address=server.address, port=server.port)
+        run_worker(config, summarizer, log=log)
     finally:
+        if server is not None:
+            server.close()
         summarizer.close()
     return 0
 
@@ -235,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
             "    pycompactor worker --model gpt-4o-mini --concurrency 8 --log-format json\n"
             "  pycompactor worker --once --conversation conv-42 --model pycompactor/extractive-1\n"
             "  pycompactor worker --sweep --model gpt-4o-mini   # hosts that cannot call enqueue\n"
+            "  pycompactor worker --model pycompactor/extractive-1 --metrics-port 9464\n"
             "\n"
             "environment: PYCOMPACTOR_DSN (--dsn), PYCOMPACTOR_MODEL (--model), OPENAI_BASE_URL\n"
             "and OPENAI_API_KEY (the OpenAI-compatible server; any key for servers without\n"
@@ -276,6 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(env: PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS; default: 60)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="stderr log: key=value text (default) or one JSON object per line")
+    p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
+                   help="serve Prometheus metrics over HTTP on this port (0: any free port, "
+                        "logged as metrics_listening); default: no endpoint")
+    p.add_argument("--metrics-address", default="127.0.0.1", metavar="ADDR",
+                   help="address the metrics endpoint binds (default: 127.0.0.1; "
+                        "0.0.0.0 for a Prometheus on another host)")
 
     add("demo", cmd_demo,
         "start a throwaway PostgreSQL, migrate, load a sample conversation and show the plan",
@@ -290,6 +306,13 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (0-65535), got {value}")
     return value
 
 

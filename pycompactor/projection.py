@@ -33,6 +33,7 @@ import psycopg
 from psycopg import pq
 from psycopg.rows import class_row
 
+from pycompactor import metrics
 from pycompactor.errors import PycompactorError, UsageError, wrap_exceptions
 from pycompactor.hashing import PAIRS_PER_RANGE, source_hash
 
@@ -682,4 +683,7 @@ def project_history(
                         message_texts[row.message_id] = row.content
                     elif row.summary_id is not None:
                         summary_texts[row.summary_id] = row.content
-    return render_projection(plan, message_texts, summary_texts)
+    projection = render_projection(plan, message_texts, summary_texts)
+    # Counted where the refusal happens: in the agent's process (pycompactor.metrics).
+    metrics.projected(projection)
+    return projection

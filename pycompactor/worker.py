@@ -44,7 +44,7 @@ from typing import Any, Final, Literal, TextIO
 
 import psycopg
 
-from pycompactor import db
+from pycompactor import db, metrics
 from pycompactor.errors import (
     DatabaseTimeout,
     DatabaseUnavailable,
@@ -483,6 +483,7 @@ class Worker:
             limit = cfg.batch_size if cfg.once else cfg.concurrency
             with self._pool.get() as conn:
                 batch = db.dequeue(conn, limit)
+            metrics.dequeued(len(batch))
             if not batch:
                 return
             self._unsettled.extend(batch)
@@ -570,6 +571,7 @@ class Worker:
                 self._slots.release()
                 with self._counts_lock:
                     self._refused[result.reason] += 1
+                metrics.claim_refused(result.reason)
                 self._log.emit("claim_refused", conversation_id=conversation_id,
                                from_pair=candidate.from_pair, job_id=result.job_id,
                                outcome="refused", reason=result.reason)
@@ -639,6 +641,7 @@ class Worker:
             self._running[(job.job_id, job.attempt)] = running
         with self._counts_lock:
             self._claimed += 1
+        metrics.claimed()
         self._log.emit("claimed", job_id=job.job_id, attempt=job.attempt,
                        conversation_id=job.conversation_id, from_pair=job.from_pair,
                        lease_expires_at=lease_expires_at)
@@ -653,7 +656,8 @@ class Worker:
         try:
             try:
                 # Outside any transaction: this thread holds no connection here.
-                outcome: ModelOutcome = self._summarizer.summarize(job.pairs)
+                with metrics.model_call(self.config.model):
+                    outcome: ModelOutcome = self._summarizer.summarize(job.pairs)
             except Exception as exc:  # a summarizer bug is still just a failed attempt
                 outcome = Failure(WORKER_ERROR, f"{type(exc).__name__}: {exc}")
             with running.lock:
@@ -718,6 +722,7 @@ class Worker:
     def _finished(self, result: JobResult, outcome: ModelOutcome | None) -> None:
         with self._counts_lock:
             self._outcomes[result.outcome] += 1
+        metrics.attempt_finished(result.outcome, result.reason)
         job = result.job
         event = {"completed": "completed", "failed": "failed"}.get(result.outcome, result.outcome)
         fields: dict[str, object] = {

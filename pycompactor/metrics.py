@@ -1,0 +1,133 @@
+"""Prometheus metrics of pycompactor, and the HTTP endpoint that serves them.
+
+This module owns every metric's name, help text and labels, the mapping of reasons onto
+bounded label values, and `serve` (what `pycompactor worker --metrics-port` starts).
+
+The metrics live in prometheus_client's default registry, process-wide, because they
+come from two kinds of process: the worker counts claims, attempts and model latency;
+`project_history` runs in the *agent's* process and counts the summaries it refused.
+An agent that already exposes Prometheus metrics (its web framework's /metrics, or
+`prometheus_client.start_http_server`) therefore shows pycompactor's projection counters
+with no extra setup, and the worker's endpoint shows the worker's.
+
+Queue depth: the worker role may only call `compaction.dequeue` (it cannot read
+`compaction.queue`, and no counting function exists), so the worker reports what it
+observes: how many entries its last dequeue returned (a full batch means more are
+waiting; 0 means the queue was empty then) and how many it has taken in total. A DBA
+reads the exact depth with `SELECT count(*) FROM compaction.queue` (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from pycompactor.projection import Projection
+
+ATTEMPTS: Final = Counter(
+    "pycompactor_worker_attempts",
+    "Claimed attempts by how they ended: outcome completed | failed | lease_lost | "
+    "interrupted | result_lost, reason as recorded (completed, not_stopped, tool_calls, "
+    "empty, too_long, refusal, timeout, http_<status>, ...)",
+    ["outcome", "reason"],
+)
+CLAIMS: Final = Counter("pycompactor_worker_claims", "Attempts this worker claimed")
+CLAIMS_REFUSED: Final = Counter(
+    "pycompactor_worker_claims_refused",
+    "Claims the database refused, by reason (already_completed, already_running, "
+    "attempts_exhausted, admission_full, not_eligible, source_mismatch, ...)",
+    ["reason"],
+)
+MODEL_CALL_SECONDS: Final = Histogram(
+    "pycompactor_worker_model_call_seconds",
+    "Duration of one model call (the summarizer, transport retry included), by model",
+    ["model"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300),
+)
+QUEUE_LAST_DEQUEUE: Final = Gauge(
+    "pycompactor_worker_queue_last_dequeue",
+    "Entries the last compaction.dequeue returned (equal to the batch size: more are "
+    "waiting; 0: the queue was empty). The worker role cannot count compaction.queue",
+)
+QUEUE_DEQUEUED: Final = Counter(
+    "pycompactor_worker_queue_dequeued",
+    "Queue entries (conversation, scope) this worker took with compaction.dequeue",
+)
+PROJECTIONS: Final = Counter(
+    "pycompactor_projections", "project_history calls that returned a projection")
+PROJECTION_REJECTED: Final = Counter(
+    "pycompactor_projection_summaries_rejected",
+    "Stored summaries a projection left out, by reason (version_not_projectable, "
+    "stale_source, superseded, did_not_fit)",
+    ["reason"],
+)
+
+# Label values must stay few: reasons are short snake_case words (http_503 included);
+# anything else (an exception message) is folded into `other`.
+_LABEL: Final = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+
+def _label(reason: str) -> str:
+    return reason if _LABEL.fullmatch(reason) else "other"
+
+
+def attempt_finished(outcome: str, reason: str) -> None:
+    ATTEMPTS.labels(outcome=_label(outcome),
+                    reason=outcome if outcome == "result_lost" else _label(reason)).inc()
+
+
+def claim_refused(reason: str) -> None:
+    CLAIMS_REFUSED.labels(reason=_label(reason)).inc()
+
+
+def claimed() -> None:
+    CLAIMS.inc()
+
+
+@contextmanager
+def model_call(model: str) -> Iterator[None]:
+    """Time one model call (observed even when the summarizer raises)."""
+    with MODEL_CALL_SECONDS.labels(model=model).time():
+        yield
+
+
+def dequeued(count: int) -> None:
+    QUEUE_LAST_DEQUEUE.set(count)
+    QUEUE_DEQUEUED.inc(count)
+
+
+def projected(projection: Projection) -> None:
+    """Count one projection and the summaries it refused (called by project_history)."""
+    PROJECTIONS.inc()
+    for rejected in projection.rejected_summaries:
+        PROJECTION_REJECTED.labels(reason=rejected.reason).inc()
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsServer:
+    """A running /metrics endpoint; `port` is the bound one (useful with port 0)."""
+
+    address: str
+    port: int
+    _server: WSGIServer
+    _thread: threading.Thread
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve(port: int, address: str = "127.0.0.1") -> MetricsServer:
+    """Serve the default registry over HTTP (any path) on a daemon thread."""
+    server, thread = start_http_server(port, addr=address, registry=REGISTRY)
+    return MetricsServer(address, int(server.server_port), server, thread)
