@@ -1,0 +1,291 @@
+"""A Session for the OpenAI Agents SDK that stores turns as runs and replays projected history.
+
+This module owns the mapping between the SDK's session items and pycompactor's source
+contract (the reference tables in `compaction_source`):
+
+* Each **turn** is a run. A user message opens a new run (`status = 'in_progress'`) and is
+  stored as its `user` message. The turn's final assistant message is stored as the run's
+  one `assistant` message, and the run becomes `completed` (a settled run: a pair). The
+  SDK saves a turn in batches (the input first; then, per model call, the items it
+  produced), so an assistant message is final when it ends its batch; an assistant
+  message followed by more of the turn's work (a tool call) is kept with role
+  `assistant_interim`, and a later assistant message of the same run demotes an earlier
+  one the same way, so a run never has two `assistant` messages.
+* **Non-message items** (function and tool calls and their outputs, reasoning, handoffs,
+  ...) are stored in the run as role `sdk_item` with the item's JSON as content, and
+  system/developer messages keep their role. None of them is part of a pair (DESIGN §3
+  ignores other roles), so none is summarized or replayed: the next turn sees the pairs'
+  user messages and final answers (or their summary), not earlier tool traffic. A turn
+  without a final assistant message (failed, interrupted) stays `in_progress` and is not
+  replayed either.
+* `get_items()` returns `pycompactor.project_history(...)` under the session's byte
+  budget as SDK input items (`{"role": "user" | "assistant", "content": str}`): the newest
+  history raw, older ranges as their 10 original user messages plus one assistant message
+  carrying the summary (marker line first), older history omitted when the budget ends.
+  The manifest of the last call is kept in `last_projection`.
+* Writes to the reference tables enqueue the conversation for the worker (their
+  triggers, scope `default`); for another scope the session calls `compaction.enqueue`.
+
+Only message text is stored: input images and files in a user message are not kept
+(their text parts are). The database work is synchronous psycopg in a worker thread, one
+operation at a time per session. docs/agents.md shows the setup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, cast
+
+import psycopg
+
+from pycompactor import db
+from pycompactor.errors import wrap_exceptions
+from pycompactor.projection import Projection, check_budget, project_history
+
+if TYPE_CHECKING:
+    from agents import TResponseInputItem
+    from agents.memory import SessionSettings
+
+#: Default budget of the projected history (UTF-8 bytes + 16 per message).
+DEFAULT_BUDGET_BYTES: Final = 64 * 1024
+#: Role of a stored non-message item (tool calls, their outputs, reasoning, ...).
+ITEM_ROLE: Final = "sdk_item"
+#: Role of an assistant message that was not the turn's final answer.
+INTERIM_ROLE: Final = "assistant_interim"
+IN_PROGRESS: Final = "in_progress"
+COMPLETED: Final = "completed"
+
+# The reference tables of the source contract (sql/10_source.sql). The conversation row
+# is locked first, so concurrent writers of one session serialise and seq stays dense.
+_ENSURE_CONVERSATION: Final = (
+    "INSERT INTO compaction_source.conversations (conversation_id) VALUES (%(c)s)"
+    " ON CONFLICT (conversation_id) DO NOTHING"
+)
+_LOCK_CONVERSATION: Final = (
+    "SELECT 1 FROM compaction_source.conversations WHERE conversation_id = %(c)s FOR UPDATE"
+)
+_LAST_MESSAGE: Final = (
+    "SELECT m.message_id, m.seq, m.run_id, m.role, m.content, r.status"
+    " FROM compaction_source.messages AS m"
+    " LEFT JOIN compaction_source.runs AS r ON r.run_id = m.run_id"
+    " WHERE m.conversation_id = %(c)s ORDER BY m.seq DESC LIMIT 1"
+)
+_INSERT_RUN: Final = (
+    "INSERT INTO compaction_source.runs (run_id, conversation_id, status, created_at)"
+    " VALUES (%(run)s, %(c)s, %(status)s, now())"
+)
+_SET_RUN_STATUS: Final = (
+    "UPDATE compaction_source.runs SET status = %(status)s"
+    " WHERE run_id = %(run)s AND status IS DISTINCT FROM %(status)s"
+)
+_INSERT_MESSAGE: Final = (
+    "INSERT INTO compaction_source.messages"
+    " (message_id, conversation_id, run_id, role, status, content, seq, created_at)"
+    " VALUES (%(id)s, %(c)s, %(run)s, %(role)s, %(status)s, %(content)s, %(seq)s, now())"
+)
+_DEMOTE_ASSISTANT: Final = (
+    "UPDATE compaction_source.messages SET role = 'assistant_interim'"
+    " WHERE run_id = %(run)s AND role = 'assistant'"
+)
+_PROMOTE_INTERIM: Final = (
+    "UPDATE compaction_source.messages SET role = 'assistant' WHERE message_id = ("
+    " SELECT message_id FROM compaction_source.messages"
+    " WHERE run_id = %(run)s AND role = 'assistant_interim' ORDER BY seq DESC LIMIT 1)"
+)
+_DELETE_MESSAGE: Final = "DELETE FROM compaction_source.messages WHERE message_id = %(id)s"
+_DELETE_EMPTY_RUN: Final = (
+    "DELETE FROM compaction_source.runs AS r WHERE r.run_id = %(run)s AND NOT EXISTS ("
+    " SELECT 1 FROM compaction_source.messages AS m WHERE m.run_id = r.run_id)"
+)
+_CLEAR: Final = (
+    "DELETE FROM compaction_source.messages WHERE conversation_id = %(c)s",
+    "DELETE FROM compaction_source.runs WHERE conversation_id = %(c)s",
+    "DELETE FROM compaction_source.conversations WHERE conversation_id = %(c)s",
+)
+
+
+def _text_of(content: Any) -> str:
+    """The text of a message's content: a string, or the text of its text parts."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    if isinstance(content, Sequence):
+        for part in content:
+            if isinstance(part, Mapping):
+                text = part.get("text", part.get("refusal"))
+                if isinstance(text, str):
+                    parts.append(text)
+    return "\n".join(parts)
+
+
+def _role_of(item: Mapping[str, Any]) -> str | None:
+    """The role of a message item (easy or typed form), None for any other item."""
+    role = item.get("role")
+    if isinstance(role, str) and item.get("type", "message") == "message":
+        return role
+    return None
+
+
+class PycompactorSession:
+    """The SDK's `Session` protocol over pycompactor (see the module docstring).
+
+    `session_id` is the conversation id. `budget_bytes` bounds the history `get_items`
+    returns; `scope` selects the summary lane. `connect` overrides how the session opens
+    its database connection (default: `pycompactor.db.connect(dsn)`, autocommit).
+    """
+
+    session_settings: SessionSettings | None = None
+
+    def __init__(self, session_id: str, *, dsn: str | None = None,
+                 budget_bytes: int = DEFAULT_BUDGET_BYTES, scope: str = "default",
+                 connect: Callable[[], psycopg.Connection[Any]] | None = None,
+                 session_settings: SessionSettings | None = None) -> None:
+        if not session_id:
+            raise ValueError("a session needs a non-empty session_id (the conversation id)")
+        self.session_id = session_id
+        self.budget_bytes = check_budget(budget_bytes)
+        self.scope = scope
+        self.session_settings = session_settings
+        self._connect = connect or (lambda: db.connect(dsn))
+        self._conn: psycopg.Connection[Any] | None = None
+        # One database operation at a time (the SDK may call from several event loops
+        # over a session's life, so a thread lock rather than an asyncio one).
+        self._lock = threading.Lock()
+        #: The projection behind the last get_items() call (its manifest says what was
+        #: raw, summarized or omitted, and which summaries were refused and why).
+        self.last_projection: Projection | None = None
+
+    # -- the Session protocol -----------------------------------------------------------
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The projected history, oldest first; with `limit`, only its newest items."""
+        items: list[TResponseInputItem] = await asyncio.to_thread(self._locked,
+                                                                  self._get_items)
+        if limit is not None:
+            items = items[-limit:] if limit > 0 else []
+        return items
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        if items:
+            await asyncio.to_thread(self._locked, self._add_items, list(items))
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Remove and return the newest stored item (a message or a non-message item)."""
+        item: TResponseInputItem | None = await asyncio.to_thread(self._locked,
+                                                                  self._pop_item)
+        return item
+
+    async def clear_session(self) -> None:
+        """Delete the conversation's runs and messages from the source tables.
+
+        Its summaries stay in the engine (they are immutable) but can never be projected
+        again, their source being gone; erasure of the engine rows is
+        `compaction.erase_conversation` (docs/security.md).
+        """
+        await asyncio.to_thread(self._locked, self._clear)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> PycompactorSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the database side (in a worker thread) -----------------------------------------
+
+    def _locked(self, operation: Callable[..., Any], *args: Any) -> Any:
+        with self._lock:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = self._connect()
+            return operation(self._conn, *args)
+
+    def _get_items(self, conn: psycopg.Connection[Any]) -> list[TResponseInputItem]:
+        projection = project_history(conn, self.session_id, budget_bytes=self.budget_bytes,
+                                     scope=self.scope)
+        self.last_projection = projection
+        return [cast("TResponseInputItem", {"role": m["role"], "content": m["content"]})
+                for m in projection.messages]
+
+    def _add_items(self, conn: psycopg.Connection[Any],
+                   items: list[TResponseInputItem]) -> None:
+        params: dict[str, Any] = {"c": self.session_id}
+        with wrap_exceptions(), conn.transaction(), conn.cursor() as cur:
+            cur.execute(_ENSURE_CONVERSATION, params)
+            cur.execute(_LOCK_CONVERSATION, params)
+            last = cur.execute(_LAST_MESSAGE, params).fetchone()
+            seq = int(last[1]) if last else 0
+            run_id: str | None = last[2] if last else None
+            for position, raw in enumerate(items):
+                item = cast(Mapping[str, Any], raw)
+                role = _role_of(item)
+                final = position == len(items) - 1
+                seq += 1
+                row = {"c": self.session_id, "id": f"{self.session_id}/{uuid.uuid4().hex}",
+                       "seq": seq, "status": COMPLETED}
+                if role == "user":
+                    run_id = f"{self.session_id}/run-{uuid.uuid4().hex}"
+                    cur.execute(_INSERT_RUN, {**params, "run": run_id, "status": IN_PROGRESS})
+                    row.update(run=run_id, role="user", content=_text_of(item.get("content")))
+                elif role == "assistant":
+                    if run_id is None:  # an answer with no question (e.g. seeded history)
+                        run_id = f"{self.session_id}/run-{uuid.uuid4().hex}"
+                        cur.execute(_INSERT_RUN, {**params, "run": run_id,
+                                                  "status": IN_PROGRESS})
+                    cur.execute(_DEMOTE_ASSISTANT, {"run": run_id})
+                    status = item.get("status") or COMPLETED
+                    row.update(run=run_id, role="assistant" if final else INTERIM_ROLE,
+                               status=status, content=_text_of(item.get("content")))
+                else:
+                    row.update(run=run_id, role=role or ITEM_ROLE,
+                               content=_text_of(item.get("content")) if role
+                               else json.dumps(item, ensure_ascii=False, default=str))
+                cur.execute(_INSERT_MESSAGE, row)
+                if run_id is not None and role != "user":
+                    # Settled exactly when the turn's last saved item is its completed answer.
+                    settled = role == "assistant" and final and row["status"] == COMPLETED
+                    cur.execute(_SET_RUN_STATUS, {"run": run_id,
+                                                  "status": COMPLETED if settled else IN_PROGRESS})
+            if self.scope != "default":
+                # The reference tables' triggers enqueue the default scope only.
+                db.enqueue(conn, self.session_id, self.scope)
+
+    def _pop_item(self, conn: psycopg.Connection[Any]) -> TResponseInputItem | None:
+        params = {"c": self.session_id}
+        with wrap_exceptions(), conn.transaction(), conn.cursor() as cur:
+            if cur.execute(_LOCK_CONVERSATION, params).fetchone() is None:
+                return None
+            last = cur.execute(_LAST_MESSAGE, params).fetchone()
+            if last is None:
+                return None
+            message_id, _seq, run_id, role, content, _status = last
+            cur.execute(_DELETE_MESSAGE, {"id": message_id})
+            if run_id is not None:
+                if role == "assistant":
+                    # The turn is no longer answered: an earlier answer of it (if any) is
+                    # the newest again, but the run is unsettled until a new one arrives.
+                    cur.execute(_PROMOTE_INTERIM, {"run": run_id})
+                    cur.execute(_SET_RUN_STATUS, {"run": run_id, "status": IN_PROGRESS})
+                cur.execute(_DELETE_EMPTY_RUN, {"run": run_id})
+        if role == ITEM_ROLE:
+            return cast("TResponseInputItem", json.loads(content))
+        return cast("TResponseInputItem", {"role": role if role != INTERIM_ROLE
+                                           else "assistant", "content": content})
+
+    def _clear(self, conn: psycopg.Connection[Any]) -> None:
+        with wrap_exceptions(), conn.transaction(), conn.cursor() as cur:
+            for statement in _CLEAR:
+                cur.execute(statement, {"c": self.session_id})
+
+
+__all__ = ["DEFAULT_BUDGET_BYTES", "PycompactorSession"]
