@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
             epilog="examples:\n" + examples,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        p.set_defaults(handler=handler)
+        # The subcommand's own parser reports arguments it does not know (see main).
+        p.set_defaults(handler=handler, command_parser=p)
         return p
 
     p = add("migrate", cmd_migrate, "apply the engine's migrations (idempotent, concurrency-safe)",
@@ -348,7 +349,12 @@ def non_negative_float(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # parse_args would have the top-level parser say so, with the top-level usage;
+        # the subcommand's usage is the one that helps.
+        command_parser: argparse.ArgumentParser = args.command_parser
+        command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     handler: Handler = args.handler
     try:
         return handler(args)
