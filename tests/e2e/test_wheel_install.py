@@ -1,9 +1,11 @@
-"""A fresh `pip install .` into a new virtualenv can migrate: the SQL ships in the wheel."""
+"""Packaging: `python -m build` makes a wheel and an sdist that `twine check` accepts, and the
+wheel installed into a clean virtualenv migrates (the SQL ships in it) and runs the demo."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 import venv
 from collections.abc import Callable
 from pathlib import Path
@@ -13,41 +15,59 @@ import psycopg
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_fresh_install_migrates_from_package_data(
+def run(*args: str | Path, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False,
+                          cwd=cwd, timeout=timeout)
+
+
+def test_build_check_install_migrate_and_demo(
     tmp_path: Path, new_database: Callable[..., str]
 ) -> None:
+    # build makes the sdist, then the wheel from the unpacked sdist: a file missing from
+    # the sdist fails here too.
+    dist = tmp_path / "dist"
+    built = run(sys.executable, "-m", "build", "--outdir", dist, REPO, cwd=tmp_path)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    [wheel] = dist.glob("pycompactor-*.whl")
+    [sdist] = dist.glob("pycompactor-*.tar.gz")
+    checked = run(sys.executable, "-m", "twine", "check", "--strict", wheel, sdist, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.count("PASSED") == 2, checked.stdout
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"sql/30_claims.sql", "migrations/env.py", "docs/cli.md", "README.md",
+            "pycompactor/prompts/conversation-compaction@3.txt"} <= names
+
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         str(REPO)],
-        capture_output=True, text=True, check=False, timeout=600,
-    )
+    install = run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                  wheel, cwd=tmp_path)
     assert install.returncode == 0, install.stderr[-3000:]
 
     # Run from an unrelated directory, so nothing can be found through the checkout.
-    where = subprocess.run(
-        [str(python), "-c", "from pycompactor import schema; print(schema.data_dir())"],
-        capture_output=True, text=True, check=True, cwd=tmp_path,
-    ).stdout.strip()
-    assert Path(where).name == "_data"
-    assert not Path(where).is_relative_to(REPO)
+    where = run(python, "-c", "from pycompactor import schema; print(schema.data_dir())",
+                cwd=tmp_path)
+    assert where.returncode == 0, where.stderr
+    assert Path(where.stdout.strip()).name == "_data"
+    assert not Path(where.stdout.strip()).is_relative_to(REPO)
     # The prompt ships too, and still matches its pinned hash.
-    subprocess.run(
-        [str(python), "-c", "from pycompactor.summarizer import load_prompt; load_prompt()"],
-        check=True, cwd=tmp_path,
-    )
+    prompt = run(python, "-c", "from pycompactor.summarizer import load_prompt; load_prompt()",
+                 cwd=tmp_path)
+    assert prompt.returncode == 0, prompt.stderr
 
     dsn = new_database()
-    migrate = subprocess.run(
-        [str(env_dir / "bin" / "pycompactor"), "migrate", "--dsn", dsn],
-        capture_output=True, text=True, check=False, cwd=tmp_path, timeout=120,
-    )
+    migrate = run(env_dir / "bin" / "pycompactor", "migrate", "--dsn", dsn, cwd=tmp_path,
+                  timeout=120)
     assert migrate.returncode == 0, migrate.stderr
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM compaction.alembic_version").fetchone() == (1,)
         assert conn.execute(
             "SELECT to_regprocedure('compaction.plan_targets(text)') IS NOT NULL"
         ).fetchone() == (True,)
+
+    demo = run(env_dir / "bin" / "pycompactor", "demo", cwd=tmp_path, timeout=300)
+    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr
+    assert "stale_source" in demo.stdout
+    assert demo.stdout.rstrip().splitlines()[-1].startswith("throwaway cluster stopped")
     assert sys.executable != str(python)
