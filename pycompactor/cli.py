@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -285,6 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get("PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS", "60"),
                    help="cancel any database statement after S seconds "
                         "(env: PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS; default: 60)")
+    # String defaults go through `type`, so a bad environment value is a usage error.
+    p.add_argument("--lock-timeout-seconds", type=positive_float, metavar="S",
+                   default=os.environ.get("PYCOMPACTOR_LOCK_TIMEOUT_SECONDS", "5"),
+                   help="give up a database lock wait after S seconds and leave that target "
+                        "for a later pass (env: PYCOMPACTOR_LOCK_TIMEOUT_SECONDS; default: 5)")
+    p.add_argument("--statement-timeout-seconds", type=positive_float, metavar="S",
+                   default=os.environ.get("PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS", "60"),
+                   help="cancel any database statement after S seconds "
+                        "(env: PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS; default: 60)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="stderr log: key=value text (default) or one JSON object per line")
     p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
@@ -347,6 +357,19 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def error_secrets(args: argparse.Namespace) -> list[str]:
+    """What an error must never show: the DSN's password, PGPASSWORD, the API key."""
+    found = db.dsn_passwords(db.resolve_dsn(getattr(args, "dsn", None)))
+    found += [os.environ.get(name, "") for name in ("PGPASSWORD", "OPENAI_API_KEY")]
+    return sorted({s for s in found if len(s) >= 4}, key=len, reverse=True)
+
+
+def redact(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -362,9 +385,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("pycompactor: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # one clear line, never a traceback unless asked
+        # Drivers quote a malformed DSN, password and all (libpq, SQLAlchemy): mask it.
+        secrets = error_secrets(args)
         if args.debug:
-            traceback.print_exc()
+            print(redact(traceback.format_exc(), secrets), file=sys.stderr, end="")
         message = str(exc) if isinstance(exc, PycompactorError) else f"{type(exc).__name__}: {exc}"
+        message = redact(message, secrets)
         print(f"pycompactor: error: {message.splitlines()[0] if message else type(exc).__name__}",
               file=sys.stderr)
         return 1

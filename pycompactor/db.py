@@ -12,6 +12,8 @@ transaction pooling mode.
 from __future__ import annotations
 
 import os
+import re
+import urllib.parse
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -23,7 +25,7 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
 
-from pycompactor.errors import wrap_exceptions
+from pycompactor.errors import from_driver, wrap_exceptions
 from pycompactor.models import (
     AuditReport,
     ClaimResult,
@@ -102,13 +104,42 @@ def connect(dsn: str | None = None, *, autocommit: bool = True,
     transaction pooling a statement prepared on one server connection is unknown to the
     next one the pooler hands out.
     """
-    with wrap_exceptions():
+    conninfo = resolve_dsn(dsn)
+    try:
         conn = psycopg.connect(
-            resolve_dsn(dsn), autocommit=autocommit, application_name="pycompactor",
+            conninfo, autocommit=autocommit, application_name="pycompactor",
             prepare_threshold=None,
         )
+    except psycopg.Error as exc:
+        error = from_driver(exc)
+        message = str(error)
+        secrets = dsn_passwords(conninfo)
+        if any(secret in message for secret in secrets):
+            # libpq quotes the offending part of a malformed DSN, password and all: say
+            # it without the password, and drop the driver's message (--debug prints it).
+            for secret in secrets:
+                message = message.replace(secret, "***")
+            raise type(error)(message) from None
+        raise error from exc
     _timeouts[conn] = timeouts
     return conn
+
+
+# The password of a key=value DSN (quoted or not) and of a URI's userinfo, found without
+# parsing the whole DSN: a DSN that libpq cannot parse still must not leak its password.
+_KV_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'?|[^\s']+)")
+_URI_PASSWORD = re.compile(r"^[a-z]+://[^:/@?#]*:([^@/?#]*)@", re.IGNORECASE)
+
+
+def dsn_passwords(dsn: str) -> list[str]:
+    """Every form of the DSN's password that an error message could quote (raw and
+    decoded), longest first; [] when it has none. Never raises."""
+    found: list[str] = []
+    for match in (_KV_PASSWORD.search(dsn), _URI_PASSWORD.search(dsn)):
+        if match is not None and match.group(1):
+            raw = match.group(1)
+            found += [raw, raw.strip("'"), urllib.parse.unquote(raw)]
+    return sorted({s for s in found if len(s) >= 4}, key=len, reverse=True)
 
 
 def eligible_pairs(conn: Connection, conversation_id: str) -> list[Pair]:
