@@ -122,9 +122,11 @@ def test_secrets_never_printed(conn: Conn, dsn: str, secret_role: str,
     # Malformed DSNs, which libpq and SQLAlchemy quote back in their errors.
     for malformed in (f"postgresql://{secret_role}:%zz{PASSWORD}@127.0.0.1:{nowhere}/db",
                       f"postgresql://{secret_role}:{PASSWORD}@[::1/{dbname}"):
-        for args in (("plan", "conv-ok"), ("migrate",), ("audit", "--json", "--debug"),
-                     ("worker", "--once", "--model", "pycompactor/extractive-1")):
-            out = run(f"malformed {args[0]}", *args,
+        commands: list[tuple[str, ...]] = [
+            ("plan", "conv-ok"), ("migrate",), ("audit", "--json", "--debug"),
+            ("worker", "--once", "--model", "pycompactor/extractive-1")]
+        for command in commands:
+            out = run(f"malformed {command[0]}", *command,
                       env=worker_env(malformed, OPENAI_API_KEY=API_KEY), code=1)
             assert "***" in out  # the message is kept, the password masked
 
