@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -27,8 +28,10 @@ from agents import (
 )
 from agents.memory import Session
 from openai import AsyncOpenAI
+from psycopg import sql
 
 from pycompactor import db
+from pycompactor.errors import PermissionDenied
 from pycompactor.integrations.openai_agents import PycompactorSession
 from pycompactor.projection import marker_line
 from pycompactor.summarizer import load_prompt, make_summarizer
@@ -229,3 +232,46 @@ def test_limit_returns_the_newest_items(conn: Conn, dsn: str) -> None:
         assert asyncio.run(session.get_items(limit=0)) == []
     finally:
         session.close()
+
+
+def test_documented_grants_are_enough_for_the_session(conn: Conn, dsn: str) -> None:
+    """The agent role of docs/agents.md (compaction_reader plus DML on the reference
+    tables) can store turns and project them; the triggers still queue the conversation."""
+    role = f"agent_app_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN IN ROLE compaction_reader").format(
+        sql.Identifier(role)))
+    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA compaction_source TO {}").format(
+        sql.Identifier(role)))
+    conn.execute(sql.SQL(
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON compaction_source.conversations,"
+        " compaction_source.runs, compaction_source.messages TO {}").format(sql.Identifier(role)))
+
+    def connect() -> Conn:
+        app = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
+        app.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        return app
+
+    session = PycompactorSession("agent-grants", connect=connect)
+    try:
+        for i in range(2):
+            asyncio.run(session.add_items([{"role": "user", "content": question(i)}]))
+            asyncio.run(session.add_items([{"role": "assistant", "content": answer(i)}]))
+        assert [m["content"] for m in asyncio.run(session.get_items())] == [  # type: ignore[typeddict-item]
+            question(0), answer(0), question(1), answer(1)]
+        assert asyncio.run(session.pop_item()) == {"role": "assistant", "content": answer(1)}
+        with pytest.raises(PermissionDenied):
+            _dequeue_as(connect)
+        asyncio.run(session.clear_session())
+        assert asyncio.run(session.get_items()) == []
+    finally:
+        session.close()
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    assert conn.execute("SELECT count(*) FROM compaction.queue"
+                        " WHERE conversation_id = 'agent-grants'").fetchone() == (1,)
+
+
+def _dequeue_as(connect: Callable[[], Conn]) -> None:
+    """The agent's role is a reader: it cannot take work off the queue."""
+    with connect() as app:
+        db.dequeue(app, 1)
