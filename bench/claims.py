@@ -126,7 +126,8 @@ def _split(items: Sequence[Any], k: int) -> list[list[Any]]:
 def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
     ks = sizes.claim_connections
     per_k = sizes.claim_warmup + REPETITIONS * sizes.claim_cycles
-    n_conversations = per_k * len(ks)
+    n_breakdown = max(2, sizes.claim_cycles // 4)
+    n_conversations = per_k * len(ks) + n_breakdown
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(_BASELINE_DDL)
         # Admission is not what is measured: K connections never exceed K running
@@ -192,4 +193,38 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             "baseline_median": median(plain),
             "ratio": ratio(median(ours), median(plain)),
         })
-    return {"runs": results}
+    return {"runs": results, "breakdown": _breakdown(dsn, targets[-n_breakdown:])}
+
+
+def _breakdown(dsn: str, items: Sequence[Range]) -> dict[str, Any]:
+    """p50 ms of each statement of both cycles on one connection, and of plan_targets alone
+    (what claim re-derives to check the range is a current target with that source)."""
+    timings: dict[str, list[float]] = {}
+
+    def clock(name: str, started: float) -> None:
+        timings.setdefault(name, []).append((time.perf_counter() - started) * 1000)
+
+    with psycopg.connect(dsn, autocommit=True, application_name="bench-claims") as conn:
+        for n, item in enumerate(items):
+            started = time.perf_counter()
+            conn.execute("SELECT count(*) FROM compaction.plan_targets(%s)",
+                         (item.conversation_id,)).fetchone()
+            clock("plan_targets", started)
+            started = time.perf_counter()
+            claimed = db.claim(conn, item.conversation_id, "default", item.from_pair,
+                               item.source_message_ids, item.source_hash, MODEL,
+                               PROMPT_VERSION, "bench-breakdown")
+            clock("claim", started)
+            if claimed.job_id is None or claimed.attempt is None:
+                raise RuntimeError(f"claim refused ({claimed.reason})")
+            started = time.perf_counter()
+            db.complete(conn, claimed.job_id, claimed.attempt, SUMMARY, "stop", 0)
+            clock("complete", started)
+            started = time.perf_counter()
+            conn.execute(_BASELINE_START, {"key": f"breakdown-{n}", "worker": "bench"})
+            clock("baseline_insert", started)
+            started = time.perf_counter()
+            conn.execute(_BASELINE_FINISH, {"key": f"breakdown-{n}", "summary": SUMMARY})
+            clock("baseline_update_insert", started)
+    return {"connections": 1, "cycles": len(items),
+            "p50_ms": {name: median(v) for name, v in timings.items()}}

@@ -84,6 +84,10 @@ def markdown_table(results: dict[str, Any]) -> str:
         for r in results["claim_cycle"]["runs"]:
             lines.append(f"| {r['connections']} | {_fmt(r['pycompactor_median'], 0)} |"
                          f" {_fmt(r['baseline_median'], 0)} | {_fmt(r['ratio'])} |")
+        parts = results["claim_cycle"]["breakdown"]["p50_ms"]
+        lines += ["", "One connection, p50 ms per statement: "
+                  + ", ".join(f"{k} {_fmt(v)}" for k, v in parts.items())
+                  + " (plan_targets alone is what claim re-derives inside).", ""]
     if "projection" in results:
         proj = results["projection"]
         lines += ["", "Projection (ms; bare = newest messages up to the same bytes, one"

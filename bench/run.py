@@ -68,7 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {
         "meta": {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "mode": "smoke" if sizes.smoke else "full",
+            "mode": ("smoke" if sizes.smoke else "full")
+                    + (f", only {', '.join(args.only)}" if args.only else ""),
             "repetitions": REPETITIONS,
             "machine": machine(),
         },
