@@ -1,8 +1,10 @@
 -- pycompactor stored logic, section 2: eligible pairs, the window policy, source binding.
 --
--- All three read functions run as the engine owner (SECURITY DEFINER): the source views
--- run with their owner's rights anyway, and the audit views must be able to recompute a
--- hash for a role that may never read message text itself.
+-- The read functions run as the engine owner (SECURITY DEFINER): the source views run
+-- with their owner's rights anyway, and the audit views must be able to recompute a hash
+-- for a role that may never read message text itself. They switch JIT off: they are
+-- short OLTP statements, and on freshly loaded, unanalyzed tables a misestimated function
+-- scan would otherwise cross jit_above_cost and spend 100x the query's time compiling.
 
 -- Shared by eligibility (content rule of pairs) and summary validation: content means a
 -- character other than the six ASCII whitespace characters, so NBSP, U+3000 and
@@ -13,18 +15,34 @@ RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
+-- No SET clause, so the planner can inline it into the per-message aggregate of
+-- judge_runs (20,000 calls for a 10,000-pair conversation). Every name, operators
+-- included, is schema-qualified, so no search_path can change what it means.
 AS $$
     SELECT p_text IS NOT NULL
        AND (pg_catalog.btrim(pg_catalog.substr(p_text, 1, 64),
-                             ' ' || pg_catalog.chr(9) || pg_catalog.chr(10) || pg_catalog.chr(11)
-                                 || pg_catalog.chr(12) || pg_catalog.chr(13)) <> ''
-            OR pg_catalog.btrim(p_text,
-                             ' ' || pg_catalog.chr(9) || pg_catalog.chr(10) || pg_catalog.chr(11)
-                                 || pg_catalog.chr(12) || pg_catalog.chr(13)) <> '')
+                             E' \t\n\r\f' OPERATOR(pg_catalog.||) pg_catalog.chr(11))
+                OPERATOR(pg_catalog.<>) ''
+            OR pg_catalog.btrim(p_text, E' \t\n\r\f' OPERATOR(pg_catalog.||) pg_catalog.chr(11))
+                OPERATOR(pg_catalog.<>) '')
 $$;
 COMMENT ON FUNCTION compaction.has_content(text) IS
     'True when the text has a character other than space, \t, \n, \r, \f, \v (NULL is no content)';
+
+-- The fixed window (DESIGN §4) in one place: range k is a target iff 10k + 30 <= N, so
+-- at least 30 pairs precede the first target and the newest 20 are never in one.
+CREATE FUNCTION compaction.is_target(p_from_pair int, p_pairs bigint)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT p_from_pair OPERATOR(pg_catalog.>=) 0
+       AND p_from_pair OPERATOR(pg_catalog.%) 10 OPERATOR(pg_catalog.=) 0
+       AND p_from_pair::bigint OPERATOR(pg_catalog.+) 30 OPERATOR(pg_catalog.<=) p_pairs
+$$;
+COMMENT ON FUNCTION compaction.is_target(int, bigint) IS
+    'The window policy: true when the range starting at from_pair is a compaction target among N eligible pairs (from_pair a non-negative multiple of 10 and from_pair + 30 <= N)';
 
 -- One verdict per run of the conversation. The single place where §3's rules live:
 -- indexed_pairs keeps the runs with no reason, explain_runs shows the reasons. It returns
@@ -45,6 +63,7 @@ LANGUAGE sql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
     -- A lateral aggregate per run: the messages of each run are fetched by the run_id
     -- index, so the cost follows this conversation's size, never the table's.
@@ -116,6 +135,7 @@ LANGUAGE sql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
     SELECT (row_number() OVER w - 1)::int,
            j.run_id, j.user_message_id, j.user_bytes, j.assistant_message_id, j.assistant_bytes
@@ -142,6 +162,7 @@ LANGUAGE sql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
     SELECT i.pair_index, i.run_id, i.user_message_id, u.content, i.assistant_message_id, a.content
     FROM compaction.indexed_pairs(p_conversation_id) AS i
@@ -160,6 +181,7 @@ LANGUAGE sql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
     SELECT j.run_id, j.run_status, j.reason IS NULL, j.reason
     FROM compaction.judge_runs(p_conversation_id) AS j
@@ -177,6 +199,7 @@ LANGUAGE sql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
     -- p_message_ids is [u0, a0, ..., u9, a9]: the hash input walks it two by two.
     SELECT CASE WHEN pg_catalog.cardinality(p_message_ids) = 20
@@ -200,6 +223,7 @@ LANGUAGE sql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
     WITH pairs AS (
         SELECT i.pair_index / 10 * 10 AS from_pair,
@@ -216,8 +240,7 @@ AS $$
                    ARRAY[p.user_message_id, p.assistant_message_id] ORDER BY p.pair_index)))
                    AS source_message_ids
         FROM pairs AS p
-        -- The newest 20 pairs never enter a target: range k qualifies iff 10k + 30 <= N.
-        WHERE p.from_pair + 30 <= p.n_pairs
+        WHERE compaction.is_target(p.from_pair, p.n_pairs)
         GROUP BY p.from_pair
     )
     SELECT r.from_pair::int, (r.from_pair + 9)::int, r.source_message_ids,
@@ -234,6 +257,7 @@ LANGUAGE sql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
     SELECT CASE WHEN count(*) = 10 THEN
                compaction.range_hash(ARRAY(SELECT pg_catalog.unnest(array_agg(

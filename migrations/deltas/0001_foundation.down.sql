@@ -8,6 +8,7 @@ DROP FUNCTION compaction.explain_runs(text);
 DROP FUNCTION compaction.eligible_pairs(text);
 DROP FUNCTION compaction.indexed_pairs(text);
 DROP FUNCTION compaction.judge_runs(text);
+DROP FUNCTION compaction.is_target(int, bigint);
 DROP FUNCTION compaction.has_content(text);
 DROP VIEW compaction.source_messages;
 DROP VIEW compaction.source_runs;
