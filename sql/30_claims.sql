@@ -725,17 +725,29 @@ BEGIN
         ORDER BY a.conversation_id, a.job_id
         FOR UPDATE SKIP LOCKED
     )
-    UPDATE compaction.attempts AS a
-    SET state = 'failed', reason = 'lease_expired', finished_at = v_now
-    FROM expired AS e
-    WHERE a.conversation_id = e.conversation_id AND a.job_id = e.job_id
-      AND a.attempt = e.attempt;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
+    , failed AS (
+        UPDATE compaction.attempts AS a
+        SET state = 'failed', reason = 'lease_expired', finished_at = v_now
+        FROM expired AS e
+        WHERE a.conversation_id = e.conversation_id AND a.job_id = e.job_id
+          AND a.attempt = e.attempt
+        RETURNING a.conversation_id, a.job_id
+    ), requeued AS (
+        -- The expired attempt's worker is gone and can no longer nudge anyone: put the
+        -- conversation back on the queue, so the one retry the contract allows happens
+        -- without a sweep and without workers re-queueing every claim just in case.
+        INSERT INTO compaction.queue (conversation_id, scope, enqueued_at)
+        SELECT DISTINCT f.conversation_id, j.scope, pg_catalog.now()
+        FROM failed AS f
+        JOIN compaction.jobs AS j ON j.conversation_id = f.conversation_id AND j.job_id = f.job_id
+        ON CONFLICT (conversation_id, scope) DO NOTHING
+    )
+    SELECT count(*) INTO v_count FROM failed;
     RETURN v_count;
 END
 $$;
 COMMENT ON FUNCTION compaction.reap(timestamptz) IS
-    'Marks running attempts whose lease expired at p_now failed (lease_expired); returns how many';
+    'Marks running attempts whose lease expired at p_now failed (lease_expired) and re-queues their conversations; returns how many';
 
 -- ---------------------------------------------------------------------------------------
 -- The work queue

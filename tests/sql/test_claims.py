@@ -294,6 +294,19 @@ def test_reaped_attempt_is_fenced_off(conn: Conn) -> None:
     assert before[0][3:5] == ("failed", "lease_expired")
 
 
+def test_reap_puts_the_conversation_back_on_the_queue(conn: Conn) -> None:
+    t = target(conn, "c1")
+    c = claim(conn, "c1", t, scope="lane-b")
+    assert c.claimed
+    db.dequeue(conn, 100)  # the source writes queued c1 (scope default); drain it
+    assert db.reap(conn, now=T0 + LEASE / 2) == 0
+    assert db.dequeue(conn, 100) == []
+    assert db.reap(conn, now=T0 + LEASE) == 1
+    assert [(q.conversation_id, q.scope) for q in db.dequeue(conn, 100)] == [("c1", "lane-b")]
+    # the dead worker's range gets its second attempt
+    assert claim(conn, "c1", t, scope="lane-b").attempt == 2
+
+
 def test_expired_unreaped_attempt_is_failed_by_the_fenced_call(conn: Conn) -> None:
     t = target(conn, "c1")
     c = claim(conn, "c1", t)
