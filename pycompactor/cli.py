@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -277,15 +276,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-seconds", type=positive_float, default=300.0, metavar="S",
                    help="advanced: lease of a claimed attempt, renewed every third of it "
                         "(default: 300); a crashed worker's attempt expires after this")
-    # String defaults go through `type`, so a bad environment value is a usage error.
-    p.add_argument("--lock-timeout-seconds", type=positive_float, metavar="S",
-                   default=os.environ.get("PYCOMPACTOR_LOCK_TIMEOUT_SECONDS", "5"),
-                   help="give up a database lock wait after S seconds and leave that target "
-                        "for a later pass (env: PYCOMPACTOR_LOCK_TIMEOUT_SECONDS; default: 5)")
-    p.add_argument("--statement-timeout-seconds", type=positive_float, metavar="S",
-                   default=os.environ.get("PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS", "60"),
-                   help="cancel any database statement after S seconds "
-                        "(env: PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS; default: 60)")
     # String defaults go through `type`, so a bad environment value is a usage error.
     p.add_argument("--lock-timeout-seconds", type=positive_float, metavar="S",
                    default=os.environ.get("PYCOMPACTOR_LOCK_TIMEOUT_SECONDS", "5"),
