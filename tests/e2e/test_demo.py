@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,20 +13,25 @@ from pathlib import Path
 
 from tests.e2e.cli import run_cli
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def leftovers() -> tuple[set[str], set[str]]:
-    """Temp cluster directories, and running postgres processes started from them."""
+    """Temp cluster directories, and those of them a running process was started from.
+
+    By directory, not pid: another cluster on the machine (a benchmark restarting its
+    server) keeps its directory across restarts, so it cannot look like ours.
+    """
     dirs = {p.name for p in Path(tempfile.gettempdir()).glob("pycompactor-cluster-*")}
-    procs = set()
+    running = set()
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if "pycompactor-cluster-" in cmdline:
-                procs.add(proc.name)
-    return dirs, procs
+            running.update(re.findall(r"pycompactor-cluster-[A-Za-z0-9_]+", cmdline))
+    return dirs, running
 
 
 def rows(stdout: str) -> list[list[str]]:
@@ -70,6 +76,21 @@ def test_demo_exits_0_and_cleans_up() -> None:
     assert any(r[:4] == ["1", "0-9", "conversation-compaction@3", "source_changed"]
                for r in table)
     assert out.rstrip().splitlines()[-1].startswith("throwaway cluster stopped and removed")
+
+
+def test_make_demo_runs_the_demo() -> None:
+    """`make demo` (acceptance 1) runs the same command: the Makefile's recipe, with this
+    environment's pycompactor (STAMP= skips re-creating the virtualenv a fresh clone gets
+    from `make test`)."""
+    before = leftovers()
+    result = subprocess.run(
+        ["make", "-s", "demo", "STAMP=", f"BIN={Path(sys.executable).parent}"],
+        cwd=REPO, capture_output=True, text=True, check=False, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert "stale_source" in result.stdout
+    assert result.stdout.rstrip().splitlines()[-1].startswith("throwaway cluster stopped")
+    assert leftovers() == before
 
 
 def test_demo_cleans_up_on_ctrl_c() -> None:
