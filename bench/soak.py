@@ -9,8 +9,9 @@ against a loopback chat-completions server whose latency is chosen so the work l
 about the whole run: every fault hits work in flight. Every --fault-every seconds one
 fault, in rotation: SIGKILL a worker (a replacement starts at once), terminate every
 worker backend (pg_terminate_backend), restart the server (pg_ctl restart -m fast).
-After the fault window the workers get a settle period (long enough for leases of
-killed workers to expire and be reaped by the survivors), then SIGTERM.
+After the fault window the workers settle, without faults, until no target is left
+queued or running (at least three leases, so killed workers' attempts expire and are
+reaped by the survivors; at most --settle seconds), then get SIGTERM.
 
 Prints completed / exhausted / pending / duplicates / stuck-running counts and exits 1
 unless duplicates and stuck-running are both zero. Not a CI test (docs/reliability.md).
@@ -154,13 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--fault-every", type=float, default=30.0)
     parser.add_argument("--lease", type=float, default=10.0, help="worker --lease-seconds")
+    parser.add_argument("--settle", type=float, default=300.0,
+                        help="most seconds to let the workers finish after the faults")
     parser.add_argument("--model-latency", type=float, default=None,
                         help="mean seconds per model call (default: the work lasts the run)")
     args = parser.parse_args(argv)
     in_flight = 2 * args.workers
     latency = args.model_latency if args.model_latency is not None else max(
         0.05, 0.9 * in_flight * args.duration / args.conversations)
-    settle = 3 * args.lease
+    min_settle = 3 * args.lease
 
     started = time.monotonic()
 
@@ -214,8 +217,17 @@ def main(argv: list[str] | None = None) -> int:
                     f"{c['exhausted']}, running {c['running']}, queued {c['queued']}, "
                     f"model calls {model.count}")
                 next_fault += args.fault_every
-            say(f"fault window over; settling {settle:.0f}s (killed workers' leases expire)")
-            time.sleep(settle)
+            say(f"fault window over; settling for {min_settle:.0f}s to {args.settle:.0f}s")
+            settled_at = time.monotonic() + min_settle
+            give_up = time.monotonic() + max(min_settle, args.settle)
+            while time.monotonic() < give_up:
+                time.sleep(1.0)  # polling the database state, not synchronising on time
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    waiting, unqueued = pending(conn)
+                    running = counts(conn)["running"]
+                if time.monotonic() >= settled_at and running == 0 and waiting == unqueued:
+                    break
+            say(f"settled: {waiting} pending ({unqueued} unqueued), {running} running")
         finally:
             for w in workers:
                 if w.proc.poll() is None:
