@@ -140,7 +140,7 @@ def run_demo(console: Console | None = None) -> int:
         try:
             with steps.step("starting a throwaway PostgreSQL cluster"):
                 cluster.start()
-            with steps.step(f"migrating {cluster.dsn}"):
+            with steps.step(f"migrating the cluster in {cluster.root} ({cluster.dsn})"):
                 schema.upgrade(cluster.dsn)
             with db.connect(cluster.dsn) as conn:
                 _story(conn, cluster.dsn, console, steps)
