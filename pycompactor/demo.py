@@ -195,7 +195,9 @@ def _compact(conn: db.Connection, dsn: str, console: Console, steps: Steps) -> N
     log = io.StringIO()
     with steps.step(f"compacting: one worker pass with {OFFLINE_MODEL} (claim, summarize "
                     "outside any transaction, complete)"):
-        worker = Worker(WorkerConfig(model=OFFLINE_MODEL, dsn=dsn, once=True, concurrency=2,
+        # One slot: the two ranges are claimed and completed in order, so job and summary
+        # ids are the same on every run (the tables and the text below name them).
+        worker = Worker(WorkerConfig(model=OFFLINE_MODEL, dsn=dsn, once=True, concurrency=1,
                                      log_format="json"),
                         ExtractiveSummarizer(), log=EventLog("json", log))
         report = worker.run()

@@ -82,6 +82,7 @@ def test_demo_exits_0_and_cleans_up() -> None:
     # Bytes before and after.
     assert any(r[:5] == ["all", "45", "pairs", "raw", "(before)"] for r in table)
     # Case B: the edited pair 3 makes the summary of 0-9 stale; 0-9 goes back to raw.
+    # (The demo's worker pass has one slot: 0-9 is job 1 and summary 1, 10-19 is 2 and 2.)
     assert "after    Cedar Dividend 的费用和赎回费是多少？" in out
     assert ["0-9", "raw"] in table
     assert ["10-19", "summarized", "2"] in table
