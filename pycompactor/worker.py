@@ -70,9 +70,9 @@ INTERRUPTED: Final = "interrupted"
 WORKER_ERROR: Final = "worker_error"
 
 # Claim refusals after which the conversation may become claimable later: put it back.
-_RETRY_LATER: Final = frozenset(
-    {"already_running", "admission_full", "not_eligible", "source_mismatch"}
-)
+# Not already_running: that attempt's worker completes it, or the reaper expires it and
+# re-queues the conversation.
+_RETRY_LATER: Final = frozenset({"admission_full", "not_eligible", "source_mismatch"})
 # Granularity of the main thread's waits: how fast it notices a signal or a free slot.
 _TICK: Final = 0.05
 _IDLE_START_SECONDS: Final = 0.05
@@ -459,10 +459,13 @@ class Worker:
         return claimed > 0 and not throttled and not cfg.once
 
     def _reap(self, conn: db.Connection) -> None:
-        # Claims reap the identity they touch; this catches the rest, at most every
-        # tenth of a lease in loop mode (passes can be many per second when busy).
+        # Claims reap the identity they touch; this catches the rest (and re-queues a dead
+        # worker's conversation), at most once per poll interval or tenth of our lease in
+        # loop mode: passes can be many per second when busy, and other workers' leases
+        # may be shorter than ours.
         now = time.monotonic()
-        if not self.config.once and now - self._last_reap < self.config.lease.total_seconds() / 10:
+        every = min(self.config.lease.total_seconds() / 10, self.config.poll_seconds)
+        if not self.config.once and now - self._last_reap < every:
             return
         self._last_reap = now
         reaped = db.reap(conn)
@@ -544,7 +547,6 @@ class Worker:
             return 0, False
         claimed = 0
         requeue = moved
-        insured = False
         admission_full = False
         for candidate in candidates:
             if admission_full or not self._take_slot():
@@ -584,12 +586,9 @@ class Worker:
                              result.attempt, candidate.pairs)
             self._start(job, result.lease_expires_at)
             claimed += 1
-            if not insured:
-                # Crash insurance: if this process dies mid-call, the conversation is
-                # still queued and another worker retries once the lease expires.
-                insured = True
-                self._enqueue(conversation_id)
-        if requeue and not insured:
+        # No re-queue after a successful claim: if this process dies mid-call, the reaper
+        # expires the attempt and puts the conversation back on the queue itself.
+        if requeue:
             self._enqueue(conversation_id)
         return claimed, admission_full
 

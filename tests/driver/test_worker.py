@@ -214,8 +214,7 @@ def test_one_pass_touches_only_the_conversation_with_new_history(
     assert sum(query == db.TIMEOUTS_SQL for query, _ in _STATEMENTS) == calls.total()
     assert calls == Counter({
         "compaction.reap": 1,
-        "compaction.dequeue": 2,        # one queued conversation; then the pass meets its
-        "compaction.enqueue": 2,        # own insurance entry (claim) and puts it back
+        "compaction.dequeue": 2,        # one queued conversation, then an empty queue
         "compaction.plan_targets": 1,
         "compaction.eligible_pairs": 1,
         "compaction.claim": 1,
@@ -342,8 +341,8 @@ def test_scope_lanes(conn: Conn, dsn: str, model_server: ModelServer) -> None:
     assert [(a.scope, a.state) for a in attempts(conn)] == [("support", "completed")]
     queued = conn.execute("SELECT conversation_id, scope FROM compaction.queue"
                           " ORDER BY 2").fetchall()
-    # The default lane's entry is back; the support lane holds only the insurance entry.
-    assert queued == [("conv-1", "default"), ("conv-1", "support")]
+    # The default lane's entry is back; the support lane's work is done.
+    assert queued == [("conv-1", "default")]
 
 
 def test_sweep_finds_conversations_nobody_enqueued(conn: Conn, dsn: str) -> None:
@@ -364,13 +363,26 @@ def test_global_admission_full_puts_work_back(conn: Conn, dsn: str,
     for c in range(3):
         seed(conn, f"conv-{c}", 30)
     conn.execute("UPDATE compaction.settings SET max_running = 1")
-    model_server.enqueue(stop("first"))
+    # The first call holds the only slot until the pass has been refused and has put the
+    # other two back (the queue then holds exactly them; before the pass it held all 3).
+    model_server.enqueue(hang(stop("first")))
+
+    def release_after_refusal() -> None:
+        with psycopg.connect(dsn, autocommit=True) as watcher:
+            wait_for(lambda: {r[0] for r in watcher.execute(
+                "SELECT conversation_id FROM compaction.queue")} == {"conv-1", "conv-2"},
+                what="the refused conversations back on the queue")
+        model_server.release()
+
+    releaser = threading.Thread(target=release_after_refusal)
+    releaser.start()
     report, log = run_once(dsn, model_server.base_url, concurrency=4)
+    releaser.join()
     assert report.claimed == 1
     assert report.refused == {"admission_full": 1}
     assert len(model_server.requests) == 1
     queued = {r[0] for r in conn.execute("SELECT conversation_id FROM compaction.queue")}
-    assert queued == {"conv-0", "conv-1", "conv-2"}  # nothing lost from the queue
+    assert queued == {"conv-1", "conv-2"}  # nothing lost; conv-0 is done
     assert [e["reason"] for e in events_named(log.events(), "claim_refused")] == [
         "admission_full"]
 

@@ -232,11 +232,14 @@ def test_crashed_worker_is_recovered_by_another(
     running = rows[0]
     assert (running.attempt, running.state) == (1, "running"), first.stderr
 
-    # A long-running worker finds the conversation on the queue (the first worker put it
-    # back right after claiming) and takes it over once the lease has expired.
+    # A long-running worker's reaper expires the dead worker's attempt, which puts the
+    # conversation back on the queue; the same worker then claims attempt 2.
     second = WorkerProcess("--model", MODEL, "--poll-seconds", "0.2", env=env)
     try:
-        wait_for(lambda: bool(summaries(conn, "conv-1")), timeout=30, what="recovery")
+        try:
+            wait_for(lambda: bool(summaries(conn, "conv-1")), timeout=30, what="recovery")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; second worker said:\n{''.join(second.lines)}") from None
         second.proc.send_signal(signal.SIGTERM)
         assert second.wait() == 0, second.stderr
     finally:
