@@ -39,7 +39,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from pycompactor import schema  # alembic and SQLAlchemy load only for this command
 
     dsn = db.resolve_dsn(args.dsn)
-    schema.upgrade(dsn, args.to)
+    schema.upgrade(dsn, args.to, progress=lambda line: print(line, file=sys.stderr))
     print(f"compaction schema at revision {schema.current_revision(dsn)}")
     return 0
 

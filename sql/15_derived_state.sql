@@ -1,0 +1,153 @@
+-- pycompactor stored logic, section 1b: derived state kept from the source (DESIGN §2).
+--
+-- A cache, never a second truth. Judging every run, numbering every pair and hashing
+-- ranges on each call made every call cost what the whole history costs. The engine keeps
+-- the result instead, written by the tracking triggers (sql/25_tracking.sql) in the same
+-- transaction as the source writes it derives from:
+--   compaction.pairs               one row per eligible pair: run, ids, pair_index, UTF-8 sizes
+--   compaction.ranges              one row per complete range of 10 pairs: 20 ids and hash
+--   compaction.conversation_state  pair count, and the row every writer of one
+--                                  conversation's derived state updates first
+--   compaction.source_tracking     under which source definition the derived state was built
+--
+-- The read functions (sql/20_pairs.sql) use the derived state only while
+-- compaction.derived_state_current() holds: the source views and the tracking triggers
+-- behind them are exactly those the state was last rebuilt under. Re-pointing a view,
+-- disabling or dropping a tracking trigger, or TRUNCATE of a tracked table makes it false,
+-- and every function falls back to judging from the views on each call (exact, slower)
+-- until `CALL compaction.rebuild_derived_state()` re-derives everything.
+--
+-- Citus (DESIGN §11): the per-conversation tables lead every key with conversation_id;
+-- source_tracking is a single-row global table (a reference table).
+
+CREATE TABLE compaction.conversation_state (
+    conversation_id text NOT NULL,
+    pair_count      int NOT NULL,
+    -- Bumped by every re-derivation: a writer whose snapshot predates another writer's
+    -- commit (REPEATABLE READ, SERIALIZABLE) fails on this row instead of numbering from
+    -- a stale view of the conversation.
+    generation      bigint NOT NULL,
+    CONSTRAINT conversation_state_pkey PRIMARY KEY (conversation_id),
+    CONSTRAINT conversation_state_pair_count_not_negative CHECK (pair_count >= 0)
+);
+COMMENT ON TABLE compaction.conversation_state IS
+    'Derived state: eligible pair count per conversation, and the row that serialises the conversation''s derived-state writers';
+
+CREATE TABLE compaction.pairs (
+    conversation_id      text NOT NULL,
+    run_id               text NOT NULL,
+    pair_index           int NOT NULL,
+    user_seq             bigint,
+    user_message_id      text NOT NULL,
+    user_bytes           int NOT NULL,
+    assistant_message_id text NOT NULL,
+    assistant_bytes      int NOT NULL,
+    CONSTRAINT pairs_pkey PRIMARY KEY (conversation_id, run_id),
+    CONSTRAINT pairs_pair_index_key UNIQUE (conversation_id, pair_index),
+    CONSTRAINT pairs_pair_index_not_negative CHECK (pair_index >= 0)
+);
+COMMENT ON TABLE compaction.pairs IS
+    'Derived state: the eligible pairs of each conversation (DESIGN §3) with pair_index, ids and UTF-8 sizes; no text';
+-- Re-derivation finds the pair before a changed position and the pairs after it in
+-- (seq, message_id) order, the order pair_index follows.
+CREATE INDEX pairs_order_idx ON compaction.pairs (conversation_id, user_seq, user_message_id);
+
+CREATE TABLE compaction.ranges (
+    conversation_id    text NOT NULL,
+    from_pair          int NOT NULL,
+    source_message_ids text[] NOT NULL,
+    source_hash        text NOT NULL,
+    CONSTRAINT ranges_pkey PRIMARY KEY (conversation_id, from_pair),
+    CONSTRAINT ranges_from_pair_valid CHECK (from_pair >= 0 AND from_pair % 10 = 0)
+);
+COMMENT ON TABLE compaction.ranges IS
+    'Derived state: every complete range of 10 pairs with its 20 current source ids [u0, a0, ..., u9, a9] and source hash (DESIGN §5)';
+
+CREATE TABLE compaction.source_tracking (
+    singleton  boolean NOT NULL DEFAULT true,
+    stamp      text,
+    stamped_at timestamptz,
+    CONSTRAINT source_tracking_pkey PRIMARY KEY (singleton),
+    CONSTRAINT source_tracking_single_row CHECK (singleton)
+);
+COMMENT ON TABLE compaction.source_tracking IS
+    'Derived state: the source stamp (compaction.source_stamp()) the derived state was last rebuilt under; NULL until a rebuild';
+INSERT INTO compaction.source_tracking (singleton, stamp, stamped_at) VALUES (true, NULL, NULL);
+
+-- What the derived state depends on, read from the catalogs: the rewrite rules of the two
+-- source views and the tracking triggers of every table they read. A catalog row's oid and
+-- xmin change whenever it is replaced (CREATE OR REPLACE VIEW, ENABLE/DISABLE TRIGGER,
+-- DROP/CREATE TRIGGER, a dump and restore), so any such change yields another stamp.
+-- NULL when some table behind the views lacks an enabled-always (fires under any
+-- session_replication_role) statement-level AFTER tracking trigger for INSERT, UPDATE,
+-- DELETE and TRUNCATE, or the views read something other than tables.
+CREATE FUNCTION compaction.source_stamp()
+RETURNS text
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+    WITH rules AS (
+        SELECT rw.oid, rw.ev_class, rw.xmin::text AS xmin
+        FROM pg_catalog.pg_rewrite AS rw
+        WHERE rw.ev_class IN (pg_catalog.to_regclass('compaction.source_runs'),
+                              pg_catalog.to_regclass('compaction.source_messages'))
+    ),
+    relations AS (
+        SELECT DISTINCT d.refobjid AS relid
+        FROM rules AS ru
+        JOIN pg_catalog.pg_depend AS d
+          ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = ru.oid
+        WHERE d.refclassid = 'pg_catalog.pg_class'::regclass
+          AND d.deptype = 'n'
+          AND d.refobjid <> ru.ev_class
+    ),
+    tracked AS (
+        SELECT rel.relid,
+               c.relkind IN ('r', 'p')
+                   AND coalesce(t.events OPERATOR(pg_catalog.&) 60 = 60, false)
+                   AND coalesce(t.statement_after, false) AS complete,
+               t.triggers
+        FROM relations AS rel
+        JOIN pg_catalog.pg_class AS c ON c.oid = rel.relid
+        LEFT JOIN LATERAL (
+            -- tgtype bits: 1 row, 2 before, 4 insert, 8 delete, 16 update, 32 truncate
+            SELECT pg_catalog.bit_or(tg.tgtype::int) AS events,
+                   pg_catalog.bool_and(tg.tgtype::int OPERATOR(pg_catalog.&) 3 = 0)
+                       AS statement_after,
+                   pg_catalog.string_agg(tg.oid::text || ':' || tg.xmin::text, ','
+                                         ORDER BY tg.oid) AS triggers
+            FROM pg_catalog.pg_trigger AS tg
+            WHERE tg.tgrelid = rel.relid
+              AND tg.tgfoid = pg_catalog.to_regprocedure('compaction.track_source_changes()')
+              AND tg.tgenabled = 'A'
+        ) AS t ON true
+    )
+    SELECT CASE WHEN (SELECT count(*) FROM rules) = 2
+                 AND (SELECT pg_catalog.bool_and(t.complete) FROM tracked AS t) THEN
+               (SELECT pg_catalog.string_agg(ru.oid::text || ':' || ru.xmin, ',' ORDER BY ru.oid)
+                FROM rules AS ru)
+               || '|'
+               || (SELECT pg_catalog.string_agg(t.relid::text || '=' || t.triggers, ';'
+                                                ORDER BY t.relid)
+                   FROM tracked AS t)
+           END
+$$;
+COMMENT ON FUNCTION compaction.source_stamp() IS
+    'Identifies the source views and the tracking triggers behind them as they are now; NULL when some table behind the views is not fully tracked';
+
+CREATE FUNCTION compaction.derived_state_current()
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+    SELECT coalesce((SELECT st.stamp = compaction.source_stamp()
+                     FROM compaction.source_tracking AS st), false)
+$$;
+COMMENT ON FUNCTION compaction.derived_state_current() IS
+    'True when the derived state is in use: it was rebuilt under the source views and tracking triggers that exist now (else every function judges from the views)';
