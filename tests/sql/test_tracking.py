@@ -161,7 +161,8 @@ def test_read_committed_writers_wait_and_number_in_commit_order(dsn: str, conn: 
         wait_for_lock_wait(conn, second.info.backend_pid)
         first.commit()
         thread.join(timeout=60)
-        assert not thread.is_alive() and failure == []
+        assert not thread.is_alive()
+        assert failure == []
     # The second run sorts before the first (lower seq) although it committed later.
     rows = conn.execute("SELECT run_id FROM compaction.pairs WHERE conversation_id = 'c'"
                         " ORDER BY pair_index").fetchall()
