@@ -64,90 +64,106 @@ COMMENT ON TABLE compaction.ranges IS
     'Derived state: every complete range of 10 pairs with its 20 current source ids [u0, a0, ..., u9, a9] and source hash (DESIGN §5)';
 
 CREATE TABLE compaction.source_tracking (
-    singleton  boolean NOT NULL DEFAULT true,
-    stamp      text,
-    stamped_at timestamptz,
+    singleton   boolean NOT NULL DEFAULT true,
+    stamp       text,
+    object_oids oid[],
+    stamped_at  timestamptz,
     CONSTRAINT source_tracking_pkey PRIMARY KEY (singleton),
     CONSTRAINT source_tracking_single_row CHECK (singleton)
 );
 COMMENT ON TABLE compaction.source_tracking IS
-    'Derived state: the source stamp (compaction.source_stamp()) the derived state was last rebuilt under; NULL until a rebuild';
-INSERT INTO compaction.source_tracking (singleton, stamp, stamped_at) VALUES (true, NULL, NULL);
+    'Derived state: the source stamp (compaction.source_stamp()) the derived state was last rebuilt under, and the catalog rows it names; NULL until a rebuild';
+INSERT INTO compaction.source_tracking (singleton, stamp, object_oids, stamped_at)
+VALUES (true, NULL, NULL, NULL);
 
 -- What the derived state depends on, read from the catalogs: the rewrite rules of the two
--- source views and the tracking triggers of every table they read. A catalog row's oid and
--- xmin change whenever it is replaced (CREATE OR REPLACE VIEW, ENABLE/DISABLE TRIGGER,
--- DROP/CREATE TRIGGER, a dump and restore), so any such change yields another stamp.
--- NULL when some table behind the views lacks an enabled-always (fires under any
+-- source views and the tracking triggers of every table they read, each as oid:xmin. A
+-- catalog row's xmin changes whenever the row is replaced (CREATE OR REPLACE VIEW,
+-- ENABLE/DISABLE TRIGGER) and its oid when it is dropped and made again (DROP/CREATE
+-- TRIGGER, a dump and restore), so any such change yields another stamp. NULL when some
+-- table behind the views lacks an enabled-always (fires under any
 -- session_replication_role) statement-level AFTER tracking trigger for INSERT, UPDATE,
 -- DELETE and TRUNCATE, or the views read something other than tables.
 CREATE FUNCTION compaction.source_stamp()
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
-    WITH rules AS (
-        SELECT rw.oid, rw.ev_class, rw.xmin::text AS xmin
-        FROM pg_catalog.pg_rewrite AS rw
-        WHERE rw.ev_class IN (pg_catalog.to_regclass('compaction.source_runs'),
-                              pg_catalog.to_regclass('compaction.source_messages'))
-    ),
-    relations AS (
-        SELECT DISTINCT d.refobjid AS relid
-        FROM rules AS ru
-        JOIN pg_catalog.pg_depend AS d
-          ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = ru.oid
-        WHERE d.refclassid = 'pg_catalog.pg_class'::regclass
-          AND d.deptype = 'n'
-          AND d.refobjid <> ru.ev_class
-    ),
-    tracked AS (
-        SELECT rel.relid,
-               c.relkind IN ('r', 'p')
-                   AND coalesce(t.events OPERATOR(pg_catalog.&) 60 = 60, false)
-                   AND coalesce(t.statement_after, false) AS complete,
-               t.triggers
-        FROM relations AS rel
-        JOIN pg_catalog.pg_class AS c ON c.oid = rel.relid
-        LEFT JOIN LATERAL (
-            -- tgtype bits: 1 row, 2 before, 4 insert, 8 delete, 16 update, 32 truncate
-            SELECT pg_catalog.bit_or(tg.tgtype::int) AS events,
-                   pg_catalog.bool_and(tg.tgtype::int OPERATOR(pg_catalog.&) 3 = 0)
-                       AS statement_after,
-                   pg_catalog.string_agg(tg.oid::text || ':' || tg.xmin::text, ','
-                                         ORDER BY tg.oid) AS triggers
+DECLARE
+    v_tracker regprocedure := pg_catalog.to_regprocedure('compaction.track_source_changes()');
+BEGIN
+    RETURN (
+        WITH rules AS (
+            SELECT rw.oid, rw.ev_class, rw.xmin
+            FROM pg_catalog.pg_rewrite AS rw
+            WHERE rw.ev_class IN (pg_catalog.to_regclass('compaction.source_runs'),
+                                  pg_catalog.to_regclass('compaction.source_messages'))
+        ),
+        relations AS (
+            SELECT DISTINCT d.refobjid AS relid
+            FROM rules AS ru
+            JOIN pg_catalog.pg_depend AS d
+              ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = ru.oid
+            WHERE d.refclassid = 'pg_catalog.pg_class'::regclass
+              AND d.deptype = 'n'
+              AND d.refobjid <> ru.ev_class
+        ),
+        triggers AS (
+            SELECT tg.oid, tg.xmin, tg.tgrelid, tg.tgtype::int AS tgtype
             FROM pg_catalog.pg_trigger AS tg
-            WHERE tg.tgrelid = rel.relid
-              AND tg.tgfoid = pg_catalog.to_regprocedure('compaction.track_source_changes()')
+            WHERE tg.tgrelid IN (SELECT rel.relid FROM relations AS rel)
+              AND tg.tgfoid = v_tracker
               AND tg.tgenabled = 'A'
-        ) AS t ON true
-    )
-    SELECT CASE WHEN (SELECT count(*) FROM rules) = 2
-                 AND (SELECT pg_catalog.bool_and(t.complete) FROM tracked AS t) THEN
-               (SELECT pg_catalog.string_agg(ru.oid::text || ':' || ru.xmin, ',' ORDER BY ru.oid)
-                FROM rules AS ru)
-               || '|'
-               || (SELECT pg_catalog.string_agg(t.relid::text || '=' || t.triggers, ';'
-                                                ORDER BY t.relid)
-                   FROM tracked AS t)
-           END
+        ),
+        tracked AS (
+            -- tgtype bits: 1 row, 2 before, 4 insert, 8 delete, 16 update, 32 truncate
+            SELECT c.relkind IN ('r', 'p')
+                   AND coalesce(pg_catalog.bit_or(t.tgtype) OPERATOR(pg_catalog.&) 60 = 60, false)
+                   AND coalesce(pg_catalog.bool_and(t.tgtype OPERATOR(pg_catalog.&) 3 = 0), false)
+                       AS complete
+            FROM relations AS rel
+            JOIN pg_catalog.pg_class AS c ON c.oid = rel.relid
+            LEFT JOIN triggers AS t ON t.tgrelid = rel.relid
+            GROUP BY rel.relid, c.relkind
+        )
+        SELECT CASE WHEN (SELECT count(*) FROM rules) = 2
+                     AND (SELECT pg_catalog.bool_and(t.complete) FROM tracked AS t) THEN
+                   (SELECT pg_catalog.string_agg(o.oid::text || ':' || o.xmin::text, ','
+                                                 ORDER BY o.oid)
+                    FROM (SELECT ru.oid, ru.xmin FROM rules AS ru
+                          UNION ALL
+                          SELECT t.oid, t.xmin FROM triggers AS t) AS o)
+               END);
+END
 $$;
 COMMENT ON FUNCTION compaction.source_stamp() IS
-    'Identifies the source views and the tracking triggers behind them as they are now; NULL when some table behind the views is not fully tracked';
+    'Identifies the source views and the tracking triggers behind them as they are now (oid:xmin of each catalog row); NULL when some table behind the views is not fully tracked';
 
+-- Called by every read, so it re-reads only the catalog rows the stamp names, by oid: a
+-- changed view or trigger changes their xmin, a dropped one removes its row, a new
+-- dependency can only come with a changed view.
 CREATE FUNCTION compaction.derived_state_current()
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
-    SELECT coalesce((SELECT st.stamp = compaction.source_stamp()
-                     FROM compaction.source_tracking AS st), false)
+BEGIN
+    RETURN coalesce((
+        SELECT st.stamp = (SELECT pg_catalog.string_agg(o.oid::text || ':' || o.xmin::text, ','
+                                                        ORDER BY o.oid)
+                           FROM (SELECT rw.oid, rw.xmin FROM pg_catalog.pg_rewrite AS rw
+                                 WHERE rw.oid = ANY (st.object_oids)
+                                 UNION ALL
+                                 SELECT tg.oid, tg.xmin FROM pg_catalog.pg_trigger AS tg
+                                 WHERE tg.oid = ANY (st.object_oids) AND tg.tgenabled = 'A') AS o)
+        FROM compaction.source_tracking AS st), false);
+END
 $$;
 COMMENT ON FUNCTION compaction.derived_state_current() IS
     'True when the derived state is in use: it was rebuilt under the source views and tracking triggers that exist now (else every function judges from the views)';

@@ -59,12 +59,17 @@ RETURNS TABLE (
     assistant_message_id text,
     assistant_bytes      int
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+-- One cached plan: a custom plan per call would cost more to plan than to run.
+SET plan_cache_mode = force_generic_plan
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     -- A lateral aggregate per run: the messages of each run are fetched by the run_id
     -- index, so the cost follows this conversation's size, never the table's.
     WITH runs AS (
@@ -127,7 +132,8 @@ AS $$
            p.user_bytes::int,
            p.assistant_message_id,
            p.assistant_bytes::int
-    FROM per_run AS p
+    FROM per_run AS p;
+END
 $$;
 COMMENT ON FUNCTION compaction.judge_runs(text, text[]) IS
     'Internal: every run of a conversation (or only those named) with the first eligibility rule it breaks (NULL when it forms a pair), its pair''s ids and UTF-8 byte lengths; no text';

@@ -116,20 +116,32 @@ BEGIN
         v_base := coalesce(v_base + 1, 0);
 
         -- Everything from that position on is numbered anew (delete, then insert: the
-        -- unique pair_index never sees two rows on one number).
-        WITH gone AS (
-            DELETE FROM compaction.pairs AS p
-            WHERE p.conversation_id = p_conversation_id
-              AND (p.user_seq IS NULL AND p.user_message_id >= v_from_id
-                   OR v_from_seq IS NOT NULL
-                      AND (p.user_seq IS NULL
-                           OR (p.user_seq, p.user_message_id) >= (v_from_seq, v_from_id)))
-            RETURNING p.*
-        )
-        SELECT coalesce(array_agg(g), '{}') INTO v_moved
-        FROM gone AS g
-        WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_runs) AS r (run_id)
-                          WHERE r.run_id = g.run_id);
+        -- unique pair_index never sees two rows on one number). Two statements, so each
+        -- is a range scan of pairs_order_idx.
+        IF v_from_seq IS NULL THEN
+            WITH gone AS (
+                DELETE FROM compaction.pairs AS p
+                WHERE p.conversation_id = p_conversation_id
+                  AND p.user_seq IS NULL AND p.user_message_id >= v_from_id
+                RETURNING p.*
+            )
+            SELECT coalesce(array_agg(g), '{}') INTO v_moved
+            FROM gone AS g
+            WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_runs) AS r (run_id)
+                              WHERE r.run_id = g.run_id);
+        ELSE
+            WITH gone AS (
+                DELETE FROM compaction.pairs AS p
+                WHERE p.conversation_id = p_conversation_id
+                  AND ((p.user_seq, p.user_message_id) >= (v_from_seq, v_from_id)
+                       OR p.user_seq IS NULL)
+                RETURNING p.*
+            )
+            SELECT coalesce(array_agg(g), '{}') INTO v_moved
+            FROM gone AS g
+            WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_runs) AS r (run_id)
+                              WHERE r.run_id = g.run_id);
+        END IF;
         INSERT INTO compaction.pairs AS p
             (conversation_id, run_id, pair_index, user_seq, user_message_id, user_bytes,
              assistant_message_id, assistant_bytes)
@@ -193,7 +205,7 @@ BEGIN
         SET source_message_ids = EXCLUDED.source_message_ids,
             source_hash = EXCLUDED.source_hash;
     DELETE FROM compaction.ranges AS r
-    WHERE r.conversation_id = p_conversation_id AND r.from_pair + 10 > v_count;
+    WHERE r.conversation_id = p_conversation_id AND r.from_pair > v_count - 10;
     UPDATE compaction.conversation_state AS cs
     SET pair_count = v_count
     WHERE cs.conversation_id = p_conversation_id AND cs.pair_count <> v_count;
@@ -204,7 +216,8 @@ COMMENT ON FUNCTION compaction.rederive(text, text[]) IS
 
 -- The trigger. Arguments: the name of the column holding the conversation id, and of the
 -- column holding the run id ('' when the table has none: the touched conversations are
--- then re-derived whole). Transition tables must be named new_rows and old_rows.
+-- then re-derived whole); their text form must be what the views expose. Transition
+-- tables must be named new_rows and old_rows.
 CREATE FUNCTION compaction.track_source_changes()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -215,7 +228,8 @@ AS $$
 DECLARE
     v_conversation_column text := TG_ARGV[0];
     v_run_column          text := nullif(TG_ARGV[1], '');
-    v_rows                text;
+    v_conversations       text[] := '{}';
+    v_runs                text[] := '{}';
     v_touched             record;
 BEGIN
     IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS <> 2
@@ -226,36 +240,49 @@ BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         -- No transition table says what went: stop trusting the derived state until a
         -- rebuild (every function judges from the views meanwhile, exact and slower).
-        UPDATE compaction.source_tracking SET stamp = NULL, stamped_at = NULL;
+        UPDATE compaction.source_tracking SET stamp = NULL, object_oids = NULL, stamped_at = NULL;
         RETURN NULL;
     END IF;
 
-    v_rows := 'SELECT ' || pg_catalog.quote_ident(v_conversation_column) || '::text AS conversation_id, '
-              || CASE WHEN v_run_column IS NULL THEN 'NULL::text'
-                      ELSE pg_catalog.quote_ident(v_run_column) || '::text' END
-              || ' AS run_id FROM ';
-    v_rows := CASE TG_OP
-                  WHEN 'INSERT' THEN v_rows || 'new_rows'
-                  WHEN 'DELETE' THEN v_rows || 'old_rows'
-                  ELSE v_rows || 'new_rows UNION ALL ' || v_rows || 'old_rows'
-              END;
+    -- The columns named by the arguments, as text (the form the views expose them in).
+    -- Static statements over the transition tables keep their plans across calls, where
+    -- dynamic SQL would be planned again for every statement of the host.
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        SELECT v_conversations || array_agg(j.fields ->> v_conversation_column),
+               v_runs || array_agg(j.fields ->> v_run_column)
+        INTO v_conversations, v_runs
+        FROM new_rows AS n
+        CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(n) AS fields) AS j;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        SELECT v_conversations || array_agg(j.fields ->> v_conversation_column),
+               v_runs || array_agg(j.fields ->> v_run_column)
+        INTO v_conversations, v_runs
+        FROM old_rows AS o
+        CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(o) AS fields) AS j;
+    END IF;
+
     -- Each touched conversation once, in a fixed order (concurrent bulk writers lock
     -- conversation_state rows in one order), with the runs it must look at: the runs
     -- named by the rows, under the conversation the rows name and under the conversation
     -- the run belongs to now (a message filed under another conversation still counts
     -- against its run's).
-    FOR v_touched IN EXECUTE
-        'WITH touched AS (' || v_rows || ')
-         SELECT t.conversation_id,
-                array_agg(DISTINCT t.run_id) FILTER (WHERE t.run_id IS NOT NULL) AS run_ids
-         FROM (SELECT c.conversation_id, c.run_id FROM touched AS c
-               UNION
-               SELECT sr.conversation_id, sr.run_id
-               FROM compaction.source_runs AS sr
-               WHERE sr.run_id IN (SELECT c.run_id FROM touched AS c)) AS t
-         WHERE t.conversation_id IS NOT NULL
-         GROUP BY t.conversation_id
-         ORDER BY t.conversation_id'
+    FOR v_touched IN
+        WITH touched AS (
+            SELECT t.conversation_id, t.run_id
+            FROM ROWS FROM (pg_catalog.unnest(v_conversations), pg_catalog.unnest(v_runs))
+                AS t (conversation_id, run_id)
+        )
+        SELECT t.conversation_id,
+               array_agg(DISTINCT t.run_id) FILTER (WHERE t.run_id IS NOT NULL) AS run_ids
+        FROM (SELECT c.conversation_id, c.run_id FROM touched AS c
+              UNION
+              SELECT sr.conversation_id, sr.run_id
+              FROM compaction.source_runs AS sr
+              WHERE sr.run_id IN (SELECT c.run_id FROM touched AS c)) AS t
+        WHERE t.conversation_id IS NOT NULL
+        GROUP BY t.conversation_id
+        ORDER BY t.conversation_id
     LOOP
         IF v_run_column IS NULL THEN
             PERFORM compaction.rederive(v_touched.conversation_id, NULL);
@@ -474,7 +501,11 @@ BEGIN
         RAISE EXCEPTION 'the source views or tracking triggers changed during the rebuild; run it again'
             USING ERRCODE = 'CP021';
     END IF;
-    UPDATE compaction.source_tracking SET stamp = p_stamp, stamped_at = pg_catalog.now();
+    UPDATE compaction.source_tracking
+    SET stamp = p_stamp,
+        object_oids = ARRAY(SELECT pg_catalog.split_part(o.item, ':', 1)::oid
+                            FROM pg_catalog.unnest(pg_catalog.string_to_array(p_stamp, ',')) AS o (item)),
+        stamped_at = pg_catalog.now();
     RETURN true;
 END
 $$;

@@ -54,90 +54,106 @@ COMMENT ON TABLE compaction.ranges IS
     'Derived state: every complete range of 10 pairs with its 20 current source ids [u0, a0, ..., u9, a9] and source hash (DESIGN §5)';
 
 CREATE TABLE compaction.source_tracking (
-    singleton  boolean NOT NULL DEFAULT true,
-    stamp      text,
-    stamped_at timestamptz,
+    singleton   boolean NOT NULL DEFAULT true,
+    stamp       text,
+    object_oids oid[],
+    stamped_at  timestamptz,
     CONSTRAINT source_tracking_pkey PRIMARY KEY (singleton),
     CONSTRAINT source_tracking_single_row CHECK (singleton)
 );
 COMMENT ON TABLE compaction.source_tracking IS
-    'Derived state: the source stamp (compaction.source_stamp()) the derived state was last rebuilt under; NULL until a rebuild';
-INSERT INTO compaction.source_tracking (singleton, stamp, stamped_at) VALUES (true, NULL, NULL);
+    'Derived state: the source stamp (compaction.source_stamp()) the derived state was last rebuilt under, and the catalog rows it names; NULL until a rebuild';
+INSERT INTO compaction.source_tracking (singleton, stamp, object_oids, stamped_at)
+VALUES (true, NULL, NULL, NULL);
 
 -- What the derived state depends on, read from the catalogs: the rewrite rules of the two
--- source views and the tracking triggers of every table they read. A catalog row's oid and
--- xmin change whenever it is replaced (CREATE OR REPLACE VIEW, ENABLE/DISABLE TRIGGER,
--- DROP/CREATE TRIGGER, a dump and restore), so any such change yields another stamp.
--- NULL when some table behind the views lacks an enabled-always (fires under any
+-- source views and the tracking triggers of every table they read, each as oid:xmin. A
+-- catalog row's xmin changes whenever the row is replaced (CREATE OR REPLACE VIEW,
+-- ENABLE/DISABLE TRIGGER) and its oid when it is dropped and made again (DROP/CREATE
+-- TRIGGER, a dump and restore), so any such change yields another stamp. NULL when some
+-- table behind the views lacks an enabled-always (fires under any
 -- session_replication_role) statement-level AFTER tracking trigger for INSERT, UPDATE,
 -- DELETE and TRUNCATE, or the views read something other than tables.
 CREATE FUNCTION compaction.source_stamp()
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
-    WITH rules AS (
-        SELECT rw.oid, rw.ev_class, rw.xmin::text AS xmin
-        FROM pg_catalog.pg_rewrite AS rw
-        WHERE rw.ev_class IN (pg_catalog.to_regclass('compaction.source_runs'),
-                              pg_catalog.to_regclass('compaction.source_messages'))
-    ),
-    relations AS (
-        SELECT DISTINCT d.refobjid AS relid
-        FROM rules AS ru
-        JOIN pg_catalog.pg_depend AS d
-          ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = ru.oid
-        WHERE d.refclassid = 'pg_catalog.pg_class'::regclass
-          AND d.deptype = 'n'
-          AND d.refobjid <> ru.ev_class
-    ),
-    tracked AS (
-        SELECT rel.relid,
-               c.relkind IN ('r', 'p')
-                   AND coalesce(t.events OPERATOR(pg_catalog.&) 60 = 60, false)
-                   AND coalesce(t.statement_after, false) AS complete,
-               t.triggers
-        FROM relations AS rel
-        JOIN pg_catalog.pg_class AS c ON c.oid = rel.relid
-        LEFT JOIN LATERAL (
-            -- tgtype bits: 1 row, 2 before, 4 insert, 8 delete, 16 update, 32 truncate
-            SELECT pg_catalog.bit_or(tg.tgtype::int) AS events,
-                   pg_catalog.bool_and(tg.tgtype::int OPERATOR(pg_catalog.&) 3 = 0)
-                       AS statement_after,
-                   pg_catalog.string_agg(tg.oid::text || ':' || tg.xmin::text, ','
-                                         ORDER BY tg.oid) AS triggers
+DECLARE
+    v_tracker regprocedure := pg_catalog.to_regprocedure('compaction.track_source_changes()');
+BEGIN
+    RETURN (
+        WITH rules AS (
+            SELECT rw.oid, rw.ev_class, rw.xmin
+            FROM pg_catalog.pg_rewrite AS rw
+            WHERE rw.ev_class IN (pg_catalog.to_regclass('compaction.source_runs'),
+                                  pg_catalog.to_regclass('compaction.source_messages'))
+        ),
+        relations AS (
+            SELECT DISTINCT d.refobjid AS relid
+            FROM rules AS ru
+            JOIN pg_catalog.pg_depend AS d
+              ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = ru.oid
+            WHERE d.refclassid = 'pg_catalog.pg_class'::regclass
+              AND d.deptype = 'n'
+              AND d.refobjid <> ru.ev_class
+        ),
+        triggers AS (
+            SELECT tg.oid, tg.xmin, tg.tgrelid, tg.tgtype::int AS tgtype
             FROM pg_catalog.pg_trigger AS tg
-            WHERE tg.tgrelid = rel.relid
-              AND tg.tgfoid = pg_catalog.to_regprocedure('compaction.track_source_changes()')
+            WHERE tg.tgrelid IN (SELECT rel.relid FROM relations AS rel)
+              AND tg.tgfoid = v_tracker
               AND tg.tgenabled = 'A'
-        ) AS t ON true
-    )
-    SELECT CASE WHEN (SELECT count(*) FROM rules) = 2
-                 AND (SELECT pg_catalog.bool_and(t.complete) FROM tracked AS t) THEN
-               (SELECT pg_catalog.string_agg(ru.oid::text || ':' || ru.xmin, ',' ORDER BY ru.oid)
-                FROM rules AS ru)
-               || '|'
-               || (SELECT pg_catalog.string_agg(t.relid::text || '=' || t.triggers, ';'
-                                                ORDER BY t.relid)
-                   FROM tracked AS t)
-           END
+        ),
+        tracked AS (
+            -- tgtype bits: 1 row, 2 before, 4 insert, 8 delete, 16 update, 32 truncate
+            SELECT c.relkind IN ('r', 'p')
+                   AND coalesce(pg_catalog.bit_or(t.tgtype) OPERATOR(pg_catalog.&) 60 = 60, false)
+                   AND coalesce(pg_catalog.bool_and(t.tgtype OPERATOR(pg_catalog.&) 3 = 0), false)
+                       AS complete
+            FROM relations AS rel
+            JOIN pg_catalog.pg_class AS c ON c.oid = rel.relid
+            LEFT JOIN triggers AS t ON t.tgrelid = rel.relid
+            GROUP BY rel.relid, c.relkind
+        )
+        SELECT CASE WHEN (SELECT count(*) FROM rules) = 2
+                     AND (SELECT pg_catalog.bool_and(t.complete) FROM tracked AS t) THEN
+                   (SELECT pg_catalog.string_agg(o.oid::text || ':' || o.xmin::text, ','
+                                                 ORDER BY o.oid)
+                    FROM (SELECT ru.oid, ru.xmin FROM rules AS ru
+                          UNION ALL
+                          SELECT t.oid, t.xmin FROM triggers AS t) AS o)
+               END);
+END
 $$;
 COMMENT ON FUNCTION compaction.source_stamp() IS
-    'Identifies the source views and the tracking triggers behind them as they are now; NULL when some table behind the views is not fully tracked';
+    'Identifies the source views and the tracking triggers behind them as they are now (oid:xmin of each catalog row); NULL when some table behind the views is not fully tracked';
 
+-- Called by every read, so it re-reads only the catalog rows the stamp names, by oid: a
+-- changed view or trigger changes their xmin, a dropped one removes its row, a new
+-- dependency can only come with a changed view.
 CREATE FUNCTION compaction.derived_state_current()
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
-    SELECT coalesce((SELECT st.stamp = compaction.source_stamp()
-                     FROM compaction.source_tracking AS st), false)
+BEGIN
+    RETURN coalesce((
+        SELECT st.stamp = (SELECT pg_catalog.string_agg(o.oid::text || ':' || o.xmin::text, ','
+                                                        ORDER BY o.oid)
+                           FROM (SELECT rw.oid, rw.xmin FROM pg_catalog.pg_rewrite AS rw
+                                 WHERE rw.oid = ANY (st.object_oids)
+                                 UNION ALL
+                                 SELECT tg.oid, tg.xmin FROM pg_catalog.pg_trigger AS tg
+                                 WHERE tg.oid = ANY (st.object_oids) AND tg.tgenabled = 'A') AS o)
+        FROM compaction.source_tracking AS st), false);
+END
 $$;
 COMMENT ON FUNCTION compaction.derived_state_current() IS
     'True when the derived state is in use: it was rebuilt under the source views and tracking triggers that exist now (else every function judges from the views)';
@@ -155,12 +171,17 @@ RETURNS TABLE (
     assistant_message_id text,
     assistant_bytes      int
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+-- One cached plan: a custom plan per call would cost more to plan than to run.
+SET plan_cache_mode = force_generic_plan
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     -- A lateral aggregate per run: the messages of each run are fetched by the run_id
     -- index, so the cost follows this conversation's size, never the table's.
     WITH runs AS (
@@ -223,7 +244,8 @@ AS $$
            p.user_bytes::int,
            p.assistant_message_id,
            p.assistant_bytes::int
-    FROM per_run AS p
+    FROM per_run AS p;
+END
 $$;
 COMMENT ON FUNCTION compaction.judge_runs(text, text[]) IS
     'Internal: every run of a conversation (or only those named) with the first eligibility rule it breaks (NULL when it forms a pair), its pair''s ids and UTF-8 byte lengths; no text';
@@ -499,20 +521,32 @@ BEGIN
         v_base := coalesce(v_base + 1, 0);
 
         -- Everything from that position on is numbered anew (delete, then insert: the
-        -- unique pair_index never sees two rows on one number).
-        WITH gone AS (
-            DELETE FROM compaction.pairs AS p
-            WHERE p.conversation_id = p_conversation_id
-              AND (p.user_seq IS NULL AND p.user_message_id >= v_from_id
-                   OR v_from_seq IS NOT NULL
-                      AND (p.user_seq IS NULL
-                           OR (p.user_seq, p.user_message_id) >= (v_from_seq, v_from_id)))
-            RETURNING p.*
-        )
-        SELECT coalesce(array_agg(g), '{}') INTO v_moved
-        FROM gone AS g
-        WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_runs) AS r (run_id)
-                          WHERE r.run_id = g.run_id);
+        -- unique pair_index never sees two rows on one number). Two statements, so each
+        -- is a range scan of pairs_order_idx.
+        IF v_from_seq IS NULL THEN
+            WITH gone AS (
+                DELETE FROM compaction.pairs AS p
+                WHERE p.conversation_id = p_conversation_id
+                  AND p.user_seq IS NULL AND p.user_message_id >= v_from_id
+                RETURNING p.*
+            )
+            SELECT coalesce(array_agg(g), '{}') INTO v_moved
+            FROM gone AS g
+            WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_runs) AS r (run_id)
+                              WHERE r.run_id = g.run_id);
+        ELSE
+            WITH gone AS (
+                DELETE FROM compaction.pairs AS p
+                WHERE p.conversation_id = p_conversation_id
+                  AND ((p.user_seq, p.user_message_id) >= (v_from_seq, v_from_id)
+                       OR p.user_seq IS NULL)
+                RETURNING p.*
+            )
+            SELECT coalesce(array_agg(g), '{}') INTO v_moved
+            FROM gone AS g
+            WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_runs) AS r (run_id)
+                              WHERE r.run_id = g.run_id);
+        END IF;
         INSERT INTO compaction.pairs AS p
             (conversation_id, run_id, pair_index, user_seq, user_message_id, user_bytes,
              assistant_message_id, assistant_bytes)
@@ -576,7 +610,7 @@ BEGIN
         SET source_message_ids = EXCLUDED.source_message_ids,
             source_hash = EXCLUDED.source_hash;
     DELETE FROM compaction.ranges AS r
-    WHERE r.conversation_id = p_conversation_id AND r.from_pair + 10 > v_count;
+    WHERE r.conversation_id = p_conversation_id AND r.from_pair > v_count - 10;
     UPDATE compaction.conversation_state AS cs
     SET pair_count = v_count
     WHERE cs.conversation_id = p_conversation_id AND cs.pair_count <> v_count;
@@ -587,7 +621,8 @@ COMMENT ON FUNCTION compaction.rederive(text, text[]) IS
 
 -- The trigger. Arguments: the name of the column holding the conversation id, and of the
 -- column holding the run id ('' when the table has none: the touched conversations are
--- then re-derived whole). Transition tables must be named new_rows and old_rows.
+-- then re-derived whole); their text form must be what the views expose. Transition
+-- tables must be named new_rows and old_rows.
 CREATE FUNCTION compaction.track_source_changes()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -598,7 +633,8 @@ AS $$
 DECLARE
     v_conversation_column text := TG_ARGV[0];
     v_run_column          text := nullif(TG_ARGV[1], '');
-    v_rows                text;
+    v_conversations       text[] := '{}';
+    v_runs                text[] := '{}';
     v_touched             record;
 BEGIN
     IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS <> 2
@@ -609,36 +645,49 @@ BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         -- No transition table says what went: stop trusting the derived state until a
         -- rebuild (every function judges from the views meanwhile, exact and slower).
-        UPDATE compaction.source_tracking SET stamp = NULL, stamped_at = NULL;
+        UPDATE compaction.source_tracking SET stamp = NULL, object_oids = NULL, stamped_at = NULL;
         RETURN NULL;
     END IF;
 
-    v_rows := 'SELECT ' || pg_catalog.quote_ident(v_conversation_column) || '::text AS conversation_id, '
-              || CASE WHEN v_run_column IS NULL THEN 'NULL::text'
-                      ELSE pg_catalog.quote_ident(v_run_column) || '::text' END
-              || ' AS run_id FROM ';
-    v_rows := CASE TG_OP
-                  WHEN 'INSERT' THEN v_rows || 'new_rows'
-                  WHEN 'DELETE' THEN v_rows || 'old_rows'
-                  ELSE v_rows || 'new_rows UNION ALL ' || v_rows || 'old_rows'
-              END;
+    -- The columns named by the arguments, as text (the form the views expose them in).
+    -- Static statements over the transition tables keep their plans across calls, where
+    -- dynamic SQL would be planned again for every statement of the host.
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        SELECT v_conversations || array_agg(j.fields ->> v_conversation_column),
+               v_runs || array_agg(j.fields ->> v_run_column)
+        INTO v_conversations, v_runs
+        FROM new_rows AS n
+        CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(n) AS fields) AS j;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        SELECT v_conversations || array_agg(j.fields ->> v_conversation_column),
+               v_runs || array_agg(j.fields ->> v_run_column)
+        INTO v_conversations, v_runs
+        FROM old_rows AS o
+        CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(o) AS fields) AS j;
+    END IF;
+
     -- Each touched conversation once, in a fixed order (concurrent bulk writers lock
     -- conversation_state rows in one order), with the runs it must look at: the runs
     -- named by the rows, under the conversation the rows name and under the conversation
     -- the run belongs to now (a message filed under another conversation still counts
     -- against its run's).
-    FOR v_touched IN EXECUTE
-        'WITH touched AS (' || v_rows || ')
-         SELECT t.conversation_id,
-                array_agg(DISTINCT t.run_id) FILTER (WHERE t.run_id IS NOT NULL) AS run_ids
-         FROM (SELECT c.conversation_id, c.run_id FROM touched AS c
-               UNION
-               SELECT sr.conversation_id, sr.run_id
-               FROM compaction.source_runs AS sr
-               WHERE sr.run_id IN (SELECT c.run_id FROM touched AS c)) AS t
-         WHERE t.conversation_id IS NOT NULL
-         GROUP BY t.conversation_id
-         ORDER BY t.conversation_id'
+    FOR v_touched IN
+        WITH touched AS (
+            SELECT t.conversation_id, t.run_id
+            FROM ROWS FROM (pg_catalog.unnest(v_conversations), pg_catalog.unnest(v_runs))
+                AS t (conversation_id, run_id)
+        )
+        SELECT t.conversation_id,
+               array_agg(DISTINCT t.run_id) FILTER (WHERE t.run_id IS NOT NULL) AS run_ids
+        FROM (SELECT c.conversation_id, c.run_id FROM touched AS c
+              UNION
+              SELECT sr.conversation_id, sr.run_id
+              FROM compaction.source_runs AS sr
+              WHERE sr.run_id IN (SELECT c.run_id FROM touched AS c)) AS t
+        WHERE t.conversation_id IS NOT NULL
+        GROUP BY t.conversation_id
+        ORDER BY t.conversation_id
     LOOP
         IF v_run_column IS NULL THEN
             PERFORM compaction.rederive(v_touched.conversation_id, NULL);
@@ -857,7 +906,11 @@ BEGIN
         RAISE EXCEPTION 'the source views or tracking triggers changed during the rebuild; run it again'
             USING ERRCODE = 'CP021';
     END IF;
-    UPDATE compaction.source_tracking SET stamp = p_stamp, stamped_at = pg_catalog.now();
+    UPDATE compaction.source_tracking
+    SET stamp = p_stamp,
+        object_oids = ARRAY(SELECT pg_catalog.split_part(o.item, ':', 1)::oid
+                            FROM pg_catalog.unnest(pg_catalog.string_to_array(p_stamp, ',')) AS o (item)),
+        stamped_at = pg_catalog.now();
     RETURN true;
 END
 $$;
