@@ -34,8 +34,10 @@ from pycompactor.models import (
     HeartbeatResult,
     Pair,
     QueuedConversation,
+    RangeReply,
     RunVerdict,
     Target,
+    WorkerTarget,
 )
 
 Connection = psycopg.Connection[Any]
@@ -159,6 +161,35 @@ def plan_targets(conn: Connection, conversation_id: str) -> list[Target]:
             "SELECT from_pair, to_pair, source_message_ids, source_hash"
             " FROM compaction.plan_targets(%(conversation_id)s::text)",
             {"conversation_id": conversation_id},
+        )
+        return cur.fetchall()
+
+
+def worker_targets(conn: Connection, conversation_id: str, scope: str, model: str,
+                   prompt_version: str) -> list[WorkerTarget]:
+    """plan_targets, each with whether its identity already holds a completed summary."""
+    with _call(conn, class_row(WorkerTarget)) as cur:
+        cur.execute(
+            "SELECT from_pair, to_pair, source_message_ids, source_hash, completed"
+            " FROM compaction.worker_targets(%(conversation_id)s::text, %(scope)s::text,"
+            " %(model)s::text, %(prompt_version)s::text)",
+            {"conversation_id": conversation_id, "scope": scope, "model": model,
+             "prompt_version": prompt_version},
+        )
+        return cur.fetchall()
+
+
+def range_replies(conn: Connection, conversation_id: str, from_pair: int,
+                  source_hash: str) -> list[RangeReply]:
+    """The 10 assistant replies of a range, in pair order, only while its current source
+    hash is `source_hash` (else none): the text a claimed attempt summarizes."""
+    with _call(conn, class_row(RangeReply)) as cur:
+        cur.execute(
+            "SELECT pair_index, assistant_message_id, assistant_content"
+            " FROM compaction.range_replies(%(conversation_id)s::text, %(from_pair)s::int,"
+            " %(source_hash)s::text)",
+            {"conversation_id": conversation_id, "from_pair": from_pair,
+             "source_hash": source_hash},
         )
         return cur.fetchall()
 
