@@ -606,10 +606,10 @@ class Worker:
 
     def _skipped(self, conversation_id: str, from_pair: int | None,
                  exc: DatabaseTimeout) -> None:
+        reason = "lock_timeout" if isinstance(exc, LockTimeout) else "statement_timeout"
+        metrics.target_skipped(reason)
         self._log.emit("target_skipped", conversation_id=conversation_id, from_pair=from_pair,
-                       outcome="skipped",
-                       reason="lock_timeout" if isinstance(exc, LockTimeout)
-                       else "statement_timeout", error=str(exc))
+                       outcome="skipped", reason=reason, error=str(exc))
         if from_pair is None:
             self._enqueue(conversation_id)  # a later pass examines it again
 
@@ -630,6 +630,7 @@ class Worker:
         for target in db.worker_targets(conn, conversation_id, cfg.scope, cfg.model,
                                         PROMPT_VERSION):
             if target.completed:
+                metrics.target_skipped("already_completed")
                 self._log.emit("target_skipped", conversation_id=conversation_id,
                                from_pair=target.from_pair, outcome="skipped",
                                reason="already_completed")
