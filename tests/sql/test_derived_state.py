@@ -256,32 +256,12 @@ def doc_example(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-# Until docs/integrating.md shows how a host attaches the tracking triggers, the test
-# attaches them as sql/25_tracking.sql does for the reference tables; once the doc has an
-# example named "tracking", that block runs instead, verbatim.
-HOST_TRACKING_FALLBACK = "\n".join(
-    f"CREATE TRIGGER {table}_track_{event} AFTER {event.upper()} ON agent.{table}"
-    + {"insert": " REFERENCING NEW TABLE AS new_rows",
-       "update": " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows",
-       "delete": " REFERENCING OLD TABLE AS old_rows", "truncate": ""}[event]
-    + f" FOR EACH STATEMENT EXECUTE FUNCTION compaction.track_source_changes({args});\n"
-    f"ALTER TABLE agent.{table} ENABLE ALWAYS TRIGGER {table}_track_{event};"
-    for table, args in (("turns", "'thread_id', 'turn_id'"),
-                        ("chat_messages", "'thread', 'turn'"))
-    for event in ("insert", "update", "delete", "truncate")
-) + "\nCALL compaction.rebuild_derived_state();\n"
-
-
 def attach_host(conn: Conn) -> None:
-    """docs/integrating.md's worked example: host schema, grants, views, tracking."""
-    for name in ("host-schema", "grants-and-indexes", "repoint"):
+    """docs/integrating.md's worked example: host schema, grants, views, tracking, rebuild."""
+    for name in ("host-schema", "grants-and-indexes", "repoint", "tracking", "rebuild"):
         block = doc_example(name)
         assert block is not None, f"docs/integrating.md lost its {name} example"
         conn.execute(block.encode())
-    tracking = doc_example("tracking") or HOST_TRACKING_FALLBACK
-    for statement in tracking.split(";\n"):  # CALL must run outside a transaction block
-        if statement.strip():
-            conn.execute(statement.encode())
 
 
 # ---------------------------------------------------------------------------------------
