@@ -19,6 +19,7 @@ reads the exact depth with `SELECT count(*) FROM compaction.queue` (docs/operati
 
 from __future__ import annotations
 
+import collections
 import re
 import threading
 from collections.abc import Iterator
@@ -118,8 +119,10 @@ def dequeued(count: int) -> None:
 def projected(projection: Projection) -> None:
     """Count one projection and the summaries it refused (called by project_history)."""
     PROJECTIONS.inc()
-    for rejected in projection.rejected_summaries:
-        PROJECTION_REJECTED.labels(reason=rejected.reason).inc()
+    # One labels() per reason, not per summary: a long conversation has many.
+    for reason, count in collections.Counter(
+            r.reason for r in projection.rejected_summaries).items():
+        PROJECTION_REJECTED.labels(reason=reason).inc(count)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,11 +26,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Literal, Protocol, TypedDict
+from typing import Any, Final, Literal, NamedTuple, Protocol, TypedDict
 
 import psycopg
 from psycopg import pq
-from psycopg.rows import class_row
+from psycopg.rows import class_row, tuple_row
 
 from pycompactor import metrics
 from pycompactor.errors import PycompactorError, UsageError, wrap_exceptions
@@ -84,9 +84,12 @@ def message_cost(content: str) -> int:
 # --------------------------------------------------------------------------- inputs
 
 
-@dataclass(frozen=True, slots=True)
-class PairMeta:
-    """An eligible pair without its texts: ids and UTF-8 byte lengths are enough to plan."""
+class PairMeta(NamedTuple):
+    """An eligible pair without its texts: ids and UTF-8 byte lengths are enough to plan.
+
+    A NamedTuple rather than a frozen dataclass (equally immutable): a projection reads
+    one per eligible pair, and building 10,000 of these costs a fifth as much.
+    """
 
     pair_index: int
     user_message_id: str
@@ -314,7 +317,8 @@ def source_is_current(summary: StoredSummary, pairs: Sequence[SourcePair]) -> bo
     return ids == tuple(summary.source_message_ids) and source_hash(block) == summary.source_hash
 
 
-def summary_reason(summary: SummaryCandidate, pairs: Sequence[PairMeta]) -> Reason | None:
+def summary_reason(summary: SummaryCandidate, pairs: Sequence[PairMeta],
+                   flat_ids: Sequence[str] | None = None) -> Reason | None:
     """The rejection that applies to a summary whatever the budget, or None if it is valid.
 
     `version_not_projectable`, then `stale_source`: its source is not current (the range is
@@ -325,13 +329,22 @@ def summary_reason(summary: SummaryCandidate, pairs: Sequence[PairMeta]) -> Reas
     """
     if not summary.projectable:
         return VERSION_NOT_PROJECTABLE
-    if (
-        not summary.source_current
-        or not _binds_range(summary, len(pairs))
-        or _range_ids(pairs, summary.from_pair) != tuple(summary.source_message_ids)
-    ):
+    if not summary.source_current or not _binds_range(summary, len(pairs)):
+        return STALE_SOURCE
+    start = 2 * summary.from_pair
+    current = (_range_ids(pairs, summary.from_pair) if flat_ids is None
+               else tuple(flat_ids[start : start + 2 * PAIRS_PER_RANGE]))
+    if current != tuple(summary.source_message_ids):
         return STALE_SOURCE
     return None
+
+
+def _flat_ids(pairs: Sequence[PairMeta]) -> list[str]:
+    """[u0, a0, u1, a1, ...] of all pairs: a range's ids are a slice of it."""
+    flat: list[str] = []
+    for p in pairs:
+        flat += (p.user_message_id, p.assistant_message_id)
+    return flat
 
 
 def block_cost(summary: SummaryCandidate, pairs: Sequence[PairMeta]) -> int:
@@ -364,8 +377,9 @@ def select_summaries(
     """
     rejected: dict[int, Reason] = {}
     by_range: dict[int, list[SummaryCandidate]] = {}
+    flat_ids = _flat_ids(pairs) if summaries else []
     for summary in summaries:
-        reason = summary_reason(summary, pairs)
+        reason = summary_reason(summary, pairs, flat_ids)
         if reason is not None:
             rejected[summary.summary_id] = reason
         else:
@@ -396,7 +410,7 @@ def plan_projection(
     the walk, so the included history is always a contiguous newest suffix.
     """
     budget = check_budget(budget_bytes)
-    if [p.pair_index for p in pairs] != list(range(len(pairs))):
+    if any(p.pair_index != i for i, p in enumerate(pairs)):
         raise ValueError("pairs must be every eligible pair, ordered by pair_index from 0")
     selection = select_summaries(pairs, summaries)
     chosen, rejected = selection.chosen, selection.rejected
@@ -448,9 +462,10 @@ def plan_projection(
         (RejectedSummary(sid, by_id[sid].from_pair, reason) for sid, reason in rejected.items()),
         key=lambda r: (r.from_pair, r.summary_id),
     )
-    manifest = tuple(
-        PairPlacement(p.pair_index, *placement.get(p.pair_index, (OMITTED, None)))
-        for p in pairs
+    # The included pairs are the newest suffix from `index + 1` on; all older are omitted.
+    manifest = (
+        *(PairPlacement(i, OMITTED, None) for i in range(index + 1)),
+        *(PairPlacement(i, *placement[i]) for i in range(index + 1, len(pairs))),
     )
     return Plan(
         items=tuple(reversed(newest_first)),
@@ -602,8 +617,10 @@ def project_history(
     budget = check_budget(budget_bytes)
     params: dict[str, Any] = {"conversation_id": conversation_id, "scope": scope}
     with wrap_exceptions(), _snapshot(conn):
-        with conn.cursor(row_factory=class_row(PairMeta)) as cur:
-            pairs = cur.execute(_PAIRS_SQL, params).fetchall()
+        # Plain tuples, then PairMeta._make: one per eligible pair, so the row factory's
+        # per-row cost counts.
+        with conn.cursor(row_factory=tuple_row) as cur:
+            pairs = list(map(PairMeta._make, cur.execute(_PAIRS_SQL, params).fetchall()))
         with conn.cursor(row_factory=class_row(_SummaryRow)) as scur:
             summaries = [SummaryCandidate(r.summary_id, r.from_pair, r.to_pair,
                                           tuple(r.source_message_ids), r.source_hash,
