@@ -117,6 +117,8 @@ def cmd_check_source(args: argparse.Namespace) -> int:
             print(f"problem: {problem}")
         if report.ok:
             print("source views match the contract")
+            if report.derived_state_note is not None:
+                print(f"derived state: {report.derived_state_note}")
             if report.samples:
                 print(render_table(
                     ["conversation", "runs", "pairs", "excluded runs (reason: count)"],

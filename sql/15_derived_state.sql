@@ -167,3 +167,17 @@ END
 $$;
 COMMENT ON FUNCTION compaction.derived_state_current() IS
     'True when the derived state is in use: it was rebuilt under the source views and tracking triggers that exist now (else every function judges from the views)';
+
+CREATE FUNCTION compaction.derived_state_status()
+RETURNS text
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN compaction.derived_state_current() THEN 'in_use'
+                WHEN compaction.source_stamp() IS NULL THEN 'untracked'
+                ELSE 'not_rebuilt' END
+$$;
+COMMENT ON FUNCTION compaction.derived_state_status() IS
+    'in_use (derived state kept and used), not_rebuilt (tracked, but CALL compaction.rebuild_derived_state() has not run since the views or triggers changed), untracked (some table behind the views has no tracking triggers: every call judges from the views)';

@@ -105,6 +105,8 @@ GRANT EXECUTE ON FUNCTION
     compaction.range_replies(text, int, text)
 TO compaction_worker;
 GRANT EXECUTE ON FUNCTION compaction.verify_conversation(text) TO compaction_auditor;
+GRANT EXECUTE ON FUNCTION compaction.derived_state_status()
+TO compaction_worker, compaction_reader, compaction_auditor;
 REVOKE TRUNCATE ON compaction.conversation_state, compaction.pairs, compaction.ranges,
                    compaction.source_tracking
 FROM compaction_owner;

@@ -8,6 +8,8 @@ DROP TRIGGER messages_track_insert ON compaction_source.messages;
 DROP TRIGGER messages_track_update ON compaction_source.messages;
 DROP TRIGGER messages_track_delete ON compaction_source.messages;
 DROP TRIGGER messages_track_truncate ON compaction_source.messages;
+DROP FUNCTION compaction.attach_source_tracking(regclass, text, text);
+DROP FUNCTION compaction.detach_source_tracking(regclass);
 DROP FUNCTION compaction.track_source_changes();
 DROP PROCEDURE compaction.rebuild_derived_state(int);
 DROP FUNCTION compaction.stamp_derived_state(text);
@@ -379,6 +381,7 @@ $$;
 COMMENT ON FUNCTION compaction.projection_range_hashes(int[], text[]) IS
     'Current source hash of each range named by its first pair and its 20 current source ids (row i of the 2-D array), reading only those messages; NULL where the ids are not 20 messages found once each';
 
+DROP FUNCTION compaction.derived_state_status();
 DROP FUNCTION compaction.derived_state_current();
 DROP FUNCTION compaction.source_stamp();
 DROP TABLE compaction.source_tracking;

@@ -158,6 +158,20 @@ $$;
 COMMENT ON FUNCTION compaction.derived_state_current() IS
     'True when the derived state is in use: it was rebuilt under the source views and tracking triggers that exist now (else every function judges from the views)';
 
+CREATE FUNCTION compaction.derived_state_status()
+RETURNS text
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN compaction.derived_state_current() THEN 'in_use'
+                WHEN compaction.source_stamp() IS NULL THEN 'untracked'
+                ELSE 'not_rebuilt' END
+$$;
+COMMENT ON FUNCTION compaction.derived_state_status() IS
+    'in_use (derived state kept and used), not_rebuilt (tracked, but CALL compaction.rebuild_derived_state() has not run since the views or triggers changed), untracked (some table behind the views has no tracking triggers: every call judges from the views)';
+
 -- ==== sql/20_pairs.sql: eligibility with an optional run list, reads from derived state ====
 DROP FUNCTION compaction.judge_runs(text);
 CREATE FUNCTION compaction.judge_runs(p_conversation_id text, p_run_ids text[] DEFAULT NULL)
@@ -743,6 +757,76 @@ ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_track_dele
 ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_track_truncate;
 
 -- ---------------------------------------------------------------------------------------
+-- Attaching the tracking to a host's own tables
+-- ---------------------------------------------------------------------------------------
+
+-- Runs with the caller's rights (the host table's owner creates triggers on its table);
+-- it needs EXECUTE on track_source_changes, which the engine's owner grants.
+CREATE FUNCTION compaction.attach_source_tracking(
+    p_table regclass, p_conversation_column text, p_run_column text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_column text;
+    v_event  text;
+BEGIN
+    IF p_table IS NULL OR p_conversation_column IS NULL OR p_run_column IS NULL THEN
+        RAISE EXCEPTION 'attach_source_tracking needs a table, its conversation id column and its run id column ('''' when it has none)'
+            USING ERRCODE = 'CP020';
+    END IF;
+    FOREACH v_column IN ARRAY ARRAY[p_conversation_column, nullif(p_run_column, '')] LOOP
+        IF v_column IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM pg_catalog.pg_attribute AS a
+               WHERE a.attrelid = p_table AND a.attname = v_column
+                 AND a.attnum > 0 AND NOT a.attisdropped) THEN
+            RAISE EXCEPTION 'table % has no column %', p_table, v_column
+                USING ERRCODE = 'CP020';
+        END IF;
+    END LOOP;
+    PERFORM compaction.detach_source_tracking(p_table);
+    FOREACH v_event IN ARRAY ARRAY['insert', 'update', 'delete', 'truncate'] LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE TRIGGER %I AFTER %s ON %s %s FOR EACH STATEMENT'
+            ' EXECUTE FUNCTION compaction.track_source_changes(%L, %L)',
+            'compaction_track_' || v_event, pg_catalog.upper(v_event), p_table,
+            CASE v_event
+                WHEN 'insert' THEN 'REFERENCING NEW TABLE AS new_rows'
+                WHEN 'update' THEN 'REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows'
+                WHEN 'delete' THEN 'REFERENCING OLD TABLE AS old_rows'
+                ELSE ''
+            END,
+            p_conversation_column, p_run_column);
+        -- ALWAYS: logical replication's apply (session_replication_role = replica) too.
+        EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I',
+                                  p_table, 'compaction_track_' || v_event);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION compaction.attach_source_tracking(regclass, text, text) IS
+    'Attaches the change-tracking triggers (INSERT, UPDATE, DELETE, TRUNCATE) to a host table behind the source views, naming its conversation id and run id columns; then CALL compaction.rebuild_derived_state()';
+
+CREATE FUNCTION compaction.detach_source_tracking(p_table regclass)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_event text;
+BEGIN
+    FOREACH v_event IN ARRAY ARRAY['insert', 'update', 'delete', 'truncate'] LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS %I ON %s',
+                                  'compaction_track_' || v_event, p_table);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION compaction.detach_source_tracking(regclass) IS
+    'Removes the change-tracking triggers attach_source_tracking created on a host table (the engine then judges from the views on each call)';
+
+-- ---------------------------------------------------------------------------------------
 -- Proof and repair
 -- ---------------------------------------------------------------------------------------
 
@@ -1218,6 +1302,8 @@ GRANT EXECUTE ON FUNCTION
     compaction.range_replies(text, int, text)
 TO compaction_worker;
 GRANT EXECUTE ON FUNCTION compaction.verify_conversation(text) TO compaction_auditor;
+GRANT EXECUTE ON FUNCTION compaction.derived_state_status()
+TO compaction_worker, compaction_reader, compaction_auditor;
 REVOKE TRUNCATE ON compaction.conversation_state, compaction.pairs, compaction.ranges,
                    compaction.source_tracking
 FROM compaction_owner;
