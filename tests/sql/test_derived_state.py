@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.recompute import (
@@ -39,6 +39,7 @@ from tests.recompute import (
     assert_c_collation,
     assert_matches,
     derived_state_in_use,
+    pairs_of,
     read_reference,
 )
 
@@ -251,37 +252,17 @@ class HostSource:
                   for i, c, r, a, s, body, pos in messages))
 
 
-def doc_example(name: str) -> str | None:
+def doc_example(name: str) -> str:
     match = re.search(rf"<!-- example: {name} -->\n```sql\n(.*?)```", DOC.read_text(), re.S)
-    return match.group(1) if match else None
-
-
-# Until docs/integrating.md shows how a host attaches the tracking triggers, the test
-# attaches them as sql/25_tracking.sql does for the reference tables; once the doc has an
-# example named "tracking", that block runs instead, verbatim.
-HOST_TRACKING_FALLBACK = "\n".join(
-    f"CREATE TRIGGER {table}_track_{event} AFTER {event.upper()} ON agent.{table}"
-    + {"insert": " REFERENCING NEW TABLE AS new_rows",
-       "update": " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows",
-       "delete": " REFERENCING OLD TABLE AS old_rows", "truncate": ""}[event]
-    + f" FOR EACH STATEMENT EXECUTE FUNCTION compaction.track_source_changes({args});\n"
-    f"ALTER TABLE agent.{table} ENABLE ALWAYS TRIGGER {table}_track_{event};"
-    for table, args in (("turns", "'thread_id', 'turn_id'"),
-                        ("chat_messages", "'thread', 'turn'"))
-    for event in ("insert", "update", "delete", "truncate")
-) + "\nCALL compaction.rebuild_derived_state();\n"
+    assert match, f"docs/integrating.md lost its {name} example"
+    return match.group(1)
 
 
 def attach_host(conn: Conn) -> None:
-    """docs/integrating.md's worked example: host schema, grants, views, tracking."""
-    for name in ("host-schema", "grants-and-indexes", "repoint"):
-        block = doc_example(name)
-        assert block is not None, f"docs/integrating.md lost its {name} example"
-        conn.execute(block.encode())
-    tracking = doc_example("tracking") or HOST_TRACKING_FALLBACK
-    for statement in tracking.split(";\n"):  # CALL must run outside a transaction block
-        if statement.strip():
-            conn.execute(statement.encode())
+    """docs/integrating.md's worked example, verbatim: host schema, grants and indexes,
+    re-pointed views, tracking triggers, then the rebuild (outside a transaction block)."""
+    for name in ("host-schema", "grants-and-indexes", "repoint", "tracking", "rebuild"):
+        conn.execute(doc_example(name).encode())
 
 
 # ---------------------------------------------------------------------------------------
@@ -551,11 +532,11 @@ def source(request: pytest.FixtureRequest, conn: Conn) -> Iterator[Source]:
 _examples = itertools.count()
 
 
-@settings(max_examples=EXAMPLES or 20, deadline=None, database=None,
+@settings(max_examples=EXAMPLES or 30, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(sizes=st.lists(initial_sizes, min_size=2, max_size=3),
-       history=st.lists(writes, min_size=1, max_size=10))
+       history=st.lists(writes, min_size=1, max_size=12))
 def test_derived_state_equals_recomputation_after_every_write(
     conn: Conn, source: Source, sizes: list[int], history: list[Any]
 ) -> None:
@@ -564,7 +545,10 @@ def test_derived_state_equals_recomputation_after_every_write(
 
     def check() -> None:
         assert derived_state_in_use(conn)
-        assert_matches(conn, writer.raw(), conversations)
+        raw = writer.raw()
+        assert_matches(conn, raw, conversations)
+        most = max(len(pairs_of(raw, c)) for c in conversations)
+        event("a conversation with targets" if most >= 30 else "no targets")
 
     # Every conversation's initial history in one statement per table (several
     # conversations in one statement).
@@ -584,5 +568,6 @@ def test_derived_state_equals_recomputation_after_every_write(
             source.insert_messages(conn, messages)
     check()
     for write in history:
+        event(type(write).__name__)
         writer.apply(write, check)
         check()
