@@ -4,8 +4,9 @@ from-scratch recomputation and compaction.verify_conversation finds nothing.
 A hypothesis property: random sequences of writes (whole Runs appended, bulk inserts, old
 messages edited, whitespace-only and NBSP edits, run and message status flips, a second
 assistant message, deleted messages and runs, Runs inserted before others, ties on seq,
-messages and runs moved to another conversation, roles and seqs changed, several writes in
-one transaction, rolled-back transactions). After each write, and inside each multi-write
+messages and runs moved to another conversation, roles, seqs and message ids changed, one
+UPDATE across several conversations, several writes in one transaction, rolled-back
+transactions). After each write, and inside each multi-write
 transaction after every statement, `eligible_pairs`, `plan_targets` and `source_hash` (every
 multiple of 10 up to past the end, and invalid ones) of every conversation of the example
 equal tests/recompute.py's recomputation from the raw rows, and `verify_conversation` is
@@ -78,6 +79,9 @@ class Source(Protocol):
     def update_run(self, conn: Conn, run_id: str, column: str, value: Any) -> None: ...
     def update_message(self, conn: Conn, message_id: str, column: str, value: Any) -> None: ...
     def move_run_messages(self, conn: Conn, run_id: str, conversation_id: str) -> None: ...
+    def rename_message(self, conn: Conn, message_id: str) -> None: ...
+    def bulk_update(self, conn: Conn, conversations: Sequence[str], modulus: int,
+                    column: str, value: Any) -> None: ...
     def delete_message(self, conn: Conn, message_id: str) -> None: ...
     def delete_run(self, conn: Conn, run_id: str) -> None: ...
     def read(self, conn: Conn, conversations: Sequence[str]) -> Raw: ...
@@ -138,6 +142,18 @@ class ReferenceSource:
     def move_run_messages(self, conn: Conn, run_id: str, conversation_id: str) -> None:
         conn.execute("UPDATE compaction_source.messages SET conversation_id = %s"
                      " WHERE run_id = %s", (conversation_id, run_id))
+
+    def rename_message(self, conn: Conn, message_id: str) -> None:
+        conn.execute("UPDATE compaction_source.messages SET message_id = %s"
+                     " WHERE message_id = %s", (f"{self.prefix}m{next(_ids)}", message_id))
+
+    def bulk_update(self, conn: Conn, conversations: Sequence[str], modulus: int,
+                    column: str, value: Any) -> None:
+        assert column in ("content", "status")
+        conn.execute(psycopg.sql.SQL(
+            "UPDATE compaction_source.messages SET {} = %s"
+            " WHERE conversation_id = ANY (%s) AND seq %% %s = 0").format(
+                psycopg.sql.Identifier(column)), (value, list(conversations), modulus))
 
     def delete_message(self, conn: Conn, message_id: str) -> None:
         conn.execute("DELETE FROM compaction_source.messages WHERE message_id = %s",
@@ -229,6 +245,21 @@ class HostSource:
         conn.execute("UPDATE agent.chat_messages SET thread = %s WHERE turn = %s",
                      (conversation_id, run_id))
 
+    def rename_message(self, conn: Conn, message_id: str) -> None:
+        # an identity column takes a new value only from its sequence
+        conn.execute("UPDATE agent.chat_messages SET id = DEFAULT WHERE id = %s",
+                     (int(message_id),))
+
+    def bulk_update(self, conn: Conn, conversations: Sequence[str], modulus: int,
+                    column: str, value: Any) -> None:
+        if column == "status":
+            value = HOST_MESSAGE_STATUS.get(value, value)
+        conn.execute(psycopg.sql.SQL(
+            "UPDATE agent.chat_messages SET {} = %s"
+            " WHERE thread = ANY (%s::uuid[]) AND position %% %s = 0").format(
+                psycopg.sql.Identifier(HOST_MESSAGE_COLUMN[column])),
+            (value, list(conversations), modulus))
+
     def delete_message(self, conn: Conn, message_id: str) -> None:
         conn.execute("DELETE FROM agent.chat_messages WHERE id = %s", (int(message_id),))
 
@@ -313,6 +344,20 @@ class Reparent:
 
 
 @dataclass(frozen=True)
+class RenameMessage:
+    """Give a message a new id (its position among tied seqs and its range ids change)."""
+    pick: int
+
+
+@dataclass(frozen=True)
+class BulkUpdate:
+    """One UPDATE across every conversation of the example (messages with seq % m = 0)."""
+    modulus: int
+    column: str
+    value: Any
+
+
+@dataclass(frozen=True)
 class RunStatus:
     pick: int
     status: str
@@ -376,6 +421,10 @@ single_writes = st.one_of(
     st.builds(SetMessage, picks, st.just("role"), st.sampled_from(ROLES)),
     st.builds(SetMessage, picks, st.just("seq"), st.integers(-40, 600)),
     st.builds(Reparent, picks, st.none() | picks),
+    st.builds(RenameMessage, picks),
+    st.builds(BulkUpdate, st.integers(2, 7), st.just("content"), contents),
+    st.builds(BulkUpdate, st.integers(2, 7), st.just("status"),
+              st.sampled_from(MESSAGE_STATUSES)),
     st.builds(RunStatus, picks, st.sampled_from(RUN_STATUSES)),
     st.builds(SecondAssistant, picks, st.sampled_from(MESSAGE_STATUSES), contents),
     st.builds(DeleteMessage, picks),
@@ -471,6 +520,12 @@ class Writer:
             if m:
                 source.update_message(conn, m.message_id, "run_id",
                                       None if run is None else run.run_id)
+        elif isinstance(write, RenameMessage):
+            if m := self.message(write.pick):
+                source.rename_message(conn, m.message_id)
+        elif isinstance(write, BulkUpdate):
+            source.bulk_update(conn, self.conversations, write.modulus, write.column,
+                               write.value)
         elif isinstance(write, RunStatus):
             if run := self.run(write.pick):
                 source.update_run(conn, run.run_id, "status", write.status)
