@@ -11,7 +11,8 @@ transaction after every statement, `eligible_pairs`, `plan_targets` and `source_
 multiple of 10 up to past the end, and invalid ones) of every conversation of the example
 equal tests/recompute.py's recomputation from the raw rows, and `verify_conversation` is
 empty. The same generator runs against the reference tables and against the documented
-host schema (docs/integrating.md's worked example) with the tracking triggers attached.
+host schema (docs/integrating.md's worked example) with the tracking triggers attached, and
+without them (judged from the views on each call: exact too; nothing to verify).
 
 Each example uses conversations of its own, so one cloned database serves every example.
 PYCOMPACTOR_PROPERTY_EXAMPLES raises the number of examples for a longer search.
@@ -289,10 +290,13 @@ def doc_example(name: str) -> str:
     return match.group(1)
 
 
-def attach_host(conn: Conn) -> None:
+def attach_host(conn: Conn, *, tracked: bool) -> None:
     """docs/integrating.md's worked example, verbatim: host schema, grants and indexes,
-    re-pointed views, tracking triggers, then the rebuild (outside a transaction block)."""
-    for name in ("host-schema", "grants-and-indexes", "repoint", "tracking", "rebuild"):
+    re-pointed views, then (tracked) the tracking triggers and the rebuild."""
+    names = ["host-schema", "grants-and-indexes", "repoint"]
+    if tracked:
+        names += ["tracking", "rebuild"]
+    for name in names:
         conn.execute(doc_example(name).encode())
 
 
@@ -572,36 +576,65 @@ class Writer:
 # The property
 # ---------------------------------------------------------------------------------------
 
-@pytest.fixture(params=["reference", "host"])
-def source(request: pytest.FixtureRequest, conn: Conn) -> Iterator[Source]:
+def make_source(conn: Conn, kind: str) -> Source:
+    """The reference tables and the documented host schema read the derived state; the
+    host schema without tracking triggers is judged from the views on each call."""
     assert_c_collation(conn)
-    if request.param == "host":
-        attach_host(conn)
-        yield HostSource()
+    if kind == "reference":
+        source: Source = ReferenceSource()
     else:
-        yield ReferenceSource()
-    # the derived state was what the functions read, not the views' fallback path
+        attach_host(conn, tracked=kind == "host")
+        source = HostSource()
+    assert derived_state_in_use(conn) == (kind != "host-untracked")
+    return source
+
+
+@pytest.fixture(params=["reference", "host"])
+def tracked_source(request: pytest.FixtureRequest, conn: Conn) -> Iterator[Source]:
+    yield make_source(conn, request.param)
     assert derived_state_in_use(conn)
 
 
+@pytest.fixture
+def untracked_source(conn: Conn) -> Iterator[Source]:
+    yield make_source(conn, "host-untracked")
+    assert not derived_state_in_use(conn)
+
+
 _examples = itertools.count()
+PROPERTY = settings(deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow, HealthCheck.data_too_large])
+SIZES = st.lists(initial_sizes, min_size=2, max_size=3)
+HISTORIES = st.lists(writes, min_size=1, max_size=12)
 
 
-@settings(max_examples=EXAMPLES or 30, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])
-@given(sizes=st.lists(initial_sizes, min_size=2, max_size=3),
-       history=st.lists(writes, min_size=1, max_size=12))
+@settings(PROPERTY, max_examples=EXAMPLES or 30)
+@given(sizes=SIZES, history=HISTORIES)
 def test_derived_state_equals_recomputation_after_every_write(
-    conn: Conn, source: Source, sizes: list[int], history: list[Any]
+    conn: Conn, tracked_source: Source, sizes: list[int], history: list[Any]
 ) -> None:
+    run_history(conn, tracked_source, sizes, history)
+
+
+@settings(PROPERTY, max_examples=EXAMPLES or 12)
+@given(sizes=SIZES, history=HISTORIES)
+def test_untracked_host_source_is_judged_exactly_from_the_views(
+    conn: Conn, untracked_source: Source, sizes: list[int], history: list[Any]
+) -> None:
+    run_history(conn, untracked_source, sizes, history)
+
+
+def run_history(conn: Conn, source: Source, sizes: list[int], history: list[Any]) -> None:
+    """Initial history, then each write, checking everything after each."""
     conversations = source.conversation_ids(next(_examples), len(sizes))
     writer = Writer(conn, source, conversations)
+    tracked = derived_state_in_use(conn)
 
     def check() -> None:
-        assert derived_state_in_use(conn)
+        assert derived_state_in_use(conn) == tracked
         raw = writer.raw()
-        assert_matches(conn, raw, conversations)
+        assert_matches(conn, raw, conversations, verified=tracked)
         most = max(len(pairs_of(raw, c)) for c in conversations)
         event("a conversation with targets" if most >= 30 else "no targets")
 
