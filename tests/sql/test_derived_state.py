@@ -6,13 +6,13 @@ messages edited, whitespace-only and NBSP edits, run and message status flips, a
 assistant message, deleted messages and runs, Runs inserted before others, ties on seq,
 messages and runs moved to another conversation, roles, seqs and message ids changed, one
 UPDATE across several conversations, several writes in one transaction, rolled-back
-transactions). After each write, and inside each multi-write
-transaction after every statement, `eligible_pairs`, `plan_targets` and `source_hash` (every
-multiple of 10 up to past the end, and invalid ones) of every conversation of the example
-equal tests/recompute.py's recomputation from the raw rows, and `verify_conversation` is
-empty. The same generator runs against the reference tables and against the documented
-host schema (docs/integrating.md's worked example) with the tracking triggers attached, and
-without them (judged from the views on each call: exact too; nothing to verify).
+transactions). After each write, and inside each multi-write transaction after every
+write, `eligible_pairs`, `plan_targets` and `source_hash` (every multiple of 10 up to past
+the end, and invalid ones) of every conversation of the example equal tests/recompute.py's
+recomputation from the raw rows, and `verify_conversation` is empty. The same generator
+runs against the reference tables and against the documented host schema
+(docs/integrating.md's worked example) with the tracking triggers attached, and without
+them (judged from the views on each call: exact too; nothing to verify).
 
 Each example uses conversations of its own, so one cloned database serves every example.
 PYCOMPACTOR_PROPERTY_EXAMPLES raises the number of examples for a longer search.
