@@ -47,6 +47,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                                   + ("no message scans or blocks" if no_text
                                      else "messages touched"),
                       "target": "constant, no text", "met": len(counts) == 1 and no_text})
+        busy = results["finding_work"]["busy"]
+        per_range = busy.get("message_rows_per_claimed_range")
+        found.append({"name": "busy worker pass: message rows read per claimed range"
+                              " (worst repetition)",
+                      "measured": per_range, "target": "<= 20 (the range's messages)",
+                      "met": per_range is not None and per_range <= 20})
     if "hashing" in results:
         py = results["hashing"]["python"]
         found.append({"name": "source_hash vs bare hashlib throughput (mixed scripts)",
