@@ -9,7 +9,8 @@ UPDATE across several conversations, several writes in one transaction, rolled-b
 transactions). After each write, and inside each multi-write transaction after every
 write, `eligible_pairs`, `plan_targets` and `source_hash` (every multiple of 10 up to past
 the end, and invalid ones) of every conversation of the example equal tests/recompute.py's
-recomputation from the raw rows, and `verify_conversation` is empty. The same generator
+recomputation from the raw rows, `verify_conversation` is empty, and `claim` accepts the
+recomputed first target and refuses a wrong hash and a non-target. The same generator
 runs against the reference tables and against the documented host schema
 (docs/integrating.md's worked example) with the tracking triggers attached, and without
 them (judged from the views on each call: exact too; nothing to verify).
@@ -35,6 +36,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.recompute import (
+    PairRow,
     Raw,
     RawMessage,
     RawRun,
@@ -42,7 +44,9 @@ from tests.recompute import (
     assert_matches,
     derived_state_in_use,
     pairs_of,
+    ranges_of,
     read_reference,
+    targets_of,
 )
 
 Conn = psycopg.Connection[Any]
@@ -580,6 +584,8 @@ def make_source(conn: Conn, kind: str) -> Source:
     """The reference tables and the documented host schema read the derived state; the
     host schema without tracking triggers is judged from the views on each call."""
     assert_c_collation(conn)
+    # every check claims; the attempts stay running, so admission must not refuse
+    conn.execute("UPDATE compaction.settings SET max_running = 1000000")
     if kind == "reference":
         source: Source = ReferenceSource()
     else:
@@ -599,6 +605,34 @@ def tracked_source(request: pytest.FixtureRequest, conn: Conn) -> Iterator[Sourc
 def untracked_source(conn: Conn) -> Iterator[Source]:
     yield make_source(conn, "host-untracked")
     assert not derived_state_in_use(conn)
+
+
+def claim_reason(conn: Conn, conversation_id: str, from_pair: int, ids: list[str],
+                 digest: str) -> str:
+    row = conn.execute(
+        "SELECT reason FROM compaction.claim(%s, 'default', %s, %s, %s, 'test-model',"
+        " 'conversation-compaction@3', 'prop')",
+        (conversation_id, from_pair, ids, digest)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def assert_claims_follow_the_source(conn: Conn, conversation_id: str,
+                                    pairs: list[PairRow]) -> None:
+    """claim compares with the current source: the first target's recomputed ids and hash
+    are claimable (or already running from an earlier check), another hash is a
+    source_mismatch, and a complete range among the newest 20 pairs is not_eligible."""
+    targets = targets_of(pairs)
+    if targets:
+        start, _, ids, digest = targets[0]
+        assert claim_reason(conn, conversation_id, start, ids, digest) in (
+            "claimed", "already_running")
+        assert claim_reason(conn, conversation_id, start, ids, "f" * 64) == "source_mismatch"
+    newest = ranges_of(pairs)
+    if newest:
+        start = max(newest)
+        if start + 30 > len(pairs):
+            assert claim_reason(conn, conversation_id, start, *newest[start]) == "not_eligible"
 
 
 _examples = itertools.count()
@@ -635,6 +669,8 @@ def run_history(conn: Conn, source: Source, sizes: list[int], history: list[Any]
         assert derived_state_in_use(conn) == tracked
         raw = writer.raw()
         assert_matches(conn, raw, conversations, verified=tracked)
+        for c in conversations:
+            assert_claims_follow_the_source(conn, c, pairs_of(raw, c))
         most = max(len(pairs_of(raw, c)) for c in conversations)
         event("a conversation with targets" if most >= 30 else "no targets")
 
