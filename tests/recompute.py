@@ -3,7 +3,7 @@
 The tests of the derived state compare the engine's read functions with this: raw source
 rows read with plain SELECTs, judged by the rules of DESIGN §3 in Python, numbered, cut into
 ranges of 10 pairs and hashed with hashlib as DESIGN §5 defines it. The recomputation
-uses neither pycompactor nor any compaction.* function; the engine_* helpers below are the
+uses neither pycompactor nor any compaction.* function; the engine_* functions below are the
 other side of the comparison.
 """
 
