@@ -3,7 +3,7 @@
 The tests of the derived state compare the engine's read functions with this: raw source
 rows read with plain SELECTs, judged by the rules of DESIGN §3 in Python, numbered, cut into
 ranges of 10 pairs and hashed with hashlib as DESIGN §5 defines it. The recomputation
-uses neither pycompactor nor any compaction.* function; the engine_* helpers below are the
+uses neither pycompactor nor any compaction.* function; the engine_* functions below are the
 other side of the comparison.
 """
 
@@ -193,8 +193,12 @@ def assert_c_collation(conn: psycopg.Connection[Any]) -> None:
 
 
 def assert_matches(conn: psycopg.Connection[Any], raw: Raw,
-                   conversations: Iterable[str]) -> None:
-    """Every read function equals the recomputation and verify_conversation is clean."""
+                   conversations: Iterable[str], *, verified: bool = True) -> None:
+    """Every read function equals the recomputation and verify_conversation is clean.
+
+    verified=False for a source without tracking triggers: there is no derived state to
+    verify, the functions judge from the views.
+    """
     for cid in conversations:
         pairs = pairs_of(raw, cid)
         assert engine_pairs(conn, cid) == pairs, f"eligible_pairs({cid!r})"
@@ -202,7 +206,8 @@ def assert_matches(conn: psycopg.Connection[Any], raw: Raw,
         probes = hash_probes(len(pairs))
         assert engine_hashes(conn, cid, probes) == [(f, hash_at(pairs, f)) for f in probes], (
             f"source_hash({cid!r}, ...)")
-        assert verify(conn, cid) == [], f"verify_conversation({cid!r})"
+        if verified:
+            assert verify(conn, cid) == [], f"verify_conversation({cid!r})"
 
 
 def derived_state_in_use(conn: psycopg.Connection[Any]) -> bool:

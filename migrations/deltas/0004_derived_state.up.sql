@@ -355,7 +355,7 @@ BEGIN
     SELECT count(*),
            ARRAY(SELECT pg_catalog.unnest(array_agg(
                ARRAY[j.user_message_id, j.assistant_message_id] ORDER BY j.pair_index)
-               FILTER (WHERE j.pair_index BETWEEN p_from_pair AND p_from_pair + 9)))
+               FILTER (WHERE j.pair_index BETWEEN p_from_pair AND p_from_pair::bigint + 9)))
     INTO v_pairs, v_ids
     FROM compaction.judged_pairs(p_conversation_id) AS j;
     IF p_from_pair IS NULL OR p_from_pair < 0 OR p_from_pair % 10 <> 0

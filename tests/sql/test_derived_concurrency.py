@@ -34,8 +34,6 @@ from tests.recompute import (
 )
 from tests.sql.engine import GOOD, MODEL, V3
 
-pytestmark = pytest.mark.slow
-
 Conn = psycopg.Connection[Any]
 HOT = "hot"
 INITIAL = 25
@@ -124,6 +122,7 @@ def _projector(dsn: str, barrier: Any, stop: Any, results: Any, name: str) -> No
         results.put(("projector", name, repr(exc)))
 
 
+@pytest.mark.slow
 def test_appends_claims_and_projections_of_one_conversation(conn: Conn, dsn: str) -> None:
     assert_c_collation(conn)
     conn.execute("CREATE SEQUENCE public.append_seq START 1000")

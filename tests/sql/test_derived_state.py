@@ -4,13 +4,16 @@ from-scratch recomputation and compaction.verify_conversation finds nothing.
 A hypothesis property: random sequences of writes (whole Runs appended, bulk inserts, old
 messages edited, whitespace-only and NBSP edits, run and message status flips, a second
 assistant message, deleted messages and runs, Runs inserted before others, ties on seq,
-messages and runs moved to another conversation, roles and seqs changed, several writes in
-one transaction, rolled-back transactions). After each write, and inside each multi-write
-transaction after every statement, `eligible_pairs`, `plan_targets` and `source_hash` (every
-multiple of 10 up to past the end, and invalid ones) of every conversation of the example
-equal tests/recompute.py's recomputation from the raw rows, and `verify_conversation` is
-empty. The same generator runs against the reference tables and against the documented
-host schema (docs/integrating.md's worked example) with the tracking triggers attached.
+messages and runs moved to another conversation, roles, seqs and message ids changed, one
+UPDATE across several conversations, several writes in one transaction, rolled-back
+transactions). After each write, and inside each multi-write transaction after every
+write, `eligible_pairs`, `plan_targets` and `source_hash` (every multiple of 10 up to past
+the end, and invalid ones) of every conversation of the example equal tests/recompute.py's
+recomputation from the raw rows, `verify_conversation` is empty, and `claim` accepts the
+recomputed first target and refuses a wrong hash and a non-target. The same generator
+runs against the reference tables and against the documented host schema
+(docs/integrating.md's worked example) with the tracking triggers attached, and without
+them (judged from the views on each call: exact too; nothing to verify).
 
 Each example uses conversations of its own, so one cloned database serves every example.
 PYCOMPACTOR_PROPERTY_EXAMPLES raises the number of examples for a longer search.
@@ -29,17 +32,21 @@ from typing import Any, Protocol
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.recompute import (
+    PairRow,
     Raw,
     RawMessage,
     RawRun,
     assert_c_collation,
     assert_matches,
     derived_state_in_use,
+    pairs_of,
+    ranges_of,
     read_reference,
+    targets_of,
 )
 
 Conn = psycopg.Connection[Any]
@@ -77,6 +84,9 @@ class Source(Protocol):
     def update_run(self, conn: Conn, run_id: str, column: str, value: Any) -> None: ...
     def update_message(self, conn: Conn, message_id: str, column: str, value: Any) -> None: ...
     def move_run_messages(self, conn: Conn, run_id: str, conversation_id: str) -> None: ...
+    def rename_message(self, conn: Conn, message_id: str) -> None: ...
+    def bulk_update(self, conn: Conn, conversations: Sequence[str], modulus: int,
+                    column: str, value: Any) -> None: ...
     def delete_message(self, conn: Conn, message_id: str) -> None: ...
     def delete_run(self, conn: Conn, run_id: str) -> None: ...
     def read(self, conn: Conn, conversations: Sequence[str]) -> Raw: ...
@@ -137,6 +147,18 @@ class ReferenceSource:
     def move_run_messages(self, conn: Conn, run_id: str, conversation_id: str) -> None:
         conn.execute("UPDATE compaction_source.messages SET conversation_id = %s"
                      " WHERE run_id = %s", (conversation_id, run_id))
+
+    def rename_message(self, conn: Conn, message_id: str) -> None:
+        conn.execute("UPDATE compaction_source.messages SET message_id = %s"
+                     " WHERE message_id = %s", (f"{self.prefix}m{next(_ids)}", message_id))
+
+    def bulk_update(self, conn: Conn, conversations: Sequence[str], modulus: int,
+                    column: str, value: Any) -> None:
+        assert column in ("content", "status")
+        conn.execute(psycopg.sql.SQL(
+            "UPDATE compaction_source.messages SET {} = %s"
+            " WHERE conversation_id = ANY (%s) AND seq %% %s = 0").format(
+                psycopg.sql.Identifier(column)), (value, list(conversations), modulus))
 
     def delete_message(self, conn: Conn, message_id: str) -> None:
         conn.execute("DELETE FROM compaction_source.messages WHERE message_id = %s",
@@ -228,6 +250,21 @@ class HostSource:
         conn.execute("UPDATE agent.chat_messages SET thread = %s WHERE turn = %s",
                      (conversation_id, run_id))
 
+    def rename_message(self, conn: Conn, message_id: str) -> None:
+        # an identity column takes a new value only from its sequence
+        conn.execute("UPDATE agent.chat_messages SET id = DEFAULT WHERE id = %s",
+                     (int(message_id),))
+
+    def bulk_update(self, conn: Conn, conversations: Sequence[str], modulus: int,
+                    column: str, value: Any) -> None:
+        if column == "status":
+            value = HOST_MESSAGE_STATUS.get(value, value)
+        conn.execute(psycopg.sql.SQL(
+            "UPDATE agent.chat_messages SET {} = %s"
+            " WHERE thread = ANY (%s::uuid[]) AND position %% %s = 0").format(
+                psycopg.sql.Identifier(HOST_MESSAGE_COLUMN[column])),
+            (value, list(conversations), modulus))
+
     def delete_message(self, conn: Conn, message_id: str) -> None:
         conn.execute("DELETE FROM agent.chat_messages WHERE id = %s", (int(message_id),))
 
@@ -251,17 +288,20 @@ class HostSource:
                   for i, c, r, a, s, body, pos in messages))
 
 
-def doc_example(name: str) -> str | None:
+def doc_example(name: str) -> str:
     match = re.search(rf"<!-- example: {name} -->\n```sql\n(.*?)```", DOC.read_text(), re.S)
-    return match.group(1) if match else None
+    assert match, f"docs/integrating.md lost its {name} example"
+    return match.group(1)
 
 
-def attach_host(conn: Conn) -> None:
-    """docs/integrating.md's worked example: host schema, grants, views, tracking, rebuild."""
-    for name in ("host-schema", "grants-and-indexes", "repoint", "tracking", "rebuild"):
-        block = doc_example(name)
-        assert block is not None, f"docs/integrating.md lost its {name} example"
-        conn.execute(block.encode())
+def attach_host(conn: Conn, *, tracked: bool) -> None:
+    """docs/integrating.md's worked example, verbatim: host schema, grants and indexes,
+    re-pointed views, then (tracked) the tracking triggers and the rebuild."""
+    names = ["host-schema", "grants-and-indexes", "repoint"]
+    if tracked:
+        names += ["tracking", "rebuild"]
+    for name in names:
+        conn.execute(doc_example(name).encode())
 
 
 # ---------------------------------------------------------------------------------------
@@ -309,6 +349,20 @@ class Reparent:
     """Point a message at another run (or none)."""
     pick: int
     run_pick: int | None
+
+
+@dataclass(frozen=True)
+class RenameMessage:
+    """Give a message a new id (its position among tied seqs and its range ids change)."""
+    pick: int
+
+
+@dataclass(frozen=True)
+class BulkUpdate:
+    """One UPDATE across every conversation of the example (messages with seq % m = 0)."""
+    modulus: int
+    column: str
+    value: Any
 
 
 @dataclass(frozen=True)
@@ -375,6 +429,10 @@ single_writes = st.one_of(
     st.builds(SetMessage, picks, st.just("role"), st.sampled_from(ROLES)),
     st.builds(SetMessage, picks, st.just("seq"), st.integers(-40, 600)),
     st.builds(Reparent, picks, st.none() | picks),
+    st.builds(RenameMessage, picks),
+    st.builds(BulkUpdate, st.integers(2, 7), st.just("content"), contents),
+    st.builds(BulkUpdate, st.integers(2, 7), st.just("status"),
+              st.sampled_from(MESSAGE_STATUSES)),
     st.builds(RunStatus, picks, st.sampled_from(RUN_STATUSES)),
     st.builds(SecondAssistant, picks, st.sampled_from(MESSAGE_STATUSES), contents),
     st.builds(DeleteMessage, picks),
@@ -470,6 +528,12 @@ class Writer:
             if m:
                 source.update_message(conn, m.message_id, "run_id",
                                       None if run is None else run.run_id)
+        elif isinstance(write, RenameMessage):
+            if m := self.message(write.pick):
+                source.rename_message(conn, m.message_id)
+        elif isinstance(write, BulkUpdate):
+            source.bulk_update(conn, self.conversations, write.modulus, write.column,
+                               write.value)
         elif isinstance(write, RunStatus):
             if run := self.run(write.pick):
                 source.update_run(conn, run.run_id, "status", write.status)
@@ -516,35 +580,99 @@ class Writer:
 # The property
 # ---------------------------------------------------------------------------------------
 
-@pytest.fixture(params=["reference", "host"])
-def source(request: pytest.FixtureRequest, conn: Conn) -> Iterator[Source]:
+def make_source(conn: Conn, kind: str) -> Source:
+    """The reference tables and the documented host schema read the derived state; the
+    host schema without tracking triggers is judged from the views on each call."""
     assert_c_collation(conn)
-    if request.param == "host":
-        attach_host(conn)
-        yield HostSource()
+    # every check claims; the attempts stay running, so admission must not refuse
+    conn.execute("UPDATE compaction.settings SET max_running = 1000000")
+    if kind == "reference":
+        source: Source = ReferenceSource()
     else:
-        yield ReferenceSource()
-    # the derived state was what the functions read, not the views' fallback path
+        attach_host(conn, tracked=kind == "host")
+        source = HostSource()
+    assert derived_state_in_use(conn) == (kind != "host-untracked")
+    return source
+
+
+@pytest.fixture(params=["reference", "host"])
+def tracked_source(request: pytest.FixtureRequest, conn: Conn) -> Iterator[Source]:
+    yield make_source(conn, request.param)
     assert derived_state_in_use(conn)
 
 
+@pytest.fixture
+def untracked_source(conn: Conn) -> Iterator[Source]:
+    yield make_source(conn, "host-untracked")
+    assert not derived_state_in_use(conn)
+
+
+def claim_reason(conn: Conn, conversation_id: str, from_pair: int, ids: list[str],
+                 digest: str) -> str:
+    row = conn.execute(
+        "SELECT reason FROM compaction.claim(%s, 'default', %s, %s, %s, 'test-model',"
+        " 'conversation-compaction@3', 'prop')",
+        (conversation_id, from_pair, ids, digest)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def assert_claims_follow_the_source(conn: Conn, conversation_id: str,
+                                    pairs: list[PairRow]) -> None:
+    """claim compares with the current source: the first target's recomputed ids and hash
+    are claimable (or already running from an earlier check), another hash is a
+    source_mismatch, and a complete range among the newest 20 pairs is not_eligible."""
+    targets = targets_of(pairs)
+    if targets:
+        start, _, ids, digest = targets[0]
+        assert claim_reason(conn, conversation_id, start, ids, digest) in (
+            "claimed", "already_running")
+        assert claim_reason(conn, conversation_id, start, ids, "f" * 64) == "source_mismatch"
+    newest = ranges_of(pairs)
+    if newest:
+        start = max(newest)
+        if start + 30 > len(pairs):
+            assert claim_reason(conn, conversation_id, start, *newest[start]) == "not_eligible"
+
+
 _examples = itertools.count()
+PROPERTY = settings(deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow, HealthCheck.data_too_large])
+SIZES = st.lists(initial_sizes, min_size=2, max_size=3)
+HISTORIES = st.lists(writes, min_size=1, max_size=12)
 
 
-@settings(max_examples=EXAMPLES or 20, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])
-@given(sizes=st.lists(initial_sizes, min_size=2, max_size=3),
-       history=st.lists(writes, min_size=1, max_size=10))
+@settings(PROPERTY, max_examples=EXAMPLES or 30)
+@given(sizes=SIZES, history=HISTORIES)
 def test_derived_state_equals_recomputation_after_every_write(
-    conn: Conn, source: Source, sizes: list[int], history: list[Any]
+    conn: Conn, tracked_source: Source, sizes: list[int], history: list[Any]
 ) -> None:
+    run_history(conn, tracked_source, sizes, history)
+
+
+@settings(PROPERTY, max_examples=EXAMPLES or 12)
+@given(sizes=SIZES, history=HISTORIES)
+def test_untracked_host_source_is_judged_exactly_from_the_views(
+    conn: Conn, untracked_source: Source, sizes: list[int], history: list[Any]
+) -> None:
+    run_history(conn, untracked_source, sizes, history)
+
+
+def run_history(conn: Conn, source: Source, sizes: list[int], history: list[Any]) -> None:
+    """Initial history, then each write, checking everything after each."""
     conversations = source.conversation_ids(next(_examples), len(sizes))
     writer = Writer(conn, source, conversations)
+    tracked = derived_state_in_use(conn)
 
     def check() -> None:
-        assert derived_state_in_use(conn)
-        assert_matches(conn, writer.raw(), conversations)
+        assert derived_state_in_use(conn) == tracked
+        raw = writer.raw()
+        assert_matches(conn, raw, conversations, verified=tracked)
+        for c in conversations:
+            assert_claims_follow_the_source(conn, c, pairs_of(raw, c))
+        most = max(len(pairs_of(raw, c)) for c in conversations)
+        event("a conversation with targets" if most >= 30 else "no targets")
 
     # Every conversation's initial history in one statement per table (several
     # conversations in one statement).
@@ -564,5 +692,6 @@ def test_derived_state_equals_recomputation_after_every_write(
             source.insert_messages(conn, messages)
     check()
     for write in history:
+        event(type(write).__name__)
         writer.apply(write, check)
         check()
