@@ -12,14 +12,15 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 import pytest
 from psycopg import pq
+from psycopg.rows import tuple_row
 
 from pycompactor import db
-from pycompactor.errors import InvalidArgument
+from pycompactor.errors import InvalidArgument, StatementCanceled
 from pycompactor.summarizer import PROMPT_VERSION
 from tests.history import History
 
@@ -106,3 +107,24 @@ def test_a_failed_call_leaves_the_connection_idle_and_clean(conn: Conn, dsn: str
         assert worker.info.transaction_status == pq.TransactionStatus.IDLE
         assert worker.execute("SHOW lock_timeout").fetchone() == ("0",)
         assert db.claim(worker, *claim_args).claimed
+
+
+def test_the_calls_own_statement_timeout_governs_it_inside_the_pipeline(dsn: str) -> None:
+    """Sent in the same pipeline as the call, the set_config still decides the call's
+    statement_timeout (each statement's timer starts with that statement), whatever the
+    session's own setting, which it leaves as it was."""
+    sleep: LiteralString = "SELECT pg_sleep(0.6)"
+    generous = db.Timeouts(statement=timedelta(seconds=30))
+    with db.connect(dsn, timeouts=generous) as c:
+        c.execute("SET statement_timeout = '300ms'")
+        with db._call(c, tuple_row) as cur:
+            cur.execute(sleep, {})
+            assert cur.fetchone() == ("",)
+        assert c.execute("SHOW statement_timeout").fetchone() == ("300ms",)
+    strict = db.Timeouts(statement=timedelta(milliseconds=200))
+    with db.connect(dsn, timeouts=strict) as c:
+        c.execute("SET statement_timeout = '30s'")
+        with pytest.raises(StatementCanceled), db._call(c, tuple_row) as cur:
+            cur.execute(sleep, {})
+        assert c.info.transaction_status == pq.TransactionStatus.IDLE
+        assert c.execute("SHOW statement_timeout").fetchone() == ("30s",)
