@@ -149,7 +149,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         conversation=args.conversation, sweep=args.sweep, concurrency=args.concurrency,
         lease=timedelta(seconds=args.lease_seconds), poll_seconds=args.poll_seconds,
         drain_seconds=args.drain_seconds, timeout_seconds=args.timeout_seconds,
-        log_format=args.log_format,
+        log_format=args.log_format, min_figure_retention=args.min_figure_retention,
         timeouts=db.Timeouts(lock=timedelta(seconds=args.lock_timeout_seconds),
                              statement=timedelta(seconds=args.statement_timeout_seconds)),
     )
@@ -285,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get("PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS", "60"),
                    help="cancel any database statement after S seconds "
                         "(env: PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS; default: 60)")
+    p.add_argument("--min-figure-retention", type=retention_ratio, metavar="R",
+                   default=os.environ.get("PYCOMPACTOR_MIN_FIGURE_RETENTION", "0"),
+                   help="fail an attempt (reason figures_lost) whose summary keeps fewer than "
+                        "R x the distinct figures (numbers, dates, amounts) of its ten replies; "
+                        "0 to 1 (env: PYCOMPACTOR_MIN_FIGURE_RETENTION; default: 0 = off)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="stderr log: key=value text (default) or one JSON object per line")
     p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
@@ -344,6 +349,17 @@ def non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not (value >= 0 and value < float("inf")):
         raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text}")
+    return value
+
+
+def retention_ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a share between 0 and 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text}")
     return value
 
 

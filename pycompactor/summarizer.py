@@ -29,6 +29,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias
 
@@ -148,17 +149,69 @@ def build_request(pairs: Sequence[AssistantReply], model: str) -> dict[str, Any]
     return {"model": model, "messages": build_messages(pairs)}
 
 
+# --- figures -------------------------------------------------------------------------
+
+#: A figure (DESIGN.md §8): a maximal run of ASCII digits, possibly joined by single
+#: `.`, `,`, `:`, `/` or `-` characters to further digits: `10.37`, `2026-10-09`,
+#: `1,200`, `14:30` and `0.36` are one figure each.
+FIGURE: Final = re.compile(r"[0-9]+(?:[.,:/-][0-9]+)*")
+
+
+def figures(text: str) -> set[str]:
+    """The distinct figures of a text."""
+    return set(FIGURE.findall(text))
+
+
+@dataclass(frozen=True, slots=True)
+class FigureStats:
+    """How many distinct figures the ten replies hold, and how many the summary kept.
+
+    A figure is kept when the summary holds it verbatim as a whole figure (a maximal
+    match of FIGURE): `2010` does not keep `10`, and `1,200,000` does not keep `1,200`.
+    """
+
+    total: int
+    kept: int
+
+    @property
+    def retention(self) -> float | None:
+        """kept / total, or None for a range without figures."""
+        return self.kept / self.total if self.total else None
+
+    def below(self, min_retention: float) -> bool:
+        """True if fewer than min_retention x total figures were kept (exact arithmetic:
+        0.7 means 7/10, so 7 of 10 figures pass). A range without figures never is."""
+        if self.total == 0 or min_retention <= 0:
+            return False
+        return self.kept < Fraction(repr(min_retention)) * self.total
+
+
+def figure_stats(pairs: Sequence[AssistantReply], summary: str) -> FigureStats:
+    """DESIGN.md §8's figures_total and figures_kept of a summary of these replies."""
+    source: set[str] = set()
+    for pair in pairs:
+        source |= figures(pair.assistant_content)
+    return FigureStats(len(source), len(source & figures(summary)))
+
+
 # --- outcomes ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """The model's message: send it to `compaction.complete`, which judges it."""
+    """The model's message: send it to `compaction.complete`, which judges it.
+
+    `input_tokens`/`output_tokens` are the usage the API reported (Chat Completions'
+    prompt_tokens/completion_tokens, the Responses API's input_tokens/output_tokens), or
+    None when it reported none (the offline summarizer, a server without usage).
+    """
 
     text: str
     finish_reason: str | None
     tool_call_count: int
     response_id: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +220,10 @@ class Failure:
 
     reason: str
     detail: str = ""
+    #: Token usage of a reply that was answered but failed in Python (figures_lost):
+    #: `fail` cannot store it, the worker's log shows it.
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 ModelOutcome: TypeAlias = Reply | Failure
@@ -260,7 +317,24 @@ def parse_completion(body: bytes) -> ModelOutcome:
     text = content or ""
     if not storable(text):
         return Failure(INVALID_TEXT, "reply holds NUL or a lone surrogate")
-    return Reply(text, finish_reason, tool_call_count, response_id)
+    usage = data.get("usage")
+    return Reply(text, finish_reason, tool_call_count, response_id,
+                 input_tokens=_count(usage, "prompt_tokens"),
+                 output_tokens=_count(usage, "completion_tokens"))
+
+
+def _count(usage: object, key: str) -> int | None:
+    """A token count of a usage object, or None if absent or not a non-negative integer.
+
+    Usage is reported, not judged: a server that omits or garbles it still gets its
+    summary recorded, only without token figures.
+    """
+    if not isinstance(usage, dict):
+        return None
+    value = usage.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        return None
+    return value
 
 
 def failure_from_exception(exc: openai.OpenAIError) -> Failure:
@@ -550,7 +624,17 @@ def _excerpt(text: str, room: int) -> str:
         start = min(digit.start() - room // 4, len(text) - (room - 1))
     lead = _ELLIPSIS if start > 0 else ""
     body_len = room - len(lead) - (1 if start + room - len(lead) < len(text) else 0)
-    body = text[start : start + body_len]
+    end = start + body_len
+    # Never cut a figure in two: `2026-10` of `2026-10-09` would be a different figure.
+    # (No figure is cut at the start: it lies before the first digit.)
+    for match in FIGURE.finditer(text, start, len(text)):
+        if match.start() >= end:
+            break
+        if match.end() > end and match.start() > start:
+            end = match.start()
+            break
+    body = text[start:end]
+    body_len = len(body)
     tail = _ELLIPSIS if start + body_len < len(text) else ""
     return lead + body + tail
 

@@ -83,17 +83,25 @@ def choice(
     return {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": None}
 
 
+#: Token usage every scripted answer reports unless told otherwise: (input, output).
+DEFAULT_USAGE = (1, 1)
+
+
 def completion_body(
-    choices: list[dict[str, Any]], *, response_id: str = "chatcmpl-test", model: str = "m"
+    choices: list[dict[str, Any]], *, response_id: str = "chatcmpl-test", model: str = "m",
+    usage: tuple[int, int] | None = DEFAULT_USAGE,
 ) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "id": response_id,
         "object": "chat.completion",
         "created": 1_700_000_000,
         "model": model,
         "choices": choices,
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
+    if usage is not None:
+        body["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1],
+                         "total_tokens": usage[0] + usage[1]}
+    return body
 
 
 def json_response(payload: Any, *, status: int = 200) -> ScriptedResponse:
@@ -108,6 +116,7 @@ def reply(
     function_call: bool = False,
     refusal: str | None = None,
     response_id: str = "chatcmpl-test",
+    usage: tuple[int, int] | None = DEFAULT_USAGE,
 ) -> ScriptedResponse:
     """A single-choice completion with every knob the classification looks at."""
     one = choice(
@@ -117,11 +126,12 @@ def reply(
         function_call=function_call,
         refusal=refusal,
     )
-    return json_response(completion_body([one], response_id=response_id))
+    return json_response(completion_body([one], response_id=response_id, usage=usage))
 
 
-def stop(content: str = "A faithful summary.") -> ScriptedResponse:
-    return reply(content)
+def stop(content: str = "A faithful summary.", *,
+         usage: tuple[int, int] | None = DEFAULT_USAGE) -> ScriptedResponse:
+    return reply(content, usage=usage)
 
 
 def length(content: str = "A summary cut off by max_tok") -> ScriptedResponse:
