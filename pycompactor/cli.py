@@ -141,7 +141,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         parser.error("no model given; pass --model or set PYCOMPACTOR_MODEL "
                      "(pycompactor/extractive-1 needs no server)")
     try:
-        summarizer = make_summarizer(model, timeout_seconds=args.timeout_seconds)
+        summarizer = make_summarizer(model, timeout_seconds=args.timeout_seconds, api=args.api)
     except UsageError as exc:
         parser.error(str(exc))
     config = WorkerConfig(
@@ -246,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  pycompactor worker --once --conversation conv-42 --model pycompactor/extractive-1\n"
             "  pycompactor worker --sweep --model gpt-4o-mini   # hosts that cannot call enqueue\n"
             "  pycompactor worker --model pycompactor/extractive-1 --metrics-port 9464\n"
+            "  pycompactor worker --model gpt-4.1-mini --api responses --min-figure-retention 0.9\n"
             "\n"
             "environment: PYCOMPACTOR_DSN (--dsn), PYCOMPACTOR_MODEL (--model), OPENAI_BASE_URL\n"
             "and OPENAI_API_KEY (the OpenAI-compatible server; any key for servers without\n"
@@ -254,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="MODEL",
                    help="model id recorded on each job (env: PYCOMPACTOR_MODEL); "
                         "pycompactor/extractive-1 selects the offline summarizer")
+    p.add_argument("--api", choices=("chat", "responses"), default="chat",
+                   help="OpenAI API to call: chat (Chat Completions, default) or responses "
+                        "(the Responses API); the offline summarizer calls neither")
     p.add_argument("--once", action="store_true",
                    help="one pass: claim each target claimable now, process them, exit 0")
     where = p.add_mutually_exclusive_group()

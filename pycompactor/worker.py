@@ -387,7 +387,8 @@ class Worker:
                 previous[signum] = signal.signal(signum, self._on_signal)
         source = ("conversation" if cfg.conversation is not None
                   else "sweep" if cfg.sweep else "queue")
-        self._log.emit("started", worker=cfg.worker_id, model=cfg.model, scope=cfg.scope,
+        self._log.emit("started", worker=cfg.worker_id, model=cfg.model,
+                       api=getattr(self._summarizer, "api", None), scope=cfg.scope,
                        mode="once" if cfg.once else "loop", source=source,
                        conversation_id=cfg.conversation, concurrency=cfg.concurrency,
                        lease_seconds=cfg.lease.total_seconds(),

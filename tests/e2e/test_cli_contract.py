@@ -99,6 +99,8 @@ BAD_ARGUMENTS = [
      "argument --min-figure-retention: expected a share between 0 and 1, got 1.5"),
     ("worker", ["--model", OFFLINE_MODEL, "--min-figure-retention", "most"],
      "argument --min-figure-retention: expected a share between 0 and 1, got 'most'"),
+    ("worker", ["--model", OFFLINE_MODEL, "--api", "completions"],
+     "argument --api: invalid choice: 'completions'"),
     ("worker", ["--model", OFFLINE_MODEL, "--conversation", "c", "--sweep"],
      "argument --sweep: not allowed with argument --conversation"),
     ("plan", [], "the following arguments are required: CONVERSATION"),
