@@ -82,7 +82,7 @@ def render(view: str, report: AuditReport) -> str:
 def cmd_audit(args: argparse.Namespace) -> int:
     from pycompactor.cli import print_json
 
-    with db.connect(args.dsn) as conn:
+    with db.connect(args.dsn, read_only=True) as conn:
         report = db.audit(conn, args.view, conversation_id=args.conversation, limit=args.limit)
     if args.json:
         print_json([{k: jsonable(v) for k, v in row.items()} for row in report.rows])

@@ -45,7 +45,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    with db.connect(args.dsn) as conn:
+    # Read-only transactions: plan, project and audit also run on a hot standby.
+    with db.connect(args.dsn, read_only=True) as conn:
         targets = db.plan_targets(conn, args.conversation)
         n_pairs = len(db.eligible_pairs(conn, args.conversation)) if not args.json else None
     if args.json:
@@ -72,7 +73,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_project(args: argparse.Namespace) -> int:
     from pycompactor.projection import project_history
 
-    with db.connect(args.dsn) as conn:
+    with db.connect(args.dsn, read_only=True) as conn:
         projection = project_history(conn, args.conversation, budget_bytes=args.budget_bytes,
                                      scope=args.scope)
     if args.json:

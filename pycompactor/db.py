@@ -98,12 +98,14 @@ def resolve_dsn(dsn: str | None) -> str:
 
 
 def connect(dsn: str | None = None, *, autocommit: bool = True,
-            timeouts: Timeouts = DEFAULT_TIMEOUTS) -> Connection:
+            timeouts: Timeouts = DEFAULT_TIMEOUTS, read_only: bool = False) -> Connection:
     """Open a connection; autocommit by default, as each engine call is its own transaction.
 
     Server-side prepared statements are off (prepare_threshold=None): under PgBouncer's
     transaction pooling a statement prepared on one server connection is unknown to the
-    next one the pooler hands out.
+    next one the pooler hands out. `read_only` makes every transaction psycopg opens
+    `BEGIN READ ONLY` (the read path: plan, project, audit; fine on a hot standby); it is
+    a client-side setting, so nothing is left on the server session.
     """
     conninfo = resolve_dsn(dsn)
     try:
@@ -123,6 +125,8 @@ def connect(dsn: str | None = None, *, autocommit: bool = True,
             raise type(error)(message) from None
         raise error from exc
     _timeouts[conn] = timeouts
+    if read_only:
+        conn.read_only = True
     return conn
 
 
@@ -357,7 +361,7 @@ def audit(conn: Connection, view: str, *, conversation_id: str | None = None,
         " WHERE %(conversation_id)s::text IS NULL OR conversation_id = %(conversation_id)s::text"
         " ORDER BY {order} LIMIT %(limit)s::int"
     ).format(view=sql.Identifier(name), order=sql.SQL(order))
-    with wrap_exceptions(), conn.cursor(row_factory=dict_row) as cur:
+    with _call(conn, dict_row) as cur:
         cur.execute(query, {"conversation_id": conversation_id, "limit": limit})
         rows = cur.fetchall()
         columns = [c.name for c in cur.description or []]
