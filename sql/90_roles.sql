@@ -64,7 +64,7 @@ GRANT EXECUTE ON FUNCTION compaction.explain_runs(text) TO compaction_auditor;
 -- it holds no INSERT, UPDATE or DELETE on any engine table.
 GRANT EXECUTE ON FUNCTION
     compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz),
-    compaction.complete(bigint, int, text, text, int, text, timestamptz),
+    compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb),
     compaction.fail(bigint, int, text, timestamptz),
     compaction.heartbeat(bigint, int, interval, timestamptz),
     compaction.reap(timestamptz),
@@ -95,7 +95,7 @@ GRANT EXECUTE ON FUNCTION
     compaction.projection_texts(text, text[], bigint[])
 TO compaction_worker, compaction_reader;
 
--- Derived state (revision 0004). The worker plans from it and reads a claimed range's
+-- Derived state (revision 0005). The worker plans from it and reads a claimed range's
 -- replies; the auditor may prove it against the views (ids, counts and hashes only).
 -- Re-derivation and the rebuild are the owner's; a host attaching the tracking trigger to
 -- its own tables is granted EXECUTE on compaction.track_source_changes() by the owner

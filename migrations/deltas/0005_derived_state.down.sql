@@ -1,4 +1,4 @@
--- Delta 0004_derived_state, down: back to judging every call from the views (0003).
+-- Delta 0005_derived_state, down: back to judging every call from the views (0003).
 
 DROP TRIGGER runs_track_insert ON compaction_source.runs;
 DROP TRIGGER runs_track_update ON compaction_source.runs;

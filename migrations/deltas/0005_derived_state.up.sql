@@ -1,4 +1,4 @@
--- Delta 0004_derived_state (frozen once released): derived state kept by the engine
+-- Delta 0005_derived_state (frozen once released): derived state kept by the engine
 -- (sql/15_derived_state.sql, sql/25_tracking.sql, sql/35_worker_reads.sql), the read
 -- functions of sql/20_pairs.sql and sql/60_projection.sql and compaction.claim reading it,
 -- the truncate guards of the new tables (sql/40_immutability.sql) and their grants
@@ -1199,7 +1199,7 @@ COMMENT ON FUNCTION compaction.range_replies(text, int, text) IS
     'The 10 assistant replies of range from_pair (pair_index, message id, text), only while the range''s current source hash equals the one given; no user text';
 
 -- ==== sql/40_immutability.sql: truncate guards of the derived state ====
--- The derived state (revision 0004) is a cache of the source: emptied by TRUNCATE it would
+-- The derived state (revision 0005) is a cache of the source: emptied by TRUNCATE it would
 -- be trusted and wrong. It changes only through re-derivation.
 CREATE TRIGGER conversation_state_truncate_guard
     BEFORE TRUNCATE ON compaction.conversation_state
@@ -1292,7 +1292,7 @@ CALL compaction.assign_ownership();
 GRANT EXECUTE ON FUNCTION compaction.projection_summaries(text, text)
 TO compaction_worker, compaction_reader;
 
--- Derived state (revision 0004). The worker plans from it and reads a claimed range's
+-- Derived state (revision 0005). The worker plans from it and reads a claimed range's
 -- replies; the auditor may prove it against the views (ids, counts and hashes only).
 -- Re-derivation and the rebuild are the owner's; a host attaching the tracking trigger to
 -- its own tables is granted EXECUTE on compaction.track_source_changes() by the owner
