@@ -66,6 +66,11 @@ TIMEOUTS_SQL: Final = (
     "SELECT pg_catalog.set_config('lock_timeout', %(lock_ms)s::text, true),"
     " pg_catalog.set_config('statement_timeout', %(statement_ms)s::text, true)"
 )
+#: The same for a `read_only` connection: the call's transaction is READ ONLY too (what
+#: psycopg's `BEGIN READ ONLY` would do; the pipeline sends no BEGIN).
+READ_ONLY_TIMEOUTS_SQL: Final = (
+    TIMEOUTS_SQL + ", pg_catalog.set_config('transaction_read_only', 'on', true)"
+)
 # The timeouts each connection opened by connect() was given (others get the defaults).
 _timeouts: weakref.WeakKeyDictionary[Connection, Timeouts] = weakref.WeakKeyDictionary()
 
@@ -94,8 +99,9 @@ class _Call(Generic[Row]):
         # transaction they share unless the caller has one open: it commits if both
         # succeeded, else rolls back. Nothing waits for a result in between.
         with self._conn.pipeline(), self._conn.cursor() as setup:
-            setup.execute(TIMEOUTS_SQL, {"lock_ms": _ms(timeouts.lock),
-                                         "statement_ms": _ms(timeouts.statement)})
+            setup.execute(READ_ONLY_TIMEOUTS_SQL if self._conn.read_only else TIMEOUTS_SQL,
+                          {"lock_ms": _ms(timeouts.lock),
+                           "statement_ms": _ms(timeouts.statement)})
             self._cursor.execute(query, params)
 
     def fetchone(self) -> Row | None:

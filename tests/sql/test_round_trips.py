@@ -20,7 +20,7 @@ from psycopg import pq
 from psycopg.rows import tuple_row
 
 from pycompactor import db
-from pycompactor.errors import InvalidArgument, StatementCanceled
+from pycompactor.errors import InvalidArgument, PycompactorError, StatementCanceled
 from pycompactor.summarizer import PROMPT_VERSION
 from tests.history import History
 
@@ -128,3 +128,17 @@ def test_the_calls_own_statement_timeout_governs_it_inside_the_pipeline(dsn: str
             cur.execute(sleep, {})
         assert c.info.transaction_status == pq.TransactionStatus.IDLE
         assert c.execute("SHOW statement_timeout").fetchone() == ("30s",)
+
+
+def test_a_read_only_connection_makes_each_call_read_only(conn: Conn, dsn: str) -> None:
+    """`connect(read_only=True)`: with no BEGIN in the pipeline, the call's transaction is
+    made READ ONLY by its first statement; reads work, a write is refused and rolled back,
+    and nothing is left on the session."""
+    History(conn).pairs("c", 30)
+    with db.connect(dsn, read_only=True) as reader:
+        assert [t.from_pair for t in db.plan_targets(reader, "c")] == [0]
+        assert_one_round_trip(wire(reader, lambda: db.plan_targets(reader, "c")))
+        with pytest.raises(PycompactorError, match="read-only transaction"):
+            db.enqueue(reader, "c")
+        assert reader.info.transaction_status == pq.TransactionStatus.IDLE
+        assert reader.execute("SHOW transaction_read_only").fetchone() == ("off",)
