@@ -251,6 +251,40 @@ def test_backend_terminated_while_complete_waits(
     assert source_digest(conn) == before
 
 
+def _wait_until_commits_wait_for_a_standby(admin: Conn) -> None:
+    """pg_reload_conf() only signals: commits wait for the standby once the new setting
+    has reached every process (the checkpointer publishes it). A worker call is one round
+    trip, so complete may commit before that unless we wait: probe with a committed
+    write of our own until it is seen waiting (SyncRep), then cancel that wait (its
+    commit stands; the server logs the cancel, not a termination)."""
+    with psycopg.connect(admin.info.dsn, autocommit=True) as probe:
+        pid = probe.info.backend_pid
+
+        def waits() -> bool:
+            writer = threading.Thread(
+                target=probe.execute, args=("INSERT INTO sync_probe VALUES (1)",))
+            writer.start()
+            try:
+                for _ in range(20):
+                    if _backend_waiting_pid(admin, pid, "SyncRep"):
+                        admin.execute("SELECT pg_cancel_backend(%s)", (pid,))
+                        return True
+                    if not writer.is_alive():
+                        return False
+                    writer.join(0.05)
+                return False
+            finally:
+                writer.join(30)
+
+        wait_for(waits, timeout=30, what="commits waiting for the synchronous standby")
+
+
+def _backend_waiting_pid(admin: Conn, pid: int, wait_event: str) -> bool:
+    row = admin.execute("SELECT wait_event = %s FROM pg_stat_activity WHERE pid = %s",
+                        (wait_event, pid)).fetchone()
+    return bool(row and row[0])
+
+
 def test_commit_landed_but_reply_lost(own_cluster: ThrowawayCluster, own_dsn: str,
                                       model_server: ModelServer) -> None:
     """The backend dies after complete's COMMIT is durable locally but before the worker
@@ -267,8 +301,10 @@ def test_commit_landed_but_reply_lost(own_cluster: ThrowawayCluster, own_dsn: st
             with proc:
                 assert model_server.hanging.wait(30), proc.stderr
                 # From now on every commit waits for a standby that does not exist.
+                admin.execute("CREATE TABLE IF NOT EXISTS sync_probe (x int)")
                 admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'no_such_standby'")
                 admin.execute("SELECT pg_reload_conf()")
+                _wait_until_commits_wait_for_a_standby(admin)
                 model_server.release()
                 # The only writer now: complete's transaction, committing at the Sync
                 # that ends its pipeline (the activity still shows complete's statement).
@@ -293,4 +329,6 @@ def test_commit_landed_but_reply_lost(own_cluster: ThrowawayCluster, own_dsn: st
     # The first COMMIT was durable before the cut: the server said so as it died.
     assert own_cluster.root is not None
     log = Path(own_cluster.root / "server.log").read_text(errors="replace")
+    assert ("canceling the wait for synchronous replication and terminating connection"
+            " due to administrator command") in log
     assert "already committed locally" in log
