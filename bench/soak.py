@@ -120,6 +120,8 @@ def counts(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         "stuck_running": one("SELECT count(*) FROM compaction.attempts"
                              " WHERE state = 'running' AND lease_expires_at < now()"),
         "queued": one("SELECT count(*) FROM compaction.queue"),
+        # of which a worker holds right now (leased entries stay queued until acknowledged)
+        "leased": one("SELECT count(*) FROM compaction.queue WHERE leased_until > now()"),
         "attempts": dict(Counter(
             f"{a}:{s}:{r}" for a, s, r in conn.execute(
                 "SELECT attempt, state, coalesce(reason, '') FROM compaction.attempts"))),
