@@ -95,7 +95,7 @@ GRANT EXECUTE ON FUNCTION
     compaction.projection_texts(text, text[], bigint[])
 TO compaction_worker, compaction_reader;
 
--- Leased queue (revision 0004_queue_leases): the worker leases entries of its scope and
+-- Leased queue (revision 0005_queue_leases): the worker leases entries of its scope and
 -- acknowledges (or releases) them; the auditor sees the queue per scope, never an id.
 GRANT EXECUTE ON FUNCTION
     compaction.dequeue(text, int, interval),
