@@ -110,7 +110,7 @@ REVOKE TRUNCATE ON compaction.conversation_state, compaction.pairs, compaction.r
                    compaction.source_tracking
 FROM compaction_owner;
 
--- Leased queue (revision 0005_queue_leases): the worker leases entries of its scope and
+-- Leased queue (revision 0006_queue_leases): the worker leases entries of its scope and
 -- acknowledges (or releases) them; the auditor sees the queue per scope, never an id.
 GRANT EXECUTE ON FUNCTION
     compaction.dequeue(text, int, interval),

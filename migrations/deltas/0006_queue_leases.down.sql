@@ -1,4 +1,4 @@
--- Revision 0005_queue_leases, down: back to the deleting dequeue of 0002_core.
+-- Revision 0006_queue_leases, down: back to the deleting dequeue of 0002_core.
 -- Leases are dropped: every entry becomes visible (dequeue removes it) again.
 
 DROP VIEW compaction.audit_queue;

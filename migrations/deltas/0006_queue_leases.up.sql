@@ -1,4 +1,4 @@
--- Revision 0005_queue_leases: a queue that leases instead of deleting.
+-- Revision 0006_queue_leases: a queue that leases instead of deleting.
 --
 -- dequeue(p_scope, p_limit, p_lease) leases the oldest visible entries of one scope and
 -- returns a lease token each; ack removes an examined entry unless an enqueue landed
