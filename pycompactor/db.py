@@ -4,11 +4,11 @@ SQL text for the engine's interface lives here and in sql/; nothing else in the 
 builds SQL. The worker's calls (claim, complete, fail, heartbeat, reap, enqueue, dequeue,
 ack, release and the reads it plans from) each run in their own short transaction that
 first sets `lock_timeout` and `statement_timeout` transaction-locally
-(`set_config(..., true)`, i.e. SET LOCAL): a lock held by a hung session costs a worker one lock_timeout, never a hang,
-and no session state is left behind, so all of this works through PgBouncer in
-transaction pooling mode. Each such call costs one network round trip: the settings and
-the call travel in one pipeline that ends with a single Sync, which (with no BEGIN)
-delimits the call's transaction (see `_call`).
+(`set_config(..., true)`, i.e. SET LOCAL): a lock held by a hung session costs a worker
+one lock_timeout, never a hang, and no session state is left behind, so all of this
+works through PgBouncer in transaction pooling mode. Each such call costs one network
+round trip: the settings and the call travel in one pipeline that ends with a single
+Sync, which (with no BEGIN) delimits the call's transaction (see `_call`).
 """
 
 from __future__ import annotations
