@@ -16,7 +16,8 @@ from pycompactor.models import AuditReport
 #: The columns shown as a table (--json prints every column of the view).
 TABLE_COLUMNS: dict[str, list[str]] = {
     "jobs": ["conversation_id", "scope", "pairs", "job_id", "model", "prompt_version",
-             "attempt", "state", "reason", "worker", "started_at", "duration", "summary_id"],
+             "attempt", "state", "reason", "worker", "started_at", "duration", "summary_id",
+             "figures_kept", "input_tokens", "output_tokens"],
     "stale": ["summary_id", "conversation_id", "scope", "pairs", "prompt_version", "imported",
               "staleness", "completed_at"],
     "exhausted": ["conversation_id", "scope", "pairs", "job_id", "model", "prompt_version",
@@ -58,6 +59,9 @@ def jsonable(value: Any) -> Any:
 def cell(row: dict[str, Any], column: str) -> object:
     if column == "pairs":
         return f"{row['from_pair']}-{row['to_pair']}" if row.get("from_pair") is not None else None
+    if column == "figures_kept" and row.get("figures_total") is not None:
+        # "27/30": kept of the range's distinct figures (DESIGN.md §8).
+        return f"{row['figures_kept']}/{row['figures_total']}"
     value = row.get(column)
     if isinstance(value, datetime):
         return value.isoformat(sep=" ", timespec="seconds")
@@ -78,7 +82,7 @@ def render(view: str, report: AuditReport) -> str:
 def cmd_audit(args: argparse.Namespace) -> int:
     from pycompactor.cli import print_json
 
-    with db.connect(args.dsn) as conn:
+    with db.connect(args.dsn, read_only=True) as conn:
         report = db.audit(conn, args.view, conversation_id=args.conversation, limit=args.limit)
     if args.json:
         print_json([{k: jsonable(v) for k, v in row.items()} for row in report.rows])

@@ -45,7 +45,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    with db.connect(args.dsn) as conn:
+    # Read-only transactions: plan, project and audit also run on a hot standby.
+    with db.connect(args.dsn, read_only=True) as conn:
         targets = db.plan_targets(conn, args.conversation)
         n_pairs = len(db.eligible_pairs(conn, args.conversation)) if not args.json else None
     if args.json:
@@ -72,7 +73,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_project(args: argparse.Namespace) -> int:
     from pycompactor.projection import project_history
 
-    with db.connect(args.dsn) as conn:
+    with db.connect(args.dsn, read_only=True) as conn:
         projection = project_history(conn, args.conversation, budget_bytes=args.budget_bytes,
                                      scope=args.scope)
     if args.json:
@@ -141,7 +142,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         parser.error("no model given; pass --model or set PYCOMPACTOR_MODEL "
                      "(pycompactor/extractive-1 needs no server)")
     try:
-        summarizer = make_summarizer(model, timeout_seconds=args.timeout_seconds)
+        summarizer = make_summarizer(model, timeout_seconds=args.timeout_seconds, api=args.api)
     except UsageError as exc:
         parser.error(str(exc))
     config = WorkerConfig(
@@ -149,7 +150,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         conversation=args.conversation, sweep=args.sweep, concurrency=args.concurrency,
         lease=timedelta(seconds=args.lease_seconds), poll_seconds=args.poll_seconds,
         drain_seconds=args.drain_seconds, timeout_seconds=args.timeout_seconds,
-        log_format=args.log_format,
+        log_format=args.log_format, min_figure_retention=args.min_figure_retention,
         timeouts=db.Timeouts(lock=timedelta(seconds=args.lock_timeout_seconds),
                              statement=timedelta(seconds=args.statement_timeout_seconds)),
     )
@@ -246,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  pycompactor worker --once --conversation conv-42 --model pycompactor/extractive-1\n"
             "  pycompactor worker --sweep --model gpt-4o-mini   # hosts that cannot call enqueue\n"
             "  pycompactor worker --model pycompactor/extractive-1 --metrics-port 9464\n"
+            "  pycompactor worker --model gpt-4.1-mini --api responses --min-figure-retention 0.9\n"
             "\n"
             "environment: PYCOMPACTOR_DSN (--dsn), PYCOMPACTOR_MODEL (--model), OPENAI_BASE_URL\n"
             "and OPENAI_API_KEY (the OpenAI-compatible server; any key for servers without\n"
@@ -254,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, metavar="MODEL",
                    help="model id recorded on each job (env: PYCOMPACTOR_MODEL); "
                         "pycompactor/extractive-1 selects the offline summarizer")
+    p.add_argument("--api", choices=("chat", "responses"), default="chat",
+                   help="OpenAI API to call: chat (Chat Completions, default) or responses "
+                        "(the Responses API); the offline summarizer calls neither")
     p.add_argument("--once", action="store_true",
                    help="one pass: claim each target claimable now, process them, exit 0")
     where = p.add_mutually_exclusive_group()
@@ -285,6 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get("PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS", "60"),
                    help="cancel any database statement after S seconds "
                         "(env: PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS; default: 60)")
+    p.add_argument("--min-figure-retention", type=retention_ratio, metavar="R",
+                   default=os.environ.get("PYCOMPACTOR_MIN_FIGURE_RETENTION", "0"),
+                   help="fail an attempt (reason figures_lost) whose summary keeps fewer than "
+                        "R x the distinct figures (numbers, dates, amounts) of its ten replies; "
+                        "0 to 1 (env: PYCOMPACTOR_MIN_FIGURE_RETENTION; default: 0 = off)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="stderr log: key=value text (default) or one JSON object per line")
     p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
@@ -344,6 +354,17 @@ def non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not (value >= 0 and value < float("inf")):
         raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text}")
+    return value
+
+
+def retention_ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a share between 0 and 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text}")
     return value
 
 

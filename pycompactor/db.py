@@ -15,7 +15,7 @@ import os
 import re
 import urllib.parse
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -24,6 +24,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 from psycopg import pq, sql
 from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
+from psycopg.types.json import Jsonb
 
 from pycompactor.errors import from_driver, wrap_exceptions
 from pycompactor.models import (
@@ -97,12 +98,14 @@ def resolve_dsn(dsn: str | None) -> str:
 
 
 def connect(dsn: str | None = None, *, autocommit: bool = True,
-            timeouts: Timeouts = DEFAULT_TIMEOUTS) -> Connection:
+            timeouts: Timeouts = DEFAULT_TIMEOUTS, read_only: bool = False) -> Connection:
     """Open a connection; autocommit by default, as each engine call is its own transaction.
 
     Server-side prepared statements are off (prepare_threshold=None): under PgBouncer's
     transaction pooling a statement prepared on one server connection is unknown to the
-    next one the pooler hands out.
+    next one the pooler hands out. `read_only` makes every transaction psycopg opens
+    `BEGIN READ ONLY` (the read path: plan, project, audit; fine on a hot standby); it is
+    a client-side setting, so nothing is left on the server session.
     """
     conninfo = resolve_dsn(dsn)
     try:
@@ -122,6 +125,8 @@ def connect(dsn: str | None = None, *, autocommit: bool = True,
             raise type(error)(message) from None
         raise error from exc
     _timeouts[conn] = timeouts
+    if read_only:
+        conn.read_only = True
     return conn
 
 
@@ -215,18 +220,25 @@ def claim(conn: Connection, conversation_id: str, scope: str, from_pair: int,
 
 def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
              finish_reason: str | None, tool_call_count: int, *,
-             response_id: str | None = None, now: datetime | None = None) -> CompleteResult:
-    """Record attempt (job_id, attempt)'s result; fenced (lease_lost) and idempotent."""
+             response_id: str | None = None, now: datetime | None = None,
+             stats: Mapping[str, int] | None = None) -> CompleteResult:
+    """Record attempt (job_id, attempt)'s result; fenced (lease_lost) and idempotent.
+
+    `stats` is p_stats: any of input_tokens, output_tokens, figures_total, figures_kept
+    (non-negative integers; the database refuses anything else with CP020).
+    """
     with _call(conn, class_row(CompleteResult)) as cur:
         cur.execute(
             "SELECT ok, reason, summary_id FROM compaction.complete("
             "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
             " p_summary => %(summary)s::text, p_finish_reason => %(finish_reason)s::text,"
             " p_tool_call_count => %(tool_call_count)s::int,"
-            " p_response_id => %(response_id)s::text, p_now => %(now)s::timestamptz)",
+            " p_response_id => %(response_id)s::text, p_now => %(now)s::timestamptz,"
+            " p_stats => %(stats)s::jsonb)",
             {"job_id": job_id, "attempt": attempt, "summary": summary,
              "finish_reason": finish_reason, "tool_call_count": tool_call_count,
-             "response_id": response_id, "now": now},
+             "response_id": response_id, "now": now,
+             "stats": None if stats is None else Jsonb(dict(stats))},
         )
         row = cur.fetchone()
         assert row is not None
@@ -349,7 +361,7 @@ def audit(conn: Connection, view: str, *, conversation_id: str | None = None,
         " WHERE %(conversation_id)s::text IS NULL OR conversation_id = %(conversation_id)s::text"
         " ORDER BY {order} LIMIT %(limit)s::int"
     ).format(view=sql.Identifier(name), order=sql.SQL(order))
-    with wrap_exceptions(), conn.cursor(row_factory=dict_row) as cur:
+    with _call(conn, dict_row) as cur:
         cur.execute(query, {"conversation_id": conversation_id, "limit": limit})
         rows = cur.fetchall()
         columns = [c.name for c in cur.description or []]

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from pycompactor.projection import Projection
+    from pycompactor.summarizer import FigureStats
 
 ATTEMPTS: Final = Counter(
     "pycompactor_worker_attempts",
@@ -61,6 +62,17 @@ QUEUE_LAST_DEQUEUE: Final = Gauge(
 QUEUE_DEQUEUED: Final = Counter(
     "pycompactor_worker_queue_dequeued",
     "Queue entries (conversation, scope) this worker took with compaction.dequeue",
+)
+FIGURE_RETENTION: Final = Histogram(
+    "pycompactor_worker_figure_retention_ratio",
+    "Share of a range's distinct figures (numbers, dates, amounts) that its summary kept "
+    "verbatim, one observation per model reply on a range with figures (DESIGN.md §8)",
+    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
+)
+FIGURES_LOST: Final = Counter(
+    "pycompactor_worker_figures_lost",
+    "Attempts failed with reason figures_lost: the summary kept fewer figures than "
+    "--min-figure-retention asks",
 )
 PROJECTIONS: Final = Counter(
     "pycompactor_projections", "project_history calls that returned a projection")
@@ -98,6 +110,16 @@ def model_call(model: str) -> Iterator[None]:
     """Time one model call (observed even when the summarizer raises)."""
     with MODEL_CALL_SECONDS.labels(model=model).time():
         yield
+
+
+def figures_counted(figures: FigureStats) -> None:
+    """Observe one reply's retention ratio (ranges without figures have none)."""
+    if figures.retention is not None:
+        FIGURE_RETENTION.observe(figures.retention)
+
+
+def figures_lost() -> None:
+    FIGURES_LOST.inc()
 
 
 def dequeued(count: int) -> None:

@@ -3,8 +3,9 @@
 This module owns the `conversation-compaction@3` prompt (shipped as package data and
 pinned by SHA-256), the request (only the ten assistant replies, each labelled with its
 `assistant_message_id`; never user text; no tools), the two summarizers (the `openai`
-client for any compatible server, and the offline `pycompactor/extractive-1`), and the
-strict classification of every result into a `ModelOutcome` that tells the worker which
+client for any compatible server, through Chat Completions or the Responses API, and
+the offline `pycompactor/extractive-1`), the figures of DESIGN.md §8, and the strict
+classification of every result into a `ModelOutcome` that tells the worker which
 database call to make:
 
 * `Reply` -> `compaction.complete(...)` with the reply's own text, `finish_reason` and
@@ -12,7 +13,8 @@ database call to make:
   `too_long`; `classify_reply` mirrors those rules for logging only.
 * `Failure` -> `compaction.fail(..., reason)` for what only Python can see. The reasons
   are stable strings (see `FAILURE_REASONS`): `refusal`, `multiple_choices`,
-  `malformed_response`, `invalid_text`, `timeout`, `connection_error`, `http_<status>`.
+  `multiple_messages`, `malformed_response`, `invalid_text`, `timeout`,
+  `connection_error`, `http_<status>`.
 
 It holds no database connection and opens no transaction: the worker calls the model
 outside any transaction (DESIGN.md §11).
@@ -29,6 +31,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeAlias
 
@@ -55,6 +58,8 @@ DEFAULT_RETRY_BACKOFF_SECONDS: Final = 0.5
 # Stable failure reasons (the `p_reason` of compaction.fail). HTTP errors use http_<status>.
 REFUSAL: Final = "refusal"
 MULTIPLE_CHOICES: Final = "multiple_choices"
+#: Responses API: more than one `message` output item (the twin of multiple_choices).
+MULTIPLE_MESSAGES: Final = "multiple_messages"
 MALFORMED_RESPONSE: Final = "malformed_response"
 #: The reply text cannot be stored in PostgreSQL (a NUL character, or a lone surrogate
 #: that has no UTF-8 encoding). Separate from malformed_response because the response
@@ -63,8 +68,13 @@ INVALID_TEXT: Final = "invalid_text"
 TIMEOUT: Final = "timeout"
 CONNECTION_ERROR: Final = "connection_error"
 FAILURE_REASONS: Final = frozenset(
-    {REFUSAL, MULTIPLE_CHOICES, MALFORMED_RESPONSE, INVALID_TEXT, TIMEOUT, CONNECTION_ERROR}
+    {REFUSAL, MULTIPLE_CHOICES, MULTIPLE_MESSAGES, MALFORMED_RESPONSE, INVALID_TEXT, TIMEOUT,
+     CONNECTION_ERROR}
 )
+
+#: The two OpenAI APIs the worker can call (`worker --api`).
+Api: TypeAlias = Literal["chat", "responses"]
+APIS: Final = ("chat", "responses")
 
 # Statuses a transport retry may help with (as the openai client itself retries).
 _RETRYABLE_STATUSES: Final = frozenset({408, 409, 429})
@@ -148,17 +158,78 @@ def build_request(pairs: Sequence[AssistantReply], model: str) -> dict[str, Any]
     return {"model": model, "messages": build_messages(pairs)}
 
 
+def build_responses_request(pairs: Sequence[AssistantReply], model: str) -> dict[str, Any]:
+    """Keyword arguments of `responses.create`: the same pinned prompt as `instructions`,
+    the same replies document as `input`, and `store: false` (the provider keeps no copy
+    of the replies). No tools, no sampling or length knobs, as for Chat Completions.
+    """
+    return {"model": model, "instructions": load_prompt(), "input": replies_document(pairs),
+            "store": False}
+
+
+# --- figures -------------------------------------------------------------------------
+
+#: A figure (DESIGN.md §8): a maximal run of ASCII digits, possibly joined by single
+#: `.`, `,`, `:`, `/` or `-` characters to further digits: `10.37`, `2026-10-09`,
+#: `1,200`, `14:30` and `0.36` are one figure each.
+FIGURE: Final = re.compile(r"[0-9]+(?:[.,:/-][0-9]+)*")
+
+
+def figures(text: str) -> set[str]:
+    """The distinct figures of a text."""
+    return set(FIGURE.findall(text))
+
+
+@dataclass(frozen=True, slots=True)
+class FigureStats:
+    """How many distinct figures the ten replies hold, and how many the summary kept.
+
+    A figure is kept when the summary holds it verbatim as a whole figure (a maximal
+    match of FIGURE): `2010` does not keep `10`, and `1,200,000` does not keep `1,200`.
+    """
+
+    total: int
+    kept: int
+
+    @property
+    def retention(self) -> float | None:
+        """kept / total, or None for a range without figures."""
+        return self.kept / self.total if self.total else None
+
+    def below(self, min_retention: float) -> bool:
+        """True if fewer than min_retention x total figures were kept (exact arithmetic:
+        0.7 means 7/10, so 7 of 10 figures pass). A range without figures never is."""
+        if self.total == 0 or min_retention <= 0:
+            return False
+        return self.kept < Fraction(repr(min_retention)) * self.total
+
+
+def figure_stats(pairs: Sequence[AssistantReply], summary: str) -> FigureStats:
+    """DESIGN.md §8's figures_total and figures_kept of a summary of these replies."""
+    source: set[str] = set()
+    for pair in pairs:
+        source |= figures(pair.assistant_content)
+    return FigureStats(len(source), len(source & figures(summary)))
+
+
 # --- outcomes ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """The model's message: send it to `compaction.complete`, which judges it."""
+    """The model's message: send it to `compaction.complete`, which judges it.
+
+    `input_tokens`/`output_tokens` are the usage the API reported (Chat Completions'
+    prompt_tokens/completion_tokens, the Responses API's input_tokens/output_tokens), or
+    None when it reported none (the offline summarizer, a server without usage).
+    """
 
     text: str
     finish_reason: str | None
     tool_call_count: int
     response_id: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +238,10 @@ class Failure:
 
     reason: str
     detail: str = ""
+    #: Token usage of a reply that was answered but failed in Python (figures_lost):
+    #: `fail` cannot store it, the worker's log shows it.
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 ModelOutcome: TypeAlias = Reply | Failure
@@ -260,7 +335,97 @@ def parse_completion(body: bytes) -> ModelOutcome:
     text = content or ""
     if not storable(text):
         return Failure(INVALID_TEXT, "reply holds NUL or a lone surrogate")
-    return Reply(text, finish_reason, tool_call_count, response_id)
+    usage = data.get("usage")
+    return Reply(text, finish_reason, tool_call_count, response_id,
+                 input_tokens=_count(usage, "prompt_tokens"),
+                 output_tokens=_count(usage, "completion_tokens"))
+
+
+def _count(usage: object, key: str) -> int | None:
+    """A token count of a usage object, or None if absent or not a non-negative integer.
+
+    Usage is reported, not judged: a server that omits or garbles it still gets its
+    summary recorded, only without token figures.
+    """
+    if not isinstance(usage, dict):
+        return None
+    value = usage.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        return None
+    return value
+
+
+#: Responses API output items that are neither the answer nor the model's own reasoning:
+#: every other type (function_call, web_search_call, mcp_call, computer_call, ...) is
+#: a tool at work, counted as a tool call.
+_NOT_TOOL_ITEMS: Final = frozenset({"message", "reasoning"})
+
+
+def parse_response(body: bytes) -> ModelOutcome:
+    """Classify a 200 Responses API body strictly (DESIGN.md §8), reading the JSON ourselves.
+
+    Success is `status == "completed"`, exactly one `message` output item whose content
+    is `output_text` parts only, no other item but `reasoning`, no refusal, and the text
+    rules. Mapped onto what `complete` judges: `finish_reason` is `stop` for a completed
+    response, else the status (`incomplete:<reason>` with its incomplete_details), so the
+    database answers not_stopped; every other output item counts as a tool call
+    (tool_calls); no text is empty. A refusal part, two messages or an unexpected shape
+    are failures judged here (refusal, multiple_messages, malformed_response).
+    """
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _malformed(f"body is not JSON: {exc}")
+    if not isinstance(data, dict):
+        return _malformed("body is not a JSON object")
+    status = data.get("status")
+    if not isinstance(status, str):
+        return _malformed("no status string")
+    response_id = data.get("id")
+    if response_id is not None and not isinstance(response_id, str):
+        return _malformed("id is not a string")
+    output = data.get("output")
+    if not isinstance(output, list):
+        return _malformed("no output list")
+    messages: list[dict[str, Any]] = []
+    tool_items = 0
+    for item in output:
+        if not isinstance(item, dict) or not isinstance(item.get("type"), str):
+            return _malformed("output item without a type")
+        if item["type"] == "message":
+            messages.append(item)
+        elif item["type"] not in _NOT_TOOL_ITEMS:
+            tool_items += 1
+    if len(messages) > 1:
+        return Failure(MULTIPLE_MESSAGES, f"{len(messages)} message items")
+    parts: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            return _malformed("message without a content list")
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "refusal":
+                refusal = part.get("refusal")
+                if not isinstance(refusal, str):
+                    return _malformed("refusal is not a string")
+                return Failure(REFUSAL, refusal[:200])
+            if kind != "output_text" or not isinstance(part.get("text"), str):
+                return _malformed(f"message part of type {kind!r}, not output_text")
+            parts.append(part["text"])
+
+    finish_reason = "stop" if status == "completed" else status
+    details = data.get("incomplete_details")
+    if status == "incomplete" and isinstance(details, dict) \
+            and isinstance(details.get("reason"), str):
+        finish_reason = f"incomplete:{details['reason']}"
+    text = "".join(parts)  # as the SDK's output_text joins them
+    if not storable(text) or not storable(finish_reason):
+        return Failure(INVALID_TEXT, "reply holds NUL or a lone surrogate")
+    usage = data.get("usage")
+    return Reply(text, finish_reason, tool_items, response_id,
+                 input_tokens=_count(usage, "input_tokens"),
+                 output_tokens=_count(usage, "output_tokens"))
 
 
 def failure_from_exception(exc: openai.OpenAIError) -> Failure:
@@ -312,7 +477,10 @@ class OpenAISummarizer:
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         transport_attempts: int = TRANSPORT_ATTEMPTS,
         retry_backoff_seconds: float = DEFAULT_RETRY_BACKOFF_SECONDS,
+        api: Api = "chat",
     ) -> None:
+        if api not in APIS:
+            raise UsageError(f"--api must be one of {', '.join(APIS)}, got {api!r}")
         if not model:
             raise UsageError("no model given; pass --model or set PYCOMPACTOR_MODEL")
         if not (timeout_seconds > 0 and math.isfinite(timeout_seconds)):
@@ -326,6 +494,7 @@ class OpenAISummarizer:
                 f"auth), or use --model {OFFLINE_MODEL}"
             )
         self._model = model
+        self._api: Api = api
         self._timeout_seconds = float(timeout_seconds)
         self._attempts = transport_attempts
         self._backoff = retry_backoff_seconds
@@ -346,10 +515,26 @@ class OpenAISummarizer:
     def base_url(self) -> str:
         return str(self._client.base_url)
 
+    @property
+    def api(self) -> Api:
+        return self._api
+
+    def _create(self, pairs: Sequence[AssistantReply], timeout: float) -> ModelOutcome:
+        """One HTTP request to the configured API, its 200 body classified strictly."""
+        if self._api == "responses":
+            raw = self._client.responses.with_raw_response.create(
+                **build_responses_request(pairs, self._model), timeout=timeout)
+            return parse_response(raw.content)
+        completion = self._client.chat.completions.with_raw_response.create(
+            **build_request(pairs, self._model), timeout=timeout)
+        return parse_completion(completion.content)
+
     def summarize(self, pairs: Sequence[AssistantReply]) -> ModelOutcome:
         import openai
 
-        request = build_request(pairs, self._model)
+        if len(pairs) != PAIRS_PER_RANGE:
+            raise ValueError(f"a summary covers exactly {PAIRS_PER_RANGE} pairs, "
+                             f"got {len(pairs)}")
         deadline = time.monotonic() + self._timeout_seconds
         for attempt in range(1, self._attempts + 1):
             retry_after: float | None = None
@@ -357,9 +542,7 @@ class OpenAISummarizer:
             if remaining <= 0:
                 return Failure(TIMEOUT, "deadline reached before the request")
             try:
-                raw = self._client.chat.completions.with_raw_response.create(
-                    **request, timeout=remaining
-                )
+                outcome = self._create(pairs, remaining)
             except openai.APIStatusError as exc:
                 failure = failure_from_exception(exc)
                 retry_after = _retry_after_seconds(exc.response.headers.get("retry-after"))
@@ -373,7 +556,7 @@ class OpenAISummarizer:
             except openai.OpenAIError as exc:
                 return failure_from_exception(exc)
             else:
-                return parse_completion(raw.content)
+                return outcome
             if attempt == self._attempts:
                 return failure
             delay = self._backoff if retry_after is None else retry_after
@@ -550,7 +733,17 @@ def _excerpt(text: str, room: int) -> str:
         start = min(digit.start() - room // 4, len(text) - (room - 1))
     lead = _ELLIPSIS if start > 0 else ""
     body_len = room - len(lead) - (1 if start + room - len(lead) < len(text) else 0)
-    body = text[start : start + body_len]
+    end = start + body_len
+    # Never cut a figure in two: `2026-10` of `2026-10-09` would be a different figure.
+    # (No figure is cut at the start: it lies before the first digit.)
+    for match in FIGURE.finditer(text, start, len(text)):
+        if match.start() >= end:
+            break
+        if match.end() > end and match.start() > start:
+            end = match.start()
+            break
+    body = text[start:end]
+    body_len = len(body)
     tail = _ELLIPSIS if start + body_len < len(text) else ""
     return lead + body + tail
 
@@ -590,10 +783,12 @@ def make_summarizer(
     base_url: str | None = None,
     api_key: str | None = None,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+    api: Api = "chat",
 ) -> Summarizer:
-    """The summarizer for a configured model id: offline for `pycompactor/extractive-1`."""
+    """The summarizer for a configured model id: offline for `pycompactor/extractive-1`
+    (which calls no API, so `api` does not apply)."""
     if model == OFFLINE_MODEL:
         return ExtractiveSummarizer()
     return OpenAISummarizer(
-        model, base_url=base_url, api_key=api_key, timeout_seconds=timeout_seconds
+        model, base_url=base_url, api_key=api_key, timeout_seconds=timeout_seconds, api=api
     )

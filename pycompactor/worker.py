@@ -57,9 +57,12 @@ from pycompactor.summarizer import (
     DEFAULT_TIMEOUT_SECONDS,
     PROMPT_VERSION,
     Failure,
+    FigureStats,
     ModelOutcome,
     Reply,
     Summarizer,
+    classify_reply,
+    figure_stats,
 )
 
 LogFormat = Literal["text", "json"]
@@ -68,6 +71,8 @@ LogFormat = Literal["text", "json"]
 INTERRUPTED: Final = "interrupted"
 #: Failure reason when the summarizer raised instead of returning an outcome (a bug).
 WORKER_ERROR: Final = "worker_error"
+#: Failure reason when a summary kept fewer than --min-figure-retention of the figures.
+FIGURES_LOST: Final = "figures_lost"
 
 # Claim refusals after which the conversation may become claimable later: put it back.
 # Not already_running: that attempt's worker completes it, or the reaper expires it and
@@ -110,10 +115,15 @@ class WorkerConfig:
     #: lock_timeout / statement_timeout of every database call (a hung session's lock
     #: costs one timeout and that target is left for a later pass).
     timeouts: db.Timeouts = db.DEFAULT_TIMEOUTS
+    #: --min-figure-retention: a summary keeping fewer than this share of its range's
+    #: figures fails with `figures_lost` (0, the default, turns the gate off).
+    min_figure_retention: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("a worker needs a model")
+        if not 0.0 <= self.min_figure_retention <= 1.0:
+            raise ValueError("min_figure_retention must lie between 0 and 1")
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch_size must be at least 1")
         if self.lease <= timedelta(0):
@@ -377,11 +387,13 @@ class Worker:
                 previous[signum] = signal.signal(signum, self._on_signal)
         source = ("conversation" if cfg.conversation is not None
                   else "sweep" if cfg.sweep else "queue")
-        self._log.emit("started", worker=cfg.worker_id, model=cfg.model, scope=cfg.scope,
+        self._log.emit("started", worker=cfg.worker_id, model=cfg.model,
+                       api=getattr(self._summarizer, "api", None), scope=cfg.scope,
                        mode="once" if cfg.once else "loop", source=source,
                        conversation_id=cfg.conversation, concurrency=cfg.concurrency,
                        lease_seconds=cfg.lease.total_seconds(),
-                       timeout_seconds=cfg.timeout_seconds, pid=os.getpid())
+                       timeout_seconds=cfg.timeout_seconds,
+                       min_figure_retention=cfg.min_figure_retention, pid=os.getpid())
         heartbeats = threading.Thread(target=self._heartbeat_loop, name="heartbeat",
                                       daemon=True)
         heartbeats.start()
@@ -659,12 +671,13 @@ class Worker:
                     outcome: ModelOutcome = self._summarizer.summarize(job.pairs)
             except Exception as exc:  # a summarizer bug is still just a failed attempt
                 outcome = Failure(WORKER_ERROR, f"{type(exc).__name__}: {exc}")
+            outcome, figures = self._judge_figures(job, outcome)
             with running.lock:
                 if running.state != "calling":
                     return  # interrupted: the main thread has recorded it
                 running.state = "recording"
-            result = self._record(job, outcome, started)
-            self._finished(result, outcome)
+            result = self._record(job, outcome, started, figures)
+            self._finished(result, outcome, figures)
             if job.attempt == 1 and result.outcome != "completed":
                 # The retry (attempt 2) belongs to a later pass, never this one.
                 with contextlib.suppress(PycompactorError):
@@ -682,7 +695,29 @@ class Worker:
             running.done.set()
             self._slots.release()
 
-    def _record(self, job: ClaimedJob, outcome: ModelOutcome, started: float) -> JobResult:
+    def _judge_figures(self, job: ClaimedJob,
+                       outcome: ModelOutcome) -> tuple[ModelOutcome, FigureStats | None]:
+        """Count the figures a reply kept (DESIGN.md §8) and apply --min-figure-retention.
+
+        Only a reply the database would accept can fail the gate: a truncated or empty
+        reply keeps its own reason (not_stopped, empty, ...), judged by `complete`.
+        """
+        if not isinstance(outcome, Reply):
+            return outcome, None
+        figures = figure_stats(job.pairs, outcome.text)
+        metrics.figures_counted(figures)
+        threshold = self.config.min_figure_retention
+        if figures.below(threshold) and classify_reply(
+                outcome.text, outcome.finish_reason, outcome.tool_call_count) == "completed":
+            metrics.figures_lost()
+            return Failure(FIGURES_LOST, f"kept {figures.kept} of {figures.total} figures, "
+                                         f"below {threshold:g} of them",
+                           input_tokens=outcome.input_tokens,
+                           output_tokens=outcome.output_tokens), figures
+        return outcome, figures
+
+    def _record(self, job: ClaimedJob, outcome: ModelOutcome, started: float,
+                figures: FigureStats | None = None) -> JobResult:
         """complete (Reply) or fail (Failure) with the fencing token, retrying DB trouble
         until the lease would have run out anyway."""
         give_up = started + self.config.lease.total_seconds()
@@ -693,7 +728,8 @@ class Worker:
                     if isinstance(outcome, Reply):
                         done = db.complete(conn, job.job_id, job.attempt, outcome.text,
                                            outcome.finish_reason, outcome.tool_call_count,
-                                           response_id=outcome.response_id)
+                                           response_id=outcome.response_id,
+                                           stats=reply_stats(outcome, figures))
                         # ok=False is the database's verdict: not_stopped, tool_calls, ...
                         completed, reason, summary_id = done.ok, done.reason, done.summary_id
                     else:
@@ -718,7 +754,8 @@ class Worker:
                         else "completed" if completed else "failed")
         return JobResult(job, outcome_name, reason, summary_id, _ms_since(started))
 
-    def _finished(self, result: JobResult, outcome: ModelOutcome | None) -> None:
+    def _finished(self, result: JobResult, outcome: ModelOutcome | None,
+                  figures: FigureStats | None = None) -> None:
         with self._counts_lock:
             self._outcomes[result.outcome] += 1
         metrics.attempt_finished(result.outcome, result.reason)
@@ -730,12 +767,19 @@ class Worker:
             "outcome": result.outcome, "reason": result.reason,
             "summary_id": result.summary_id, "latency_ms": result.latency_ms,
         }
-        if isinstance(outcome, Failure) and outcome.detail:
-            fields["detail"] = outcome.detail[:300]
+        if isinstance(outcome, Failure):
+            if outcome.detail:
+                fields["detail"] = outcome.detail[:300]
+            fields.update(input_tokens=outcome.input_tokens,
+                          output_tokens=outcome.output_tokens)
         elif isinstance(outcome, Reply):
             fields.update(finish_reason=outcome.finish_reason,
                           tool_call_count=outcome.tool_call_count,
-                          response_id=outcome.response_id, summary_chars=len(outcome.text))
+                          response_id=outcome.response_id, summary_chars=len(outcome.text),
+                          input_tokens=outcome.input_tokens,
+                          output_tokens=outcome.output_tokens)
+        if figures is not None:
+            fields.update(figures_total=figures.total, figures_kept=figures.kept)
         self._log.emit(event, **fields)
 
     def _heartbeat_loop(self) -> None:
@@ -801,6 +845,18 @@ class Worker:
         if job.attempt == 1:
             with contextlib.suppress(PycompactorError):
                 self._enqueue(job.conversation_id)
+
+
+def reply_stats(reply: Reply, figures: FigureStats | None) -> dict[str, int]:
+    """complete's p_stats: the figures (always, for a reply) and the usage reported."""
+    stats: dict[str, int] = {}
+    if figures is not None:
+        stats.update(figures_total=figures.total, figures_kept=figures.kept)
+    if reply.input_tokens is not None:
+        stats["input_tokens"] = reply.input_tokens
+    if reply.output_tokens is not None:
+        stats["output_tokens"] = reply.output_tokens
+    return stats
 
 
 def _ms_since(started: float) -> int:

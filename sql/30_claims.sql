@@ -139,6 +139,10 @@ CREATE TABLE compaction.attempts (
     tool_call_count  int,
     response_id      text,
     summary_chars    int,
+    input_tokens     int,
+    output_tokens    int,
+    figures_total    int,
+    figures_kept     int,
     CONSTRAINT attempts_pkey PRIMARY KEY (conversation_id, job_id, attempt),
     CONSTRAINT attempts_job_fkey FOREIGN KEY (conversation_id, job_id)
         REFERENCES compaction.jobs (conversation_id, job_id),
@@ -151,7 +155,12 @@ CREATE TABLE compaction.attempts (
             WHEN 'running' THEN reason IS NULL
             WHEN 'completed' THEN reason = 'completed'
             ELSE reason IS NOT NULL AND reason <> ''
-        END)
+        END),
+    -- complete()'s p_stats (DESIGN.md §6): non-negative counts, NULL when not reported.
+    CONSTRAINT attempts_stats_valid CHECK (
+        input_tokens >= 0 AND output_tokens >= 0 AND figures_total >= 0
+        AND figures_kept BETWEEN 0 AND figures_total
+        AND (figures_kept IS NULL OR figures_total IS NOT NULL))
 );
 COMMENT ON TABLE compaction.attempts IS
     'Append-only attempt log: one row per claim of an identity (at most 2); only running -> completed | failed (and lease renewal) ever changes';
@@ -558,6 +567,60 @@ $$;
 COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz) IS
     'Internal: locks attempt (job_id, attempt) and returns it, first failing it (lease_expired) if its lease ran out; NULL if unknown';
 
+-- complete()'s p_stats (DESIGN.md §6): NULL, or an object whose keys are among
+-- input_tokens, output_tokens, figures_total, figures_kept, each a non-negative integer
+-- (JSON number without fraction or exponent, below 2^31), figures_kept only with
+-- figures_total and never above it. Anything else is CP020. The counts come back in the
+-- matching columns of an attempts row (the other columns NULL).
+CREATE FUNCTION compaction.attempt_stats(p_stats jsonb)
+RETURNS compaction.attempts
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_stats compaction.attempts;
+    v_key   text;
+    v_value jsonb;
+BEGIN
+    IF p_stats IS NULL THEN
+        RETURN v_stats;
+    END IF;
+    IF pg_catalog.jsonb_typeof(p_stats) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'p_stats must be a JSON object or NULL, got a JSON %',
+                pg_catalog.jsonb_typeof(p_stats)
+            USING ERRCODE = 'CP020';
+    END IF;
+    FOR v_key, v_value IN SELECT e.key, e.value FROM pg_catalog.jsonb_each(p_stats) AS e LOOP
+        IF v_key NOT IN ('input_tokens', 'output_tokens', 'figures_total', 'figures_kept') THEN
+            RAISE EXCEPTION 'p_stats: unknown key % (known: input_tokens, output_tokens, figures_total, figures_kept)',
+                    pg_catalog.quote_literal(pg_catalog.left(v_key, 64))
+                USING ERRCODE = 'CP020';
+        END IF;
+        IF pg_catalog.jsonb_typeof(v_value) IS DISTINCT FROM 'number'
+           OR v_value::text !~ '^(0|[1-9][0-9]{0,9})$' THEN
+            RAISE EXCEPTION 'p_stats: % must be a non-negative integer', v_key
+                USING ERRCODE = 'CP020';
+        END IF;
+        IF v_value::text::bigint > 2147483647 THEN
+            RAISE EXCEPTION 'p_stats: % must be below 2^31', v_key USING ERRCODE = 'CP020';
+        END IF;
+    END LOOP;
+    v_stats.input_tokens := (p_stats ->> 'input_tokens')::int;
+    v_stats.output_tokens := (p_stats ->> 'output_tokens')::int;
+    v_stats.figures_total := (p_stats ->> 'figures_total')::int;
+    v_stats.figures_kept := (p_stats ->> 'figures_kept')::int;
+    IF v_stats.figures_kept IS NOT NULL
+       AND (v_stats.figures_total IS NULL OR v_stats.figures_kept > v_stats.figures_total) THEN
+        RAISE EXCEPTION 'p_stats: figures_kept needs figures_total and must not exceed it'
+            USING ERRCODE = 'CP020';
+    END IF;
+    RETURN v_stats;
+END
+$$;
+COMMENT ON FUNCTION compaction.attempt_stats(jsonb) IS
+    'Internal: validates complete()''s p_stats (CP020 unless NULL or an object of non-negative integer counts) and returns them as attempt columns';
+
 CREATE FUNCTION compaction.complete(
     p_job_id          bigint,
     p_attempt         int,
@@ -565,7 +628,8 @@ CREATE FUNCTION compaction.complete(
     p_finish_reason   text,
     p_tool_call_count int,
     p_response_id     text DEFAULT NULL,
-    p_now             timestamptz DEFAULT NULL)
+    p_now             timestamptz DEFAULT NULL,
+    p_stats           jsonb DEFAULT NULL)
 RETURNS TABLE (ok boolean, reason text, summary_id bigint)
 LANGUAGE plpgsql
 VOLATILE
@@ -578,7 +642,10 @@ DECLARE
     v_attempt    compaction.attempts;
     v_summary_id bigint;
     v_problem    text;
+    v_stats      compaction.attempts;
 BEGIN
+    -- p_stats first: a bad one is an error that changes nothing (not even an expiry).
+    v_stats := compaction.attempt_stats(p_stats);
     v_attempt := compaction.fence(p_job_id, p_attempt, v_now);
     IF v_attempt.state = 'completed' THEN
         -- Idempotent for the same token and the same text (a lost reply re-sent); any
@@ -614,7 +681,9 @@ BEGIN
         UPDATE compaction.attempts AS a
         SET state = 'failed', reason = v_problem, finished_at = v_now,
             finish_reason = p_finish_reason, tool_call_count = p_tool_call_count,
-            response_id = p_response_id, summary_chars = pg_catalog.char_length(p_summary)
+            response_id = p_response_id, summary_chars = pg_catalog.char_length(p_summary),
+            input_tokens = v_stats.input_tokens, output_tokens = v_stats.output_tokens,
+            figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept
         WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
           AND a.attempt = p_attempt;
         RETURN QUERY SELECT false, v_problem, NULL::bigint;
@@ -627,14 +696,16 @@ BEGIN
     UPDATE compaction.attempts AS a
     SET state = 'completed', reason = 'completed', finished_at = v_now,
         finish_reason = p_finish_reason, tool_call_count = p_tool_call_count,
-        response_id = p_response_id, summary_chars = pg_catalog.char_length(p_summary)
+        response_id = p_response_id, summary_chars = pg_catalog.char_length(p_summary),
+        input_tokens = v_stats.input_tokens, output_tokens = v_stats.output_tokens,
+        figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt;
     RETURN QUERY SELECT true, 'completed'::text, v_summary_id;
 END
 $$;
-COMMENT ON FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz) IS
-    'Records the result of attempt (job_id, attempt): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off';
+COMMENT ON FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb) IS
+    'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off';
 
 CREATE FUNCTION compaction.fail(
     p_job_id  bigint,

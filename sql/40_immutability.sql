@@ -92,10 +92,12 @@ BEGIN
        AND (NEW.state IN ('completed', 'failed')
             OR (NEW.state = 'running'
                 AND (NEW.reason, NEW.finished_at, NEW.finish_reason, NEW.tool_call_count,
-                     NEW.response_id, NEW.summary_chars)
+                     NEW.response_id, NEW.summary_chars, NEW.input_tokens, NEW.output_tokens,
+                     NEW.figures_total, NEW.figures_kept)
                     IS NOT DISTINCT FROM
                     (OLD.reason, OLD.finished_at, OLD.finish_reason, OLD.tool_call_count,
-                     OLD.response_id, OLD.summary_chars))) THEN
+                     OLD.response_id, OLD.summary_chars, OLD.input_tokens, OLD.output_tokens,
+                     OLD.figures_total, OLD.figures_kept))) THEN
         RETURN NEW;
     END IF;
     RAISE EXCEPTION 'compaction.attempts: only running -> completed | failed may change (job % attempt % is %)',

@@ -27,7 +27,11 @@ CREATE VIEW compaction.audit_jobs AS
            a.response_id,
            a.summary_chars,
            s.summary_id,
-           false AS imported
+           false AS imported,
+           a.input_tokens,
+           a.output_tokens,
+           a.figures_total,
+           a.figures_kept
     FROM compaction.jobs AS j
     JOIN compaction.attempts AS a
       ON a.conversation_id = j.conversation_id AND a.job_id = j.job_id
@@ -56,13 +60,17 @@ CREATE VIEW compaction.audit_jobs AS
            NULL::text,
            pg_catalog.char_length(s.summary),
            s.summary_id,
-           true
+           true,
+           NULL::int,
+           NULL::int,
+           NULL::int,
+           NULL::int
     FROM compaction.jobs AS j
     JOIN compaction.job_summaries AS s
       ON s.conversation_id = j.conversation_id AND s.job_id = j.job_id
     WHERE s.attempt IS NULL;
 COMMENT ON VIEW compaction.audit_jobs IS
-    'Audit: every job with each attempt (state, reason, worker, lease, duration, finish metadata) and imported summaries as state imported; no text';
+    'Audit: every job with each attempt (state, reason, worker, lease, duration, finish metadata, token usage and figures kept as reported to complete, NULL when not reported) and imported summaries as state imported; no text';
 
 CREATE VIEW compaction.audit_stale_summaries AS
     SELECT s.summary_id,

@@ -1,4 +1,4 @@
-"""A scripted OpenAI-compatible chat-completions server on loopback, for tests.
+"""A scripted OpenAI-compatible server on loopback (Chat Completions and Responses), for tests.
 
 A real HTTP server (stdlib `ThreadingHTTPServer` in a thread), so the real `openai`
 client is exercised end to end: serialisation, status handling, retries and timeouts.
@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 COMPLETIONS_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+RESPONSES_PATHS = frozenset({"/v1/responses", "/responses"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,17 +84,25 @@ def choice(
     return {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": None}
 
 
+#: Token usage every scripted answer reports unless told otherwise: (input, output).
+DEFAULT_USAGE = (1, 1)
+
+
 def completion_body(
-    choices: list[dict[str, Any]], *, response_id: str = "chatcmpl-test", model: str = "m"
+    choices: list[dict[str, Any]], *, response_id: str = "chatcmpl-test", model: str = "m",
+    usage: tuple[int, int] | None = DEFAULT_USAGE,
 ) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "id": response_id,
         "object": "chat.completion",
         "created": 1_700_000_000,
         "model": model,
         "choices": choices,
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
+    if usage is not None:
+        body["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1],
+                         "total_tokens": usage[0] + usage[1]}
+    return body
 
 
 def json_response(payload: Any, *, status: int = 200) -> ScriptedResponse:
@@ -108,6 +117,7 @@ def reply(
     function_call: bool = False,
     refusal: str | None = None,
     response_id: str = "chatcmpl-test",
+    usage: tuple[int, int] | None = DEFAULT_USAGE,
 ) -> ScriptedResponse:
     """A single-choice completion with every knob the classification looks at."""
     one = choice(
@@ -117,11 +127,12 @@ def reply(
         function_call=function_call,
         refusal=refusal,
     )
-    return json_response(completion_body([one], response_id=response_id))
+    return json_response(completion_body([one], response_id=response_id, usage=usage))
 
 
-def stop(content: str = "A faithful summary.") -> ScriptedResponse:
-    return reply(content)
+def stop(content: str = "A faithful summary.", *,
+         usage: tuple[int, int] | None = DEFAULT_USAGE) -> ScriptedResponse:
+    return reply(content, usage=usage)
 
 
 def length(content: str = "A summary cut off by max_tok") -> ScriptedResponse:
@@ -147,6 +158,80 @@ def multiple_choices(n: int = 2) -> ScriptedResponse:
 
 def no_choices() -> ScriptedResponse:
     return json_response(completion_body([]))
+
+
+# --- Responses API builders (the wire format of POST /responses) -------------------------
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def refusal_part(message: str = "I can't help with that.") -> dict[str, Any]:
+    return {"type": "refusal", "refusal": message}
+
+
+def message_item(*parts: dict[str, Any], item_id: str = "msg_test") -> dict[str, Any]:
+    """One assistant `message` output item with the given content parts."""
+    return {"id": item_id, "type": "message", "role": "assistant", "status": "completed",
+            "content": list(parts)}
+
+
+def function_call_item(name: str = "lookup_nav", *, item_id: str = "fc_test") -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "call_id": f"call_{item_id}",
+            "name": name, "arguments": json.dumps({"fund": 1}), "status": "completed"}
+
+
+def tool_item(kind: str, *, item_id: str = "ws_test") -> dict[str, Any]:
+    """A built-in tool's output item, e.g. `web_search_call`, `file_search_call`."""
+    return {"id": item_id, "type": kind, "status": "completed"}
+
+
+def reasoning_item() -> dict[str, Any]:
+    return {"id": "rs_test", "type": "reasoning", "summary": []}
+
+
+def response_body(
+    output: list[dict[str, Any]], *, status: str = "completed",
+    response_id: str = "resp_test", model: str = "m", incomplete_reason: str | None = None,
+    usage: tuple[int, int] | None = DEFAULT_USAGE,
+) -> dict[str, Any]:
+    """A Responses API response object."""
+    body: dict[str, Any] = {
+        "id": response_id,
+        "object": "response",
+        "created_at": 1_700_000_000,
+        "status": status,
+        "error": None,
+        "incomplete_details": (None if incomplete_reason is None
+                               else {"reason": incomplete_reason}),
+        "instructions": None,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+    if usage is not None:
+        body["usage"] = {
+            "input_tokens": usage[0], "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage[1], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage[0] + usage[1],
+        }
+    return body
+
+
+def response(
+    text: str | None = "A faithful summary.", *, status: str = "completed",
+    incomplete_reason: str | None = None, extra_items: tuple[dict[str, Any], ...] = (),
+    response_id: str = "resp_test", usage: tuple[int, int] | None = DEFAULT_USAGE,
+) -> ScriptedResponse:
+    """A Responses API answer: one message with one output_text part (none if text is
+    None), followed by `extra_items`."""
+    output = [] if text is None else [message_item(output_text(text))]
+    return json_response(response_body(
+        [*output, *extra_items], status=status, incomplete_reason=incomplete_reason,
+        response_id=response_id, usage=usage))
 
 
 def http_error(status: int, *, retry_after: str | None = None) -> ScriptedResponse:
@@ -212,7 +297,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
             body=body,
         )
         owner = self.server.owner
-        if self.path.split("?", 1)[0] not in COMPLETIONS_PATHS:
+        if self.path.split("?", 1)[0] not in COMPLETIONS_PATHS | RESPONSES_PATHS:
             owner._record(recorded)
             self._send(http_error(404))
             return
@@ -347,7 +432,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reply", default="A faithful summary.", help="text of every answer")
     args = parser.parse_args(argv)
     text: str = args.reply
-    with ModelServer(handler=lambda _request: stop(text)) as server:
+
+    def answer(request: RecordedRequest) -> ScriptedResponse:
+        # Whichever API the client speaks.
+        if request.path.split("?", 1)[0] in RESPONSES_PATHS:
+            return response(text)
+        return stop(text)
+
+    with ModelServer(handler=answer) as server:
         print(server.base_url, flush=True)
         # Serve until the parent closes our stdin (or terminates us).
         sys.stdin.read()

@@ -25,6 +25,12 @@ contract (the reference tables in `compaction_source`):
   The manifest of the last call is kept in `last_projection`.
 * Writes to the reference tables enqueue the conversation for the worker (their
   triggers, scope `default`); for another scope the session calls `compaction.enqueue`.
+* **Reads on a replica**: with `read_dsn` (or `read_connect`), `get_items()` projects
+  from that connection (a hot standby, say) in a read-only transaction, while writes go
+  to `dsn`. Read-your-writes: after its own write the session notes the primary's WAL
+  position and `get_items()` waits (up to `read_wait_seconds`) until the replica has
+  replayed it, else reads that once from the primary, so a turn never misses the turn
+  before it.
 
 Only message text is stored: input images and files in a user message are not kept
 (their text parts are). The database work is synchronous psycopg in a worker thread, one
@@ -36,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -52,6 +59,8 @@ if TYPE_CHECKING:
 
 #: Default budget of the projected history (UTF-8 bytes + 16 per message).
 DEFAULT_BUDGET_BYTES: Final = 64 * 1024
+#: How long get_items waits for a replica to replay the session's own last write.
+DEFAULT_READ_WAIT_SECONDS: Final = 5.0
 #: Role of a stored non-message item (tool calls, their outputs, reasoning, ...).
 ITEM_ROLE: Final = "sdk_item"
 #: Role of an assistant message that was not the turn's final answer.
@@ -143,7 +152,10 @@ class PycompactorSession:
     def __init__(self, session_id: str, *, dsn: str | None = None,
                  budget_bytes: int = DEFAULT_BUDGET_BYTES, scope: str = "default",
                  connect: Callable[[], psycopg.Connection[Any]] | None = None,
-                 session_settings: SessionSettings | None = None) -> None:
+                 session_settings: SessionSettings | None = None,
+                 read_dsn: str | None = None,
+                 read_connect: Callable[[], psycopg.Connection[Any]] | None = None,
+                 read_wait_seconds: float = DEFAULT_READ_WAIT_SECONDS) -> None:
         if not session_id:
             raise ValueError("a session needs a non-empty session_id (the conversation id)")
         self.session_id = session_id
@@ -152,6 +164,16 @@ class PycompactorSession:
         self.session_settings = session_settings
         self._connect = connect or (lambda: db.connect(dsn))
         self._conn: psycopg.Connection[Any] | None = None
+        if read_connect is None and read_dsn is not None:
+            read_connect = lambda: db.connect(read_dsn, read_only=True)  # noqa: E731
+        self._read_connect = read_connect
+        self._read_conn: psycopg.Connection[Any] | None = None
+        self.read_wait_seconds = read_wait_seconds
+        #: The primary's WAL insert position after this session's last write (read
+        #: connection only): get_items waits for the replica to replay it.
+        self._written_lsn: str | None = None
+        #: Where the last get_items() read: "primary", or "replica" (the read connection).
+        self.last_read_from: str | None = None
         # One database operation at a time (the SDK may call from several event loops
         # over a session's life, so a thread lock rather than an asyncio one).
         self._lock = threading.Lock()
@@ -163,8 +185,7 @@ class PycompactorSession:
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The projected history, oldest first; with `limit`, only its newest items."""
-        items: list[TResponseInputItem] = await asyncio.to_thread(self._locked,
-                                                                  self._get_items)
+        items: list[TResponseInputItem] = await asyncio.to_thread(self._read)
         if limit is not None:
             items = items[-limit:] if limit > 0 else []
         return items
@@ -192,9 +213,10 @@ class PycompactorSession:
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            for conn in (self._conn, self._read_conn):
+                if conn is not None:
+                    conn.close()
+            self._conn = self._read_conn = None
 
     def __enter__(self) -> PycompactorSession:
         return self
@@ -206,9 +228,50 @@ class PycompactorSession:
 
     def _locked(self, operation: Callable[..., Any], *args: Any) -> Any:
         with self._lock:
-            if self._conn is None or self._conn.closed or self._conn.broken:
-                self._conn = self._connect()
-            return operation(self._conn, *args)
+            conn = self._primary()
+            result = operation(conn, *args)
+            if self._read_connect is not None:
+                # A write: the replica must replay it before this session reads there.
+                row = conn.execute("SELECT pg_catalog.pg_current_wal_insert_lsn()::text"
+                                   ).fetchone()
+                self._written_lsn = None if row is None else str(row[0])
+            return result
+
+    def _primary(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = self._connect()
+        return self._conn
+
+    def _read(self) -> list[TResponseInputItem]:
+        """get_items on the read connection when there is one, else on the primary."""
+        if self._read_connect is None:
+            self.last_read_from = "primary"
+            items: list[TResponseInputItem] = self._locked(self._get_items)
+            return items
+        with self._lock:
+            if self._read_conn is None or self._read_conn.closed or self._read_conn.broken:
+                self._read_conn = self._read_connect()
+            if self._written_lsn is not None and not self._caught_up(self._read_conn,
+                                                                     self._written_lsn):
+                self.last_read_from = "primary"  # the replica lags our own write
+                return self._get_items(self._primary())
+            self.last_read_from = "replica"
+            return self._get_items(self._read_conn)
+
+    def _caught_up(self, conn: psycopg.Connection[Any], lsn: str) -> bool:
+        """Wait (bounded) until a replica has replayed `lsn`; True at once on a primary."""
+        deadline = time.monotonic() + self.read_wait_seconds
+        delay = 0.005
+        while True:
+            row = conn.execute(
+                "SELECT NOT pg_catalog.pg_is_in_recovery()"
+                " OR pg_catalog.pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()
+            if row is not None and row[0]:
+                return True
+            if time.monotonic() + delay > deadline:
+                return False
+            time.sleep(delay)  # replay progress of another server: nothing to wait on
+            delay = min(delay * 2, 0.1)
 
     def _get_items(self, conn: psycopg.Connection[Any]) -> list[TResponseInputItem]:
         projection = project_history(conn, self.session_id, budget_bytes=self.budget_bytes,

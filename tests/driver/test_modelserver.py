@@ -18,7 +18,8 @@ def test_base_url_without_v1_is_served() -> None:
     with ModelServer([ms.stop("no v1")]) as server:
         base_url = server.base_url.removesuffix("/v1")
         with OpenAISummarizer("m", base_url=base_url, api_key="k") as summarizer:
-            assert summarizer.summarize(make_pairs()) == Reply("no v1", "stop", 0, "chatcmpl-test")
+            assert summarizer.summarize(make_pairs()) == Reply(
+                "no v1", "stop", 0, "chatcmpl-test", 1, 1)
         assert [r.path for r in server.requests] == ["/chat/completions"]
 
 
@@ -48,8 +49,8 @@ def test_handler_answers_after_the_queue() -> None:
         first = summarizer.summarize(make_pairs())
         second = summarizer.summarize(make_pairs())
     assert (first, second) == (
-        Reply("queued", "stop", 0, "chatcmpl-test"),
-        Reply("from handler", "stop", 0, "chatcmpl-test"),
+        Reply("queued", "stop", 0, "chatcmpl-test", 1, 1),
+        Reply("from handler", "stop", 0, "chatcmpl-test", 1, 1),
     )
     assert len(seen) == 1
 
@@ -70,4 +71,4 @@ def test_runs_as_a_subprocess_for_end_to_end_tests() -> None:
             outcome = summarizer.summarize(make_pairs())
         proc.stdin.close()  # tells the server to stop
         assert proc.wait(timeout=30) == 0
-    assert outcome == Reply("served from a subprocess", "stop", 0, "chatcmpl-test")
+    assert outcome == Reply("served from a subprocess", "stop", 0, "chatcmpl-test", 1, 1)

@@ -150,30 +150,32 @@ def test_a_request_covers_exactly_ten_pairs(count: int) -> None:
     [
         (
             ms.stop("Fund F1 NAV 11.25."),
-            Reply("Fund F1 NAV 11.25.", "stop", 0, "chatcmpl-test"),
+            Reply("Fund F1 NAV 11.25.", "stop", 0, "chatcmpl-test", 1, 1),
             "completed",
         ),
         (
             ms.length("Fund F1 NAV"),
-            Reply("Fund F1 NAV", "length", 0, "chatcmpl-test"),
+            Reply("Fund F1 NAV", "length", 0, "chatcmpl-test", 1, 1),
             "not_stopped",
         ),
-        (ms.content_filter(), Reply("", "content_filter", 0, "chatcmpl-test"), "not_stopped"),
+        (ms.content_filter(), Reply("", "content_filter", 0, "chatcmpl-test", 1, 1), "not_stopped"),
         (
             ms.content_filter("partial"),
-            Reply("partial", "content_filter", 0, "chatcmpl-test"),
+            Reply("partial", "content_filter", 0, "chatcmpl-test", 1, 1),
             "not_stopped",
         ),
-        (ms.tool_call(), Reply("", "tool_calls", 1, "chatcmpl-test"), "not_stopped"),
-        (ms.tool_call(count=3), Reply("", "tool_calls", 3, "chatcmpl-test"), "not_stopped"),
-        (ms.reply("ok", function_call=True), Reply("ok", "stop", 1, "chatcmpl-test"), "tool_calls"),
-        (ms.reply(None), Reply("", "stop", 0, "chatcmpl-test"), "empty"),
-        (ms.reply(" \t\n"), Reply(" \t\n", "stop", 0, "chatcmpl-test"), "empty"),
-        (ms.reply("\u00a0"), Reply("\u00a0", "stop", 0, "chatcmpl-test"), "completed"),
-        (ms.reply("x", finish_reason=None), Reply("x", None, 0, "chatcmpl-test"), "not_stopped"),
-        (ms.reply("x", response_id="resp-42"), Reply("x", "stop", 0, "resp-42"), "completed"),
-        (ms.too_long(6000), Reply("x" * 6000, "stop", 0, "chatcmpl-test"), "completed"),
-        (ms.too_long(6001), Reply("x" * 6001, "stop", 0, "chatcmpl-test"), "too_long"),
+        (ms.tool_call(), Reply("", "tool_calls", 1, "chatcmpl-test", 1, 1), "not_stopped"),
+        (ms.tool_call(count=3), Reply("", "tool_calls", 3, "chatcmpl-test", 1, 1), "not_stopped"),
+        (ms.reply("ok", function_call=True), Reply("ok", "stop", 1, "chatcmpl-test", 1, 1),
+         "tool_calls"),
+        (ms.reply(None), Reply("", "stop", 0, "chatcmpl-test", 1, 1), "empty"),
+        (ms.reply(" \t\n"), Reply(" \t\n", "stop", 0, "chatcmpl-test", 1, 1), "empty"),
+        (ms.reply("\u00a0"), Reply("\u00a0", "stop", 0, "chatcmpl-test", 1, 1), "completed"),
+        (ms.reply("x", finish_reason=None), Reply("x", None, 0, "chatcmpl-test", 1, 1),
+         "not_stopped"),
+        (ms.reply("x", response_id="resp-42"), Reply("x", "stop", 0, "resp-42", 1, 1), "completed"),
+        (ms.too_long(6000), Reply("x" * 6000, "stop", 0, "chatcmpl-test", 1, 1), "completed"),
+        (ms.too_long(6001), Reply("x" * 6001, "stop", 0, "chatcmpl-test", 1, 1), "too_long"),
     ],
 )
 def test_replies_go_to_the_database_with_their_own_finish_reason(
@@ -196,7 +198,7 @@ def test_case_a_good_text_plus_a_tool_call_is_not_a_summary(
     """Article §6 Case A: excellent prose does not excuse a tool call."""
     prose = "Fund F1 had a NAV of 11.25 USD on 2026-10-11; that is not the current NAV."
     outcome = run(model_server, summarizer, ms.reply(prose, finish_reason="stop", tool_calls=1))
-    assert outcome == Reply(prose, "stop", 1, "chatcmpl-test")
+    assert outcome == Reply(prose, "stop", 1, "chatcmpl-test", 1, 1)
     assert isinstance(outcome, Reply)
     assert classify_reply(outcome.text, outcome.finish_reason, outcome.tool_call_count) == (
         "tool_calls"
@@ -283,7 +285,7 @@ def test_one_transport_retry_can_still_succeed(
     model_server: ModelServer, summarizer: OpenAISummarizer
 ) -> None:
     outcome = run(model_server, summarizer, ms.http_error(500), ms.stop("second time"))
-    assert outcome == Reply("second time", "stop", 0, "chatcmpl-test")
+    assert outcome == Reply("second time", "stop", 0, "chatcmpl-test", 1, 1)
     assert len(model_server.requests) == 2
     # Both requests are the same request.
     assert model_server.requests[0].body == model_server.requests[1].body
@@ -321,7 +323,7 @@ def test_a_released_hang_answers(model_server: ModelServer, summarizer: OpenAISu
     assert outcomes == []  # still waiting on the server
     model_server.release()
     caller.join(timeout=10)
-    assert outcomes == [Reply("after the wait", "stop", 0, "chatcmpl-test")]
+    assert outcomes == [Reply("after the wait", "stop", 0, "chatcmpl-test", 1, 1)]
 
 
 def test_connection_error_against_a_closed_port() -> None:
@@ -373,7 +375,7 @@ def test_make_summarizer_reads_openai_env(
         assert isinstance(summarizer, OpenAISummarizer)
         assert summarizer.model == MODEL
         model_server.enqueue(ms.stop("env"))
-        assert summarizer.summarize(make_pairs()) == Reply("env", "stop", 0, "chatcmpl-test")
+        assert summarizer.summarize(make_pairs()) == Reply("env", "stop", 0, "chatcmpl-test", 1, 1)
     finally:
         summarizer.close()
     [request] = model_server.requests

@@ -72,6 +72,13 @@ def test_demo_exits_0_and_cleans_up() -> None:
     # Jobs and attempts of the worker pass (extractive-1, offline).
     assert "compaction.audit_jobs (model pycompactor/extractive-1" in out
     assert sum(1 for r in table if r[2:5] == ["1", "completed", "completed"]) == 2
+    # Figures kept (all 29 distinct figures of each range) and the token columns (none:
+    # the offline summarizer calls no model).
+    assert any(r[-3:] == ["figures_kept", "input_tokens", "output_tokens"] for r in table)
+    jobs = [r for r in table if r[2:5] == ["1", "completed", "completed"]]
+    assert [(r[0], r[-3:]) for r in jobs] == [("0-9", ["29/29", "-", "-"]),
+                                              ("10-19", ["29/29", "-", "-"])]
+    assert "its retention is 1.0 on ordinary ranges" in " ".join(out.split())
     # The manifest pair by pair under the tight budget: 0-9 omitted, 10-19 summarized,
     # 20-44 raw; then the summary that did not fit.
     placements = {r[0]: r[1] for r in table
