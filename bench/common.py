@@ -53,6 +53,9 @@ class Sizes:
     # 4. hashing
     hash_calls: int
     hash_sql_calls: int
+    # 5. writing: pairs of the bulk-loaded conversation, Runs appended to it per repetition
+    write_pairs: int
+    write_appends: int
 
 
 FULL = Sizes(
@@ -63,6 +66,7 @@ FULL = Sizes(
     finding_conversations=10_000, finding_small=100, finding_pairs=35, finding_changed=10,
     finding_new_pairs=10, finding_idle_passes=20,
     hash_calls=20_000, hash_sql_calls=300,
+    write_pairs=10_000, write_appends=100,
 )
 
 SMOKE = Sizes(
@@ -73,6 +77,7 @@ SMOKE = Sizes(
     finding_conversations=30, finding_small=10, finding_pairs=35, finding_changed=2,
     finding_new_pairs=10, finding_idle_passes=2,
     hash_calls=50, hash_sql_calls=5,
+    write_pairs=100, write_appends=5,
 )
 
 

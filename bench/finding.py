@@ -62,14 +62,15 @@ def _function_of(text: str) -> str:
 _MESSAGE_IO = """
 SELECT coalesce(t.seq_scan, 0) + coalesce(t.idx_scan, 0),
        coalesce(io.heap_blks_read, 0) + coalesce(io.heap_blks_hit, 0)
-         + coalesce(io.toast_blks_read, 0) + coalesce(io.toast_blks_hit, 0)
+         + coalesce(io.toast_blks_read, 0) + coalesce(io.toast_blks_hit, 0),
+       coalesce(t.seq_tup_read, 0) + coalesce(t.idx_tup_fetch, 0)
 FROM pg_stat_user_tables t JOIN pg_statio_user_tables io USING (relid)
 WHERE t.schemaname = 'compaction_source' AND t.relname = 'messages'
 """
 
 
-def _message_io(conn: Conn) -> tuple[int, int]:
-    """(scans, heap + TOAST blocks touched) of the messages table so far, server-wide."""
+def _message_io(conn: Conn) -> tuple[int, int, int]:
+    """(scans, heap + TOAST blocks touched, rows read) of the messages table so far."""
     # This (seeding) connection's own counts are flushed lazily, up to seconds later:
     # force them out now, so they never land inside a measured interval.
     conn.execute("SELECT pg_stat_force_next_flush()")
@@ -87,7 +88,7 @@ def _message_io(conn: Conn) -> tuple[int, int]:
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(_MESSAGE_IO).fetchone()
     assert row is not None
-    return int(row[0]), int(row[1])
+    return int(row[0]), int(row[1]), int(row[2])
 
 
 def _one_pass(dsn: str) -> tuple[float, Counter[str], int]:
@@ -166,6 +167,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
         busy_ms: list[float] = []
         busy_statements: list[dict[str, int]] = []
         busy_claimed: list[int] = []
+        busy_rows: list[int] = []
         after_ms: list[float] = []
         after_statements: list[dict[str, int]] = []
         for rep in range(REPETITIONS + 1):
@@ -176,7 +178,9 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                                sizes.finding_changed, sizes.finding_new_pairs,
                                user_pool=users, assistant_pool=replies,
                                first_pair=sizes.finding_pairs)
+            before = _message_io(admin)
             seconds, calls, claimed = _one_pass(dsn)
+            rows_read = _message_io(admin)[2] - before[2]
             # The next pass meets the entries the busy pass put back (crash insurance
             # after each claim): nothing is left to do, but each is examined again.
             later, later_calls, _ = _one_pass(dsn)
@@ -185,6 +189,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             busy_ms.append(seconds * 1000)
             busy_statements.append(dict(calls))
             busy_claimed.append(claimed)
+            busy_rows.append(rows_read)
             after_ms.append(later * 1000)
             after_statements.append(dict(later_calls))
     return {
@@ -196,6 +201,10 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             "pass_ms_reps": busy_ms,
             "pass_ms": median(busy_ms),
             "claimed_reps": busy_claimed,
+            "message_rows_read_reps": busy_rows,
+            "message_rows_per_claimed_range": max(
+                (r / c for r, c in zip(busy_rows, busy_claimed, strict=True) if c),
+                default=None),
             "statements_per_pass": [sum(c.values()) for c in busy_statements],
             "statements_by_function": busy_statements[-1],
         },

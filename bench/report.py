@@ -47,11 +47,32 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                                   + ("no message scans or blocks" if no_text
                                      else "messages touched"),
                       "target": "constant, no text", "met": len(counts) == 1 and no_text})
+        busy = results["finding_work"]["busy"]
+        per_range = busy.get("message_rows_per_claimed_range")
+        found.append({"name": "busy worker pass: message rows read per claimed range"
+                              " (worst repetition)",
+                      "measured": per_range, "target": "<= 20 (the range's messages)",
+                      "met": per_range is not None and per_range <= 20})
     if "hashing" in results:
         py = results["hashing"]["python"]
         found.append({"name": "source_hash vs bare hashlib throughput (mixed scripts)",
                       "measured": py["ratio"], "target": ">= 0.8",
                       "met": (py["ratio"] or 0) >= 0.8})
+    if "writing" in results:
+        w = results["writing"]
+        found.append({"name": f"append a Run (run, 2 messages, status; durable commit) to a"
+                              f" {w['pairs']:,}-pair conversation vs the same writes without"
+                              " the engine's triggers, p50",
+                      "measured": w["append"]["ratio_p50"], "target": "<= 2",
+                      "met": (w["append"]["ratio_p50"] or 99) <= 2})
+        found.append({"name": f"bulk load of {w['pairs']:,} pairs in two statements:"
+                              f" {w['bulk']['engine_s']:.2f} s vs {w['bulk']['plain_s']:.2f} s"
+                              " without triggers",
+                      "measured": w["bulk"]["ratio"], "target": "linear (no goal)",
+                      "met": True})
+        found.append({"name": "derived state after the writes: verify_conversation rows",
+                      "measured": str(w["verify_problems"]), "target": "0",
+                      "met": w["verify_problems"] == 0})
     return found
 
 

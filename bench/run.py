@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-from bench import claims, finding, hashing, projecting
+from bench import claims, finding, hashing, projecting, writing
 from bench.common import FULL, REPETITIONS, SMOKE, BenchCluster, Sizes, cpu_model
 from bench.report import markdown_table, targets
 
@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, Callable[[str, Sizes], dict[str, Any]]] = {
     "projection": projecting.run,
     "finding_work": finding.run,
     "hashing": hashing.run,
+    "writing": writing.run,
 }
 
 

@@ -39,7 +39,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from pycompactor import schema  # alembic and SQLAlchemy load only for this command
 
     dsn = db.resolve_dsn(args.dsn)
-    schema.upgrade(dsn, args.to)
+    schema.upgrade(dsn, args.to, progress=lambda line: print(line, file=sys.stderr))
     print(f"compaction schema at revision {schema.current_revision(dsn)}")
     return 0
 
@@ -118,6 +118,8 @@ def cmd_check_source(args: argparse.Namespace) -> int:
             print(f"problem: {problem}")
         if report.ok:
             print("source views match the contract")
+            if report.derived_state_note is not None:
+                print(f"derived state: {report.derived_state_note}")
             if report.samples:
                 print(render_table(
                     ["conversation", "runs", "pairs", "excluded runs (reason: count)"],

@@ -6,7 +6,9 @@ and the reads it plans from) each run in their own short transaction that first 
 `lock_timeout` and `statement_timeout` transaction-locally (`set_config(..., true)`, i.e.
 SET LOCAL): a lock held by a hung session costs a worker one lock_timeout, never a hang,
 and no session state is left behind, so all of this works through PgBouncer in
-transaction pooling mode.
+transaction pooling mode. Each such call costs one network round trip: the settings and
+the call travel in one pipeline that ends with a single Sync, which (with no BEGIN)
+delimits the call's transaction (see `_call`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import re
 import urllib.parse
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Generic, LiteralString, TypeVar
 
 import psycopg
-from psycopg import pq, sql
+from psycopg import sql
 from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
@@ -35,8 +37,10 @@ from pycompactor.models import (
     HeartbeatResult,
     Pair,
     QueuedConversation,
+    RangeReply,
     RunVerdict,
     Target,
+    WorkerTarget,
 )
 
 Connection = psycopg.Connection[Any]
@@ -74,22 +78,51 @@ def _ms(value: timedelta) -> str:
     return str(max(1, round(value.total_seconds() * 1000)))
 
 
-@contextmanager
-def _call(conn: Connection, row_factory: RowFactory[Row]) -> Iterator[psycopg.Cursor[Row]]:
-    """A cursor inside a transaction whose lock and statement timeouts are set LOCAL.
+class _Call(Generic[Row]):
+    """What `_call` yields: `execute` sends one engine call with its timeouts, in one
+    round trip; the fetch methods then read the call's rows (already received)."""
 
-    On an autocommit connection (ours) the call gets its own transaction. A caller who
-    manages transactions (autocommit off, or inside `conn.transaction()`) keeps them: the
-    call joins that transaction, which the caller commits, and the settings last until it
-    ends (still never beyond it).
+    def __init__(self, conn: Connection, cursor: psycopg.Cursor[Row]) -> None:
+        self._conn = conn
+        self._cursor = cursor
+
+    def execute(self, query: LiteralString | sql.Composed, params: Mapping[str, Any]) -> None:
+        timeouts = timeouts_of(self._conn)
+        # Pipeline mode: the set_config statement, then the call, then one Sync. The
+        # server runs them in order (lock_timeout is in force before the call takes a
+        # lock; a statement's timeout starts with that statement), and the Sync ends the
+        # transaction they share unless the caller has one open: it commits if both
+        # succeeded, else rolls back. Nothing waits for a result in between.
+        with self._conn.pipeline(), self._conn.cursor() as setup:
+            setup.execute(TIMEOUTS_SQL, {"lock_ms": _ms(timeouts.lock),
+                                         "statement_ms": _ms(timeouts.statement)})
+            self._cursor.execute(query, params)
+
+    def fetchone(self) -> Row | None:
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[Row]:
+        return self._cursor.fetchall()
+
+    @property
+    def description(self) -> list[psycopg.Column] | None:
+        return self._cursor.description
+
+
+@contextmanager
+def _call(conn: Connection, row_factory: RowFactory[Row]) -> Iterator[_Call[Row]]:
+    """A cursor-like object whose one `execute` runs in a transaction with its lock and
+    statement timeouts set LOCAL, in one network round trip.
+
+    On an autocommit connection (ours) the call gets its own transaction: the statements
+    go in one pipeline without BEGIN, and the Sync that closes it commits them (or rolls
+    them back on error), as the protocol defines for statements before a Sync outside a
+    transaction block. A caller who manages transactions (autocommit off, or inside
+    `conn.transaction()`) keeps them: the call joins that transaction, which the caller
+    commits, and the settings last until it ends (still never beyond it).
     """
-    timeouts = timeouts_of(conn)
-    own = conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
-    with wrap_exceptions(), conn.transaction() if own else nullcontext(), \
-            conn.cursor(row_factory=row_factory) as cur:
-        cur.execute(TIMEOUTS_SQL, {"lock_ms": _ms(timeouts.lock),
-                                   "statement_ms": _ms(timeouts.statement)})
-        yield cur
+    with wrap_exceptions(), conn.cursor(row_factory=row_factory) as cur:
+        yield _Call(conn, cur)
 
 
 def resolve_dsn(dsn: str | None) -> str:
@@ -164,6 +197,35 @@ def plan_targets(conn: Connection, conversation_id: str) -> list[Target]:
             "SELECT from_pair, to_pair, source_message_ids, source_hash"
             " FROM compaction.plan_targets(%(conversation_id)s::text)",
             {"conversation_id": conversation_id},
+        )
+        return cur.fetchall()
+
+
+def worker_targets(conn: Connection, conversation_id: str, scope: str, model: str,
+                   prompt_version: str) -> list[WorkerTarget]:
+    """plan_targets, each with whether its identity already holds a completed summary."""
+    with _call(conn, class_row(WorkerTarget)) as cur:
+        cur.execute(
+            "SELECT from_pair, to_pair, source_message_ids, source_hash, completed"
+            " FROM compaction.worker_targets(%(conversation_id)s::text, %(scope)s::text,"
+            " %(model)s::text, %(prompt_version)s::text)",
+            {"conversation_id": conversation_id, "scope": scope, "model": model,
+             "prompt_version": prompt_version},
+        )
+        return cur.fetchall()
+
+
+def range_replies(conn: Connection, conversation_id: str, from_pair: int,
+                  source_hash: str) -> list[RangeReply]:
+    """The 10 assistant replies of a range, in pair order, only while its current source
+    hash is `source_hash` (else none): the text a claimed attempt summarizes."""
+    with _call(conn, class_row(RangeReply)) as cur:
+        cur.execute(
+            "SELECT pair_index, assistant_message_id, assistant_content"
+            " FROM compaction.range_replies(%(conversation_id)s::text, %(from_pair)s::int,"
+            " %(source_hash)s::text)",
+            {"conversation_id": conversation_id, "from_pair": from_pair,
+             "source_hash": source_hash},
         )
         return cur.fetchall()
 

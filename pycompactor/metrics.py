@@ -48,6 +48,12 @@ CLAIMS_REFUSED: Final = Counter(
     "attempts_exhausted, admission_full, not_eligible, source_mismatch, ...)",
     ["reason"],
 )
+TARGETS_SKIPPED: Final = Counter(
+    "pycompactor_worker_targets_skipped",
+    "Targets this worker did not claim in a pass, by reason (already_completed: the "
+    "identity holds a completed summary; lock_timeout, statement_timeout)",
+    ["reason"],
+)
 MODEL_CALL_SECONDS: Final = Histogram(
     "pycompactor_worker_model_call_seconds",
     "Duration of one model call (the summarizer, transport retry included), by model",
@@ -99,6 +105,10 @@ def attempt_finished(outcome: str, reason: str) -> None:
 
 def claim_refused(reason: str) -> None:
     CLAIMS_REFUSED.labels(reason=_label(reason)).inc()
+
+
+def target_skipped(reason: str) -> None:
+    TARGETS_SKIPPED.labels(reason=_label(reason)).inc()
 
 
 def claimed() -> None:

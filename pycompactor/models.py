@@ -30,6 +30,28 @@ class Target:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerTarget:
+    """A target of plan_targets, and whether its identity (scope, model, prompt version)
+    already holds a completed summary (compaction.worker_targets)."""
+
+    from_pair: int
+    to_pair: int
+    source_message_ids: list[str]
+    source_hash: str
+    completed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RangeReply:
+    """One assistant reply of a claimed range (compaction.range_replies): what the model
+    summarizes, labelled with its message id."""
+
+    pair_index: int
+    assistant_message_id: str
+    assistant_content: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunVerdict:
     """Whether one run forms a pair and, if not, the first eligibility rule it breaks."""
 

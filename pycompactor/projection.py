@@ -2,20 +2,19 @@
 
 Two layers:
 
-* a pure, deterministic core over frozen dataclasses. `projection_reach` finds, from
-  pair *metadata* (ids and byte lengths) and the stored summaries' metadata, the ranges
-  the newest-first walk can possibly reach within the budget; only those ranges need
-  their current source hash. `plan_projection` then decides which summaries are valid,
-  which one each range uses, and which newest suffix of history fits the budget;
-  `render_projection` turns that plan plus the few texts it names into chat messages.
-  `project_pairs` runs all three over in-memory pairs (hashing with
+* a pure, deterministic core over frozen dataclasses. `plan_projection` decides, from pair
+  *metadata* (ids and byte lengths) and every stored summary's metadata (binding,
+  version, whether its source is current), which summaries are valid, which one each
+  range uses, and which newest suffix of history fits the budget; `render_projection`
+  turns that plan plus the few texts it names into chat messages. `project_pairs` runs
+  both over in-memory pairs (judging each summary's source with
   `pycompactor.source_hash`); tests drive it without a database.
 * a thin reading layer, `project_history`, that feeds the core from PostgreSQL in one
-  read-only repeatable-read transaction (so metadata, hashes and texts come from one
-  snapshot): pair metadata without text, summary metadata without text, the source hash
-  of the reachable ranges only, then only the texts the plan includes. The text read,
-  hashed and shipped grows with the budget, not with the conversation
-  (docs/projection.md, "Cost").
+  read-only repeatable-read transaction (so metadata and texts come from one snapshot):
+  pair metadata without text, every summary's metadata without text (whether its source
+  is current comes from the engine's derived state: nothing is hashed at read time),
+  then only the texts the plan includes. The text read and shipped grows with the
+  budget, not with the conversation (docs/projection.md, "Cost").
 
 The rules, the marker line and the manifest shape are documented in docs/projection.md.
 """
@@ -113,6 +112,8 @@ class SummaryCandidate:
     projectable: bool
     completed_at: datetime
     summary_bytes: int
+    #: The range exists now with exactly the stored 20 ids and source hash.
+    source_current: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +130,12 @@ class StoredSummary:
     completed_at: datetime
     summary: str
 
-    def candidate(self) -> SummaryCandidate:
+    def candidate(self, pairs: Sequence[SourcePair]) -> SummaryCandidate:
+        """This summary's metadata, its source judged against `pairs` (all eligible pairs)."""
         return SummaryCandidate(
             self.summary_id, self.from_pair, self.to_pair, tuple(self.source_message_ids),
             self.source_hash, self.prompt_version, self.projectable, self.completed_at,
-            utf8_len(self.summary),
+            utf8_len(self.summary), source_is_current(self, pairs),
         )
 
 
@@ -289,22 +291,44 @@ def _range_ids(pairs: Sequence[PairMeta], start: int) -> tuple[str, ...]:
     )
 
 
-def metadata_reason(summary: SummaryCandidate, pairs: Sequence[PairMeta]) -> Reason | None:
-    """The rejection that metadata alone proves, or None for a candidate.
+def _binds_range(summary: SummaryCandidate | StoredSummary, n_pairs: int) -> bool:
+    start = summary.from_pair
+    return (
+        start >= 0
+        and start % PAIRS_PER_RANGE == 0
+        and summary.to_pair == start + PAIRS_PER_RANGE - 1
+        and summary.to_pair < n_pairs
+    )
 
-    `version_not_projectable`, then `stale_source` when the range no longer has 10 pairs
-    or its current 20 source ids differ from the stored ones. A candidate still needs its
-    range's current source hash to be valid.
+
+def source_is_current(summary: StoredSummary, pairs: Sequence[SourcePair]) -> bool:
+    """Whether the summary's range exists in `pairs` (all eligible pairs, in order) with
+    exactly its stored 20 ids and source hash (recomputed with `pycompactor.source_hash`).
+
+    The in-memory twin of `projection_summaries.source_current`.
+    """
+    if not _binds_range(summary, len(pairs)):
+        return False
+    block = pairs[summary.from_pair : summary.to_pair + 1]
+    ids = tuple(mid for p in block for mid in (p.user_message_id, p.assistant_message_id))
+    return ids == tuple(summary.source_message_ids) and source_hash(block) == summary.source_hash
+
+
+def summary_reason(summary: SummaryCandidate, pairs: Sequence[PairMeta]) -> Reason | None:
+    """The rejection that applies to a summary whatever the budget, or None if it is valid.
+
+    `version_not_projectable`, then `stale_source`: its source is not current (the range is
+    gone or incomplete, or its current 20 ids or hash differ from the stored ones). Both
+    are decided from metadata for every summary, reachable by the walk or not (DESIGN §9:
+    only `did_not_fit` depends on the budget). The ids are compared with `pairs` as well,
+    so a plan never uses a block whose pairs it was not given.
     """
     if not summary.projectable:
         return VERSION_NOT_PROJECTABLE
-    start = summary.from_pair
     if (
-        start < 0
-        or start % PAIRS_PER_RANGE
-        or summary.to_pair != start + PAIRS_PER_RANGE - 1
-        or summary.to_pair >= len(pairs)
-        or _range_ids(pairs, start) != tuple(summary.source_message_ids)
+        not summary.source_current
+        or not _binds_range(summary, len(pairs))
+        or _range_ids(pairs, summary.from_pair) != tuple(summary.source_message_ids)
     ):
         return STALE_SOURCE
     return None
@@ -322,73 +346,26 @@ def block_cost(summary: SummaryCandidate, pairs: Sequence[PairMeta]) -> int:
     )
 
 
-def projection_reach(
-    pairs: Sequence[PairMeta], summaries: Sequence[SummaryCandidate], budget_bytes: int
-) -> tuple[int, ...]:
-    """First pairs of the ranges whose source hash the walk may need, ascending (pure).
-
-    Only a range with a candidate summary (see `metadata_reason`) can use one. The walk
-    tries a range's block only after everything newer made it in, and everything newer
-    costs at least its cheapest possible form: a raw pair its raw cost; a range with
-    candidates the smaller of its cheapest candidate block and its raw pairs (whichever
-    summary turns out valid, the walk either used its block or passed all 10 raw pairs).
-    So once that lower bound exceeds the budget, no older range can be reached: the
-    reach is bounded by the budget, whatever the conversation's length.
-    """
-    budget = check_budget(budget_bytes)
-    cheapest: dict[int, int] = {}
-    for summary in summaries:
-        if metadata_reason(summary, pairs) is None:
-            cost = block_cost(summary, pairs)
-            cheapest[summary.from_pair] = min(cost, cheapest.get(summary.from_pair, cost))
-    reach: list[int] = []
-    spent = 0  # a lower bound of what the walk has spent on everything newer
-    index = len(pairs) - 1
-    while index >= 0 and spent <= budget:
-        start = index - index % PAIRS_PER_RANGE
-        block = cheapest.get(start)
-        if block is None:
-            spent += pairs[index].cost
-            index -= 1
-            continue
-        # A candidate's range is complete, so the walk meets it at its last pair.
-        reach.append(start)
-        spent += min(block, sum(p.cost for p in pairs[start : index + 1]))
-        index = start - 1
-    return tuple(sorted(reach))
-
-
 @dataclass(frozen=True, slots=True)
 class Selection:
     """Outcome of `select_summaries`, before the walk."""
 
     chosen: dict[int, SummaryCandidate]  # by from_pair
-    unchecked: frozenset[int]  # from_pairs chosen without a hash check (beyond the reach)
     rejected: dict[int, Reason]  # by summary_id
 
 
 def select_summaries(
-    pairs: Sequence[PairMeta],
-    range_hashes: Mapping[int, str | None],
-    summaries: Sequence[SummaryCandidate],
+    pairs: Sequence[PairMeta], summaries: Sequence[SummaryCandidate]
 ) -> Selection:
     """Per range, the chosen summary; per other summary, its rejection reason.
 
     Reasons are checked in the contract's order: version_not_projectable, stale_source,
-    superseded (did_not_fit is decided later, by the walk). A range missing from
-    `range_hashes` was not hash-checked: its candidates are ranked as if valid, and the
-    walk must never reach it (`projection_reach` guarantees that).
+    superseded (did_not_fit is decided later, by the walk).
     """
     rejected: dict[int, Reason] = {}
     by_range: dict[int, list[SummaryCandidate]] = {}
     for summary in summaries:
-        reason = metadata_reason(summary, pairs)
-        if (
-            reason is None
-            and summary.from_pair in range_hashes
-            and range_hashes[summary.from_pair] != summary.source_hash
-        ):
-            reason = STALE_SOURCE
+        reason = summary_reason(summary, pairs)
         if reason is not None:
             rejected[summary.summary_id] = reason
         else:
@@ -399,26 +376,19 @@ def select_summaries(
         chosen[from_pair] = best
         for other in others:
             rejected[other.summary_id] = SUPERSEDED
-    unchecked = frozenset(start for start in chosen if start not in range_hashes)
-    return Selection(chosen, unchecked, rejected)
+    return Selection(chosen, rejected)
 
 
 def plan_projection(
-    pairs: Sequence[PairMeta],
-    range_hashes: Mapping[int, str | None],
-    summaries: Sequence[SummaryCandidate],
-    budget_bytes: int,
+    pairs: Sequence[PairMeta], summaries: Sequence[SummaryCandidate], budget_bytes: int
 ) -> Plan:
     """Decide the projection from metadata alone (pure and deterministic).
 
     `pairs` are all eligible pairs, pair_index 0..N-1 in order; `summaries` are every
-    stored summary of the conversation and scope, in any order; `range_hashes` maps the
-    first pair of a range to its current source hash (None: it could not be computed,
-    so the range is stale). It must hold at least every range of
-    `projection_reach(pairs, summaries, budget_bytes)`; ranges beyond the reach may be
-    left out, and their candidates are then reported from metadata: the preferred one
-    `did_not_fit`, the others `superseded` (their content is never read: the walk cannot
-    use them anyway).
+    stored summary of the conversation and scope, in any order, each knowing whether its
+    source is current. Every summary gets its reason from metadata, wherever its range
+    lies; a chosen summary that is not in the projection is `did_not_fit` (its block was
+    tried and dropped, or the budget was spent before the walk reached its range).
 
     The walk goes from the newest pair backwards: a pair outside any chosen summary's range
     is taken raw; at a range with a chosen summary the whole block is tried, and if it does
@@ -428,7 +398,7 @@ def plan_projection(
     budget = check_budget(budget_bytes)
     if [p.pair_index for p in pairs] != list(range(len(pairs))):
         raise ValueError("pairs must be every eligible pair, ordered by pair_index from 0")
-    selection = select_summaries(pairs, range_hashes, summaries)
+    selection = select_summaries(pairs, summaries)
     chosen, rejected = selection.chosen, selection.rejected
 
     remaining = budget
@@ -442,11 +412,6 @@ def plan_projection(
         summary = chosen.get(start)
         if summary is not None and start not in tried_ranges:
             tried_ranges.add(start)
-            if start in selection.unchecked:
-                raise ValueError(
-                    f"the walk reached pairs {start}-{start + PAIRS_PER_RANGE - 1} but their"
-                    " source hash was not given (range_hashes must cover projection_reach)"
-                )
             # A chosen summary's range is complete and the walk is contiguous, so the walk
             # meets the range at its last pair.
             assert index == summary.to_pair
@@ -546,9 +511,9 @@ def project_pairs(
 ) -> Projection:
     """The whole projection over in-memory pairs and summaries (no database).
 
-    It follows the database path step for step: the source hash (`pycompactor.source_hash`,
-    the Python twin of the SQL) is recomputed for the ranges of `projection_reach` only,
-    so both paths give the same projection and the same reasons.
+    It follows the database path step for step: each summary's source is judged by
+    recomputing its range's ids and hash (`pycompactor.source_hash`, the Python twin of
+    the SQL) from `pairs`, so both paths give the same projection and the same reasons.
     """
     budget = check_budget(budget_bytes)
     metas = [
@@ -556,12 +521,7 @@ def project_pairs(
                  utf8_len(p.user_content), utf8_len(p.assistant_content))
         for p in pairs
     ]
-    candidates = [s.candidate() for s in summaries]
-    range_hashes: dict[int, str | None] = {
-        start: source_hash(pairs[start : start + PAIRS_PER_RANGE])
-        for start in projection_reach(metas, candidates, budget)
-    }
-    plan = plan_projection(metas, range_hashes, candidates, budget)
+    plan = plan_projection(metas, [s.candidate(pairs) for s in summaries], budget)
     texts = {p.user_message_id: p.user_content for p in pairs}
     texts.update({p.assistant_message_id: p.assistant_content for p in pairs})
     return render_projection(plan, texts, {s.summary_id: s.summary for s in summaries})
@@ -581,12 +541,7 @@ class _SummaryRow:
     projectable: bool
     completed_at: datetime
     summary_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class _HashRow:
-    from_pair: int
-    range_hash: str | None
+    source_current: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,14 +556,10 @@ _PAIRS_SQL: Final = (  # the columns of PairMeta
     "SELECT pair_index, user_message_id, assistant_message_id, user_bytes, assistant_bytes"
     " FROM compaction.indexed_pairs(%(conversation_id)s::text)"
 )
-_SUMMARIES_SQL: Final = (
+_SUMMARIES_SQL: Final = (  # the columns of _SummaryRow
     "SELECT summary_id, from_pair, to_pair, source_message_ids, source_hash, prompt_version,"
-    " projectable, completed_at, summary_bytes"
+    " projectable, completed_at, summary_bytes, source_current"
     " FROM compaction.projection_summaries(%(conversation_id)s::text, %(scope)s::text)"
-)
-_HASHES_SQL: Final = (
-    "SELECT from_pair, range_hash FROM compaction.projection_range_hashes("
-    "%(from_pairs)s::int[], %(source_message_ids)s::text[])"
 )
 _TEXTS_SQL: Final = (
     "SELECT message_id, summary_id, content FROM compaction.projection_texts("
@@ -620,10 +571,9 @@ _TEXTS_SQL: Final = (
 def _snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
     """One read-only repeatable-read transaction, unless the caller already has one.
 
-    The plan is made from metadata and the hashes and texts are read afterwards; one
-    snapshot keeps them consistent (render_projection still checks). Inside a caller's
-    transaction its own isolation level applies. Transaction-scoped only, so PgBouncer
-    pooling is fine.
+    The plan is made from metadata and the texts are read afterwards; one snapshot keeps
+    them consistent (render_projection still checks). Inside a caller's transaction its
+    own isolation level applies. Transaction-scoped only, so PgBouncer pooling is fine.
     """
     if conn.info.transaction_status == pq.TransactionStatus.IDLE:
         with conn.transaction():
@@ -642,10 +592,11 @@ def project_history(
 ) -> Projection:
     """History for the next Run of a conversation under a UTF-8 byte budget (DESIGN §9).
 
-    Reads pair and summary metadata (no text), recomputes the source hash of only the
-    ranges the walk can reach within the budget (`projection_reach`), plans, then reads
-    only the texts the plan includes: at most five statements in one snapshot, and text
-    read in proportion to the budget, whatever the conversation's length.
+    Reads pair metadata and the metadata of every summary (no text; whether a summary's
+    source is current comes from the engine's derived state), plans, then reads only the
+    texts the plan includes: at most four statements in one snapshot, and text read in
+    proportion to the budget, whatever the conversation's length. Every summary gets its
+    reason (a stale one is `stale_source` whatever the budget).
     An unknown conversation gives an empty projection; a negative budget raises UsageError.
     """
     budget = check_budget(budget_bytes)
@@ -653,32 +604,23 @@ def project_history(
     with wrap_exceptions(), _snapshot(conn):
         with conn.cursor(row_factory=class_row(PairMeta)) as cur:
             pairs = cur.execute(_PAIRS_SQL, params).fetchall()
-        with conn.cursor(row_factory=class_row(_SummaryRow)) as cur:
+        with conn.cursor(row_factory=class_row(_SummaryRow)) as scur:
             summaries = [SummaryCandidate(r.summary_id, r.from_pair, r.to_pair,
                                           tuple(r.source_message_ids), r.source_hash,
                                           r.prompt_version, r.projectable, r.completed_at,
-                                          r.summary_bytes)
-                         for r in cur.execute(_SUMMARIES_SQL, params).fetchall()]
-        reach = projection_reach(pairs, summaries, budget)
-        range_hashes: dict[int, str | None] = {}
-        if reach:
-            with conn.cursor(row_factory=class_row(_HashRow)) as cur:
-                cur.execute(_HASHES_SQL, {
-                    "from_pairs": list(reach),
-                    "source_message_ids": [list(_range_ids(pairs, start)) for start in reach],
-                })
-                range_hashes = {r.from_pair: r.range_hash for r in cur}
-        plan = plan_projection(pairs, range_hashes, summaries, budget)
+                                          r.summary_bytes, r.source_current)
+                         for r in scur.execute(_SUMMARIES_SQL, params).fetchall()]
+        plan = plan_projection(pairs, summaries, budget)
         message_texts: dict[str, str] = {}
         summary_texts: dict[int, str] = {}
         if plan.items:
-            with conn.cursor(row_factory=class_row(_TextRow)) as cur:
-                cur.execute(_TEXTS_SQL, {
+            with conn.cursor(row_factory=class_row(_TextRow)) as tcur:
+                tcur.execute(_TEXTS_SQL, {
                     "conversation_id": conversation_id,
                     "message_ids": list(plan.message_ids),
                     "summary_ids": list(plan.summary_ids),
                 })
-                for row in cur:
+                for row in tcur:
                     if row.message_id is not None:
                         message_texts[row.message_id] = row.content
                     elif row.summary_id is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,9 +109,51 @@ def _quiet_alembic() -> Iterator[None]:
         yield
 
 
-def upgrade(dsn: str, revision: str = "head") -> None:
+def upgrade(dsn: str, revision: str = "head",
+            progress: Callable[[str], None] | None = None) -> None:
+    """Apply the migrations up to `revision`; at head, also put the derived state in use.
+
+    The back-fill of the derived state runs after alembic has committed, one batch of
+    conversations per transaction (never one transaction holding every conversation),
+    reporting each batch to `progress`.
+    """
     with wrap_exceptions(), _quiet_alembic():
         command.upgrade(alembic_config(dsn), revision)
+    if revision == "head":
+        rebuild_derived_state(dsn, progress=progress, only_if_stale=True)
+
+
+def rebuild_derived_state(dsn: str, *, progress: Callable[[str], None] | None = None,
+                          only_if_stale: bool = False) -> bool:
+    """Re-derive every conversation and put the derived state in use; True if it ran.
+
+    Skipped (False) when the source views read tables without tracking triggers: the
+    engine then judges from the views on each call (docs/integrating.md), or, with
+    `only_if_stale`, when the derived state is already in use.
+    """
+    with wrap_exceptions(), psycopg.connect(dsn, autocommit=True) as conn:
+        state = conn.execute(
+            "SELECT pg_catalog.to_regprocedure('compaction.derived_state_current()') IS NOT NULL"
+        ).fetchone()
+        if state is None or not state[0]:
+            return False  # a revision before derived state
+        row = conn.execute(
+            "SELECT compaction.source_stamp() IS NOT NULL, compaction.derived_state_current()"
+        ).fetchone()
+        assert row is not None
+        tracked, current = row
+        if not tracked or (only_if_stale and current):
+            return False
+        if progress is not None:
+            report = progress
+
+            def forward(diag: psycopg.errors.Diagnostic) -> None:
+                if diag.message_primary:
+                    report(diag.message_primary)
+
+            conn.add_notice_handler(forward)
+        conn.execute("CALL compaction.rebuild_derived_state()")
+    return True
 
 
 def downgrade(dsn: str, revision: str = "base") -> None:

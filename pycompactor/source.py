@@ -38,10 +38,28 @@ class ConversationSample:
     excluded: dict[str, int]
 
 
+#: What `compaction.derived_state_status()` answers, as check-source explains it.
+DERIVED_STATE_NOTES: dict[str, str] = {
+    "in_use": "in use (the tables behind the views are tracked)",
+    "not_rebuilt": "not in use: the views or their tracking triggers changed since the last"
+                   " rebuild; run `pycompactor migrate` or CALL compaction.rebuild_derived_state()",
+    "untracked": "not in use: some table behind the source views has no tracking triggers,"
+                 " so every call judges from the views (exact, slower); attach them"
+                 " (docs/integrating.md)",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class SourceReport:
     problems: list[str] = field(default_factory=list)
     samples: list[ConversationSample] = field(default_factory=list)
+    derived_state: str | None = None
+
+    @property
+    def derived_state_note(self) -> str | None:
+        if self.derived_state is None:
+            return None
+        return DERIVED_STATE_NOTES.get(self.derived_state, self.derived_state)
 
     @property
     def ok(self) -> bool:
@@ -51,6 +69,7 @@ class SourceReport:
         return {
             "ok": self.ok,
             "problems": list(self.problems),
+            "derived_state": self.derived_state,
             "samples": [
                 {
                     "conversation_id": s.conversation_id,
@@ -121,4 +140,13 @@ def check_source(
                 excluded=dict(sorted(excluded.items())),
             )
         )
-    return SourceReport(samples=samples)
+    return SourceReport(samples=samples, derived_state=derived_state(conn))
+
+
+def derived_state(conn: db.Connection) -> str:
+    """in_use, not_rebuilt or untracked (compaction.derived_state_status())."""
+    with wrap_exceptions(), conn.cursor() as cur:
+        cur.execute("SELECT compaction.derived_state_status()")
+        row = cur.fetchone()
+    assert row is not None
+    return str(row[0])

@@ -11,17 +11,23 @@ only moves data between the database and the model (STYLE.md):
 * the result goes back through `complete` (a Reply: the database judges not_stopped,
   tool_calls, empty, too_long) or `fail` (a Failure: its reason), fenced by the token
   (job_id, attempt): a worker whose lease was lost is refused, never believed;
-* the model receives the pairs of the very `eligible_pairs` read whose ids and hash the
-  claim binds (recomputed here from those pairs), so a summary is of exactly the claimed
-  source even if history changed between reads.
+* a pass reads each conversation's targets with `worker_targets` (ids, hash, and whether
+  that identity already holds a completed summary: those are skipped without a claim),
+  claims the rest, and only then reads the claimed range's 10 assistant replies with
+  `range_replies`, which returns them only while the range's current source hash is the
+  claimed one. The model therefore summarizes exactly the claimed source, and a worker
+  reads no other message text (never user text). A range edited between the claim and
+  that read returns no replies: the attempt is failed `source_moved` without a model
+  call (its identity, bound to the old hash, is no longer a target anyway).
 
 Queue discipline. `compaction.dequeue` removes entries, so the worker puts a conversation
 back (`enqueue`, idempotent) whenever it may still hold work this pass could not settle:
-right after a successful claim (so a worker killed mid-call leaves its conversation
-queued, and another worker retries it once the lease expires), after a claim refused for
-a transient reason (already_running, admission_full, the source moved), after a failed
+after a claim refused for a transient reason (admission_full, or not_eligible /
+source_mismatch: the source moved between `worker_targets` and the claim), after a failed
 first attempt (a later pass makes attempt 2), and for every dequeued conversation left
-unexamined at shutdown. A completed or exhausted conversation is not put back.
+unexamined at shutdown. A worker killed mid-call needs no put-back: the reaper expires its
+attempt and re-queues the conversation. A completed or exhausted conversation is not put
+back.
 """
 
 from __future__ import annotations
@@ -51,8 +57,8 @@ from pycompactor.errors import (
     LockTimeout,
     PycompactorError,
 )
-from pycompactor.hashing import source_hash, source_message_ids
-from pycompactor.models import Pair, QueuedConversation
+from pycompactor.hashing import PAIRS_PER_RANGE
+from pycompactor.models import QueuedConversation, RangeReply
 from pycompactor.summarizer import (
     DEFAULT_TIMEOUT_SECONDS,
     PROMPT_VERSION,
@@ -71,6 +77,12 @@ LogFormat = Literal["text", "json"]
 INTERRUPTED: Final = "interrupted"
 #: Failure reason when the summarizer raised instead of returning an outcome (a bug).
 WORKER_ERROR: Final = "worker_error"
+#: Failure reason when the claimed range changed before its replies were read: no model
+#: call is made (the identity's hash no longer matches the source).
+SOURCE_MOVED: Final = "source_moved"
+#: Failure reason when the database could not give the claimed range's replies (a
+#: timeout, or the connection broke); a later pass retries.
+SOURCE_UNREADABLE: Final = "source_unreadable"
 #: Failure reason when a summary kept fewer than --min-figure-retention of the figures.
 FIGURES_LOST: Final = "figures_lost"
 
@@ -134,25 +146,25 @@ class WorkerConfig:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A target together with the pairs it was planned from; the claim binds these."""
+    """A target not yet summarized under this worker's identity; the claim binds these."""
 
     conversation_id: str
     from_pair: int
     source_message_ids: list[str]
     source_hash: str
-    pairs: tuple[Pair, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class ClaimedJob:
-    """One claimed attempt; (job_id, attempt) is the fencing token."""
+    """One claimed attempt; (job_id, attempt) is the fencing token, source_hash what the
+    claim bound (the replies are read only while the range still has it)."""
 
     conversation_id: str
     scope: str
     from_pair: int
     job_id: int
     attempt: int
-    pairs: tuple[Pair, ...]
+    source_hash: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,12 +565,12 @@ class Worker:
         cfg = self.config
         try:
             with self._pool.get() as conn:
-                candidates, moved = self._examine(conn, conversation_id)
+                candidates = self._examine(conn, conversation_id)
         except DatabaseTimeout as exc:
             self._skipped(conversation_id, None, exc)
             return 0, False
         claimed = 0
-        requeue = moved
+        requeue = False
         admission_full = False
         for candidate in candidates:
             if admission_full or not self._take_slot():
@@ -595,7 +607,7 @@ class Worker:
             assert result.job_id is not None
             assert result.attempt is not None
             job = ClaimedJob(conversation_id, cfg.scope, candidate.from_pair, result.job_id,
-                             result.attempt, candidate.pairs)
+                             result.attempt, candidate.source_hash)
             self._start(job, result.lease_expires_at)
             claimed += 1
         # No re-queue after a successful claim: if this process dies mid-call, the reaper
@@ -606,10 +618,10 @@ class Worker:
 
     def _skipped(self, conversation_id: str, from_pair: int | None,
                  exc: DatabaseTimeout) -> None:
+        reason = "lock_timeout" if isinstance(exc, LockTimeout) else "statement_timeout"
+        metrics.target_skipped(reason)
         self._log.emit("target_skipped", conversation_id=conversation_id, from_pair=from_pair,
-                       outcome="skipped",
-                       reason="lock_timeout" if isinstance(exc, LockTimeout)
-                       else "statement_timeout", error=str(exc))
+                       outcome="skipped", reason=reason, error=str(exc))
         if from_pair is None:
             self._enqueue(conversation_id)  # a later pass examines it again
 
@@ -617,32 +629,27 @@ class Worker:
         with self._pool.get() as conn:
             db.enqueue(conn, conversation_id, self.config.scope)
 
-    def _examine(self, conn: db.Connection,
-                 conversation_id: str) -> tuple[list[Candidate], bool]:
-        """The targets of a conversation with their pairs from one eligible_pairs read.
+    def _examine(self, conn: db.Connection, conversation_id: str) -> list[Candidate]:
+        """The conversation's targets that still need a summary under this worker's
+        identity (scope, model, prompt version), from one worker_targets read.
 
-        Returns (candidates, moved): moved when the plan and the pairs read just after it
-        disagree (history changed in between); those targets are left for a later pass.
+        A target whose identity already holds a completed summary is skipped without a
+        claim (logged `target_skipped`, reason `already_completed`). No message text is
+        read here.
         """
-        targets = db.plan_targets(conn, conversation_id)
-        if not targets:
-            return [], False
-        pairs = db.eligible_pairs(conn, conversation_id)
+        cfg = self.config
         candidates: list[Candidate] = []
-        moved = False
-        for target in targets:
-            chunk = tuple(pairs[target.from_pair : target.to_pair + 1])
-            # The hash the claim binds is computed from exactly the pairs the model gets.
-            ids = source_message_ids(chunk) if len(chunk) == 10 else []
-            digest = source_hash(chunk) if len(chunk) == 10 else ""
-            if ids != target.source_message_ids or digest != target.source_hash:
-                moved = True
-                self._log.emit("source_moved", conversation_id=conversation_id,
+        for target in db.worker_targets(conn, conversation_id, cfg.scope, cfg.model,
+                                        PROMPT_VERSION):
+            if target.completed:
+                metrics.target_skipped("already_completed")
+                self._log.emit("target_skipped", conversation_id=conversation_id,
                                from_pair=target.from_pair, outcome="skipped",
-                               reason="source changed between plan and read")
+                               reason="already_completed")
                 continue
-            candidates.append(Candidate(conversation_id, target.from_pair, ids, digest, chunk))
-        return candidates, moved
+            candidates.append(Candidate(conversation_id, target.from_pair,
+                                        target.source_message_ids, target.source_hash))
+        return candidates
 
     # -- claimed attempts ----------------------------------------------------------------
 
@@ -665,13 +672,8 @@ class Worker:
         job = running.job
         started = running.started
         try:
-            try:
-                # Outside any transaction: this thread holds no connection here.
-                with metrics.model_call(self.config.model):
-                    outcome: ModelOutcome = self._summarizer.summarize(job.pairs)
-            except Exception as exc:  # a summarizer bug is still just a failed attempt
-                outcome = Failure(WORKER_ERROR, f"{type(exc).__name__}: {exc}")
-            outcome, figures = self._judge_figures(job, outcome)
+            outcome, replies = self._summarize(job)
+            outcome, figures = self._judge_figures(replies, outcome)
             with running.lock:
                 if running.state != "calling":
                     return  # interrupted: the main thread has recorded it
@@ -695,7 +697,25 @@ class Worker:
             running.done.set()
             self._slots.release()
 
-    def _judge_figures(self, job: ClaimedJob,
+    def _summarize(self, job: ClaimedJob) -> tuple[ModelOutcome, list[RangeReply]]:
+        """Read the claimed range's replies (only while its hash is the claimed one), then
+        call the model; every problem is a Failure, never an exception."""
+        try:
+            with self._pool.get() as conn:
+                replies = db.range_replies(conn, job.conversation_id, job.from_pair,
+                                           job.source_hash)
+        except PycompactorError as exc:
+            return Failure(SOURCE_UNREADABLE, f"{type(exc).__name__}: {exc}"), []
+        if len(replies) != PAIRS_PER_RANGE:
+            return Failure(SOURCE_MOVED, "the range changed after the claim"), []
+        try:
+            # Outside any transaction: this thread holds no connection here.
+            with metrics.model_call(self.config.model):
+                return self._summarizer.summarize(replies), replies
+        except Exception as exc:  # a summarizer bug is still just a failed attempt
+            return Failure(WORKER_ERROR, f"{type(exc).__name__}: {exc}"), replies
+
+    def _judge_figures(self, replies: Sequence[RangeReply],
                        outcome: ModelOutcome) -> tuple[ModelOutcome, FigureStats | None]:
         """Count the figures a reply kept (DESIGN.md §8) and apply --min-figure-retention.
 
@@ -704,7 +724,7 @@ class Worker:
         """
         if not isinstance(outcome, Reply):
             return outcome, None
-        figures = figure_stats(job.pairs, outcome.text)
+        figures = figure_stats(replies, outcome.text)
         metrics.figures_counted(figures)
         threshold = self.config.min_figure_retention
         if figures.below(threshold) and classify_reply(

@@ -48,7 +48,7 @@ COMMENT ON FUNCTION compaction.is_target(int, bigint) IS
 -- indexed_pairs keeps the runs with no reason, explain_runs shows the reasons. It returns
 -- no message text (byte lengths come from the varlena header without detoasting), so
 -- judging a long conversation does not read its text.
-CREATE FUNCTION compaction.judge_runs(p_conversation_id text)
+CREATE FUNCTION compaction.judge_runs(p_conversation_id text, p_run_ids text[] DEFAULT NULL)
 RETURNS TABLE (
     run_id               text,
     run_status           text,
@@ -59,19 +59,35 @@ RETURNS TABLE (
     assistant_message_id text,
     assistant_bytes      int
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+-- One cached plan: a custom plan per call would cost more to plan than to run.
+SET plan_cache_mode = force_generic_plan
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     -- A lateral aggregate per run: the messages of each run are fetched by the run_id
     -- index, so the cost follows this conversation's size, never the table's.
-    WITH per_run AS (
+    WITH runs AS (
+        -- Every run of the conversation, or only the runs named: re-derivation judges
+        -- the runs a write touched by the run_id index, never the whole conversation.
+        SELECT sr.run_id, sr.conversation_id, sr.status
+        FROM compaction.source_runs AS sr
+        WHERE p_run_ids IS NULL AND sr.conversation_id = p_conversation_id
+        UNION ALL
+        SELECT sr.run_id, sr.conversation_id, sr.status
+        FROM compaction.source_runs AS sr
+        WHERE sr.run_id = ANY (p_run_ids) AND sr.conversation_id = p_conversation_id
+    ),
+    per_run AS (
         SELECT r.run_id,
                r.status AS run_status,
                m.*
-        FROM compaction.source_runs AS r
+        FROM runs AS r
         CROSS JOIN LATERAL (
             SELECT count(*) FILTER (WHERE sm.role = 'user') AS n_user,
                    count(*) FILTER (WHERE sm.role = 'assistant') AS n_assistant,
@@ -95,7 +111,6 @@ AS $$
             WHERE sm.run_id = r.run_id
               AND sm.role IN ('user', 'assistant')
         ) AS m
-        WHERE r.conversation_id = p_conversation_id
     )
     SELECT p.run_id,
            p.run_status,
@@ -117,15 +132,19 @@ AS $$
            p.user_bytes::int,
            p.assistant_message_id,
            p.assistant_bytes::int
-    FROM per_run AS p
+    FROM per_run AS p;
+END
 $$;
-COMMENT ON FUNCTION compaction.judge_runs(text) IS
-    'Internal: every run of a conversation with the first eligibility rule it breaks (NULL when it forms a pair), its pair''s ids and UTF-8 byte lengths; no text';
+COMMENT ON FUNCTION compaction.judge_runs(text, text[]) IS
+    'Internal: every run of a conversation (or only those named) with the first eligibility rule it breaks (NULL when it forms a pair), its pair''s ids and UTF-8 byte lengths; no text';
 
-CREATE FUNCTION compaction.indexed_pairs(p_conversation_id text)
+-- The pairs as judged from the views on this call: the truth the derived state caches,
+-- read when the derived state is not in use and by verify_conversation.
+CREATE FUNCTION compaction.judged_pairs(p_conversation_id text)
 RETURNS TABLE (
     pair_index           int,
     run_id               text,
+    user_seq             bigint,
     user_message_id      text,
     user_bytes           int,
     assistant_message_id text,
@@ -138,11 +157,48 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
     SELECT (row_number() OVER w - 1)::int,
-           j.run_id, j.user_message_id, j.user_bytes, j.assistant_message_id, j.assistant_bytes
+           j.run_id, j.user_seq, j.user_message_id, j.user_bytes, j.assistant_message_id,
+           j.assistant_bytes
     FROM compaction.judge_runs(p_conversation_id) AS j
     WHERE j.reason IS NULL
     WINDOW w AS (ORDER BY j.user_seq, j.user_message_id)
     ORDER BY j.user_seq, j.user_message_id
+$$;
+COMMENT ON FUNCTION compaction.judged_pairs(text) IS
+    'Internal: the eligible pairs of a conversation judged from the source views on this call (no derived state), without text';
+
+CREATE FUNCTION compaction.indexed_pairs(p_conversation_id text)
+RETURNS TABLE (
+    pair_index           int,
+    run_id               text,
+    user_message_id      text,
+    user_bytes           int,
+    assistant_message_id text,
+    assistant_bytes      int
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF compaction.derived_state_current() THEN
+        RETURN QUERY
+        SELECT p.pair_index, p.run_id, p.user_message_id, p.user_bytes,
+               p.assistant_message_id, p.assistant_bytes
+        FROM compaction.pairs AS p
+        WHERE p.conversation_id = p_conversation_id
+        ORDER BY p.pair_index;
+    ELSE
+        RETURN QUERY
+        SELECT j.pair_index, j.run_id, j.user_message_id, j.user_bytes,
+               j.assistant_message_id, j.assistant_bytes
+        FROM compaction.judged_pairs(p_conversation_id) AS j
+        ORDER BY j.pair_index;
+    END IF;
+END
 $$;
 COMMENT ON FUNCTION compaction.indexed_pairs(text) IS
     'Eligible pairs of a conversation without their text: pair_index, run and message ids, UTF-8 byte lengths (what planning and projection need before reading any text)';
@@ -217,21 +273,79 @@ $$;
 COMMENT ON FUNCTION compaction.range_hash(text[]) IS
     'Source hash of a range given its 20 current source ids [u0, a0, ..., u9, a9], reading only those messages; NULL unless all 20 are found exactly once';
 
-CREATE FUNCTION compaction.plan_targets(p_conversation_id text)
-RETURNS TABLE (from_pair int, to_pair int, source_message_ids text[], source_hash text)
-LANGUAGE sql
+-- One range of a conversation as it is now: how many pairs the conversation has, and
+-- the range's 20 source ids and hash when pairs from_pair .. from_pair+9 all exist.
+-- The single place where claim, source_hash and the worker's reads learn what is current.
+CREATE FUNCTION compaction.current_range(p_conversation_id text, p_from_pair int)
+RETURNS TABLE (pair_count bigint, source_message_ids text[], source_hash text)
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
+#variable_conflict use_column
+DECLARE
+    v_pairs bigint;
+    v_ids   text[];
+BEGIN
+    IF compaction.derived_state_current() THEN
+        RETURN QUERY
+        SELECT coalesce((SELECT cs.pair_count::bigint FROM compaction.conversation_state AS cs
+                         WHERE cs.conversation_id = p_conversation_id), 0),
+               r.source_message_ids, r.source_hash
+        FROM (SELECT 1) AS one
+        LEFT JOIN compaction.ranges AS r
+          ON r.conversation_id = p_conversation_id AND r.from_pair = p_from_pair;
+        RETURN;
+    END IF;
+    -- Judged from the views: the number of pairs needs no text; the hash reads the
+    -- range's 20 messages and nothing else.
+    SELECT count(*),
+           ARRAY(SELECT pg_catalog.unnest(array_agg(
+               ARRAY[j.user_message_id, j.assistant_message_id] ORDER BY j.pair_index)
+               FILTER (WHERE j.pair_index BETWEEN p_from_pair AND p_from_pair::bigint + 9)))
+    INTO v_pairs, v_ids
+    FROM compaction.judged_pairs(p_conversation_id) AS j;
+    IF p_from_pair IS NULL OR p_from_pair < 0 OR p_from_pair % 10 <> 0
+       OR pg_catalog.cardinality(v_ids) <> 20 THEN
+        RETURN QUERY SELECT v_pairs, NULL::text[], NULL::text;
+    ELSE
+        RETURN QUERY SELECT v_pairs, v_ids, compaction.range_hash(v_ids);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION compaction.current_range(text, int) IS
+    'Internal: the conversation''s pair count and, when pairs from_pair..from_pair+9 exist, their 20 current source ids and hash';
+
+CREATE FUNCTION compaction.plan_targets(p_conversation_id text)
+RETURNS TABLE (from_pair int, to_pair int, source_message_ids text[], source_hash text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF compaction.derived_state_current() THEN
+        RETURN QUERY
+        SELECT r.from_pair, r.from_pair + 9, r.source_message_ids, r.source_hash
+        FROM compaction.ranges AS r
+        JOIN compaction.conversation_state AS cs ON cs.conversation_id = r.conversation_id
+        WHERE r.conversation_id = p_conversation_id
+          AND compaction.is_target(r.from_pair, cs.pair_count)
+        ORDER BY r.from_pair;
+        RETURN;
+    END IF;
+    RETURN QUERY
     WITH pairs AS (
-        SELECT i.pair_index / 10 * 10 AS from_pair,
-               i.pair_index,
-               i.user_message_id,
-               i.assistant_message_id,
+        SELECT j.pair_index / 10 * 10 AS from_pair,
+               j.pair_index,
+               j.user_message_id,
+               j.assistant_message_id,
                count(*) OVER () AS n_pairs
-        FROM compaction.indexed_pairs(p_conversation_id) AS i
+        FROM compaction.judged_pairs(p_conversation_id) AS j
     ),
     ranges AS (
         SELECT p.from_pair,
@@ -246,7 +360,8 @@ AS $$
     SELECT r.from_pair::int, (r.from_pair + 9)::int, r.source_message_ids,
            compaction.range_hash(r.source_message_ids)
     FROM ranges AS r
-    ORDER BY r.from_pair
+    ORDER BY r.from_pair;
+END
 $$;
 COMMENT ON FUNCTION compaction.plan_targets(text) IS
     'Ranges of 10 pairs the fixed window policy makes targets now (N >= 10k + 30), with their 20 source ids [u0, a0, ..., u9, a9] and source hash';
@@ -259,14 +374,9 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
-    SELECT CASE WHEN count(*) = 10 THEN
-               compaction.range_hash(ARRAY(SELECT pg_catalog.unnest(array_agg(
-                   ARRAY[i.user_message_id, i.assistant_message_id] ORDER BY i.pair_index))))
-           END
-    FROM compaction.indexed_pairs(p_conversation_id) AS i
-    WHERE p_from_pair >= 0
-      AND p_from_pair % 10 = 0
-      AND i.pair_index BETWEEN p_from_pair AND p_from_pair + 9
+    SELECT c.source_hash
+    FROM compaction.current_range(p_conversation_id, p_from_pair) AS c
+    WHERE p_from_pair >= 0 AND p_from_pair % 10 = 0
 $$;
 COMMENT ON FUNCTION compaction.source_hash(text, int) IS
     'SHA-256 (lowercase hex) binding pairs from_pair..from_pair+9 (ids and texts of both sides); NULL unless all 10 pairs exist and from_pair is a non-negative multiple of 10';

@@ -432,19 +432,15 @@ BEGIN
     -- From here on the conversation's engine rows are ours until commit.
     PERFORM compaction.lock_conversation(p_conversation_id);
 
-    -- Whether the range is a target needs only the number of pairs (no text); the hash
-    -- is then computed for this one range, reading its 20 messages and nothing else.
-    SELECT count(*),
-           ARRAY(SELECT pg_catalog.unnest(array_agg(
-               ARRAY[i.user_message_id, i.assistant_message_id] ORDER BY i.pair_index)
-               FILTER (WHERE i.pair_index BETWEEN p_from_pair AND p_from_pair + 9)))
-    INTO v_pairs, v_target_ids
-    FROM compaction.indexed_pairs(p_conversation_id) AS i;
+    -- The range as it is now, from the derived state (no message text read): the pair
+    -- count decides whether it is a target, the stored ids and hash whether it matches.
+    SELECT r.pair_count, r.source_message_ids, r.source_hash
+    INTO v_pairs, v_target_ids, v_target_hash
+    FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
     IF NOT compaction.is_target(p_from_pair, v_pairs) THEN
         RETURN QUERY SELECT false, 'not_eligible'::text, NULL::bigint, NULL::int, NULL::timestamptz;
         RETURN;
     END IF;
-    v_target_hash := compaction.range_hash(v_target_ids);
     IF NOT compaction.valid_source_hash(p_source_hash)
        OR v_target_hash IS DISTINCT FROM p_source_hash
        OR v_target_ids IS DISTINCT FROM p_source_message_ids THEN

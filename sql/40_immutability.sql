@@ -186,6 +186,25 @@ ALTER TABLE compaction.queue ENABLE ALWAYS TRIGGER queue_truncate_guard;
 ALTER TABLE compaction.settings ENABLE ALWAYS TRIGGER settings_truncate_guard;
 ALTER TABLE compaction.prompt_versions ENABLE ALWAYS TRIGGER prompt_versions_truncate_guard;
 
+-- The derived state (revision 0005) is a cache of the source: emptied by TRUNCATE it would
+-- be trusted and wrong. It changes only through re-derivation.
+CREATE TRIGGER conversation_state_truncate_guard
+    BEFORE TRUNCATE ON compaction.conversation_state
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER pairs_truncate_guard
+    BEFORE TRUNCATE ON compaction.pairs
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER ranges_truncate_guard
+    BEFORE TRUNCATE ON compaction.ranges
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER source_tracking_truncate_guard
+    BEFORE TRUNCATE ON compaction.source_tracking
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+ALTER TABLE compaction.conversation_state ENABLE ALWAYS TRIGGER conversation_state_truncate_guard;
+ALTER TABLE compaction.pairs ENABLE ALWAYS TRIGGER pairs_truncate_guard;
+ALTER TABLE compaction.ranges ENABLE ALWAYS TRIGGER ranges_truncate_guard;
+ALTER TABLE compaction.source_tracking ENABLE ALWAYS TRIGGER source_tracking_truncate_guard;
+
 CREATE FUNCTION compaction.erase_conversation(p_conversation_id text, p_reason text)
 RETURNS int
 LANGUAGE plpgsql

@@ -1,11 +1,10 @@
 -- pycompactor stored logic, section 6: reads behind projection (Python pycompactor.projection).
 --
--- project_history plans from metadata and reads text only where the plan needs it, so
--- its cost grows with the budget, not with the conversation: the eligible pairs come from
--- compaction.indexed_pairs (ids and byte lengths, no text), projection_summaries returns
--- no summary text, projection_range_hashes recomputes the source hash of just the ranges
--- the walk can reach, and projection_texts returns the texts of the messages and summaries
--- named. Eligibility stays in compaction.judge_runs. All run as the engine owner
+-- project_history plans from metadata and reads text only for what it includes: the
+-- eligible pairs come from compaction.indexed_pairs (ids and byte lengths, no text),
+-- projection_summaries returns every summary's binding and whether its source is current
+-- (compared with the derived ranges, no hashing at read time), and projection_texts
+-- returns the texts of the messages and summaries named. All run as the engine owner
 -- (SECURITY DEFINER): the source views run with their owner's rights anyway, and the
 -- summaries sit behind engine tables.
 
@@ -19,13 +18,40 @@ RETURNS TABLE (
     prompt_version     text,
     projectable        boolean,
     completed_at       timestamptz,
-    summary_bytes      int
+    summary_bytes      int,
+    source_current     boolean
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET jit = off
 AS $$
+#variable_conflict use_column
+DECLARE
+    v_derived boolean := compaction.derived_state_current();
+BEGIN
+    -- source_current: the range exists now with exactly the stored ids and hash. From the
+    -- derived state that is a comparison per summary; judged from the views it costs one
+    -- hash per distinct range that has summaries.
+    RETURN QUERY
+    WITH summaries AS (
+        SELECT s.summary_id, s.from_pair, s.to_pair, s.source_message_ids, s.source_hash,
+               s.prompt_version, s.completed_at, pg_catalog.octet_length(s.summary) AS bytes
+        FROM compaction.summaries AS s
+        WHERE s.conversation_id = p_conversation_id
+          AND s.scope = p_scope
+    ), now_ranges AS (
+        SELECT r.from_pair, r.source_message_ids, r.source_hash
+        FROM compaction.ranges AS r
+        WHERE v_derived AND r.conversation_id = p_conversation_id
+          AND r.from_pair IN (SELECT x.from_pair FROM summaries AS x)
+        UNION ALL
+        SELECT f.from_pair, c.source_message_ids, c.source_hash
+        FROM (SELECT DISTINCT x.from_pair FROM summaries AS x) AS f
+        CROSS JOIN LATERAL compaction.current_range(p_conversation_id, f.from_pair) AS c
+        WHERE NOT v_derived
+    )
     SELECT s.summary_id,
            s.from_pair,
            s.to_pair,
@@ -35,38 +61,17 @@ AS $$
            -- A version missing from prompt_versions is never projected.
            COALESCE(v.projectable, false),
            s.completed_at,
-           pg_catalog.octet_length(s.summary)
-    FROM compaction.summaries AS s
+           s.bytes,
+           coalesce(n.source_message_ids = s.source_message_ids
+                    AND n.source_hash = s.source_hash, false)
+    FROM summaries AS s
     LEFT JOIN compaction.prompt_versions AS v ON v.prompt_version = s.prompt_version
-    WHERE s.conversation_id = p_conversation_id
-      AND s.scope = p_scope
-    ORDER BY s.from_pair, s.summary_id
+    LEFT JOIN now_ranges AS n ON n.from_pair = s.from_pair
+    ORDER BY s.from_pair, s.summary_id;
+END
 $$;
 COMMENT ON FUNCTION compaction.projection_summaries(text, text) IS
-    'Completed summaries of a conversation and scope without their text: source binding, version, whether it is projectable, completed_at, UTF-8 byte length';
-
--- The §5 hash of the ranges named, each by its 20 current source ids (one row of a
--- two-dimensional array per range): range_hash reads those 20 messages by primary key and
--- nothing else, so the cost follows the number of ranges asked for, never the
--- conversation's length. The caller takes the ids from compaction.indexed_pairs in the
--- same snapshot.
-CREATE FUNCTION compaction.projection_range_hashes(
-    p_from_pairs int[], p_source_message_ids text[])
-RETURNS TABLE (from_pair int, range_hash text)
-LANGUAGE sql
-STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    -- p_source_message_ids[i:i] is row i, [u0, a0, ..., u9, a9]; unnest flattens it.
-    SELECT f.from_pair,
-           compaction.range_hash(ARRAY(
-               SELECT pg_catalog.unnest(p_source_message_ids[f.ord::int : f.ord::int])))
-    FROM pg_catalog.unnest(p_from_pairs) WITH ORDINALITY AS f (from_pair, ord)
-    ORDER BY f.ord
-$$;
-COMMENT ON FUNCTION compaction.projection_range_hashes(int[], text[]) IS
-    'Current source hash of each range named by its first pair and its 20 current source ids (row i of the 2-D array), reading only those messages; NULL where the ids are not 20 messages found once each';
+    'Completed summaries of a conversation and scope without their text: source binding, version, whether it is projectable, completed_at, UTF-8 byte length, and whether its source is current';
 
 CREATE FUNCTION compaction.projection_texts(
     p_conversation_id text, p_message_ids text[], p_summary_ids bigint[])

@@ -92,6 +92,21 @@ FROM compaction_owner;
 -- Pairs come from compaction.indexed_pairs, granted with the read functions of §3–5.
 GRANT EXECUTE ON FUNCTION
     compaction.projection_summaries(text, text),
-    compaction.projection_range_hashes(int[], text[]),
     compaction.projection_texts(text, text[], bigint[])
 TO compaction_worker, compaction_reader;
+
+-- Derived state (revision 0005). The worker plans from it and reads a claimed range's
+-- replies; the auditor may prove it against the views (ids, counts and hashes only).
+-- Re-derivation and the rebuild are the owner's; a host attaching the tracking trigger to
+-- its own tables is granted EXECUTE on compaction.track_source_changes() by the owner
+-- (docs/integrating.md).
+GRANT EXECUTE ON FUNCTION
+    compaction.worker_targets(text, text, text, text),
+    compaction.range_replies(text, int, text)
+TO compaction_worker;
+GRANT EXECUTE ON FUNCTION compaction.verify_conversation(text) TO compaction_auditor;
+GRANT EXECUTE ON FUNCTION compaction.derived_state_status()
+TO compaction_worker, compaction_reader, compaction_auditor;
+REVOKE TRUNCATE ON compaction.conversation_state, compaction.pairs, compaction.ranges,
+                   compaction.source_tracking
+FROM compaction_owner;

@@ -20,7 +20,6 @@ from pycompactor.projection import (
     SUMMARY_MARKER,
     HistoryChanged,
     PairMeta,
-    Plan,
     StoredSummary,
     SummaryCandidate,
     block_cost,
@@ -28,7 +27,6 @@ from pycompactor.projection import (
     message_cost,
     plan_projection,
     project_pairs,
-    projection_reach,
     render_projection,
 )
 
@@ -283,8 +281,10 @@ def test_walk_stops_at_the_first_thing_that_does_not_fit() -> None:
     assert placements(projection) == [("omitted", None), ("omitted", None), ("raw", None)]
 
 
-def test_unreached_summaries_are_reported_from_metadata() -> None:
-    # Budget 100 holds about two of the newest pairs: the walk cannot reach ranges 0-29.
+def test_unreached_summaries_get_every_reason_but_did_not_fit_from_metadata() -> None:
+    # Budget 100 holds about two of the newest pairs: the walk cannot reach ranges 0-29,
+    # yet every stale summary there is named stale_source (DESIGN §9: only did_not_fit
+    # depends on the budget).
     pairs = make_pairs(40)
     valid = summary_of(pairs, 0, 1)
     older = summary_of(pairs, 0, 5, completed_at=T0 - timedelta(days=1))
@@ -297,28 +297,27 @@ def test_unreached_summaries_are_reported_from_metadata() -> None:
     assert reasons(projection) == {
         1: "did_not_fit",
         5: "superseded",
-        # Content-level staleness is checked only where the walk can reach: beyond it, the
-        # preferred candidate (by metadata) is did_not_fit, whatever its text.
-        2: "did_not_fit",
-        4: "stale_source",  # the ids prove it without reading any text
+        2: "stale_source",
+        4: "stale_source",
         3: "version_not_projectable",
     }
     assert [r.from_pair for r in projection.rejected_summaries] == [0, 0, 10, 10, 20]
 
 
-def test_stale_summary_within_reach_is_stale_source() -> None:
+def test_stale_summary_is_stale_source_whatever_the_budget() -> None:
     pairs = make_pairs(40)
     stale = replace(summary_of(pairs, 20, 2), source_hash="a" * 64)
     valid = summary_of(pairs, 20, 3, version=V2)
     newest = pairs[30:]
     raw_30_39 = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
                     for p in newest)
-    # Just enough to pass pairs 30-39 raw: the walk reaches range 20, so it is checked.
+    # Just enough to pass pairs 30-39 raw: the walk reaches range 20.
     projection = project_pairs(pairs, [stale, valid], budget_bytes=raw_30_39)
     assert reasons(projection) == {2: "stale_source", 3: "did_not_fit"}
-    # One byte less and range 20 is out of reach: reported from metadata.
-    projection = project_pairs(pairs, [stale, valid], budget_bytes=raw_30_39 - 1)
-    assert reasons(projection) == {2: "did_not_fit", 3: "superseded"}
+    # One byte less and range 20 is out of reach: the same reasons.
+    for budget in (raw_30_39 - 1, 0):
+        projection = project_pairs(pairs, [stale, valid], budget_bytes=budget)
+        assert reasons(projection) == {2: "stale_source", 3: "did_not_fit"}
 
 
 def metas(n: int, user_bytes: int = 34, assistant_bytes: int = 34) -> list[PairMeta]:
@@ -332,61 +331,35 @@ def candidate(pairs: Sequence[PairMeta], from_pair: int, summary_id: int, *,
     ids = tuple(m for p in pairs[from_pair : from_pair + 10]
                 for m in (p.user_message_id, p.assistant_message_id))
     base = SummaryCandidate(summary_id, from_pair, from_pair + 9, ids, "0" * 64, V3,
-                            projectable, T0, 0)
+                            projectable, T0, 0, True)
     summary = replace(base, summary_bytes=block - block_cost(base, pairs))
     assert block_cost(summary, pairs) == block
     return summary
 
 
-def test_reach_is_bounded_by_the_cheapest_possible_cost_of_what_is_newer() -> None:
+def test_source_current_decides_stale_source_at_every_budget() -> None:
     pairs = metas(45)  # ranges 0-39 complete, pairs 40-44 raw only: 500 bytes
-    summaries = [
-        candidate(pairs, 30, 1, block=700),
-        candidate(pairs, 20, 2, block=5_000),  # dearer than its raw pairs (1,000)
-        candidate(pairs, 20, 3, block=6_000),
-        candidate(pairs, 10, 4, block=700),
-        candidate(pairs, 10, 5, block=650, projectable=False),  # not a candidate
-        candidate(pairs, 0, 6, block=700),
-    ]
-    # Cheapest possible spend before each range: 30: 500; 20: 500 + 700;
-    # 10: 1,200 + min(5,000, 1,000); 0: 2,200 + 700.
-    assert projection_reach(pairs, summaries, 0) == ()
-    assert projection_reach(pairs, summaries, 499) == ()
-    assert projection_reach(pairs, summaries, 500) == (30,)
-    assert projection_reach(pairs, summaries, 1_199) == (30,)
-    assert projection_reach(pairs, summaries, 1_200) == (20, 30)
-    assert projection_reach(pairs, summaries, 2_199) == (20, 30)
-    assert projection_reach(pairs, summaries, 2_200) == (10, 20, 30)
-    assert projection_reach(pairs, summaries, 2_900) == (0, 10, 20, 30)
-    assert projection_reach(pairs, [], 10**9) == ()
-
-
-def test_reach_skips_ranges_that_metadata_already_rejects() -> None:
-    pairs = metas(30)
-    stale_ids = replace(candidate(pairs, 20, 1, block=700), source_message_ids=("x",) * 20)
-    v1 = replace(candidate(pairs, 10, 2, block=700), projectable=False)
-    incomplete = SummaryCandidate(3, 30, 39, ("y",) * 20, "0" * 64, V3, True, T0, 10)
-    beyond = candidate(pairs, 0, 4, block=700)
-    # Ranges 20 and 10 have no candidate, so they cost their raw pairs (1,000 each).
-    assert projection_reach(pairs, [stale_ids, v1, incomplete, beyond], 1_999) == ()
-    assert projection_reach(pairs, [stale_ids, v1, incomplete, beyond], 2_000) == (0,)
-    # The newest range is met at once: it is in reach even with a budget of 0.
-    assert projection_reach(pairs, [candidate(pairs, 20, 5, block=10_000)], 0) == (20,)
-
-
-def test_plan_refuses_to_walk_into_an_unchecked_range() -> None:
-    pairs = metas(10)
-    summary = candidate(pairs, 0, 1, block=700)
-    with pytest.raises(ValueError, match="source hash was not given"):
-        plan_projection(pairs, {}, [summary], 1_000)
-    assert plan_projection(pairs, {0: None}, [summary], 1_000).rejected_summaries[0].reason \
-        == "stale_source"
-    assert plan_projection(pairs, {0: "0" * 64}, [summary], 1_000).pairs[0].summary_id == 1
+    summaries = [candidate(pairs, start, start + 1, block=700) for start in (0, 10, 20, 30)]
+    stale = [replace(s, source_current=False) for s in summaries]
+    incomplete = SummaryCandidate(99, 40, 49, ("y",) * 20, "0" * 64, V3, True, T0, 10, True)
+    wrong_ids = replace(candidate(pairs, 0, 50, block=700), source_message_ids=("x",) * 20)
+    for budget in (0, 499, 500, 1_200, 10**6):
+        plan = plan_projection(pairs, [*stale, incomplete, wrong_ids], budget)
+        assert {r.summary_id: r.reason for r in plan.rejected_summaries} == {
+            1: "stale_source", 11: "stale_source", 21: "stale_source", 31: "stale_source",
+            99: "stale_source", 50: "stale_source"}
+        assert all(p.placement != "summarized" for p in plan.pairs)
+        plan = plan_projection(pairs, summaries, budget)
+        assert {r.reason for r in plan.rejected_summaries} <= {"did_not_fit"}
+    # Everything fits: all four blocks are used.
+    plan = plan_projection(pairs, summaries, 10**6)
+    assert plan.rejected_summaries == ()
+    assert plan.summary_ids == (1, 11, 21, 31)
 
 
 def test_render_refuses_texts_that_changed_size_or_vanished() -> None:
     metas = [PairMeta(0, "u0", "a0", 1, 1)]
-    plan = plan_projection(metas, {}, [], 100)
+    plan = plan_projection(metas, [], 100)
     assert render_projection(plan, {"u0": "q", "a0": "a"}, {}).used_bytes == 34
     with pytest.raises(HistoryChanged):
         render_projection(plan, {"u0": "qq", "a0": "a"}, {})
@@ -396,7 +369,7 @@ def test_render_refuses_texts_that_changed_size_or_vanished() -> None:
 
 def test_plan_needs_every_pair_in_order() -> None:
     with pytest.raises(ValueError, match="every eligible pair"):
-        plan_projection([PairMeta(1, "u1", "a1", 1, 1)], {}, [], 10)
+        plan_projection([PairMeta(1, "u1", "a1", 1, 1)], [], 10)
 
 
 def test_to_dict_has_exactly_the_contract_keys() -> None:
@@ -522,39 +495,30 @@ def test_projection_properties(case: tuple[list[Pair], list[StoredSummary], int]
     again = project_pairs(pairs, shuffled, budget_bytes=budget)
     assert json.dumps(again.to_dict()) == json.dumps(projection.to_dict())
 
-    # Checking hashes only within the reach loses nothing: with every range's hash
-    # checked, the messages and placements are the same, and only candidates beyond the
-    # reach may get other reasons (there, content-level staleness is not checked: the
-    # preferred candidate is did_not_fit, the others superseded).
-    full = oracle_plan(pairs, summaries, budget)
-    assert full.pairs == projection.pairs
-    assert full.used_bytes == projection.used_bytes
-    reach = set(projection_reach(
-        [PairMeta(p.pair_index, p.user_message_id, p.assistant_message_id,
-                  len(p.user_content.encode()), len(p.assistant_content.encode()))
-         for p in pairs],
-        [s.candidate() for s in summaries], budget))
-    full_reasons = {r.summary_id: r.reason for r in full.rejected_summaries}
+    # Every reason but did_not_fit is independent of the budget (DESIGN §9): it is what
+    # an independent check of each summary gives, at this budget and at any other.
     for summary_id, reason in rejected.items():
-        if by_id[summary_id].from_pair in reach or reason in ("version_not_projectable",
-                                                               "stale_source"):
-            assert full_reasons[summary_id] == reason
-        else:
-            assert reason in ("did_not_fit", "superseded")
-            assert full_reasons[summary_id] in ("stale_source", "did_not_fit", "superseded")
+        assert reason == expected_reason(pairs, by_id[summary_id]) or (
+            reason in ("superseded", "did_not_fit")
+            and expected_reason(pairs, by_id[summary_id]) is None)
+    for other_budget in (0, everything(pairs, summaries)):
+        other = project_pairs(pairs, summaries, budget_bytes=other_budget)
+        assert {r.summary_id: r.reason for r in other.rejected_summaries
+                if r.reason in ("version_not_projectable", "stale_source", "superseded")} \
+            == {sid: r for sid, r in rejected.items()
+                if r in ("version_not_projectable", "stale_source", "superseded")}
 
 
-def oracle_plan(pairs: Sequence[Pair], summaries: Sequence[StoredSummary], budget: int) -> Plan:
-    """The plan with every complete range's source hash checked, reachable or not."""
-    metas = [
-        PairMeta(p.pair_index, p.user_message_id, p.assistant_message_id,
-                 len(p.user_content.encode()), len(p.assistant_content.encode()))
-        for p in pairs
-    ]
-    hashes: dict[int, str | None] = {
-        start: source_hash(pairs[start : start + 10]) for start in range(0, len(pairs) - 9, 10)
-    }
-    return plan_projection(metas, hashes, [s.candidate() for s in summaries], budget)
+def expected_reason(pairs: Sequence[Pair], summary: StoredSummary) -> str | None:
+    """version_not_projectable or stale_source, judged independently; None if valid."""
+    if not summary.projectable:
+        return "version_not_projectable"
+    block = pairs[summary.from_pair : summary.to_pair + 1]
+    if (len(block) != 10 or summary.from_pair % 10
+            or tuple(source_message_ids(block)) != summary.source_message_ids
+            or source_hash(block) != summary.source_hash):
+        return "stale_source"
+    return None
 
 
 def test_docs_worked_example() -> None:

@@ -2,7 +2,7 @@
 
 In-process where a unit is clearer than a subprocess: every failure class of the
 summarizer contract, the statements one pass sends (10,000 idle conversations), the
-source moving between plan, read and claim, heartbeats, scopes, sweep, admission.
+source moving between plan, claim and read, heartbeats, scopes, sweep, admission.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from pycompactor import db
-from pycompactor.models import Pair, Target
+from pycompactor.models import RangeReply, WorkerTarget
 from pycompactor.summarizer import OpenAISummarizer, Summarizer
 from pycompactor.worker import EventLog, Worker, WorkerConfig, WorkerReport
 from tests.history import History
@@ -215,9 +215,9 @@ def test_one_pass_touches_only_the_conversation_with_new_history(
     assert calls == Counter({
         "compaction.reap": 1,
         "compaction.dequeue": 2,        # one queued conversation, then an empty queue
-        "compaction.plan_targets": 1,
-        "compaction.eligible_pairs": 1,
+        "compaction.worker_targets": 1,
         "compaction.claim": 1,
+        "compaction.range_replies": 1,  # the claimed range's 10 replies, nothing else
         "compaction.complete": 1,
     }), _STATEMENTS
     conversations = {v for _, params in _STATEMENTS if isinstance(params, dict)
@@ -239,30 +239,31 @@ def _rewrite_reply(conn: Conn, message_id: str, text: str) -> None:
                  (text, message_id))
 
 
-def test_source_moving_between_plan_and_read_is_not_claimed(
+def test_source_moving_between_plan_and_claim_is_refused(
         conn: Conn, dsn: str, model_server: ModelServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """History edited after plan_targets but before eligible_pairs: the pairs read no
-    longer hash to the plan, so nothing is claimed and the conversation is put back."""
+    """History edited after worker_targets but before the claim: the claim binds the hash
+    that was planned, so the database refuses it (source_mismatch), the stale text never
+    reaches the model, and the conversation is put back; the next pass summarizes the
+    edited reply."""
     seed(conn, "conv-1", 30)
-    real_plan = db.plan_targets
+    real_plan = db.worker_targets
 
-    def plan_then_edit(c: db.Connection, conversation_id: str) -> list[Target]:
-        plan = real_plan(c, conversation_id)
+    def plan_then_edit(c: db.Connection, *args: Any) -> list[WorkerTarget]:
+        plan = real_plan(c, *args)
         _rewrite_reply(conn, "conv-1-a003", "Edited after planning: NAV 99.99 on 2026-04-01.")
         return plan
 
-    monkeypatch.setattr(db, "plan_targets", plan_then_edit)
+    monkeypatch.setattr(db, "worker_targets", plan_then_edit)
     _report, log = run_once(dsn, model_server.base_url, conversation="conv-1")
-    assert [e["event"] for e in log.events() if e["event"] == "source_moved"] == [
-        "source_moved"]
+    assert [e["reason"] for e in events_named(log.events(), "claim_refused")] == [
+        "source_mismatch"]
     assert attempts(conn) == []
     assert model_server.requests == []
     assert conn.execute("SELECT conversation_id FROM compaction.queue").fetchall() == [
         ("conv-1",)]
 
-    # The next pass plans and reads the same state: the model gets the edited reply.
-    monkeypatch.setattr(db, "plan_targets", real_plan)
+    monkeypatch.setattr(db, "worker_targets", real_plan)
     model_server.enqueue(stop("ok"))
     run_once(dsn, model_server.base_url)
     [request] = model_server.requests
@@ -270,25 +271,58 @@ def test_source_moving_between_plan_and_read_is_not_claimed(
     assert summaries(conn) == [("conv-1", 0, "ok")]
 
 
-def test_source_moving_between_read_and_claim_is_refused(
+def test_source_moving_between_claim_and_read_fails_the_attempt_unsent(
         conn: Conn, dsn: str, model_server: ModelServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Edited after the pairs were read: the claim binds the hash of what was read, so the
-    database refuses it (source_mismatch) and the stale text never reaches the model."""
+    """Edited after the claim, before its replies are read: range_replies returns nothing
+    for the claimed hash, so the attempt is failed source_moved without a model call, and
+    the next pass summarizes the edited range under its new hash."""
     seed(conn, "conv-1", 30)
-    real_read = db.eligible_pairs
+    real_read = db.range_replies
 
-    def read_then_edit(c: db.Connection, conversation_id: str) -> list[Pair]:
-        pairs = real_read(c, conversation_id)
-        _rewrite_reply(conn, "conv-1-a005", "Edited after reading.")
-        return pairs
+    def edit_then_read(c: db.Connection, *args: Any) -> list[RangeReply]:
+        _rewrite_reply(conn, "conv-1-a005", "Edited after the claim.")
+        return real_read(c, *args)
 
-    monkeypatch.setattr(db, "eligible_pairs", read_then_edit)
+    monkeypatch.setattr(db, "range_replies", edit_then_read)
     _report, log = run_once(dsn, model_server.base_url, conversation="conv-1")
-    assert [e["reason"] for e in events_named(log.events(), "claim_refused")] == [
-        "source_mismatch"]
+    assert [(e["reason"], e["outcome"]) for e in events_named(log.events(), "failed")] == [
+        ("source_moved", "failed")]
     assert model_server.requests == []
-    assert attempts(conn) == []
+    assert [(a.attempt, a.state, a.reason) for a in attempts(conn)] == [
+        (1, "failed", "source_moved")]
+    assert conn.execute("SELECT conversation_id FROM compaction.queue").fetchall() == [
+        ("conv-1",)]
+
+    monkeypatch.setattr(db, "range_replies", real_read)
+    model_server.enqueue(stop("ok"))
+    run_once(dsn, model_server.base_url)
+    [request] = model_server.requests
+    assert b"Edited after the claim." in request.body
+    assert summaries(conn) == [("conv-1", 0, "ok")]
+    # A new identity (the new hash): its first attempt, not the old identity's second.
+    assert sorted((a.attempt, a.state) for a in attempts(conn)) == [
+        (1, "completed"), (1, "failed")]
+
+
+def test_completed_identity_is_skipped_without_a_claim(
+        conn: Conn, dsn: str, model_server: ModelServer) -> None:
+    seed(conn, "conv-1", 30)
+    model_server.enqueue(stop("first"))
+    run_once(dsn, model_server.base_url, conversation="conv-1")
+    assert summaries(conn) == [("conv-1", 0, "first")]
+    _STATEMENTS.clear()
+    report, log = run_once(dsn, model_server.base_url, conversation="conv-1",
+                           connect=lambda: psycopg.connect(
+                               dsn, autocommit=True, cursor_factory=RecordingCursor))
+    assert [(e["from_pair"], e["reason"]) for e in events_named(log.events(),
+                                                                "target_skipped")] == [
+        (0, "already_completed")]
+    assert report.claimed == 0
+    assert report.refused == {}
+    assert Counter(_function_of(q) for q, _ in _STATEMENTS if q != db.TIMEOUTS_SQL) == Counter(
+        {"compaction.reap": 1, "compaction.worker_targets": 1})
+    assert len(model_server.requests) == 1
 
 
 # --- leases, scopes, sweep, admission ----------------------------------------------------
@@ -433,15 +467,15 @@ def test_database_error_mid_pass_loses_no_queued_conversation(
 
     seed(conn, "conv-0", 30)
     seed(conn, "conv-1", 30)
-    real_plan = db.plan_targets
+    real_plan = db.worker_targets
     failures = [DatabaseUnavailable("cannot reach the database (test)")]
 
-    def flaky_plan(c: db.Connection, conversation_id: str) -> list[Target]:
+    def flaky_plan(c: db.Connection, *args: Any) -> list[WorkerTarget]:
         if failures:
             raise failures.pop()
-        return real_plan(c, conversation_id)
+        return real_plan(c, *args)
 
-    monkeypatch.setattr(db, "plan_targets", flaky_plan)
+    monkeypatch.setattr(db, "worker_targets", flaky_plan)
     log = StringLog()
     worker = make_worker(dsn, ExtractiveSummarizer(), log, once=False, concurrency=2,
                          poll_seconds=0.1)

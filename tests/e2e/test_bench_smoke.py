@@ -27,7 +27,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
 
     data = json.loads((tmp_path / "latest.json").read_text(encoding="utf-8"))
     assert set(data) == {"meta", "seconds", "targets", "claim_cycle", "projection",
-                         "finding_work", "hashing"}
+                         "finding_work", "hashing", "writing"}
     assert data["meta"]["mode"] == "smoke"
     assert data["meta"]["settings"]["fsync"] == "on"
     assert data["meta"]["settings"]["synchronous_commit"] == "on"
@@ -35,6 +35,8 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert [r["connections"] for r in data["claim_cycle"]["runs"]] == [1, 2, 8]
     for run in data["claim_cycle"]["runs"]:
         assert {"pycompactor_median", "baseline_median", "ratio"} <= set(run)
+    assert data["writing"]["verify_problems"] == 0
+    assert {"engine_p50_ms", "plain_p50_ms", "ratio_p50"} <= set(data["writing"]["append"])
     cells = data["projection"]["cells"]
     assert len(cells) == 9
     assert all(c["used_bytes"] <= c["budget_bytes"] for c in cells)
@@ -42,7 +44,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
         cells[0])
     assert {"idle", "busy", "after_busy"} <= set(data["finding_work"])
     assert {"python", "python_ascii", "sql"} <= set(data["hashing"])
-    assert len(data["targets"]) == 5
+    assert len(data["targets"]) == 9
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 
     table = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")

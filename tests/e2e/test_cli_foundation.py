@@ -54,6 +54,7 @@ def test_check_source_reports_exclusions(conn: Conn, dsn: str) -> None:
     assert report == {
         "ok": True,
         "problems": [],
+        "derived_state": "in_use",
         "samples": [{
             "conversation_id": "conv-1", "runs": 6, "pairs": 3,
             "excluded": {"assistant_not_completed": 1, "empty_user_content": 1,

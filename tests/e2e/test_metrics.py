@@ -67,7 +67,7 @@ def model_server() -> Iterator[ModelServer]:
 
 def import_range_0(conn: Conn, conversation_id: str) -> None:
     """A summary made by an earlier system under the worker's identity (same model and
-    prompt version): the worker's claim gets already_completed."""
+    prompt version): the worker skips it without a claim (already_completed)."""
     [target] = db.plan_targets(conn, conversation_id)
     db.import_summary(conn, conversation_id, "default", 0, target.source_message_ids,
                       target.source_hash, MODEL, PROMPT_VERSION, "Imported.",
@@ -106,10 +106,11 @@ def test_worker_endpoint_counts_what_the_run_did(
         }
 
         def reached(samples: Samples) -> bool:
-            # conv-imp's claim is refused (already_completed): its import is the summary.
+            # conv-imp is skipped before any claim (already_completed): its import is the
+            # summary.
             return all(delta(samples, name, **dict(labels)) == want
                        for (name, labels), want in expected.items()) and delta(
-                samples, "pycompactor_worker_claims_refused_total",
+                samples, "pycompactor_worker_targets_skipped_total",
                 reason="already_completed") >= 1
 
         after = poll_scrape(port, reached)

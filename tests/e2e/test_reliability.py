@@ -270,8 +270,10 @@ def test_commit_landed_but_reply_lost(own_cluster: ThrowawayCluster, own_dsn: st
                 admin.execute("ALTER SYSTEM SET synchronous_standby_names = 'no_such_standby'")
                 admin.execute("SELECT pg_reload_conf()")
                 model_server.release()
-                # The only writer now: complete's transaction, at its COMMIT.
-                pid = _pid_when_waiting(admin, conn.info.dbname, "SyncRep", "COMMIT")
+                # The only writer now: complete's transaction, committing at the Sync
+                # that ends its pipeline (the activity still shows complete's statement).
+                pid = _pid_when_waiting(admin, conn.info.dbname, "SyncRep",
+                                        "%compaction.complete(%")
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
                 admin.execute("ALTER SYSTEM RESET synchronous_standby_names")
                 admin.execute("SELECT pg_reload_conf()")

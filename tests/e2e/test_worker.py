@@ -252,7 +252,9 @@ def test_crashed_worker_is_recovered_by_another(
     code, events, stderr = run_worker_cli("--once", "--conversation", "conv-1", "--model",
                                           MODEL, env=env)
     assert code == 0, stderr
-    assert [e["reason"] for e in events_named(events, "claim_refused")] == [
+    # The completed identity is skipped before any claim.
+    assert not list(events_named(events, "claim_refused"))
+    assert [e["reason"] for e in events_named(events, "target_skipped")] == [
         "already_completed"]
     assert len(model_server.requests) == 2
     assert len(attempts(conn, "conv-1")) == 2

@@ -26,7 +26,7 @@ def example(name: str) -> str:
 
 @pytest.fixture
 def host(conn: Conn) -> Conn:
-    for name in ("host-schema", "grants-and-indexes", "repoint"):
+    for name in ("host-schema", "grants-and-indexes", "repoint", "tracking", "rebuild"):
         conn.execute(example(name).encode())
     return conn
 
@@ -52,7 +52,42 @@ def add_turn(conn: Conn, thread: uuid.UUID, position: int, *, state: str = "done
 
 
 def test_repointed_views_keep_the_contract(host: Conn) -> None:
-    assert check_source(host).problems == []
+    report = check_source(host)
+    assert report.problems == []
+    assert report.derived_state == "in_use"
+
+
+def test_views_without_tracking_are_named_and_still_exact(conn: Conn) -> None:
+    for name in ("host-schema", "grants-and-indexes", "repoint"):
+        conn.execute(example(name).encode())
+    assert check_source(conn).derived_state == "untracked"
+    thread = uuid.uuid4()
+    conn.execute("INSERT INTO agent.threads VALUES (%s, 'fees')", (thread,))
+    for position in range(31):
+        add_turn(conn, thread, position, human=f"q{position}", ai=f"a{position}")
+    assert len(db.eligible_pairs(conn, str(thread))) == 31
+    assert [t.from_pair for t in db.plan_targets(conn, str(thread))] == [0]
+    # Attached afterwards: not used until the rebuild derives the existing history.
+    conn.execute(example("tracking").encode())
+    assert check_source(conn).derived_state == "not_rebuilt"
+    conn.execute(example("rebuild").encode())
+    assert check_source(conn).derived_state == "in_use"
+    assert conn.execute("SELECT * FROM compaction.verify_conversation(%s)",
+                        (str(thread),)).fetchall() == []
+    # Disabling a trigger (a bulk load without tracking) takes it out of use at once.
+    conn.execute("ALTER TABLE agent.chat_messages DISABLE TRIGGER compaction_track_insert")
+    assert check_source(conn).derived_state == "untracked"
+    add_turn(conn, thread, 31, human="q31", ai="a31")
+    assert len(db.eligible_pairs(conn, str(thread))) == 32
+    conn.execute("ALTER TABLE agent.chat_messages ENABLE ALWAYS TRIGGER compaction_track_insert")
+    assert check_source(conn).derived_state == "not_rebuilt"
+    assert conn.execute("SELECT count(*) FROM compaction.verify_conversation(%s)",
+                        (str(thread),)).fetchone() != (0,)
+    conn.execute(example("rebuild").encode())
+    assert check_source(conn).derived_state == "in_use"
+    assert len(db.eligible_pairs(conn, str(thread))) == 32
+    assert conn.execute("SELECT * FROM compaction.verify_conversation(%s)",
+                        (str(thread),)).fetchall() == []
 
 
 def test_pairs_and_targets_from_the_host_tables(host: Conn) -> None:

@@ -16,6 +16,8 @@ Conn = psycopg.Connection[Any]
 
 ENGINE_TABLES = ["jobs", "attempts", "job_summaries", "audit_events", "admission", "queue",
                  "settings", "prompt_versions"]
+# The derived state (a cache of the source) is guarded against TRUNCATE as well.
+DERIVED_TABLES = ["conversation_state", "pairs", "ranges", "source_tracking"]
 
 
 def snapshot(conn: Conn) -> dict[str, list[Any]]:
@@ -131,7 +133,7 @@ def test_guards_are_enabled_always(conn: Conn) -> None:
     assert rows
     assert {enabled for _, _, enabled in rows} == {"A"}
     truncate_guarded = {rel for rel, name, _ in rows if name.endswith("_truncate_guard")}
-    assert truncate_guarded == {f"compaction.{t}" for t in ENGINE_TABLES}
+    assert truncate_guarded == {f"compaction.{t}" for t in ENGINE_TABLES + DERIVED_TABLES}
     # nobody, the owner included, holds TRUNCATE on an engine table
     for table in ENGINE_TABLES:
         for role in ("compaction_owner", "compaction_worker", "compaction_reader",

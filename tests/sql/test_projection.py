@@ -230,15 +230,28 @@ def test_works_inside_the_callers_transaction(dsn: str) -> None:
         assert [p.placement for p in projection.pairs] == ["raw"] * 3
 
 
-def test_range_hashes_equal_the_python_hash(conn: Conn) -> None:
-    pairs = History(conn).pairs("h", 25, text="ß\u3000净")
+def test_source_current_equals_the_python_judgement(conn: Conn) -> None:
+    """projection_summaries.source_current: the range exists now with exactly the stored
+    ids and hash (read from derived state), the Python recomputation's verdict."""
+    pairs = History(conn).pairs("h", 35, text="ß\u3000净")
+    current = import_summary(conn, "h", pairs, 0)
+    edited = import_summary(conn, "h", pairs, 10)
+    moved = import_summary(conn, "h", pairs, 20)
+    edit_pair_3(conn, pairs[13])  # same ids, changed text: only the hash can tell
+    delete_message_3(conn, pairs[25])  # pairs 25.. renumber: range 20 has other ids
     rows = conn.execute(
-        "SELECT from_pair, range_hash FROM compaction.projection_range_hashes(%s, %s)",
-        ([10, 0, 20], [source_message_ids(pairs[10:20]), source_message_ids(pairs[0:10]),
-                       [*source_message_ids(pairs[10:19]), "nobody", "nothing"]]),
-    ).fetchall()
-    assert rows == [(10, source_hash(pairs[10:20])), (0, source_hash(pairs[0:10])), (20, None)]
-    assert conn.execute("SELECT count(*) FROM compaction.projection_range_hashes('{}', '{}')"
+        "SELECT summary_id, source_current FROM compaction.projection_summaries('h', 'default')"
+        " ORDER BY summary_id").fetchall()
+    now = db.eligible_pairs(conn, "h")
+    expected = {
+        sid: (len(now[start : start + 10]) == 10
+              and source_message_ids(now[start : start + 10]) == source_message_ids(
+                  pairs[start : start + 10])
+              and source_hash(now[start : start + 10]) == source_hash(pairs[start : start + 10]))
+        for sid, start in ((current, 0), (edited, 10), (moved, 20))}
+    assert rows == [(sid, expected[sid]) for sid in (current, edited, moved)]
+    assert rows == [(current, True), (edited, False), (moved, False)]
+    assert conn.execute("SELECT count(*) FROM compaction.projection_summaries('nobody', 'default')"
                         ).fetchone() == (0,)
 
 
@@ -287,29 +300,29 @@ def required(log: list[tuple[str, Any, int, int]], function: str) -> tuple[str, 
     return found
 
 
-def test_stale_summary_beyond_reach_is_not_hash_checked(conn: Conn) -> None:
+def test_stale_summary_beyond_reach_is_stale_source(conn: Conn) -> None:
     pairs = History(conn).pairs("far", 40)
     preferred = import_summary(conn, "far", pairs, 0)
     other = import_summary(conn, "far", pairs, 0, version=V2)
     edit_pair_3(conn, pairs[3])  # same ids, changed text: only the hash can tell
 
-    # Two pairs' worth of budget: the walk cannot reach pairs 0-9, so their hash is not
-    # computed and both summaries are reported from metadata alone.
+    # Two pairs' worth of budget: the walk cannot reach pairs 0-9, yet both summaries are
+    # named stale_source (DESIGN §9: only did_not_fit depends on the budget), and no text
+    # of their range is read.
     newest = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
                  for p in pairs[38:])
     projection, log = recorded(conn, "far", newest)
-    assert statement(log, "projection_range_hashes") is None
     assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
-        (preferred, "did_not_fit"), (other, "superseded")]
+        (preferred, "stale_source"), (other, "stale_source")]
     assert [p.placement for p in projection.pairs] == ["omitted"] * 38 + ["raw"] * 2
+    texts = required(log, "projection_texts")
+    assert texts[1]["message_ids"] == [m for p in pairs[38:]
+                                       for m in (p.user_message_id, p.assistant_message_id)]
 
-    # Enough to pass pairs 10-39 raw: the walk reaches range 0, which is checked.
+    # Enough to pass pairs 10-39 raw: the walk reaches range 0; the same reasons.
     within = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
                  for p in pairs[10:])
     projection, log = recorded(conn, "far", within)
-    hashes = required(log, "projection_range_hashes")
-    assert hashes[1]["from_pairs"] == [0]
-    assert hashes[2] == 1
     assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
         (preferred, "stale_source"), (other, "stale_source")]
     assert [p.placement for p in projection.pairs] == ["omitted"] * 10 + ["raw"] * 30
@@ -414,52 +427,41 @@ def test_ten_thousand_summarized_pairs_read_only_what_the_budget_reaches(conn: C
     assert len(projection.pairs) == n
     assert projection.used_bytes <= budget
     assert 10 < len(summarized) < 100
-    # SET TRANSACTION, pairs, summaries, hashes, texts: five statements, whatever n.
-    assert len(log) == 5
-    pairs_stmt, summaries_stmt, hashes_stmt, texts_stmt = (
-        required(log, f) for f in ("indexed_pairs", "projection_summaries",
-                                   "projection_range_hashes", "projection_texts"))
+    # SET TRANSACTION, pairs, summaries, texts: four statements, whatever n.
+    assert len(log) == 4
+    pairs_stmt, summaries_stmt, texts_stmt = (
+        required(log, f) for f in ("indexed_pairs", "projection_summaries", "projection_texts"))
     total_text = sum(len(p.user_content.encode()) + len(p.assistant_content.encode())
                      for p in pairs)
     # Metadata for every pair and summary (the manifest lists them all), but no text.
     assert pairs_stmt[2] == n
     assert summaries_stmt[2] == n // 10
     assert pairs_stmt[3] + summaries_stmt[3] < total_text / 20
-    # Hashes for the reachable ranges only: the ones used, plus the one whose block was
-    # tried and dropped. All else is beyond reach.
-    reach = hashes_stmt[1]["from_pairs"]
-    assert hashes_stmt[2] == len(reach) == len(summarized) + 1
-    assert min(reach) > n - 10 * (len(summarized) + 2)
+    # Every summary's source was judged (all current here: none is stale_source), none
+    # by reading text: the reasons are all did_not_fit, one per range not used.
+    assert {r.reason for r in projection.rejected_summaries} == {"did_not_fit"}
+    assert len(projection.rejected_summaries) == n // 10 - len(summarized)
     # Texts: one row per projected message (a summary's text is its assistant message).
     assert texts_stmt[2] == len(projection.messages)
     assert texts_stmt[3] <= projection.used_bytes
 
-    # On the server, each text statement fetches exactly the rows it names, by key.
-    assert messages_fetched(
-        conn, "SELECT * FROM compaction.projection_range_hashes(%s, %s)",
-        (reach, hashes_stmt[1]["source_message_ids"])) == (0, 20 * len(reach))
+    # On the server, the text statement fetches exactly the rows it names, by key.
     assert messages_fetched(
         conn, "SELECT * FROM compaction.projection_texts('big', %s, %s)",
         (texts_stmt[1]["message_ids"], texts_stmt[1]["summary_ids"])) == (
         0, len(texts_stmt[1]["message_ids"]))
 
-    # TOAST: what the call read beyond eligibility is the reachable replies (hashing) and
-    # the included raw replies, a small fraction of the conversation's; checking every
-    # summarized range, as before, reads every reply.
+    # TOAST: what the call read beyond the pair metadata is the included raw replies
+    # (a summary block carries user texts, short here, never its replies); judging every
+    # summary's source read none.
     eligibility = toast_blocks_of(conn, "SELECT count(*) FROM compaction.indexed_pairs('big')")
-    every_range = toast_blocks_of(
-        conn, "SELECT count(*) FROM compaction.projection_range_hashes(%s, %s)",
-        (list(range(0, n, 10)), [source_message_ids(pairs[s : s + 10]) for s in range(0, n, 10)]))
-    replies_needed = 10 * len(reach) + len(raw)
-    assert call_blocks - eligibility <= replies_needed + 10
-    assert every_range >= n
-    assert call_blocks - eligibility < every_range / 10
-    # Eligibility (§3's content rule) looks at the first TOAST chunk of each message, never
-    # more: at most one block per reply.
+    assert call_blocks - eligibility <= len(raw) + 10
+    # Pair metadata comes from derived state (or, judged from the views, the first TOAST
+    # chunk of each message at most): at most one block per reply.
     assert eligibility <= n
     print(f"\n10,000 pairs, 64 KiB: {elapsed:.3f}s; TOAST blocks: call {call_blocks},"
-          f" of which eligibility {eligibility}; hashing every range {every_range};"
-          f" toast pages {toast_pages}; reach {len(reach)} ranges, {len(summarized)} used,"
+          f" of which eligibility {eligibility};"
+          f" toast pages {toast_pages}; {len(summarized)} summaries used,"
           f" {len(raw)} raw pairs, {len(projection.messages)} messages")
     assert elapsed < 10
 

@@ -56,13 +56,17 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from nodes(child)
 
 
-def explain_body(conn: Conn, function: str, argument: str) -> list[dict[str, Any]]:
+def explain_body(conn: Conn, function: str, argument: str,
+                 run_ids: str = "NULL::text[]") -> list[dict[str, Any]]:
     """EXPLAIN ANALYZE the function's own statement, with the argument as a bind parameter."""
     row = conn.execute(
         "SELECT prosrc FROM pg_proc WHERE oid = %s::regprocedure", (function,)
     ).fetchone()
     assert row is not None
-    body = row[0].replace("p_conversation_id", "$1")
+    body = row[0]
+    if "RETURN QUERY" in body:  # a PL/pgSQL function: its one statement
+        body = body.split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
+    body = body.replace("p_conversation_id", "$1").replace("p_run_ids", run_ids)
     conn.execute(b"PREPARE body(text) AS " + body.encode())
     try:
         row = conn.execute(
@@ -77,7 +81,7 @@ def explain_body(conn: Conn, function: str, argument: str) -> list[dict[str, Any
 
 
 def test_judging_runs_uses_indexes_and_reads_one_conversation(crowded: Conn) -> None:
-    plan = explain_body(crowded, "compaction.judge_runs(text)", BIG)
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG)
     scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
              if "Relation Name" in n or "Index Name" in n}
     assert not [s for s in scans if s[0] == "Seq Scan"], scans
@@ -85,6 +89,17 @@ def test_judging_runs_uses_indexes_and_reads_one_conversation(crowded: Conn) -> 
     # rows produced by the scans: this conversation's runs and messages, nothing else
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
     assert scanned == BIG_PAIRS * 3
+
+
+def test_judging_named_runs_reads_only_those_runs(crowded: Conn) -> None:
+    """What a tracking trigger pays per appended Run: the runs named, by index."""
+    runs = f"ARRAY['{BIG}/r17', '{BIG}/r9000']"
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG, run_ids=runs)
+    scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
+             if "Relation Name" in n or "Index Name" in n}
+    assert not [s for s in scans if s[0] == "Seq Scan"], scans
+    scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
+    assert scanned == 2 * 3  # two runs and their two messages each
 
 
 def test_large_conversation_counts(crowded: Conn) -> None:

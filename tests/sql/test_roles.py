@@ -134,8 +134,11 @@ def test_auditor_sees_metadata_only(conn: Conn, login_role: LoginRole) -> None:
             " WHERE p.pronamespace = 'compaction'::regnamespace"
             "   AND has_function_privilege(%s, p.oid, 'EXECUTE')", (role,)).fetchall()
     }
+    # DESIGN §2: the auditor may prove the derived state (ids, counts, hashes only).
     assert callable_functions == {"compaction.source_hash(text,integer)",
-                                  "compaction.explain_runs(text)"}
+                                  "compaction.explain_runs(text)",
+                                  "compaction.verify_conversation(text)",
+                                  "compaction.derived_state_status()"}
 
 
 def test_no_function_is_executable_by_public_and_writers_are_definers(conn: Conn) -> None:

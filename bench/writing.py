@@ -1,0 +1,149 @@
+"""Benchmark 5: what the derived state costs the writer.
+
+The tracking triggers keep pair numbering, range ids and hashes in the same transaction
+as the source writes (DESIGN §2). Measured against identical tables without the engine's
+triggers, in the same database and run:
+
+* appending a Run at the end of a long conversation, as an agent writes it: one
+  transaction of four statements (the run, its user message, its assistant message, the
+  run's status set to completed), one client round trip each, committed durably;
+* a bulk load: 10,000 pairs of one conversation in two statements (runs, then messages);
+* for reference, a Run inserted before all others of that conversation (everything
+  after it is numbered and hashed again).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import psycopg
+
+from bench.common import REPETITIONS, Conn, Sizes, median, percentile, ratio, text_pool
+
+# The reference tables, and identical copies (columns, keys, indexes) without triggers.
+ENGINE = ("compaction_source.conversations", "compaction_source.runs",
+          "compaction_source.messages")
+PLAIN = ("bench_plain.conversations", "bench_plain.runs", "bench_plain.messages")
+
+
+def _make_plain(conn: Conn) -> None:
+    conn.execute("CREATE SCHEMA bench_plain")
+    conn.execute("CREATE TABLE bench_plain.conversations"
+                 " (LIKE compaction_source.conversations INCLUDING ALL)")
+    conn.execute("CREATE TABLE bench_plain.runs (LIKE compaction_source.runs INCLUDING ALL,"
+                 " FOREIGN KEY (conversation_id) REFERENCES bench_plain.conversations)")
+    conn.execute("CREATE TABLE bench_plain.messages (LIKE compaction_source.messages"
+                 " INCLUDING ALL, FOREIGN KEY (run_id) REFERENCES bench_plain.runs)")
+
+
+def _seed(conn: Conn, tables: tuple[str, str, str], conversation: str, pairs: int,
+          first_pair: int, users: list[str], assistants: list[str]) -> None:
+    """`pairs` pairs of one conversation in two statements (runs, then messages)."""
+    conversations, runs, messages = tables
+    if first_pair == 0:
+        conn.execute(f"INSERT INTO {conversations} VALUES (%s)", (conversation,))
+    params = {"c": conversation, "p0": first_pair, "p1": first_pair + pairs - 1,
+              "users": users, "assistants": assistants}
+    conn.execute(
+        f"INSERT INTO {runs} (run_id, conversation_id, status, created_at)"
+        " SELECT %(c)s || '-r' || lpad(p::text, 6, '0'), %(c)s, 'completed', now()"
+        " FROM generate_series(%(p0)s::int, %(p1)s::int) p", params)
+    conn.execute(
+        f"INSERT INTO {messages}"
+        " (message_id, conversation_id, run_id, role, status, content, seq, created_at)"
+        " SELECT %(c)s || '-' || left(role, 1) || lpad(p::text, 6, '0'), %(c)s,"
+        "        %(c)s || '-r' || lpad(p::text, 6, '0'), role, 'completed',"
+        "        CASE role WHEN 'user' THEN (%(users)s::text[])[1 + p %% 50]"
+        "             ELSE (%(assistants)s::text[])[1 + p %% 50] END || ' #' || p,"
+        "        100 + 2 * p + (role = 'assistant')::int, now()"
+        " FROM generate_series(%(p0)s::int, %(p1)s::int) p,"
+        "      unnest(ARRAY['user', 'assistant']) role", params)
+
+
+def _append_run(conn: Conn, tables: tuple[str, str, str], conversation: str, seq: int,
+                user: str, assistant: str) -> float:
+    """One Run as an agent writes it; milliseconds until the commit returned."""
+    _, runs, messages = tables
+    run_id = f"{conversation}-x{uuid.uuid4().hex[:12]}"
+    started = time.perf_counter()
+    with conn.transaction():
+        conn.execute(f"INSERT INTO {runs} (run_id, conversation_id, status, created_at)"
+                     " VALUES (%s, %s, 'running', now())", (run_id, conversation))
+        conn.execute(f"INSERT INTO {messages} (message_id, conversation_id, run_id, role,"
+                     " status, content, seq, created_at)"
+                     " VALUES (%s, %s, %s, 'user', 'completed', %s, %s, now())",
+                     (run_id + "-u", conversation, run_id, user, seq))
+        conn.execute(f"INSERT INTO {messages} (message_id, conversation_id, run_id, role,"
+                     " status, content, seq, created_at)"
+                     " VALUES (%s, %s, %s, 'assistant', 'completed', %s, %s, now())",
+                     (run_id + "-a", conversation, run_id, assistant, seq + 1))
+        conn.execute(f"UPDATE {runs} SET status = 'completed' WHERE run_id = %s", (run_id,))
+    return (time.perf_counter() - started) * 1000
+
+
+def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
+    pairs = sizes.write_pairs
+    users = text_pool(7, 50, 200)
+    assistants = text_pool(8, 50, sizes.reply_bytes)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _make_plain(conn)
+        bulk: dict[str, list[float]] = {"engine": [], "plain": []}
+        early: list[float] = []
+        appends: dict[str, list[float]] = {"engine": [], "plain": []}
+        for rep in range(REPETITIONS):
+            for label, tables in (("engine", ENGINE), ("plain", PLAIN)):
+                conversation = f"bulk{rep}"
+                started = time.perf_counter()
+                with conn.transaction():
+                    _seed(conn, tables, conversation, pairs, 0, users, assistants)
+                bulk[label].append(time.perf_counter() - started)
+            conn.execute("VACUUM (ANALYZE) compaction_source.runs, compaction_source.messages,"
+                         " bench_plain.runs, bench_plain.messages")
+            # Appends at the end of the long conversation, alternating, so both sides
+            # meet the same machine noise.
+            for op in range(sizes.write_appends):
+                seq = 1_000_000 + 2 * (rep * sizes.write_appends + op)
+                for label, tables in (("engine", ENGINE), ("plain", PLAIN)):
+                    appends[label].append(_append_run(
+                        conn, tables, f"bulk{rep}", seq, users[op % 50],
+                        assistants[op % 50]))
+            # A Run before every other one: all pairs after it move.
+            with conn.transaction():
+                started = time.perf_counter()
+                conn.execute("INSERT INTO compaction_source.runs (run_id, conversation_id,"
+                             " status) VALUES (%s, %s, 'completed')",
+                             (f"bulk{rep}-first", f"bulk{rep}"))
+                conn.execute("INSERT INTO compaction_source.messages (message_id,"
+                             " conversation_id, run_id, role, status, content, seq)"
+                             " VALUES (%s, %s, %s, 'user', 'completed', 'q', 0),"
+                             "        (%s, %s, %s, 'assistant', 'completed', 'a', 1)",
+                             (f"bulk{rep}-first-u", f"bulk{rep}", f"bulk{rep}-first",
+                              f"bulk{rep}-first-a", f"bulk{rep}", f"bulk{rep}-first"))
+            early.append(time.perf_counter() - started)
+        problems = conn.execute(
+            "SELECT count(*) FROM generate_series(0, %s) r,"
+            " compaction.verify_conversation('bulk' || r)", (REPETITIONS - 1,)).fetchone()
+    engine_p50 = median(appends["engine"])
+    plain_p50 = median(appends["plain"])
+    return {
+        "pairs": pairs,
+        "appends_per_rep": sizes.write_appends,
+        "append": {
+            "engine_p50_ms": engine_p50,
+            "engine_p95_ms": percentile(appends["engine"], 95),
+            "plain_p50_ms": plain_p50,
+            "plain_p95_ms": percentile(appends["plain"], 95),
+            "ratio_p50": ratio(engine_p50, plain_p50),
+        },
+        "bulk": {
+            "engine_s_reps": bulk["engine"],
+            "plain_s_reps": bulk["plain"],
+            "engine_s": median(bulk["engine"]),
+            "plain_s": median(bulk["plain"]),
+            "ratio": ratio(median(bulk["engine"]), median(bulk["plain"])),
+        },
+        "insert_before_all_s": median(early),
+        "verify_problems": int(problems[0]) if problems else None,
+    }

@@ -1,0 +1,183 @@
+-- pycompactor stored logic, section 1b: derived state kept from the source (DESIGN §2).
+--
+-- A cache, never a second truth. Judging every run, numbering every pair and hashing
+-- ranges on each call made every call cost what the whole history costs. The engine keeps
+-- the result instead, written by the tracking triggers (sql/25_tracking.sql) in the same
+-- transaction as the source writes it derives from:
+--   compaction.pairs               one row per eligible pair: run, ids, pair_index, UTF-8 sizes
+--   compaction.ranges              one row per complete range of 10 pairs: 20 ids and hash
+--   compaction.conversation_state  pair count, and the row every writer of one
+--                                  conversation's derived state updates first
+--   compaction.source_tracking     under which source definition the derived state was built
+--
+-- The read functions (sql/20_pairs.sql) use the derived state only while
+-- compaction.derived_state_current() holds: the source views and the tracking triggers
+-- behind them are exactly those the state was last rebuilt under. Re-pointing a view,
+-- disabling or dropping a tracking trigger, or TRUNCATE of a tracked table makes it false,
+-- and every function falls back to judging from the views on each call (exact, slower)
+-- until `CALL compaction.rebuild_derived_state()` re-derives everything.
+--
+-- Citus (DESIGN §11): the per-conversation tables lead every key with conversation_id;
+-- source_tracking is a single-row global table (a reference table).
+
+CREATE TABLE compaction.conversation_state (
+    conversation_id text NOT NULL,
+    pair_count      int NOT NULL,
+    -- Bumped by every re-derivation: a writer whose snapshot predates another writer's
+    -- commit (REPEATABLE READ, SERIALIZABLE) fails on this row instead of numbering from
+    -- a stale view of the conversation.
+    generation      bigint NOT NULL,
+    CONSTRAINT conversation_state_pkey PRIMARY KEY (conversation_id),
+    CONSTRAINT conversation_state_pair_count_not_negative CHECK (pair_count >= 0)
+);
+COMMENT ON TABLE compaction.conversation_state IS
+    'Derived state: eligible pair count per conversation, and the row that serialises the conversation''s derived-state writers';
+
+CREATE TABLE compaction.pairs (
+    conversation_id      text NOT NULL,
+    run_id               text NOT NULL,
+    pair_index           int NOT NULL,
+    user_seq             bigint,
+    user_message_id      text NOT NULL,
+    user_bytes           int NOT NULL,
+    assistant_message_id text NOT NULL,
+    assistant_bytes      int NOT NULL,
+    CONSTRAINT pairs_pkey PRIMARY KEY (conversation_id, run_id),
+    CONSTRAINT pairs_pair_index_key UNIQUE (conversation_id, pair_index),
+    CONSTRAINT pairs_pair_index_not_negative CHECK (pair_index >= 0)
+);
+COMMENT ON TABLE compaction.pairs IS
+    'Derived state: the eligible pairs of each conversation (DESIGN §3) with pair_index, ids and UTF-8 sizes; no text';
+-- Re-derivation finds the pair before a changed position and the pairs after it in
+-- (seq, message_id) order, the order pair_index follows.
+CREATE INDEX pairs_order_idx ON compaction.pairs (conversation_id, user_seq, user_message_id);
+
+CREATE TABLE compaction.ranges (
+    conversation_id    text NOT NULL,
+    from_pair          int NOT NULL,
+    source_message_ids text[] NOT NULL,
+    source_hash        text NOT NULL,
+    CONSTRAINT ranges_pkey PRIMARY KEY (conversation_id, from_pair),
+    CONSTRAINT ranges_from_pair_valid CHECK (from_pair >= 0 AND from_pair % 10 = 0)
+);
+COMMENT ON TABLE compaction.ranges IS
+    'Derived state: every complete range of 10 pairs with its 20 current source ids [u0, a0, ..., u9, a9] and source hash (DESIGN §5)';
+
+CREATE TABLE compaction.source_tracking (
+    singleton   boolean NOT NULL DEFAULT true,
+    stamp       text,
+    object_oids oid[],
+    stamped_at  timestamptz,
+    CONSTRAINT source_tracking_pkey PRIMARY KEY (singleton),
+    CONSTRAINT source_tracking_single_row CHECK (singleton)
+);
+COMMENT ON TABLE compaction.source_tracking IS
+    'Derived state: the source stamp (compaction.source_stamp()) the derived state was last rebuilt under, and the catalog rows it names; NULL until a rebuild';
+INSERT INTO compaction.source_tracking (singleton, stamp, object_oids, stamped_at)
+VALUES (true, NULL, NULL, NULL);
+
+-- What the derived state depends on, read from the catalogs: the rewrite rules of the two
+-- source views and the tracking triggers of every table they read, each as oid:xmin. A
+-- catalog row's xmin changes whenever the row is replaced (CREATE OR REPLACE VIEW,
+-- ENABLE/DISABLE TRIGGER) and its oid when it is dropped and made again (DROP/CREATE
+-- TRIGGER, a dump and restore), so any such change yields another stamp. NULL when some
+-- table behind the views lacks an enabled-always (fires under any
+-- session_replication_role) statement-level AFTER tracking trigger for INSERT, UPDATE,
+-- DELETE and TRUNCATE, or the views read something other than tables.
+CREATE FUNCTION compaction.source_stamp()
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_tracker regprocedure := pg_catalog.to_regprocedure('compaction.track_source_changes()');
+BEGIN
+    RETURN (
+        WITH rules AS (
+            SELECT rw.oid, rw.ev_class, rw.xmin
+            FROM pg_catalog.pg_rewrite AS rw
+            WHERE rw.ev_class IN (pg_catalog.to_regclass('compaction.source_runs'),
+                                  pg_catalog.to_regclass('compaction.source_messages'))
+        ),
+        relations AS (
+            SELECT DISTINCT d.refobjid AS relid
+            FROM rules AS ru
+            JOIN pg_catalog.pg_depend AS d
+              ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = ru.oid
+            WHERE d.refclassid = 'pg_catalog.pg_class'::regclass
+              AND d.deptype = 'n'
+              AND d.refobjid <> ru.ev_class
+        ),
+        triggers AS (
+            SELECT tg.oid, tg.xmin, tg.tgrelid, tg.tgtype::int AS tgtype
+            FROM pg_catalog.pg_trigger AS tg
+            WHERE tg.tgrelid IN (SELECT rel.relid FROM relations AS rel)
+              AND tg.tgfoid = v_tracker
+              AND tg.tgenabled = 'A'
+        ),
+        tracked AS (
+            -- tgtype bits: 1 row, 2 before, 4 insert, 8 delete, 16 update, 32 truncate
+            SELECT c.relkind IN ('r', 'p')
+                   AND coalesce(pg_catalog.bit_or(t.tgtype) OPERATOR(pg_catalog.&) 60 = 60, false)
+                   AND coalesce(pg_catalog.bool_and(t.tgtype OPERATOR(pg_catalog.&) 3 = 0), false)
+                       AS complete
+            FROM relations AS rel
+            JOIN pg_catalog.pg_class AS c ON c.oid = rel.relid
+            LEFT JOIN triggers AS t ON t.tgrelid = rel.relid
+            GROUP BY rel.relid, c.relkind
+        )
+        SELECT CASE WHEN (SELECT count(*) FROM rules) = 2
+                     AND (SELECT pg_catalog.bool_and(t.complete) FROM tracked AS t) THEN
+                   (SELECT pg_catalog.string_agg(o.oid::text || ':' || o.xmin::text, ','
+                                                 ORDER BY o.oid)
+                    FROM (SELECT ru.oid, ru.xmin FROM rules AS ru
+                          UNION ALL
+                          SELECT t.oid, t.xmin FROM triggers AS t) AS o)
+               END);
+END
+$$;
+COMMENT ON FUNCTION compaction.source_stamp() IS
+    'Identifies the source views and the tracking triggers behind them as they are now (oid:xmin of each catalog row); NULL when some table behind the views is not fully tracked';
+
+-- Called by every read, so it re-reads only the catalog rows the stamp names, by oid: a
+-- changed view or trigger changes their xmin, a dropped one removes its row, a new
+-- dependency can only come with a changed view.
+CREATE FUNCTION compaction.derived_state_current()
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN coalesce((
+        SELECT st.stamp = (SELECT pg_catalog.string_agg(o.oid::text || ':' || o.xmin::text, ','
+                                                        ORDER BY o.oid)
+                           FROM (SELECT rw.oid, rw.xmin FROM pg_catalog.pg_rewrite AS rw
+                                 WHERE rw.oid = ANY (st.object_oids)
+                                 UNION ALL
+                                 SELECT tg.oid, tg.xmin FROM pg_catalog.pg_trigger AS tg
+                                 WHERE tg.oid = ANY (st.object_oids) AND tg.tgenabled = 'A') AS o)
+        FROM compaction.source_tracking AS st), false);
+END
+$$;
+COMMENT ON FUNCTION compaction.derived_state_current() IS
+    'True when the derived state is in use: it was rebuilt under the source views and tracking triggers that exist now (else every function judges from the views)';
+
+CREATE FUNCTION compaction.derived_state_status()
+RETURNS text
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN compaction.derived_state_current() THEN 'in_use'
+                WHEN compaction.source_stamp() IS NULL THEN 'untracked'
+                ELSE 'not_rebuilt' END
+$$;
+COMMENT ON FUNCTION compaction.derived_state_status() IS
+    'in_use (derived state kept and used), not_rebuilt (tracked, but CALL compaction.rebuild_derived_state() has not run since the views or triggers changed), untracked (some table behind the views has no tracking triggers: every call judges from the views)';

@@ -1,0 +1,583 @@
+-- pycompactor stored logic, section 2b: keeping the derived state (sql/15_derived_state.sql).
+--
+-- compaction.track_source_changes() is an AFTER ... FOR EACH STATEMENT trigger with
+-- transition tables. The reference tables carry it below; a host that re-points the source
+-- views attaches it to its own tables (docs/integrating.md), naming in its arguments the
+-- column that holds the conversation id and the one that holds the run id, as the views
+-- expose them (cast to text). Per statement it re-derives each touched conversation once,
+-- from the earliest changed position on (compaction.rederive): appending a Run costs the
+-- work of that Run, an edit in the middle re-numbers and re-hashes from that point on,
+-- and a 10,000-row INSERT re-derives once, not 10,000 times.
+--
+-- Writers of one conversation's derived state serialise on its compaction.conversation_state
+-- row, updated first: at READ COMMITTED the second writer waits and then sees the first's
+-- commit; at REPEATABLE READ or SERIALIZABLE it fails with a serialization error rather
+-- than number pairs from a snapshot that misses the other writer's rows.
+
+-- Re-derives one conversation's pairs and ranges after a write touched the runs named
+-- (NULL: every run of the conversation). Reads the views for those runs only, finds the
+-- earliest (seq, message_id) position where a pair appeared, vanished or moved, renumbers
+-- from there, and re-hashes the ranges whose ids changed or whose pairs were touched.
+CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_runs     text[] := p_run_ids;
+    v_fresh    compaction.pairs[];
+    v_stale    compaction.pairs[];
+    v_moved    compaction.pairs[];
+    v_from_seq bigint;
+    v_from_id  text;
+    v_base     int;
+    v_count    int;
+    v_ranges   int[];
+BEGIN
+    -- First: this row serialises the conversation's derived-state writers (see above).
+    INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
+    VALUES (p_conversation_id, 0, 1)
+    ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1
+    RETURNING cs.pair_count INTO v_count;
+
+    IF v_runs IS NULL THEN
+        v_runs := ARRAY(SELECT sr.run_id FROM compaction.source_runs AS sr
+                        WHERE sr.conversation_id = p_conversation_id
+                        UNION
+                        SELECT p.run_id FROM compaction.pairs AS p
+                        WHERE p.conversation_id = p_conversation_id);
+    END IF;
+
+    -- The pairs these runs form now, and the rows they had (pair_index is set below).
+    SELECT coalesce(array_agg(ROW(p_conversation_id, j.run_id, 0, j.user_seq,
+                                  j.user_message_id, j.user_bytes, j.assistant_message_id,
+                                  j.assistant_bytes)::compaction.pairs), '{}')
+    INTO v_fresh
+    FROM compaction.judge_runs(p_conversation_id, v_runs) AS j
+    WHERE j.reason IS NULL;
+    SELECT coalesce(array_agg(p), '{}')
+    INTO v_stale
+    FROM compaction.pairs AS p
+    WHERE p.conversation_id = p_conversation_id AND p.run_id = ANY (v_runs);
+    IF pg_catalog.cardinality(v_fresh) = 0 AND pg_catalog.cardinality(v_stale) = 0 THEN
+        RETURN;  -- the runs touched form no pair, before or after: nothing derived changes
+    END IF;
+
+    -- Sizes and the assistant side change in place; the position (seq, user id) cannot.
+    UPDATE compaction.pairs AS p
+    SET user_bytes = f.user_bytes,
+        assistant_message_id = f.assistant_message_id,
+        assistant_bytes = f.assistant_bytes
+    FROM pg_catalog.unnest(v_fresh) AS f
+    WHERE p.conversation_id = p_conversation_id AND p.run_id = f.run_id
+      AND p.user_seq IS NOT DISTINCT FROM f.user_seq AND p.user_message_id = f.user_message_id
+      AND (p.user_bytes, p.assistant_message_id, p.assistant_bytes)
+          IS DISTINCT FROM (f.user_bytes, f.assistant_message_id, f.assistant_bytes);
+
+    -- The earliest position where a pair appeared, vanished or moved (pair order is
+    -- (seq, message_id), NULL seq last, as in judged_pairs).
+    WITH diff AS (
+        SELECT s.user_seq AS old_seq, s.user_message_id AS old_id,
+               f.user_seq AS new_seq, f.user_message_id AS new_id
+        FROM pg_catalog.unnest(v_stale) AS s
+        FULL JOIN pg_catalog.unnest(v_fresh) AS f ON f.run_id = s.run_id
+        WHERE s.run_id IS NULL OR f.run_id IS NULL
+           OR s.user_seq IS DISTINCT FROM f.user_seq OR s.user_message_id <> f.user_message_id
+    ), keys AS (
+        SELECT d.old_seq AS seq, d.old_id AS id FROM diff AS d WHERE d.old_id IS NOT NULL
+        UNION ALL
+        SELECT d.new_seq, d.new_id FROM diff AS d WHERE d.new_id IS NOT NULL
+    )
+    SELECT k.seq, k.id INTO v_from_seq, v_from_id
+    FROM keys AS k
+    ORDER BY k.seq, k.id
+    LIMIT 1;
+
+    IF FOUND THEN
+        -- Pairs before that position keep their numbers: continue after the last of them.
+        IF v_from_seq IS NULL THEN
+            SELECT p.pair_index INTO v_base
+            FROM compaction.pairs AS p
+            WHERE p.conversation_id = p_conversation_id
+              AND (p.user_seq IS NOT NULL OR p.user_message_id < v_from_id)
+            ORDER BY p.user_seq DESC, p.user_message_id DESC
+            LIMIT 1;
+        ELSE
+            SELECT p.pair_index INTO v_base
+            FROM compaction.pairs AS p
+            WHERE p.conversation_id = p_conversation_id
+              AND (p.user_seq, p.user_message_id) < (v_from_seq, v_from_id)
+            ORDER BY p.user_seq DESC, p.user_message_id DESC
+            LIMIT 1;
+        END IF;
+        v_base := coalesce(v_base + 1, 0);
+
+        -- Everything from that position on is numbered anew (delete, then insert: the
+        -- unique pair_index never sees two rows on one number). Two statements, so each
+        -- is a range scan of pairs_order_idx.
+        IF v_from_seq IS NULL THEN
+            WITH gone AS (
+                DELETE FROM compaction.pairs AS p
+                WHERE p.conversation_id = p_conversation_id
+                  AND p.user_seq IS NULL AND p.user_message_id >= v_from_id
+                RETURNING p.*
+            )
+            SELECT coalesce(array_agg(g), '{}') INTO v_moved
+            FROM gone AS g
+            WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_runs) AS r (run_id)
+                              WHERE r.run_id = g.run_id);
+        ELSE
+            WITH gone AS (
+                DELETE FROM compaction.pairs AS p
+                WHERE p.conversation_id = p_conversation_id
+                  AND ((p.user_seq, p.user_message_id) >= (v_from_seq, v_from_id)
+                       OR p.user_seq IS NULL)
+                RETURNING p.*
+            )
+            SELECT coalesce(array_agg(g), '{}') INTO v_moved
+            FROM gone AS g
+            WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_runs) AS r (run_id)
+                              WHERE r.run_id = g.run_id);
+        END IF;
+        INSERT INTO compaction.pairs AS p
+            (conversation_id, run_id, pair_index, user_seq, user_message_id, user_bytes,
+             assistant_message_id, assistant_bytes)
+        SELECT p_conversation_id, x.run_id,
+               v_base + (pg_catalog.row_number() OVER (ORDER BY x.user_seq, x.user_message_id))::int - 1,
+               x.user_seq, x.user_message_id, x.user_bytes, x.assistant_message_id,
+               x.assistant_bytes
+        FROM (SELECT m.* FROM pg_catalog.unnest(v_moved) AS m
+              UNION ALL
+              SELECT f.* FROM pg_catalog.unnest(v_fresh) AS f
+              WHERE NOT EXISTS (SELECT 1 FROM compaction.pairs AS q
+                                WHERE q.conversation_id = p_conversation_id
+                                  AND q.run_id = f.run_id)) AS x;
+        SELECT coalesce(max(p.pair_index) + 1, 0) INTO v_count
+        FROM compaction.pairs AS p
+        WHERE p.conversation_id = p_conversation_id;
+        v_ranges := ARRAY(SELECT pg_catalog.generate_series(v_base / 10 * 10, v_count - 10, 10));
+    ELSE
+        v_ranges := '{}';
+    END IF;
+
+    -- Ranges to look at: those re-numbered above, and those holding a touched pair (its
+    -- text may have changed). Only ranges whose ids changed or that hold a touched pair
+    -- are hashed again, each from its 20 messages.
+    v_ranges := v_ranges || ARRAY(
+        SELECT p.pair_index / 10 * 10
+        FROM compaction.pairs AS p
+        WHERE p.conversation_id = p_conversation_id
+          AND p.run_id IN (SELECT f.run_id FROM pg_catalog.unnest(v_fresh) AS f));
+    WITH wanted AS (
+        SELECT DISTINCT w.from_pair,
+               w.from_pair IN (SELECT p.pair_index / 10 * 10
+                               FROM compaction.pairs AS p
+                               WHERE p.conversation_id = p_conversation_id
+                                 AND p.run_id IN (SELECT f.run_id
+                                                  FROM pg_catalog.unnest(v_fresh) AS f))
+                   AS touched
+        FROM pg_catalog.unnest(v_ranges) AS w (from_pair)
+        WHERE w.from_pair + 10 <= v_count
+    ), present AS (
+        SELECT w.from_pair, w.touched,
+               ARRAY(SELECT u.id
+                     FROM compaction.pairs AS p
+                     CROSS JOIN LATERAL pg_catalog.unnest(
+                         ARRAY[p.user_message_id, p.assistant_message_id])
+                         WITH ORDINALITY AS u (id, ord)
+                     WHERE p.conversation_id = p_conversation_id
+                       AND p.pair_index BETWEEN w.from_pair AND w.from_pair + 9
+                     ORDER BY p.pair_index, u.ord) AS ids
+        FROM wanted AS w
+    )
+    INSERT INTO compaction.ranges AS r (conversation_id, from_pair, source_message_ids, source_hash)
+    SELECT p_conversation_id, c.from_pair, c.ids, compaction.range_hash(c.ids)
+    FROM present AS c
+    WHERE c.touched
+       OR NOT EXISTS (SELECT 1 FROM compaction.ranges AS o
+                      WHERE o.conversation_id = p_conversation_id
+                        AND o.from_pair = c.from_pair
+                        AND o.source_message_ids = c.ids)
+    ON CONFLICT (conversation_id, from_pair) DO UPDATE
+        SET source_message_ids = EXCLUDED.source_message_ids,
+            source_hash = EXCLUDED.source_hash;
+    DELETE FROM compaction.ranges AS r
+    WHERE r.conversation_id = p_conversation_id AND r.from_pair > v_count - 10;
+    UPDATE compaction.conversation_state AS cs
+    SET pair_count = v_count
+    WHERE cs.conversation_id = p_conversation_id AND cs.pair_count <> v_count;
+END
+$$;
+COMMENT ON FUNCTION compaction.rederive(text, text[]) IS
+    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on';
+
+-- The trigger. Arguments: the name of the column holding the conversation id, and of the
+-- column holding the run id ('' when the table has none: the touched conversations are
+-- then re-derived whole); their text form must be what the views expose. Transition
+-- tables must be named new_rows and old_rows.
+CREATE FUNCTION compaction.track_source_changes()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_conversation_column text := TG_ARGV[0];
+    v_run_column          text := nullif(TG_ARGV[1], '');
+    v_conversations       text[] := '{}';
+    v_runs                text[] := '{}';
+    v_touched             record;
+BEGIN
+    IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS <> 2
+       OR v_conversation_column IS NULL THEN
+        RAISE EXCEPTION 'track_source_changes must be an AFTER ... FOR EACH STATEMENT trigger with two arguments: the conversation id column and the run id column (or '''')'
+            USING ERRCODE = 'CP020';
+    END IF;
+    IF TG_OP = 'TRUNCATE' THEN
+        -- No transition table says what went: stop trusting the derived state until a
+        -- rebuild (every function judges from the views meanwhile, exact and slower).
+        UPDATE compaction.source_tracking SET stamp = NULL, object_oids = NULL, stamped_at = NULL;
+        RETURN NULL;
+    END IF;
+
+    -- The columns named by the arguments, as text (the form the views expose them in).
+    -- Static statements over the transition tables keep their plans across calls, where
+    -- dynamic SQL would be planned again for every statement of the host.
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        SELECT v_conversations || array_agg(j.fields ->> v_conversation_column),
+               v_runs || array_agg(j.fields ->> v_run_column)
+        INTO v_conversations, v_runs
+        FROM new_rows AS n
+        CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(n) AS fields) AS j;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        SELECT v_conversations || array_agg(j.fields ->> v_conversation_column),
+               v_runs || array_agg(j.fields ->> v_run_column)
+        INTO v_conversations, v_runs
+        FROM old_rows AS o
+        CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(o) AS fields) AS j;
+    END IF;
+
+    -- Each touched conversation once, in a fixed order (concurrent bulk writers lock
+    -- conversation_state rows in one order), with the runs it must look at: the runs
+    -- named by the rows, under the conversation the rows name and under the conversation
+    -- the run belongs to now (a message filed under another conversation still counts
+    -- against its run's).
+    FOR v_touched IN
+        WITH touched AS (
+            SELECT t.conversation_id, t.run_id
+            FROM ROWS FROM (pg_catalog.unnest(v_conversations), pg_catalog.unnest(v_runs))
+                AS t (conversation_id, run_id)
+        )
+        SELECT t.conversation_id,
+               array_agg(DISTINCT t.run_id) FILTER (WHERE t.run_id IS NOT NULL) AS run_ids
+        FROM (SELECT c.conversation_id, c.run_id FROM touched AS c
+              UNION
+              SELECT sr.conversation_id, sr.run_id
+              FROM compaction.source_runs AS sr
+              WHERE sr.run_id IN (SELECT c.run_id FROM touched AS c)) AS t
+        WHERE t.conversation_id IS NOT NULL
+        GROUP BY t.conversation_id
+        ORDER BY t.conversation_id
+    LOOP
+        IF v_run_column IS NULL THEN
+            PERFORM compaction.rederive(v_touched.conversation_id, NULL);
+        ELSIF v_touched.run_ids IS NOT NULL THEN
+            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids);
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION compaction.track_source_changes() IS
+    'Trigger (AFTER ... FOR EACH STATEMENT, transition tables new_rows/old_rows; arguments: conversation id column, run id column or ''''): keeps the derived state of the conversations a statement touched';
+
+-- The reference tables are tracked from the start. ENABLE ALWAYS: logical replication's
+-- apply (session_replication_role = replica) keeps the derived state too.
+CREATE TRIGGER runs_track_insert
+    AFTER INSERT ON compaction_source.runs
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.track_source_changes('conversation_id', 'run_id');
+CREATE TRIGGER runs_track_update
+    AFTER UPDATE ON compaction_source.runs
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.track_source_changes('conversation_id', 'run_id');
+CREATE TRIGGER runs_track_delete
+    AFTER DELETE ON compaction_source.runs
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.track_source_changes('conversation_id', 'run_id');
+CREATE TRIGGER runs_track_truncate
+    AFTER TRUNCATE ON compaction_source.runs
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.track_source_changes('conversation_id', 'run_id');
+CREATE TRIGGER messages_track_insert
+    AFTER INSERT ON compaction_source.messages
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.track_source_changes('conversation_id', 'run_id');
+CREATE TRIGGER messages_track_update
+    AFTER UPDATE ON compaction_source.messages
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.track_source_changes('conversation_id', 'run_id');
+CREATE TRIGGER messages_track_delete
+    AFTER DELETE ON compaction_source.messages
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.track_source_changes('conversation_id', 'run_id');
+CREATE TRIGGER messages_track_truncate
+    AFTER TRUNCATE ON compaction_source.messages
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.track_source_changes('conversation_id', 'run_id');
+ALTER TABLE compaction_source.runs ENABLE ALWAYS TRIGGER runs_track_insert;
+ALTER TABLE compaction_source.runs ENABLE ALWAYS TRIGGER runs_track_update;
+ALTER TABLE compaction_source.runs ENABLE ALWAYS TRIGGER runs_track_delete;
+ALTER TABLE compaction_source.runs ENABLE ALWAYS TRIGGER runs_track_truncate;
+ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_track_insert;
+ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_track_update;
+ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_track_delete;
+ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_track_truncate;
+
+-- ---------------------------------------------------------------------------------------
+-- Attaching the tracking to a host's own tables
+-- ---------------------------------------------------------------------------------------
+
+-- Runs with the caller's rights (the host table's owner creates triggers on its table);
+-- it needs EXECUTE on track_source_changes, which the engine's owner grants.
+CREATE FUNCTION compaction.attach_source_tracking(
+    p_table regclass, p_conversation_column text, p_run_column text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_column text;
+    v_event  text;
+BEGIN
+    IF p_table IS NULL OR p_conversation_column IS NULL OR p_run_column IS NULL THEN
+        RAISE EXCEPTION 'attach_source_tracking needs a table, its conversation id column and its run id column ('''' when it has none)'
+            USING ERRCODE = 'CP020';
+    END IF;
+    FOREACH v_column IN ARRAY ARRAY[p_conversation_column, nullif(p_run_column, '')] LOOP
+        IF v_column IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM pg_catalog.pg_attribute AS a
+               WHERE a.attrelid = p_table AND a.attname = v_column
+                 AND a.attnum > 0 AND NOT a.attisdropped) THEN
+            RAISE EXCEPTION 'table % has no column %', p_table, v_column
+                USING ERRCODE = 'CP020';
+        END IF;
+    END LOOP;
+    PERFORM compaction.detach_source_tracking(p_table);
+    FOREACH v_event IN ARRAY ARRAY['insert', 'update', 'delete', 'truncate'] LOOP
+        EXECUTE pg_catalog.format(
+            'CREATE TRIGGER %I AFTER %s ON %s %s FOR EACH STATEMENT'
+            ' EXECUTE FUNCTION compaction.track_source_changes(%L, %L)',
+            'compaction_track_' || v_event, pg_catalog.upper(v_event), p_table,
+            CASE v_event
+                WHEN 'insert' THEN 'REFERENCING NEW TABLE AS new_rows'
+                WHEN 'update' THEN 'REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows'
+                WHEN 'delete' THEN 'REFERENCING OLD TABLE AS old_rows'
+                ELSE ''
+            END,
+            p_conversation_column, p_run_column);
+        -- ALWAYS: logical replication's apply (session_replication_role = replica) too.
+        EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I',
+                                  p_table, 'compaction_track_' || v_event);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION compaction.attach_source_tracking(regclass, text, text) IS
+    'Attaches the change-tracking triggers (INSERT, UPDATE, DELETE, TRUNCATE) to a host table behind the source views, naming its conversation id and run id columns; then CALL compaction.rebuild_derived_state()';
+
+CREATE FUNCTION compaction.detach_source_tracking(p_table regclass)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_event text;
+BEGIN
+    FOREACH v_event IN ARRAY ARRAY['insert', 'update', 'delete', 'truncate'] LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS %I ON %s',
+                                  'compaction_track_' || v_event, p_table);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION compaction.detach_source_tracking(regclass) IS
+    'Removes the change-tracking triggers attach_source_tracking created on a host table (the engine then judges from the views on each call)';
+
+-- ---------------------------------------------------------------------------------------
+-- Proof and repair
+-- ---------------------------------------------------------------------------------------
+
+-- The oracle (DESIGN §2): recomputes one conversation from the views and names every
+-- difference from the derived state. Ids, positions, counts and hashes only: an auditor
+-- may run it.
+CREATE FUNCTION compaction.verify_conversation(p_conversation_id text)
+RETURNS TABLE (problem text, detail text)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+    WITH judged AS (
+        SELECT j.* FROM compaction.judged_pairs(p_conversation_id) AS j
+    ), stored AS (
+        SELECT p.* FROM compaction.pairs AS p WHERE p.conversation_id = p_conversation_id
+    ), judged_ranges AS (
+        SELECT g.from_pair, g.ids, compaction.range_hash(g.ids) AS hash
+        FROM (SELECT j.pair_index / 10 * 10 AS from_pair,
+                     ARRAY(SELECT pg_catalog.unnest(array_agg(
+                         ARRAY[j.user_message_id, j.assistant_message_id] ORDER BY j.pair_index)))
+                         AS ids
+              FROM judged AS j
+              GROUP BY j.pair_index / 10 * 10
+              HAVING count(*) = 10) AS g
+    ), stored_ranges AS (
+        SELECT r.* FROM compaction.ranges AS r WHERE r.conversation_id = p_conversation_id
+    ), counts AS (
+        SELECT (SELECT count(*) FROM judged) AS judged,
+               (SELECT cs.pair_count FROM compaction.conversation_state AS cs
+                WHERE cs.conversation_id = p_conversation_id) AS stored
+    )
+    SELECT 'pair_count'::text,
+           pg_catalog.format('judged %s pairs, derived state has %s', c.judged,
+                             coalesce(c.stored::text, 'no row'))
+    FROM counts AS c
+    WHERE c.judged <> coalesce(c.stored, 0)
+    UNION ALL
+    SELECT CASE WHEN s.run_id IS NULL THEN 'pair_missing'
+                WHEN j.run_id IS NULL THEN 'pair_extra'
+                ELSE 'pair_differs' END,
+           pg_catalog.format('run %s: judged %s, derived %s',
+                             coalesce(j.run_id, s.run_id),
+                             CASE WHEN j.run_id IS NULL THEN 'no pair' ELSE pg_catalog.format(
+                                 'pair %s (seq %s, user %s %s bytes, assistant %s %s bytes)',
+                                 j.pair_index, j.user_seq, j.user_message_id, j.user_bytes,
+                                 j.assistant_message_id, j.assistant_bytes) END,
+                             CASE WHEN s.run_id IS NULL THEN 'no pair' ELSE pg_catalog.format(
+                                 'pair %s (seq %s, user %s %s bytes, assistant %s %s bytes)',
+                                 s.pair_index, s.user_seq, s.user_message_id, s.user_bytes,
+                                 s.assistant_message_id, s.assistant_bytes) END)
+    FROM judged AS j
+    FULL JOIN stored AS s ON s.run_id = j.run_id
+    WHERE (j.pair_index, j.user_seq, j.user_message_id, j.user_bytes,
+           j.assistant_message_id, j.assistant_bytes)
+          IS DISTINCT FROM
+          (s.pair_index, s.user_seq, s.user_message_id, s.user_bytes,
+           s.assistant_message_id, s.assistant_bytes)
+    UNION ALL
+    SELECT CASE WHEN s.from_pair IS NULL THEN 'range_missing'
+                WHEN j.from_pair IS NULL THEN 'range_extra'
+                WHEN j.ids IS DISTINCT FROM s.source_message_ids THEN 'range_ids_differ'
+                ELSE 'range_hash_differs' END,
+           pg_catalog.format('pairs %s-%s: judged hash %s, derived hash %s',
+                             coalesce(j.from_pair, s.from_pair),
+                             coalesce(j.from_pair, s.from_pair) + 9,
+                             coalesce(j.hash, 'none'), coalesce(s.source_hash, 'none'))
+    FROM judged_ranges AS j
+    FULL JOIN stored_ranges AS s ON s.from_pair = j.from_pair
+    WHERE (j.ids, j.hash) IS DISTINCT FROM (s.source_message_ids, s.source_hash)
+    ORDER BY 1, 2
+$$;
+COMMENT ON FUNCTION compaction.verify_conversation(text) IS
+    'Recomputes one conversation from the source views and returns one row per difference from the derived state (no rows: consistent); ids, counts and hashes only';
+
+CREATE FUNCTION compaction.rederive_conversation(p_conversation_id text)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    IF p_conversation_id IS NULL THEN
+        RAISE EXCEPTION 'rederive_conversation needs a conversation id' USING ERRCODE = 'CP020';
+    END IF;
+    PERFORM compaction.rederive(p_conversation_id, NULL);
+END
+$$;
+COMMENT ON FUNCTION compaction.rederive_conversation(text) IS
+    'Repair: re-derives one conversation''s pairs and ranges from the source views (e.g. after writes with the tracking triggers disabled)';
+
+-- Every conversation, in batches of one transaction each (no transaction holds every
+-- conversation, progress is reported as NOTICEs), then the stamp that puts the derived
+-- state in use. Writes during the rebuild are tracked as usual; the stamp is set only if
+-- the source stamp did not change while the rebuild ran. Call it outside a transaction
+-- block: CALL compaction.rebuild_derived_state();
+CREATE PROCEDURE compaction.rebuild_derived_state(p_batch int DEFAULT 100)
+LANGUAGE plpgsql
+-- No SET clause: a procedure with one cannot COMMIT. Every name below is qualified.
+AS $$
+DECLARE
+    v_stamp text;
+    v_after text := '';
+    v_batch text[];
+    v_conversation text;
+    v_done bigint := 0;
+    v_total bigint;
+BEGIN
+    IF p_batch IS NULL OR p_batch < 1 THEN
+        RAISE EXCEPTION 'rebuild_derived_state needs a batch size of at least 1' USING ERRCODE = 'CP020';
+    END IF;
+    v_stamp := compaction.source_stamp();
+    IF v_stamp IS NULL THEN
+        RAISE EXCEPTION 'the source is not tracked: some table behind compaction.source_runs / compaction.source_messages has no enabled-always track_source_changes trigger for INSERT, UPDATE, DELETE and TRUNCATE'
+            USING ERRCODE = 'CP021',
+                  HINT = 'Attach the tracking triggers (docs/integrating.md); without them the engine judges from the views on each call.';
+    END IF;
+    SELECT count(*) INTO v_total
+    FROM (SELECT sr.conversation_id FROM compaction.source_runs AS sr
+          UNION SELECT cs.conversation_id FROM compaction.conversation_state AS cs) AS c;
+    LOOP
+        v_batch := ARRAY(SELECT c.conversation_id
+                         FROM (SELECT sr.conversation_id FROM compaction.source_runs AS sr
+                               WHERE sr.conversation_id > v_after
+                               UNION
+                               SELECT cs.conversation_id FROM compaction.conversation_state AS cs
+                               WHERE cs.conversation_id > v_after) AS c
+                         ORDER BY c.conversation_id
+                         LIMIT p_batch);
+        EXIT WHEN pg_catalog.cardinality(v_batch) = 0;
+        FOREACH v_conversation IN ARRAY v_batch LOOP
+            PERFORM compaction.rederive_conversation(v_conversation);
+        END LOOP;
+        v_done := v_done + pg_catalog.cardinality(v_batch);
+        v_after := v_batch[pg_catalog.cardinality(v_batch)];
+        COMMIT;
+        RAISE NOTICE 'derived state: % of % conversations', v_done, v_total;
+    END LOOP;
+    PERFORM compaction.stamp_derived_state(v_stamp);
+    COMMIT;
+END
+$$;
+COMMENT ON PROCEDURE compaction.rebuild_derived_state(int) IS
+    'Repair and upgrade step: re-derives every conversation in batches (one transaction each), then puts the derived state in use; CALL outside a transaction block';
+
+CREATE FUNCTION compaction.stamp_derived_state(p_stamp text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- A view re-pointed or a trigger disabled while the rebuild ran: the rows derived
+    -- before that may be stale, so the derived state stays out of use.
+    IF p_stamp IS NULL OR p_stamp IS DISTINCT FROM compaction.source_stamp() THEN
+        RAISE EXCEPTION 'the source views or tracking triggers changed during the rebuild; run it again'
+            USING ERRCODE = 'CP021';
+    END IF;
+    UPDATE compaction.source_tracking
+    SET stamp = p_stamp,
+        object_oids = ARRAY(SELECT pg_catalog.split_part(o.item, ':', 1)::oid
+                            FROM pg_catalog.unnest(pg_catalog.string_to_array(p_stamp, ',')) AS o (item)),
+        stamped_at = pg_catalog.now();
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION compaction.stamp_derived_state(text) IS
+    'Internal: last step of rebuild_derived_state: puts the derived state in use under the given source stamp, unless the source changed meanwhile';

@@ -1,0 +1,284 @@
+"""Derived state under concurrent writers (DESIGN §2; notes on derived state, trap 1).
+
+Processes append Runs to one conversation while others claim, complete and project it, all
+released by one barrier; afterwards the pairs equal tests/recompute.py's recomputation,
+pair_index runs 0..N-1 without gaps and verify_conversation is empty. Two deterministic
+two-connection interleavings pin the serialisation of one conversation's writers: the
+second writer waits for the first (observed in pg_locks, never a sleep) and numbers after
+its commit, or, at REPEATABLE READ, fails with a serialization error rather than number
+from a stale snapshot.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import psycopg
+import pytest
+
+from pycompactor import db, project_history
+from tests.history import History
+from tests.recompute import (
+    assert_c_collation,
+    assert_matches,
+    derived_state_in_use,
+    engine_pairs,
+    pairs_of,
+    read_reference,
+    targets_of,
+    verify,
+)
+from tests.sql.engine import GOOD, MODEL, V3
+
+Conn = psycopg.Connection[Any]
+HOT = "hot"
+INITIAL = 25
+APPENDERS = 3
+RUNS_PER_APPENDER = 25
+PROJECTORS = 2
+_CTX = mp.get_context("fork")
+
+CLAIM_REASONS = {"claimed", "already_completed", "already_running", "source_mismatch",
+                 "not_eligible"}
+
+
+def append_run(conn: Conn, run_id: str, *, one_transaction: bool) -> None:
+    """A Run as an agent writes it: run, user message, streaming reply, then settled."""
+
+    def statements() -> None:
+        conn.execute("INSERT INTO compaction_source.runs (run_id, conversation_id, status)"
+                     " VALUES (%s, %s, 'running')", (run_id, HOT))
+        conn.execute(
+            "INSERT INTO compaction_source.messages"
+            " (message_id, conversation_id, run_id, role, status, content, seq) VALUES"
+            " (%s, %s, %s, 'user', 'completed', %s, nextval('public.append_seq')),"
+            " (%s, %s, %s, 'assistant', 'streaming', %s, nextval('public.append_seq'))",
+            (f"{run_id}:u", HOT, run_id, f"question of {run_id}",
+             f"{run_id}:a", HOT, run_id, f"answer of {run_id}"))
+        conn.execute("UPDATE compaction_source.messages SET status = 'completed'"
+                      " WHERE message_id = %s", (f"{run_id}:a",))
+        conn.execute("UPDATE compaction_source.runs SET status = 'completed' WHERE run_id = %s",
+                     (run_id,))
+
+    if one_transaction:
+        with conn.transaction():
+            statements()
+    else:
+        statements()
+
+
+def _appender(dsn: str, barrier: Any, results: Any, name: str) -> None:
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            barrier.wait(timeout=60)
+            for i in range(RUNS_PER_APPENDER):
+                append_run(conn, f"{name}-{i:02d}", one_transaction=i % 3 != 0)
+        results.put(("appender", name, None))
+    except Exception as exc:  # reported to the test process
+        results.put(("appender", name, repr(exc)))
+
+
+def _claim_round(conn: Conn, name: str) -> Counter[str]:
+    """Claim and complete every target of the plan as it is now."""
+    outcomes: Counter[str] = Counter()
+    for t in db.plan_targets(conn, HOT):
+        c = db.claim(conn, HOT, "default", t.from_pair, t.source_message_ids, t.source_hash,
+                     MODEL, V3, name)
+        outcomes[f"claim:{c.reason}"] += 1
+        if c.claimed:
+            assert c.job_id is not None
+            assert c.attempt is not None
+            done = db.complete(conn, c.job_id, c.attempt, f"{GOOD} {t.from_pair}", "stop", 0)
+            outcomes[f"complete:{done.reason}"] += 1
+    return outcomes
+
+
+def _projector(dsn: str, barrier: Any, stop: Any, results: Any, name: str) -> None:
+    """Claims, completes and projects until the appenders are done, then one last round."""
+    try:
+        outcomes: Counter[str] = Counter()
+        seen = 0
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            barrier.wait(timeout=60)
+            while True:
+                last = stop.is_set()
+                outcomes += _claim_round(conn, name)
+                for budget in (2_000, 1_000_000):
+                    p = project_history(conn, HOT, budget_bytes=budget)
+                    indices = [pp.pair_index for pp in p.pairs]
+                    assert indices == list(range(len(indices))), indices
+                    assert len(indices) >= seen, (len(indices), seen)  # appends only
+                    seen = len(indices)
+                    assert p.used_bytes <= budget
+                outcomes["projections"] += 1
+                if last:
+                    break
+        results.put(("projector", name, dict(outcomes)))
+    except Exception as exc:  # reported to the test process
+        results.put(("projector", name, repr(exc)))
+
+
+@pytest.mark.slow
+def test_appends_claims_and_projections_of_one_conversation(conn: Conn, dsn: str) -> None:
+    assert_c_collation(conn)
+    conn.execute("CREATE SEQUENCE public.append_seq START 1000")
+    History(conn).pairs(HOT, INITIAL)
+    assert derived_state_in_use(conn)
+
+    barrier = _CTX.Barrier(APPENDERS + PROJECTORS)
+    stop = _CTX.Event()
+    results: Any = _CTX.Queue()
+    appenders = [_CTX.Process(target=_appender, args=(dsn, barrier, results, f"w{i}"),
+                              daemon=True) for i in range(APPENDERS)]
+    projectors = [_CTX.Process(target=_projector, args=(dsn, barrier, stop, results, f"p{i}"),
+                               daemon=True) for i in range(PROJECTORS)]
+    for p in appenders + projectors:
+        p.start()
+    reports: list[tuple[str, str, Any]] = []
+    while sum(r[0] == "appender" for r in reports) < APPENDERS:
+        reports.append(results.get(timeout=300))
+    stop.set()
+    while len(reports) < APPENDERS + PROJECTORS:
+        reports.append(results.get(timeout=300))
+    assert [r for r in reports if r[0] == "appender" and r[2] is not None] == []
+    for p in appenders + projectors:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+
+    outcomes: Counter[str] = Counter()
+    for kind, name, report in reports:
+        if kind == "projector":
+            assert isinstance(report, dict), f"{name}: {report}"
+            outcomes.update(report)
+    assert {k.split(":", 1)[1] for k in outcomes if k.startswith("claim:")} <= CLAIM_REASONS
+    assert outcomes["claim:claimed"] >= 1
+    assert outcomes["claim:claimed"] == outcomes["complete:completed"]
+
+    raw = read_reference(conn, [HOT])
+    pairs = pairs_of(raw, HOT)
+    total = INITIAL + APPENDERS * RUNS_PER_APPENDER
+    assert len(pairs) == total
+    assert [p[0] for p in engine_pairs(conn, HOT)] == list(range(total))
+    assert_matches(conn, raw, [HOT])
+    assert verify(conn, HOT) == []
+
+    # The last rounds ran after every append: each final target holds a completed summary
+    # of its current source, and no identity holds two.
+    for from_pair, _, ids, digest in targets_of(pairs):
+        assert conn.execute(
+            "SELECT count(*) FROM compaction.summaries WHERE conversation_id = %s"
+            " AND from_pair = %s AND source_hash = %s AND source_message_ids = %s",
+            (HOT, from_pair, digest, ids)).fetchone() == (1,), from_pair
+    assert conn.execute(
+        "SELECT count(*) = count(DISTINCT (from_pair, source_hash, model, prompt_version))"
+        " FROM compaction.summaries WHERE conversation_id = %s", (HOT,)).fetchone() == (True,)
+    final = project_history(conn, HOT, budget_bytes=1_000_000)
+    assert [p.pair_index for p in final.pairs] == list(range(total))
+    assert {r.reason for r in final.rejected_summaries} <= {"stale_source", "superseded"}
+
+
+# ---------------------------------------------------------------------------------------
+# Deterministic interleavings of two writers of one conversation
+# ---------------------------------------------------------------------------------------
+
+def wait_until_blocked(observer: Conn, pid: int) -> None:
+    """Return once backend `pid` waits for a lock (polls pg_locks; fails after 30 s)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if observer.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s"
+                            " AND NOT granted)", (pid,)).fetchone() == (True,):
+            return
+    raise AssertionError(f"backend {pid} never blocked")
+
+
+def settled_run(conn: Conn, run_id: str, seq: int) -> None:
+    """Run, user, assistant and the status update, inside the caller's transaction."""
+    conn.execute("INSERT INTO compaction_source.runs (run_id, conversation_id, status)"
+                 " VALUES (%s, 'c', 'running')", (run_id,))
+    conn.execute(
+        "INSERT INTO compaction_source.messages"
+        " (message_id, conversation_id, run_id, role, status, content, seq) VALUES"
+        " (%s, 'c', %s, 'user', 'completed', 'q', %s),"
+        " (%s, 'c', %s, 'assistant', 'completed', 'a', %s)",
+        (f"{run_id}:u", run_id, seq, f"{run_id}:a", run_id, seq + 1))
+    conn.execute("UPDATE compaction_source.runs SET status = 'completed' WHERE run_id = %s",
+                 (run_id,))
+
+
+class Second:
+    """The second writer, on its own thread and connection."""
+
+    def __init__(self, dsn: str, seq: int, isolation: psycopg.IsolationLevel) -> None:
+        self.conn = psycopg.connect(dsn)
+        self.conn.isolation_level = isolation
+        pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert pid is not None
+        self.pid: int = pid[0]
+        self.conn.commit()
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                settled_run(self.conn, "second", seq)
+                self.conn.commit()
+            except BaseException as exc:  # handed to the test thread
+                self.error = exc
+                self.conn.rollback()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+
+    def join(self) -> BaseException | None:
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+        return self.error
+
+
+@pytest.mark.parametrize("second_seq", [1000, 50], ids=["after", "before"])
+def test_second_writer_waits_and_numbers_after_the_first_commits(
+    conn: Conn, dsn: str, second_seq: int
+) -> None:
+    History(conn).pairs("c", 5)  # seqs 1..10
+    first = psycopg.connect(dsn)
+    second = Second(dsn, second_seq, psycopg.IsolationLevel.READ_COMMITTED)
+    try:
+        settled_run(first, "first", 100)  # holds its transaction open
+        second.thread.start()
+        wait_until_blocked(conn, second.pid)
+        assert [p[1] for p in engine_pairs(conn, "c")][5:] == []  # neither committed
+        first.commit()
+        assert second.join() is None
+    finally:
+        first.close()
+        second.conn.close()
+    runs = [p[1] for p in engine_pairs(conn, "c")]
+    assert runs[5:] == (["first", "second"] if second_seq > 100 else ["second", "first"])
+    assert [p[0] for p in engine_pairs(conn, "c")] == list(range(7))
+    assert_matches(conn, read_reference(conn, ["c"]), ["c"])
+
+
+def test_repeatable_read_writer_fails_instead_of_numbering_from_a_stale_snapshot(
+    conn: Conn, dsn: str
+) -> None:
+    History(conn).pairs("c", 5)
+    first = psycopg.connect(dsn)
+    second = Second(dsn, 1000, psycopg.IsolationLevel.REPEATABLE_READ)
+    try:
+        settled_run(first, "first", 100)
+        second.thread.start()
+        wait_until_blocked(conn, second.pid)
+        first.commit()
+        error = second.join()
+        assert isinstance(error, psycopg.errors.SerializationFailure), error
+        # the retry an application makes on a serialization failure numbers exactly
+        settled_run(second.conn, "second", 1000)
+        second.conn.commit()
+    finally:
+        first.close()
+        second.conn.close()
+    assert [p[1] for p in engine_pairs(conn, "c")][5:] == ["first", "second"]
+    assert [p[0] for p in engine_pairs(conn, "c")] == list(range(7))
+    assert_matches(conn, read_reference(conn, ["c"]), ["c"])

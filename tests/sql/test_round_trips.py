@@ -1,0 +1,108 @@
+"""One network round trip per engine call (the driver's pipeline), read off the wire.
+
+libpq's protocol trace lists every message the client sends (F) and receives (B). A call
+costs one round trip when all of its messages leave before any answer comes back and a
+single Sync ends them: the server answers nothing before a Sync or a Flush, so the client
+cannot have waited in between. (psycopg follows the closing Sync with a Flush request;
+sent after the Sync, it adds no wait.)
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import pq
+
+from pycompactor import db
+from pycompactor.errors import InvalidArgument
+from pycompactor.summarizer import PROMPT_VERSION
+from tests.history import History
+
+Conn = psycopg.Connection[Any]
+
+
+def wire(conn: Conn, action: Callable[[], object]) -> list[tuple[str, str]]:
+    """(direction, message type) of every protocol message `action` exchanged."""
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            action()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        lines = trace.read().splitlines()
+    return [(fields[0], fields[2]) for fields in (line.split("\t") for line in lines)]
+
+
+def assert_one_round_trip(messages: list[tuple[str, str]], statements: int = 2) -> None:
+    sent = [kind for direction, kind in messages if direction == "F"]
+    first_answer = next(i for i, (direction, _) in enumerate(messages) if direction == "B")
+    assert all(direction == "B" for direction, _ in messages[first_answer:]), messages
+    assert sent.count("Sync") == 1, messages
+    before_sync = sent[: sent.index("Sync")]
+    assert set(sent[len(before_sync) + 1 :]) <= {"Flush"}, messages
+    assert "Flush" not in before_sync, messages
+    assert "Query" not in sent, messages  # no simple-query BEGIN or COMMIT
+    assert before_sync.count("Execute") == statements, messages
+    received = [kind for direction, kind in messages if direction == "B"]
+    assert received.count("ReadyForQuery") == 1
+    assert received[-1] == "ReadyForQuery"
+
+
+def test_every_worker_call_is_one_round_trip(conn: Conn, dsn: str) -> None:
+    History(conn).pairs("c", 30)
+    with db.connect(dsn) as worker:
+        [target] = db.plan_targets(worker, "c")
+        calls: dict[str, Callable[[], object]] = {
+            "plan_targets": lambda: db.plan_targets(worker, "c"),
+            "eligible_pairs": lambda: db.eligible_pairs(worker, "c"),
+            "worker_targets": lambda: db.worker_targets(worker, "c", "default", "m",
+                                                        PROMPT_VERSION),
+            "range_replies": lambda: db.range_replies(worker, "c", 0, target.source_hash),
+            "reap": lambda: db.reap(worker),
+            "enqueue": lambda: db.enqueue(worker, "c"),
+            "dequeue": lambda: db.dequeue(worker, 10),
+            "conversations_after": lambda: db.conversations_after(worker, "", 10),
+        }
+        for name, call in calls.items():
+            assert_one_round_trip(wire(worker, call))
+            assert worker.info.transaction_status == pq.TransactionStatus.IDLE, name
+
+        results: list[Any] = []
+        messages = wire(worker, lambda: results.append(db.claim(
+            worker, "c", "default", 0, target.source_message_ids, target.source_hash, "m",
+            PROMPT_VERSION, "w")))
+        assert_one_round_trip(messages)
+        [claimed] = results
+        assert claimed.claimed, claimed
+        token = (claimed.job_id, claimed.attempt)
+        assert_one_round_trip(wire(worker, lambda: db.heartbeat(worker, *token)))
+        assert_one_round_trip(wire(worker, lambda: db.complete(
+            worker, *token, "A summary.", "stop", 0)))
+        assert_one_round_trip(wire(worker, lambda: db.fail(worker, *token, "late")))
+        # Committed: another session sees the summary.
+        assert conn.execute("SELECT count(*) FROM compaction.summaries").fetchone() == (1,)
+        # Nothing of the call's settings outlives it.
+        assert worker.execute("SHOW lock_timeout").fetchone() == ("0",)
+        assert worker.execute("SHOW statement_timeout").fetchone() == ("0",)
+
+
+def test_a_failed_call_leaves_the_connection_idle_and_clean(conn: Conn, dsn: str) -> None:
+    """The Sync that ends a failed call rolls its transaction back: no aborted transaction
+    is left for the next call, and no setting outlives it."""
+    History(conn).pairs("c", 30)
+    with db.connect(dsn) as worker:
+        [target] = db.plan_targets(worker, "c")
+        claim_args = ("c", "default", 0, target.source_message_ids, target.source_hash, "m",
+                      PROMPT_VERSION, "w")
+        with pytest.raises(InvalidArgument, match="positive lease"):
+            db.claim(worker, *claim_args, lease=timedelta(0))  # a CP error in the call
+        assert worker.info.transaction_status == pq.TransactionStatus.IDLE
+        assert worker.execute("SHOW lock_timeout").fetchone() == ("0",)
+        assert db.claim(worker, *claim_args).claimed

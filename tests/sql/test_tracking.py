@@ -1,0 +1,189 @@
+"""The tracking triggers and what keeps the derived state honest (DESIGN §2): logical
+replication's apply role, TRUNCATE, writers at REPEATABLE READ, the rebuild, the repair,
+and who may call what."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.history import History
+from tests.sql.conftest import LoginRole, connect_as
+
+Conn = psycopg.Connection[Any]
+
+
+def state(conn: Conn) -> str:
+    row = conn.execute("SELECT compaction.derived_state_status()").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def problems(conn: Conn, conversation_id: str) -> list[tuple[str, str]]:
+    return [(str(p), str(d)) for p, d in conn.execute(
+        "SELECT problem, detail FROM compaction.verify_conversation(%s)", (conversation_id,))]
+
+
+def pair_indexes(conn: Conn, conversation_id: str) -> list[int]:
+    return [int(r[0]) for r in conn.execute(
+        "SELECT pair_index FROM compaction.pairs WHERE conversation_id = %s"
+        " ORDER BY pair_index", (conversation_id,))]
+
+
+def test_a_migrated_database_uses_its_derived_state(conn: Conn) -> None:
+    assert state(conn) == "in_use"
+    History(conn).pairs("c", 31)
+    assert pair_indexes(conn, "c") == list(range(31))
+    row = conn.execute("SELECT pair_count FROM compaction.conversation_state"
+                       " WHERE conversation_id = 'c'").fetchone()
+    assert row == (31,)
+    assert problems(conn, "c") == []
+
+
+def test_writes_under_replica_role_are_tracked(conn: Conn) -> None:
+    """Logical replication's apply runs with session_replication_role = replica."""
+    history = History(conn)
+    history.pairs("c", 9)
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        history.pair("c")
+    assert pair_indexes(conn, "c") == list(range(10))
+    assert conn.execute("SELECT count(*) FROM compaction.ranges WHERE conversation_id = 'c'"
+                        ).fetchone() == (1,)
+    assert problems(conn, "c") == []
+
+
+def test_truncate_takes_the_derived_state_out_of_use(conn: Conn) -> None:
+    History(conn).pairs("c", 35)
+    conn.execute("TRUNCATE compaction_source.messages")
+    assert state(conn) == "not_rebuilt"
+    # Exact meanwhile: judged from the views.
+    assert conn.execute("SELECT count(*) FROM compaction.eligible_pairs('c')").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM compaction.plan_targets('c')").fetchone() == (0,)
+    conn.execute("CALL compaction.rebuild_derived_state()")
+    assert state(conn) == "in_use"
+    assert problems(conn, "c") == []
+    assert pair_indexes(conn, "c") == []
+
+
+def test_rebuild_reports_progress_per_batch(conn: Conn) -> None:
+    history = History(conn)
+    for k in range(5):
+        history.pairs(f"c{k}", 3)
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    conn.execute("CALL compaction.rebuild_derived_state(2)")
+    assert notices == [f"derived state: {n} of 5 conversations" for n in (2, 4, 5)]
+
+
+def test_repair_after_writes_with_the_triggers_disabled(conn: Conn) -> None:
+    history = History(conn)
+    history.pairs("c", 30)
+    conn.execute("ALTER TABLE compaction_source.messages DISABLE TRIGGER messages_track_update")
+    assert state(conn) == "untracked"
+    conn.execute("UPDATE compaction_source.messages SET content = 'edited'"
+                 " WHERE message_id = (SELECT assistant_message_id FROM compaction.pairs"
+                 "                     WHERE conversation_id = 'c' AND pair_index = 3)")
+    conn.execute("ALTER TABLE compaction_source.messages"
+                 " ENABLE ALWAYS TRIGGER messages_track_update")
+    # The stale range is named, and not used: the triggers changed since the stamp.
+    assert state(conn) == "not_rebuilt"
+    assert [p for p, _ in problems(conn, "c")] == ["pair_differs", "range_hash_differs"]
+    conn.execute("SELECT compaction.rederive_conversation('c')")
+    assert problems(conn, "c") == []
+    conn.execute("CALL compaction.rebuild_derived_state()")
+    assert state(conn) == "in_use"
+
+
+def test_repeatable_read_writers_of_one_conversation_conflict(dsn: str, conn: Conn) -> None:
+    """A writer whose snapshot misses another writer's commit fails; it never numbers
+    pairs from a stale view."""
+    history = History(conn)
+    history.pairs("c", 5)
+    run = history.run("c", status="running")
+    history.message("c", run, "user", "q", seq=1000)
+    history.message("c", run, "assistant", "a", seq=1001)
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
+        second.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        second.execute("SELECT 1 FROM compaction_source.runs LIMIT 1")  # take the snapshot
+        first.execute("UPDATE compaction_source.runs SET status = 'completed'"
+                      " WHERE run_id = %s", (run,))
+        first.commit()
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            second.execute(
+                "INSERT INTO compaction_source.runs (run_id, conversation_id, status)"
+                " VALUES ('c:late', 'c', 'completed')")
+        second.rollback()
+    assert pair_indexes(conn, "c") == list(range(6))
+    assert problems(conn, "c") == []
+
+
+def wait_for_lock_wait(conn: Conn, pid: int, timeout: float = 30.0) -> None:
+    """Until backend `pid` waits on a lock (polled from pg_stat_activity, bounded)."""
+    deadline = time.monotonic() + timeout
+    while conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                       (pid,)).fetchone() != ("Lock",):
+        assert time.monotonic() < deadline, "the second writer never waited"
+        time.sleep(0.01)
+
+
+def test_read_committed_writers_wait_and_number_in_commit_order(dsn: str, conn: Conn) -> None:
+    history = History(conn)
+    history.pairs("c", 3)
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
+        first.execute("INSERT INTO compaction_source.runs (run_id, conversation_id, status)"
+                      " VALUES ('c:w0', 'c', 'completed')")
+        first.execute("INSERT INTO compaction_source.messages (message_id, conversation_id,"
+                      " run_id, role, status, content, seq) VALUES"
+                      " ('c:w0u', 'c', 'c:w0', 'user', 'completed', 'q', 2000),"
+                      " ('c:w0a', 'c', 'c:w0', 'assistant', 'completed', 'a', 2001)")
+        failure: list[BaseException] = []
+
+        def second_writes() -> None:
+            try:
+                second.execute("INSERT INTO compaction_source.runs (run_id, conversation_id,"
+                               " status) VALUES ('c:w1', 'c', 'completed')")
+                second.execute("INSERT INTO compaction_source.messages (message_id,"
+                               " conversation_id, run_id, role, status, content, seq) VALUES"
+                               " ('c:w1u', 'c', 'c:w1', 'user', 'completed', 'q', 1000),"
+                               " ('c:w1a', 'c', 'c:w1', 'assistant', 'completed', 'a', 1001)")
+                second.commit()
+            except BaseException as exc:  # reported by the main thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=second_writes)
+        thread.start()
+        # The second writer waits on the conversation's derived state, held by the first.
+        wait_for_lock_wait(conn, second.info.backend_pid)
+        first.commit()
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+        assert failure == []
+    # The second run sorts before the first (lower seq) although it committed later.
+    rows = conn.execute("SELECT run_id FROM compaction.pairs WHERE conversation_id = 'c'"
+                        " ORDER BY pair_index").fetchall()
+    assert [r[0] for r in rows][-2:] == ["c:w1", "c:w0"]
+    assert pair_indexes(conn, "c") == list(range(5))
+    assert problems(conn, "c") == []
+
+
+def test_roles_reach_only_what_they_need(conn: Conn, login_role: LoginRole) -> None:
+    History(conn).pairs("c", 30)
+    with connect_as(login_role("compaction_auditor")) as auditor:
+        assert auditor.execute(
+            "SELECT * FROM compaction.verify_conversation('c')").fetchall() == []
+        assert auditor.execute("SELECT compaction.derived_state_status()").fetchone() == (
+            "in_use",)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            auditor.execute("SELECT compaction.rederive_conversation('c')")
+    with connect_as(login_role("compaction_worker")) as worker:
+        for statement in ("SELECT compaction.rederive_conversation('c')",
+                          "SELECT * FROM compaction.verify_conversation('c')",
+                          "SELECT * FROM compaction.pairs",
+                          "CALL compaction.rebuild_derived_state()"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                worker.execute(statement)
