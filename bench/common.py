@@ -210,14 +210,21 @@ def seed_conversations(conn: Conn, prefix: str, first: int, count: int, pairs: i
 
 
 def drain_queue(conn: Conn) -> int:
-    """Empty the work queue through compaction.dequeue (seeding enqueued everything)."""
+    """Empty the work queue through compaction.dequeue and compaction.ack, scope by scope
+    (seeding enqueued everything)."""
     taken = 0
-    while True:
-        row = conn.execute("SELECT count(*) FROM compaction.dequeue(10000)").fetchone()
-        n = int(row[0]) if row else 0
-        taken += n
-        if n == 0:
-            return taken
+    scopes = [str(r[0]) for r in conn.execute("SELECT DISTINCT scope FROM compaction.queue")]
+    for scope in scopes:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FROM compaction.dequeue(%s::text, 10000) AS d,"
+                " LATERAL compaction.ack(d.conversation_id, d.scope, d.lease_token) AS a",
+                (scope,)).fetchone()
+            n = int(row[0]) if row else 0
+            taken += n
+            if n == 0:
+                break
+    return taken
 
 
 def import_all_targets(conn: Conn, conversation_ids: Sequence[str], summary: str,

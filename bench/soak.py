@@ -13,8 +13,10 @@ After the fault window the workers settle, without faults, until no target is le
 queued or running (at least three leases, so killed workers' attempts expire and are
 reaped by the survivors; at most --settle seconds), then get SIGTERM.
 
-Prints completed / exhausted / pending / duplicates / stuck-running counts and exits 1
-unless duplicates and stuck-running are both zero. Not a CI test (docs/reliability.md).
+Prints completed / exhausted / pending (unqueued) / duplicates / stuck-running counts and
+exits 1 unless duplicates, stuck-running and unqueued (a pending target neither queued nor
+running: no worker would find it without --sweep) are all zero. Not a CI test
+(docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ def counts(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         "stuck_running": one("SELECT count(*) FROM compaction.attempts"
                              " WHERE state = 'running' AND lease_expires_at < now()"),
         "queued": one("SELECT count(*) FROM compaction.queue"),
+        # of which a worker holds right now (leased entries stay queued until acknowledged)
+        "leased": one("SELECT count(*) FROM compaction.queue WHERE leased_until > now()"),
         "attempts": dict(Counter(
             f"{a}:{s}:{r}" for a, s, r in conn.execute(
                 "SELECT attempt, state, coalesce(reason, '') FROM compaction.attempts"))),
@@ -258,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['pending']} (unqueued {result['unqueued']}) / duplicates "
           f"{result['duplicates']} / stuck-running {result['stuck_running']} "
           f"(running {result['running']})")
-    ok = result["duplicates"] == 0 and result["stuck_running"] == 0 and result["running"] == 0
+    ok = (result["duplicates"] == 0 and result["stuck_running"] == 0 and result["running"] == 0
+          and result["unqueued"] == 0)
     return 0 if ok else 1
 
 

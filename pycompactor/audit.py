@@ -24,6 +24,8 @@ TABLE_COLUMNS: dict[str, list[str]] = {
                   "first_reason", "second_reason", "exhausted_at"],
     "events": ["event_id", "occurred_at", "kind", "conversation_id", "scope", "pairs",
                "job_id", "attempt", "reason", "summary_id"],
+    "queue": ["scope", "queued", "leased", "expired_leases", "oldest_queued_at",
+              "oldest_queued_age"],
 }
 
 AUDIT_EXAMPLES = (
@@ -31,6 +33,7 @@ AUDIT_EXAMPLES = (
     "  pycompactor audit --view stale                 # summaries whose source changed\n"
     "  pycompactor audit --view exhausted --json\n"
     "  pycompactor audit --view events --limit 20 --conversation conv-42\n"
+    "  pycompactor audit --view queue                 # queued, leased, oldest age per scope\n"
 )
 
 
@@ -40,9 +43,10 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--view", choices=list(db.AUDIT_VIEWS), default="jobs",
                         help="jobs (default): jobs with attempts; stale: summaries whose source"
                              " changed; exhausted: identities with 2 failed attempts; events:"
-                             " the event log")
+                             " the event log; queue: the work queue per scope (entries"
+                             " waiting, leased, the oldest one's age)")
     parser.add_argument("--conversation", metavar="ID", default=None,
-                        help="only this conversation")
+                        help="only this conversation (not with --view queue)")
     parser.add_argument("--limit", type=positive_int, default=50, metavar="N",
                         help="newest N rows (default: 50)")
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -82,6 +86,9 @@ def render(view: str, report: AuditReport) -> str:
 def cmd_audit(args: argparse.Namespace) -> int:
     from pycompactor.cli import print_json
 
+    if args.view in db.AUDIT_VIEWS_PER_SCOPE and args.conversation is not None:
+        parser: argparse.ArgumentParser = args.command_parser
+        parser.error(f"--conversation does not apply to --view {args.view} (one row per scope)")
     with db.connect(args.dsn, read_only=True) as conn:
         report = db.audit(conn, args.view, conversation_id=args.conversation, limit=args.limit)
     if args.json:

@@ -281,8 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-seconds", type=non_negative_float, default=30.0, metavar="S",
                    help="on SIGTERM/SIGINT, how long in-flight calls may finish (default: 30)")
     p.add_argument("--lease-seconds", type=positive_float, default=300.0, metavar="S",
-                   help="advanced: lease of a claimed attempt, renewed every third of it "
-                        "(default: 300); a crashed worker's attempt expires after this")
+                   help="advanced: lease of a claimed attempt, renewed every third of it, "
+                        "and of each queue entry taken (at least 1 s, at most 1 day there) "
+                        "(default: 300); a crashed worker's attempts and entries come back "
+                        "after this")
     # String defaults go through `type`, so a bad environment value is a usage error.
     p.add_argument("--lock-timeout-seconds", type=positive_float, metavar="S",
                    default=os.environ.get("PYCOMPACTOR_LOCK_TIMEOUT_SECONDS", "5"),

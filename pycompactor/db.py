@@ -1,14 +1,14 @@
 """Connections and one typed method per stored function (results as frozen dataclasses).
 
 SQL text for the engine's interface lives here and in sql/; nothing else in the package
-builds SQL. The worker's calls (claim, complete, fail, heartbeat, reap, enqueue, dequeue
-and the reads it plans from) each run in their own short transaction that first sets
-`lock_timeout` and `statement_timeout` transaction-locally (`set_config(..., true)`, i.e.
-SET LOCAL): a lock held by a hung session costs a worker one lock_timeout, never a hang,
-and no session state is left behind, so all of this works through PgBouncer in
-transaction pooling mode. Each such call costs one network round trip: the settings and
-the call travel in one pipeline that ends with a single Sync, which (with no BEGIN)
-delimits the call's transaction (see `_call`).
+builds SQL. The worker's calls (claim, complete, fail, heartbeat, reap, enqueue, dequeue,
+ack, release and the reads it plans from) each run in their own short transaction that
+first sets `lock_timeout` and `statement_timeout` transaction-locally
+(`set_config(..., true)`, i.e. SET LOCAL): a lock held by a hung session costs a worker
+one lock_timeout, never a hang, and no session state is left behind, so all of this
+works through PgBouncer in transaction pooling mode. Each such call costs one network
+round trip: the settings and the call travel in one pipeline that ends with a single
+Sync, which (with no BEGIN) delimits the call's transaction (see `_call`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from psycopg.types.json import Jsonb
 
 from pycompactor.errors import from_driver, wrap_exceptions
 from pycompactor.models import (
+    AckResult,
     AuditReport,
     ClaimResult,
     CompleteResult,
@@ -362,15 +363,60 @@ def enqueue(conn: Connection, conversation_id: str, scope: str = "default") -> N
         )
 
 
-def dequeue(conn: Connection, limit: int = 100) -> list[QueuedConversation]:
-    """Take up to `limit` queued conversations, oldest first (one statement, even if none)."""
+#: Longest and shortest lease compaction.dequeue grants (as for claims).
+QUEUE_LEASE_BOUNDS: Final = (timedelta(seconds=1), timedelta(days=1))
+
+
+def dequeue(conn: Connection, limit: int = 100, *, scope: str = "default",
+            lease: timedelta = DEFAULT_LEASE) -> list[QueuedConversation]:
+    """Lease up to `limit` visible entries of `scope`, oldest first (one statement).
+
+    Leased entries stay queued, hidden from other workers until the lease ends; the
+    caller acknowledges each once it has examined the conversation (`ack`), or gives it
+    back unexamined (`release`). A lease that runs out makes the entry visible again.
+    """
     with _call(conn, class_row(QueuedConversation)) as cur:
         cur.execute(
-            "SELECT conversation_id, scope, enqueued_at"
-            " FROM compaction.dequeue(p_limit => %(limit)s::int)",
-            {"limit": limit},
+            "SELECT conversation_id, scope, enqueued_at, lease_token, lease_expires_at"
+            " FROM compaction.dequeue(p_scope => %(scope)s::text, p_limit => %(limit)s::int,"
+            " p_lease => %(lease)s::interval)",
+            {"scope": scope, "limit": limit, "lease": lease},
         )
         return cur.fetchall()
+
+
+def ack(conn: Connection, entry: QueuedConversation) -> AckResult:
+    """The leased entry's conversation was examined: remove it, unless an enqueue landed
+    during the lease (`requeued`: it waits again). ok=False `lease_lost` otherwise."""
+    with _call(conn, class_row(AckResult)) as cur:
+        cur.execute(
+            "SELECT ok, reason FROM compaction.ack("
+            "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
+            " p_lease_token => %(lease_token)s::uuid)",
+            _lease_params(entry),
+        )
+        row = cur.fetchone()
+        assert row is not None
+        return row
+
+
+def release(conn: Connection, entry: QueuedConversation) -> AckResult:
+    """Give a leased entry back unexamined: visible again in its original place."""
+    with _call(conn, class_row(AckResult)) as cur:
+        cur.execute(
+            "SELECT ok, reason FROM compaction.release("
+            "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
+            " p_lease_token => %(lease_token)s::uuid)",
+            _lease_params(entry),
+        )
+        row = cur.fetchone()
+        assert row is not None
+        return row
+
+
+def _lease_params(entry: QueuedConversation) -> dict[str, object]:
+    return {"conversation_id": entry.conversation_id, "scope": entry.scope,
+            "lease_token": entry.lease_token}
 
 
 def import_summary(conn: Connection, conversation_id: str, scope: str, from_pair: int,
@@ -409,28 +455,41 @@ def erase_conversation(conn: Connection, conversation_id: str, reason: str) -> i
         return int(row[0])
 
 
-#: Audit views by short name, with the order that puts the newest first.
+#: Audit views by short name, with the order that puts the newest first (the queue:
+#: one row per scope, by scope).
 AUDIT_VIEWS: dict[str, tuple[str, str]] = {
     "jobs": ("audit_jobs", "created_at DESC, job_id DESC, attempt NULLS FIRST"),
     "stale": ("audit_stale_summaries", "completed_at DESC, summary_id DESC"),
     "exhausted": ("audit_exhausted", "exhausted_at DESC, job_id DESC"),
     "events": ("audit_events", "event_id DESC"),
+    "queue": ("audit_queue", "scope"),
 }
+#: Views without a conversation_id column (a conversation filter does not apply).
+AUDIT_VIEWS_PER_SCOPE: Final = frozenset({"queue"})
 
 
 def audit(conn: Connection, view: str, *, conversation_id: str | None = None,
           limit: int = 50) -> AuditReport:
-    """Read one audit view (`jobs`, `stale`, `exhausted`, `events`), newest first."""
+    """Read one audit view (`jobs`, `stale`, `exhausted`, `events`, `queue`), newest first."""
     if view not in AUDIT_VIEWS:
         raise ValueError(f"unknown audit view {view!r}; choose from {', '.join(AUDIT_VIEWS)}")
     name, order = AUDIT_VIEWS[view]
+    if view in AUDIT_VIEWS_PER_SCOPE:
+        if conversation_id is not None:
+            raise ValueError(f"the {view} view has one row per scope, not per conversation")
+        where = sql.SQL("")
+    else:
+        where = sql.SQL(
+            " WHERE %(conversation_id)s::text IS NULL"
+            " OR conversation_id = %(conversation_id)s::text")
     query = sql.SQL(
-        "SELECT * FROM compaction.{view}"
-        " WHERE %(conversation_id)s::text IS NULL OR conversation_id = %(conversation_id)s::text"
-        " ORDER BY {order} LIMIT %(limit)s::int"
-    ).format(view=sql.Identifier(name), order=sql.SQL(order))
+        "SELECT * FROM compaction.{view}{where} ORDER BY {order} LIMIT %(limit)s::int"
+    ).format(view=sql.Identifier(name), where=where, order=sql.SQL(order))
+    params: dict[str, object] = {"limit": limit}
+    if view not in AUDIT_VIEWS_PER_SCOPE:
+        params["conversation_id"] = conversation_id
     with _call(conn, dict_row) as cur:
-        cur.execute(query, {"conversation_id": conversation_id, "limit": limit})
+        cur.execute(query, params)
         rows = cur.fetchall()
         columns = [c.name for c in cur.description or []]
     return AuditReport(view=name, columns=columns, rows=rows)

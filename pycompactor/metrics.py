@@ -13,8 +13,11 @@ with no extra setup, and the worker's endpoint shows the worker's.
 Queue depth: the worker role may only call `compaction.dequeue` (it cannot read
 `compaction.queue`, and no counting function exists), so the worker reports what it
 observes: how many entries its last dequeue returned (a full batch means more are
-waiting; 0 means the queue was empty then) and how many it has taken in total. A DBA
-reads the exact depth with `SELECT count(*) FROM compaction.queue` (docs/operations.md).
+waiting; 0 means the queue was empty then), how many it has taken in total, and how long
+the oldest entry it last leased had waited (dequeue leases the oldest waiting entries of
+its scope first, so this is the age of the head of its scope's queue then; 0 when the
+queue was empty). The auditor reads the exact figures per scope from
+`compaction.audit_queue` (`pycompactor audit --view queue`, docs/operations.md).
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ QUEUE_LAST_DEQUEUE: Final = Gauge(
     "pycompactor_worker_queue_last_dequeue",
     "Entries the last compaction.dequeue returned (equal to the batch size: more are "
     "waiting; 0: the queue was empty). The worker role cannot count compaction.queue",
+)
+QUEUE_OLDEST_AGE: Final = Gauge(
+    "pycompactor_worker_queue_oldest_age_seconds",
+    "How long the oldest entry the last compaction.dequeue leased had waited in the queue "
+    "(server clock; the head of this worker's scope; 0 when the queue was empty)",
 )
 QUEUE_DEQUEUED: Final = Counter(
     "pycompactor_worker_queue_dequeued",
@@ -133,9 +141,10 @@ def figures_lost() -> None:
     FIGURES_LOST.inc()
 
 
-def dequeued(count: int) -> None:
+def dequeued(count: int, oldest_age_seconds: float = 0.0) -> None:
     QUEUE_LAST_DEQUEUE.set(count)
     QUEUE_DEQUEUED.inc(count)
+    QUEUE_OLDEST_AGE.set(max(0.0, oldest_age_seconds))
 
 
 def projected(projection: Projection) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +104,30 @@ class HeartbeatResult:
 
 @dataclass(frozen=True, slots=True)
 class QueuedConversation:
-    """One conversation (per scope) taken from the work queue by compaction.dequeue."""
+    """One queue entry (conversation, scope) leased by compaction.dequeue.
+
+    The entry stays in the queue, hidden until `lease_expires_at`; `lease_token` names
+    this lease for compaction.ack (examined) or compaction.release (not examined).
+    """
 
     conversation_id: str
     scope: str
     enqueued_at: datetime
+    lease_token: UUID
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    """Answer of compaction.ack / compaction.release.
+
+    ack: 'acknowledged' (removed), 'requeued' (an enqueue landed during the lease: the
+    entry waits again); release: 'released'; either: ok=False 'lease_lost' (the lease
+    expired and another worker took the entry, or the entry is gone).
+    """
+
+    ok: bool
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

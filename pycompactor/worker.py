@@ -20,14 +20,19 @@ only moves data between the database and the model (STYLE.md):
   that read returns no replies: the attempt is failed `source_moved` without a model
   call (its identity, bound to the old hash, is no longer a target anyway).
 
-Queue discipline. `compaction.dequeue` removes entries, so the worker puts a conversation
-back (`enqueue`, idempotent) whenever it may still hold work this pass could not settle:
+Queue discipline. `compaction.dequeue` leases entries of the worker's scope (hidden from
+other workers for the lease, the worker's --lease-seconds) instead of removing them. Once
+the worker has examined a conversation (planned it and tried a claim of each target) it
+acknowledges the entry (`ack`), which removes it unless an enqueue landed during the
+lease (new history, or the worker's own put-back below): then the entry waits again. An
+entry the worker did not examine (shutdown, global admission full, a pass cut short) is
+released in its original place. A worker killed (SIGKILL) while holding entries loses
+nothing: their leases run out and they become visible again in their original order;
+the attempts it had claimed expire and `reap` re-queues their conversations. The worker
+puts a conversation back (`enqueue`) only when work is left that a later pass can do:
 after a claim refused for a transient reason (admission_full, or not_eligible /
-source_mismatch: the source moved between `worker_targets` and the claim), after a failed
-first attempt (a later pass makes attempt 2), and for every dequeued conversation left
-unexamined at shutdown. A worker killed mid-call needs no put-back: the reaper expires its
-attempt and re-queues the conversation. A completed or exhausted conversation is not put
-back.
+source_mismatch: the source moved between `worker_targets` and the claim), after a
+timed-out examination, and after a failed first attempt (a later pass makes attempt 2).
 """
 
 from __future__ import annotations
@@ -341,9 +346,12 @@ class Worker:
         self._drain_deadline: float | None = None
         self._last_reap = -float("inf")
         self._sweep_after = ""
-        # Dequeued entries not yet examined or put back. If a database error cuts a pass
-        # short they are put back first thing on reconnect, so the queue loses nothing.
+        # Leased entries not yet acknowledged or released. If a database error cuts a pass
+        # short they are released first thing on reconnect (else their leases run out).
         self._unsettled: list[QueuedConversation] = []
+        # Entry leases: the attempt lease, within the bounds compaction.dequeue accepts.
+        low, high = db.QUEUE_LEASE_BOUNDS
+        self._queue_lease = min(max(config.lease, low), high)
         self._passes = 0
         self._claimed = 0
         self._refused: Counter[str] = Counter()
@@ -417,7 +425,7 @@ class Worker:
         finally:
             self._finish_jobs()
             with contextlib.suppress(PycompactorError):
-                self._put_back(list(self._unsettled))
+                self._release(list(self._unsettled))
             self._closing.set()
             heartbeats.join(timeout=5)
             self._pool.close_all()
@@ -467,17 +475,17 @@ class Worker:
         cfg = self.config
         with self._counts_lock:
             self._passes += 1
-        self._put_back(list(self._unsettled))
+        self._release(list(self._unsettled))
         with self._pool.get() as conn:
             self._reap(conn)
         claimed = 0
         throttled = False
         for conversation_id, entries in self._work():
             if self.stopping or throttled:
-                self._put_back(entries)
+                self._release(entries)
                 continue
             n, admission_full = self._process(conversation_id)
-            self._settled(entries)
+            self._ack(entries)
             claimed += n
             throttled = throttled or admission_full
         return claimed > 0 and not throttled and not cfg.once
@@ -497,7 +505,7 @@ class Worker:
             self._log.emit("reaped", count=reaped)
 
     def _work(self) -> Iterator[tuple[str, list[QueuedConversation]]]:
-        """Conversations to examine, each with the queue entries it came from (to put back)."""
+        """Conversations to examine, each with the queue entries it came from (to ack)."""
         cfg = self.config
         if cfg.conversation is not None:
             yield cfg.conversation, []
@@ -509,8 +517,9 @@ class Worker:
         while not self.stopping:
             limit = cfg.batch_size if cfg.once else cfg.concurrency
             with self._pool.get() as conn:
-                batch = db.dequeue(conn, limit)
-            metrics.dequeued(len(batch))
+                # Only this worker's scope: other scopes' entries are never touched.
+                batch = db.dequeue(conn, limit, scope=cfg.scope, lease=self._queue_lease)
+            metrics.dequeued(len(batch), _oldest_age(batch, self._queue_lease))
             if not batch:
                 return
             self._unsettled.extend(batch)
@@ -518,13 +527,9 @@ class Worker:
                 key = (entry.conversation_id, entry.scope)
                 if key in seen or self.stopping:
                     # Back where this pass started (our own put-backs): the pass is over.
-                    self._put_back(batch[i:])
+                    self._release(batch[i:])
                     return
                 seen.add(key)
-                if entry.scope != cfg.scope:
-                    # Another scope's lane: leave it for that scope's workers.
-                    self._put_back([entry])
-                    continue
                 yield entry.conversation_id, [entry]
             if not cfg.once:
                 return  # loop mode: one batch per pass, so the reaper and backoff run
@@ -547,13 +552,31 @@ class Worker:
             if not cfg.once or not self._sweep_after:
                 return
 
-    def _put_back(self, entries: Sequence[QueuedConversation]) -> None:
-        if not entries:
-            return
-        with self._pool.get() as conn:
-            for entry in entries:
-                db.enqueue(conn, entry.conversation_id, entry.scope)
-                self._settled([entry])
+    def _release(self, entries: Sequence[QueuedConversation]) -> None:
+        """Give leased entries back unexamined, in their original place."""
+        self._end_leases(entries, db.release)
+
+    def _ack(self, entries: Sequence[QueuedConversation]) -> None:
+        """The conversation was examined: acknowledge its entries (an enqueue made during
+        the lease, ours or new history's, keeps the entry waiting)."""
+        self._end_leases(entries, db.ack)
+
+    def _end_leases(self, entries: Sequence[QueuedConversation],
+                    call: Callable[[db.Connection, QueuedConversation], object]) -> None:
+        # lease_lost answers need nothing: the lease ran out and the entry is another
+        # worker's (or gone).
+        for entry in entries:
+            try:
+                with self._pool.get() as conn:
+                    call(conn, entry)
+            except DatabaseTimeout as exc:
+                # A writer holds the entry in a long transaction: leave it leased; the
+                # lease runs out and a later pass examines the conversation again.
+                self._log.emit("target_skipped", conversation_id=entry.conversation_id,
+                               outcome="skipped",
+                               reason="lock_timeout" if isinstance(exc, LockTimeout)
+                               else "statement_timeout", error=str(exc))
+            self._settled([entry])
 
     def _settled(self, entries: Sequence[QueuedConversation]) -> None:
         for entry in entries:
@@ -865,6 +888,14 @@ class Worker:
         if job.attempt == 1:
             with contextlib.suppress(PycompactorError):
                 self._enqueue(job.conversation_id)
+
+
+def _oldest_age(batch: Sequence[QueuedConversation], lease: timedelta) -> float:
+    """Seconds the oldest leased entry had waited, by the server's clock (dequeue set
+    every lease_expires_at to its now() + lease); 0 for an empty batch."""
+    if not batch:
+        return 0.0
+    return max(((e.lease_expires_at - lease) - e.enqueued_at).total_seconds() for e in batch)
 
 
 def reply_stats(reply: Reply, figures: FigureStats | None) -> dict[str, int]:

@@ -120,3 +120,21 @@ CREATE VIEW compaction.audit_exhausted AS
     HAVING count(*) >= 2;
 COMMENT ON VIEW compaction.audit_exhausted IS
     'Audit: identities whose two attempts both failed (claims answer attempts_exhausted), with both reasons';
+
+-- Both ages use the server's clock; queue times are finite (queue_times_finite).
+CREATE VIEW compaction.audit_queue AS
+    SELECT q.scope,
+           count(*) FILTER (WHERE q.leased_until IS NULL OR q.leased_until <= pg_catalog.now())
+               AS queued,
+           count(*) FILTER (WHERE q.leased_until > pg_catalog.now()) AS leased,
+           count(*) FILTER (WHERE q.leased_until <= pg_catalog.now()) AS expired_leases,
+           min(q.enqueued_at) FILTER (
+               WHERE q.leased_until IS NULL OR q.leased_until <= pg_catalog.now())
+               AS oldest_queued_at,
+           pg_catalog.now() - min(q.enqueued_at) FILTER (
+               WHERE q.leased_until IS NULL OR q.leased_until <= pg_catalog.now())
+               AS oldest_queued_age
+    FROM compaction.queue AS q
+    GROUP BY q.scope;
+COMMENT ON VIEW compaction.audit_queue IS
+    'Audit: the work queue per scope: entries waiting (queued, of which expired_leases were leased by a worker that did not finish), entries under a live lease (leased), and the oldest waiting entry''s enqueue time and age';

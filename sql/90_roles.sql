@@ -68,8 +68,7 @@ GRANT EXECUTE ON FUNCTION
     compaction.fail(bigint, int, text, timestamptz),
     compaction.heartbeat(bigint, int, interval, timestamptz),
     compaction.reap(timestamptz),
-    compaction.enqueue(text, text),
-    compaction.dequeue(int)
+    compaction.enqueue(text, text)
 TO compaction_worker;
 
 GRANT SELECT ON compaction.prompt_versions TO compaction_worker, compaction_reader;
@@ -110,3 +109,12 @@ TO compaction_worker, compaction_reader, compaction_auditor;
 REVOKE TRUNCATE ON compaction.conversation_state, compaction.pairs, compaction.ranges,
                    compaction.source_tracking
 FROM compaction_owner;
+
+-- Leased queue (revision 0006_queue_leases): the worker leases entries of its scope and
+-- acknowledges (or releases) them; the auditor sees the queue per scope, never an id.
+GRANT EXECUTE ON FUNCTION
+    compaction.dequeue(text, int, interval),
+    compaction.ack(text, text, uuid),
+    compaction.release(text, text, uuid)
+TO compaction_worker;
+GRANT SELECT ON compaction.audit_queue TO compaction_auditor;

@@ -217,6 +217,7 @@ def test_one_pass_touches_only_the_conversation_with_new_history(
         "compaction.dequeue": 2,        # one queued conversation, then an empty queue
         "compaction.worker_targets": 1,
         "compaction.claim": 1,
+        "compaction.ack": 1,            # the examined entry
         "compaction.range_replies": 1,  # the claimed range's 10 replies, nothing else
         "compaction.complete": 1,
     }), _STATEMENTS
@@ -370,13 +371,15 @@ def test_scope_lanes(conn: Conn, dsn: str, model_server: ModelServer) -> None:
     seed(conn, "conv-1", 30)  # the trigger queued ('conv-1', 'default')
     model_server.enqueue(stop("support lane"))
     db.enqueue(conn, "conv-1", "support")
+    default_lane = conn.execute("SELECT * FROM compaction.queue WHERE scope = 'default'"
+                                ).fetchall()
     report, _log = run_once(dsn, model_server.base_url, scope="support")
     assert report.outcomes == {"completed": 1}
     assert [(a.scope, a.state) for a in attempts(conn)] == [("support", "completed")]
-    queued = conn.execute("SELECT conversation_id, scope FROM compaction.queue"
-                          " ORDER BY 2").fetchall()
-    # The default lane's entry is back; the support lane's work is done.
-    assert queued == [("conv-1", "default")]
+    # The default lane's entry was never touched (same enqueued_at, never leased); the
+    # support lane's work is done.
+    assert conn.execute("SELECT * FROM compaction.queue").fetchall() == default_lane
+    assert [(r[0], r[1], r[3]) for r in default_lane] == [("conv-1", "default", None)]
 
 
 def test_sweep_finds_conversations_nobody_enqueued(conn: Conn, dsn: str) -> None:
@@ -398,13 +401,15 @@ def test_global_admission_full_puts_work_back(conn: Conn, dsn: str,
         seed(conn, f"conv-{c}", 30)
     conn.execute("UPDATE compaction.settings SET max_running = 1")
     # The first call holds the only slot until the pass has been refused and has put the
-    # other two back (the queue then holds exactly them; before the pass it held all 3).
+    # other two back (the queue then holds exactly them, under no lease; before the pass
+    # it held all 3, and during it the pass leases them).
     model_server.enqueue(hang(stop("first")))
 
     def release_after_refusal() -> None:
         with psycopg.connect(dsn, autocommit=True) as watcher:
             wait_for(lambda: {r[0] for r in watcher.execute(
-                "SELECT conversation_id FROM compaction.queue")} == {"conv-1", "conv-2"},
+                "SELECT conversation_id FROM compaction.queue WHERE lease_token IS NULL")}
+                == {"conv-1", "conv-2"},
                 what="the refused conversations back on the queue")
         model_server.release()
 
@@ -415,8 +420,9 @@ def test_global_admission_full_puts_work_back(conn: Conn, dsn: str,
     assert report.claimed == 1
     assert report.refused == {"admission_full": 1}
     assert len(model_server.requests) == 1
-    queued = {r[0] for r in conn.execute("SELECT conversation_id FROM compaction.queue")}
-    assert queued == {"conv-1", "conv-2"}  # nothing lost; conv-0 is done
+    queued = {r[0] for r in conn.execute("SELECT conversation_id FROM compaction.queue"
+                                         " WHERE lease_token IS NULL")}
+    assert queued == {"conv-1", "conv-2"}  # nothing lost, nothing held; conv-0 is done
     assert [e["reason"] for e in events_named(log.events(), "claim_refused")] == [
         "admission_full"]
 

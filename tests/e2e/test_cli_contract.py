@@ -107,6 +107,8 @@ BAD_ARGUMENTS = [
     ("project", ["conv", "--budget-bytes", "-5"],
      "argument --budget-bytes: expected a number of at least 0, got -5"),
     ("audit", ["--view", "everything"], "argument --view: invalid choice: 'everything'"),
+    ("audit", ["--view", "queue", "--conversation", "c"],
+     "--conversation does not apply to --view queue"),
     ("check-source", ["--sample", "none"], "argument --sample: expected a whole number"),
     ("demo", ["now"], "unrecognized arguments: now"),
 ] + [(command, [*REQUIRED.get(command, []), "--no-such-option"],
@@ -163,6 +165,7 @@ JSON_COMMANDS = [
     ("audit-stale", ["audit", "--view", "stale"]),
     ("audit-exhausted", ["audit", "--view", "exhausted"]),
     ("audit-events", ["audit", "--view", "events", "--limit", "100"]),
+    ("audit-queue", ["audit", "--view", "queue"]),
 ]
 
 

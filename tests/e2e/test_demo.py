@@ -119,15 +119,19 @@ def test_demo_cleans_up_on_ctrl_c() -> None:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
-    # Interrupt once the cluster exists (the demo says so before migrating).
+    # Interrupt once the cluster exists (the demo says so before migrating). The demo is
+    # paused meanwhile: the rest of it takes about a second, which a slow scan of /proc
+    # on a loaded machine could outlast, and the SIGINT would then find it finished.
     for line in proc.stdout:
         if line.startswith("migrating"):
+            proc.send_signal(signal.SIGSTOP)
             break
     cluster = own_cluster(line)
     dirs, running = clusters()
     assert cluster in dirs
     assert cluster in running
     proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "pycompactor: interrupted"

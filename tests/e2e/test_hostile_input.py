@@ -120,11 +120,13 @@ def test_hostile_ids_and_scopes_through_cli_and_api(conn: Conn, dsn: str) -> Non
         assert json.loads(result.stdout)["samples"] == [
             {"conversation_id": conversation_id, "runs": 30, "pairs": 30, "excluded": {}}]
 
-        # The Python API: enqueue/dequeue round-trips the exact strings.
+        # The Python API: enqueue/dequeue/ack round-trip the exact strings.
         conn.execute("DELETE FROM compaction.queue")
         db.enqueue(conn, conversation_id, scope)
-        [queued] = db.dequeue(conn, 10)
+        [queued] = db.dequeue(conn, 10, scope=scope)
         assert (queued.conversation_id, queued.scope) == (conversation_id, scope)
+        assert db.ack(conn, queued).reason == "acknowledged"
+        assert conn.execute("SELECT count(*) FROM compaction.queue").fetchone() == (0,)
 
     got = conn.execute("SELECT conversation_id, scope, from_pair FROM compaction.summaries"
                        " ORDER BY summary_id").fetchall()

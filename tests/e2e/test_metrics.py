@@ -22,7 +22,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from pycompactor import db, metrics, project_history
 from pycompactor.summarizer import PROMPT_VERSION
 from tests.history import History
-from tests.modelserver import ModelServer, RecordedRequest, ScriptedResponse, refusal, stop
+from tests.modelserver import (
+    ModelServer,
+    RecordedRequest,
+    ScriptedResponse,
+    hang,
+    refusal,
+    stop,
+)
 from tests.workerkit import MODEL, WorkerProcess, attempts, seed, summaries, wait_for, worker_env
 
 Conn = psycopg.Connection[Any]
@@ -130,6 +137,37 @@ def test_worker_endpoint_counts_what_the_run_did(
         if proc.proc.poll() is None:
             proc.proc.terminate()
         proc.wait()
+
+
+def test_oldest_queued_age_gauge(conn: Conn, dsn: str) -> None:
+    """The gauge holds the age of the oldest entry the last dequeue leased (server clock),
+    and drops to 0 once a dequeue finds the scope's queue empty."""
+    seed(conn, "conv-old", 30)
+    seed(conn, "conv-new", 30)
+    conn.execute("UPDATE compaction.queue SET enqueued_at = now() - interval '1 hour'"
+                 " WHERE conversation_id = 'conv-old'")
+    with ModelServer([hang(stop("Old.")), stop("New.")]) as server:
+        # One slot: the worker leases conv-old, its call hangs, and no dequeue happens
+        # until the call is released; the gauge shows the age seen by that dequeue.
+        proc = WorkerProcess("--model", MODEL, "--metrics-port", "0", "--poll-seconds", "0.2",
+                             "--concurrency", "1", env=worker_env(dsn, server.base_url))
+        try:
+            port = int(proc.wait_event("metrics_listening")["port"])
+            assert server.hanging.wait(30)
+            age = value(poll_scrape(port, lambda s: value(
+                s, "pycompactor_worker_queue_oldest_age_seconds") > 0),
+                "pycompactor_worker_queue_oldest_age_seconds")
+            assert 3600 <= age < 3600 + 120
+            server.release()
+            wait_for(lambda: len(summaries(conn)) == 2, what="both summaries")
+            poll_scrape(port, lambda s: value(
+                s, "pycompactor_worker_queue_oldest_age_seconds") == 0 and value(
+                s, "pycompactor_worker_queue_last_dequeue") == 0)
+        finally:
+            if proc.proc.poll() is None:
+                proc.proc.terminate()
+            proc.wait()
+        assert server.errors == []
 
 
 def test_projection_rejections_are_counted_in_the_agents_process(conn: Conn) -> None:

@@ -209,35 +209,48 @@ def test_extractive_worker_runs_are_identical_across_databases(
     assert len(summaries(conn)) == 1
 
 
+def queue_state(conn: Conn) -> list[tuple[str, bool]]:
+    """(conversation, under a live lease?) of every queue entry, by conversation."""
+    return [(str(c), bool(leased)) for c, leased in conn.execute(
+        "SELECT conversation_id, lease_token IS NOT NULL AND leased_until > now()"
+        " FROM compaction.queue ORDER BY conversation_id").fetchall()]
+
+
 def test_crashed_worker_is_recovered_by_another(
         conn: Conn, dsn: str, model_server: ModelServer) -> None:
-    """Acceptance 4: SIGKILL during a hanging call leaves one running attempt; after the
-    lease expires another worker completes attempt 2; never two summaries or a third."""
+    """Acceptance 4: SIGKILL while the worker holds a hanging call (conv-1 claimed, its
+    queue entry acknowledged) and a leased queue entry it has examined but not claimed
+    (conv-2, waiting for its only slot). Another worker, with no --sweep, completes
+    attempt 2 of conv-1 (the reaper re-queues it once the lease expires) and attempt 1
+    of conv-2 (its entry reappears when the entry's lease runs out); never two summaries
+    or a third attempt."""
     seed(conn, "conv-1", 30)
+    seed(conn, "conv-2", 30)
     env = worker_env(dsn, model_server.base_url)
-    model_server.enqueue(hang(), stop("Recovered summary."))
+    model_server.enqueue(hang())
+    model_server.handler = lambda _request: stop("Recovered summary.")
     # A short lease, so the takeover comes soon; long enough (heartbeat every second)
     # that a loaded test machine does not expire it while the first worker lives.
-    first = WorkerProcess("--model", MODEL, "--lease-seconds", "3", "--poll-seconds", "0.2",
-                          env=env)
+    first = WorkerProcess("--once", "--concurrency", "1", "--model", MODEL,
+                          "--lease-seconds", "3", env=env)
     try:
+        # The barrier: the call hangs and the pass is parked on conv-2's lease.
         assert model_server.hanging.wait(30)
+        wait_for(lambda: queue_state(conn) == [("conv-2", True)], timeout=30,
+                 what="conv-1 acknowledged, conv-2 leased")
         first.proc.send_signal(signal.SIGKILL)
         first.wait()
     finally:
         if first.proc.poll() is None:
             first.proc.kill()
-    rows = attempts(conn, "conv-1")
-    assert len(rows) == 1, first.stderr
-    running = rows[0]
-    assert (running.attempt, running.state) == (1, "running"), first.stderr
+    assert [(a.attempt, a.state) for a in attempts(conn)] == [(1, "running")], first.stderr
+    assert queue_state(conn) == [("conv-2", True)]
+    [entry_lease] = conn.execute("SELECT leased_until FROM compaction.queue").fetchone() or []
 
-    # A long-running worker's reaper expires the dead worker's attempt, which puts the
-    # conversation back on the queue; the same worker then claims attempt 2.
     second = WorkerProcess("--model", MODEL, "--poll-seconds", "0.2", env=env)
     try:
         try:
-            wait_for(lambda: bool(summaries(conn, "conv-1")), timeout=30, what="recovery")
+            wait_for(lambda: len(summaries(conn)) == 2, timeout=30, what="recovery")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; second worker said:\n{''.join(second.lines)}") from None
         second.proc.send_signal(signal.SIGTERM)
@@ -247,7 +260,13 @@ def test_crashed_worker_is_recovered_by_another(
             second.proc.kill()
     assert [(a.attempt, a.state, a.reason) for a in attempts(conn, "conv-1")] == [
         (1, "failed", "lease_expired"), (2, "completed", "completed")]
-    assert summaries(conn, "conv-1") == [("conv-1", 0, "Recovered summary.")]
+    assert [(a.attempt, a.state, a.reason) for a in attempts(conn, "conv-2")] == [
+        (1, "completed", "completed")]
+    assert summaries(conn) == [("conv-1", 0, "Recovered summary."),
+                               ("conv-2", 0, "Recovered summary.")]
+    # conv-2 was claimed only after the dead worker's entry lease ran out
+    assert _started_at(conn, "conv-2", 1) >= entry_lease
+    assert queue_state(conn) == []
 
     code, events, stderr = run_worker_cli("--once", "--conversation", "conv-1", "--model",
                                           MODEL, env=env)
@@ -256,8 +275,72 @@ def test_crashed_worker_is_recovered_by_another(
     assert not list(events_named(events, "claim_refused"))
     assert [e["reason"] for e in events_named(events, "target_skipped")] == [
         "already_completed"]
-    assert len(model_server.requests) == 2
-    assert len(attempts(conn, "conv-1")) == 2
+    assert len(model_server.requests) == 3
+    assert len(attempts(conn)) == 3
+
+
+def test_worker_killed_holding_leased_entries_loses_none(
+        conn: Conn, dsn: str, model_server: ModelServer) -> None:
+    """A worker SIGKILLed with two calls hanging (conv-0, conv-1 claimed) and two queue
+    entries leased but unclaimed (conv-2 examined and waiting for a slot, conv-3 not yet
+    looked at). Another worker with no --sweep completes all four after the leases: the
+    claimed ones by attempt 2 (reap re-queues them), the others by attempt 1 once their
+    entry leases run out, in their original queue order."""
+    ids = [f"conv-{i}" for i in range(4)]
+    for conversation_id in ids:
+        seed(conn, conversation_id, 30)
+    env = worker_env(dsn, model_server.base_url)
+    model_server.enqueue(hang(), hang())
+    model_server.handler = lambda _request: stop("After the crash.")
+    dead = WorkerProcess("--once", "--concurrency", "2", "--model", MODEL,
+                         "--lease-seconds", "2", env=env)
+    try:
+        wait_for(lambda: len(model_server.requests) == 2, timeout=30, what="two calls")
+        wait_for(lambda: queue_state(conn) == [("conv-2", True), ("conv-3", True)],
+                 timeout=30, what="conv-0 and conv-1 acknowledged, conv-2 and conv-3 leased")
+        dead.proc.send_signal(signal.SIGKILL)
+        dead.wait()
+    finally:
+        if dead.proc.poll() is None:
+            dead.proc.kill()
+    assert [(a.attempt, a.state) for a in attempts(conn)] == [(1, "running")] * 2
+    leases = dict(conn.execute(
+        "SELECT conversation_id, leased_until FROM compaction.queue").fetchall())
+    assert set(leases) == {"conv-2", "conv-3"}
+
+    survivor = WorkerProcess("--model", MODEL, "--poll-seconds", "0.2", "--concurrency", "1",
+                             env=env)
+    try:
+        try:
+            wait_for(lambda: len(summaries(conn)) == 4, timeout=60, what="four summaries")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; survivor said:\n{''.join(survivor.lines)}") from None
+        survivor.proc.send_signal(signal.SIGTERM)
+        assert survivor.wait() == 0, survivor.stderr
+    finally:
+        if survivor.proc.poll() is None:
+            survivor.proc.kill()
+    assert [(c, f) for c, f, _ in summaries(conn)] == [(c, 0) for c in ids]
+    for conversation_id in ("conv-0", "conv-1"):
+        assert [(a.attempt, a.state, a.reason) for a in attempts(conn, conversation_id)] == [
+            (1, "failed", "lease_expired"), (2, "completed", "completed")]
+    for conversation_id in ("conv-2", "conv-3"):
+        assert [(a.attempt, a.state, a.reason) for a in attempts(conn, conversation_id)] == [
+            (1, "completed", "completed")]
+        assert _started_at(conn, conversation_id, 1) >= leases[conversation_id]
+    # the two held entries came back in their original order
+    assert _started_at(conn, "conv-2", 1) <= _started_at(conn, "conv-3", 1)
+    assert queue_state(conn) == []
+    assert len(model_server.requests) == 6
+    assert not list(events_named(survivor.events(), "job_error"))
+
+
+def _started_at(conn: Conn, conversation_id: str, attempt: int) -> Any:
+    row = conn.execute("SELECT started_at FROM compaction.attempts"
+                       " WHERE conversation_id = %s AND attempt = %s",
+                       (conversation_id, attempt)).fetchone()
+    assert row is not None
+    return row[0]
 
 
 @pytest.mark.parametrize(("signum", "release_during_drain"), [

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from pycompactor import db
+from pycompactor.models import AckResult
 from tests.history import History
 from tests.sql.engine import GOOD, LEASE, MODEL, T0, V3, claim, scalar, target
 
@@ -298,11 +299,12 @@ def test_reap_puts_the_conversation_back_on_the_queue(conn: Conn) -> None:
     t = target(conn, "c1")
     c = claim(conn, "c1", t, scope="lane-b")
     assert c.claimed
-    db.dequeue(conn, 100)  # the source writes queued c1 (scope default); drain it
+    # the source writes queued c1 in scope default only
     assert db.reap(conn, now=T0 + LEASE / 2) == 0
-    assert db.dequeue(conn, 100) == []
+    assert db.dequeue(conn, 100, scope="lane-b") == []
     assert db.reap(conn, now=T0 + LEASE) == 1
-    assert [(q.conversation_id, q.scope) for q in db.dequeue(conn, 100)] == [("c1", "lane-b")]
+    assert [(q.conversation_id, q.scope) for q in db.dequeue(conn, 100, scope="lane-b")] \
+        == [("c1", "lane-b")]
     # the dead worker's range gets its second attempt
     assert claim(conn, "c1", t, scope="lane-b").attempt == 2
 
@@ -347,11 +349,16 @@ def test_source_writes_enqueue_and_dequeue_takes_them(conn: Conn) -> None:
     db.enqueue(conn, "c1", "audience-b")
     db.enqueue(conn, "c1", "audience-b")  # idempotent
     taken = db.dequeue(conn, 10)
-    assert sorted((q.conversation_id, q.scope) for q in taken) \
-        == [("c1", "audience-b"), ("c1", "default"), ("c2", "default")]
+    assert [(q.conversation_id, q.scope) for q in taken] == [("c1", "default"), ("c2", "default")]
+    for entry in taken:
+        assert db.ack(conn, entry) == AckResult(True, "acknowledged")
     assert db.dequeue(conn, 10) == []
+    assert [(q.conversation_id, q.scope) for q in db.dequeue(conn, 10, scope="audience-b")] \
+        == [("c1", "audience-b")]
     conn.execute("UPDATE compaction_source.runs SET status = 'partial'"
                  " WHERE conversation_id = 'c2'")
-    assert [(q.conversation_id, q.scope) for q in db.dequeue(conn, 10)] == [("c2", "default")]
+    [c2] = db.dequeue(conn, 10)
+    assert (c2.conversation_id, c2.scope) == ("c2", "default")
+    assert db.ack(conn, c2).reason == "acknowledged"
     conn.execute("DELETE FROM compaction_source.messages WHERE conversation_id = 'c2'")
     assert [q.conversation_id for q in db.dequeue(conn, 1)] == ["c2"]

@@ -114,7 +114,8 @@ def test_auditor_sees_metadata_only(conn: Conn, login_role: LoginRole) -> None:
             {"role": role}).fetchall()
     }
     assert readable == {"compaction.audit_jobs", "compaction.audit_stale_summaries",
-                        "compaction.audit_exhausted", "compaction.audit_events"}
+                        "compaction.audit_exhausted", "compaction.audit_events",
+                        "compaction.audit_queue"}
     with connect_as(auditor_dsn) as auditor:
         for relation in sorted(readable):
             rows = auditor.execute(f"SELECT * FROM {relation}").fetchall()
@@ -148,8 +149,8 @@ def test_no_function_is_executable_by_public_and_writers_are_definers(conn: Conn
         "   AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) AS a"
         "                                    WHERE a.grantee = 0))").fetchall()
     assert public == []
-    writers = ["claim", "complete", "fail", "heartbeat", "reap", "enqueue", "dequeue",
-               "import_summary", "erase_conversation"]
+    writers = ["claim", "complete", "fail", "heartbeat", "reap", "enqueue", "dequeue", "ack",
+               "release", "import_summary", "erase_conversation"]
     rows = conn.execute(
         "SELECT p.proname, p.prosecdef, p.proconfig, pg_get_userbyid(p.proowner)"
         " FROM pg_proc AS p WHERE p.pronamespace = 'compaction'::regnamespace"
