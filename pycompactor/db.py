@@ -290,11 +290,14 @@ def claim(conn: Connection, conversation_id: str, scope: str, from_pair: int,
 def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
              finish_reason: str | None, tool_call_count: int, *,
              response_id: str | None = None, now: datetime | None = None,
-             stats: Mapping[str, int] | None = None) -> CompleteResult:
+             stats: Mapping[str, int] | None = None,
+             conversation_id: str | None = None) -> CompleteResult:
     """Record attempt (job_id, attempt)'s result; fenced (lease_lost) and idempotent.
 
     `stats` is p_stats: any of input_tokens, output_tokens, figures_total, figures_kept
     (non-negative integers; the database refuses anything else with CP020).
+    `conversation_id` must be the job's (else lease_lost); the worker always passes it.
+    `now` is honoured only for a superuser or compaction_owner (else CP021).
     """
     with _call(conn, class_row(CompleteResult)) as cur:
         cur.execute(
@@ -303,11 +306,12 @@ def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
             " p_summary => %(summary)s::text, p_finish_reason => %(finish_reason)s::text,"
             " p_tool_call_count => %(tool_call_count)s::int,"
             " p_response_id => %(response_id)s::text, p_now => %(now)s::timestamptz,"
-            " p_stats => %(stats)s::jsonb)",
+            " p_stats => %(stats)s::jsonb, p_conversation_id => %(conversation_id)s::text)",
             {"job_id": job_id, "attempt": attempt, "summary": summary,
              "finish_reason": finish_reason, "tool_call_count": tool_call_count,
              "response_id": response_id, "now": now,
-             "stats": None if stats is None else Jsonb(dict(stats))},
+             "stats": None if stats is None else Jsonb(dict(stats)),
+             "conversation_id": conversation_id},
         )
         row = cur.fetchone()
         assert row is not None
@@ -315,14 +319,16 @@ def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
 
 
 def fail(conn: Connection, job_id: int, attempt: int, reason: str, *,
-         now: datetime | None = None) -> FailResult:
-    """Record attempt (job_id, attempt) failed with the worker's reason; fenced."""
+         now: datetime | None = None, conversation_id: str | None = None) -> FailResult:
+    """Record attempt (job_id, attempt) failed with the worker's reason code; fenced."""
     with _call(conn, class_row(FailResult)) as cur:
         cur.execute(
             "SELECT ok, reason FROM compaction.fail("
             "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
-            " p_reason => %(reason)s::text, p_now => %(now)s::timestamptz)",
-            {"job_id": job_id, "attempt": attempt, "reason": reason, "now": now},
+            " p_reason => %(reason)s::text, p_now => %(now)s::timestamptz,"
+            " p_conversation_id => %(conversation_id)s::text)",
+            {"job_id": job_id, "attempt": attempt, "reason": reason, "now": now,
+             "conversation_id": conversation_id},
         )
         row = cur.fetchone()
         assert row is not None
@@ -330,14 +336,17 @@ def fail(conn: Connection, job_id: int, attempt: int, reason: str, *,
 
 
 def heartbeat(conn: Connection, job_id: int, attempt: int, *,
-              lease: timedelta = DEFAULT_LEASE, now: datetime | None = None) -> HeartbeatResult:
+              lease: timedelta = DEFAULT_LEASE, now: datetime | None = None,
+              conversation_id: str | None = None) -> HeartbeatResult:
     """Renew the lease of running attempt (job_id, attempt); ok=False when fenced off."""
     with _call(conn, class_row(HeartbeatResult)) as cur:
         cur.execute(
             "SELECT ok, lease_expires_at FROM compaction.heartbeat("
             "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
-            " p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)",
-            {"job_id": job_id, "attempt": attempt, "lease": lease, "now": now},
+            " p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz,"
+            " p_conversation_id => %(conversation_id)s::text)",
+            {"job_id": job_id, "attempt": attempt, "lease": lease, "now": now,
+             "conversation_id": conversation_id},
         )
         row = cur.fetchone()
         assert row is not None

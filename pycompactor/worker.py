@@ -772,11 +772,13 @@ class Worker:
                         done = db.complete(conn, job.job_id, job.attempt, outcome.text,
                                            outcome.finish_reason, outcome.tool_call_count,
                                            response_id=outcome.response_id,
-                                           stats=reply_stats(outcome, figures))
+                                           stats=reply_stats(outcome, figures),
+                                           conversation_id=job.conversation_id)
                         # ok=False is the database's verdict: not_stopped, tool_calls, ...
                         completed, reason, summary_id = done.ok, done.reason, done.summary_id
                     else:
-                        failed = db.fail(conn, job.job_id, job.attempt, outcome.reason)
+                        failed = db.fail(conn, job.job_id, job.attempt, outcome.reason,
+                                         conversation_id=job.conversation_id)
                         # ok=True means "recorded failed"; ok=False means fenced off.
                         completed, summary_id = False, None
                         reason = outcome.reason if failed.ok else failed.reason
@@ -836,7 +838,8 @@ class Worker:
                 try:
                     with self._pool.get() as conn:
                         beat = db.heartbeat(conn, job.job_id, job.attempt,
-                                            lease=self.config.lease)
+                                            lease=self.config.lease,
+                                            conversation_id=job.conversation_id)
                 except PycompactorError as exc:
                     self._log.emit("heartbeat_error", job_id=job.job_id, attempt=job.attempt,
                                    conversation_id=job.conversation_id, error=str(exc))
@@ -877,7 +880,8 @@ class Worker:
         job = running.job
         try:
             with self._pool.get() as conn:
-                failed = db.fail(conn, job.job_id, job.attempt, INTERRUPTED)
+                failed = db.fail(conn, job.job_id, job.attempt, INTERRUPTED,
+                                 conversation_id=job.conversation_id)
             result = JobResult(job, "interrupted" if failed.ok else failed.reason,
                                INTERRUPTED if failed.ok else failed.reason, None,
                                _ms_since(running.started))
