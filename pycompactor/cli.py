@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import traceback
@@ -280,11 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest wait between queue polls when idle (default: 5)")
     p.add_argument("--drain-seconds", type=non_negative_float, default=30.0, metavar="S",
                    help="on SIGTERM/SIGINT, how long in-flight calls may finish (default: 30)")
-    p.add_argument("--lease-seconds", type=positive_float, default=300.0, metavar="S",
+    p.add_argument("--lease-seconds", type=lease_seconds, default=300.0, metavar="S",
                    help="advanced: lease of a claimed attempt, renewed every third of it, "
-                        "and of each queue entry taken (at least 1 s, at most 1 day there) "
-                        "(default: 300); a crashed worker's attempts and entries come back "
-                        "after this")
+                        "and of each queue entry taken, 1 to 86400 (default: 300); a "
+                        "crashed worker's attempts and entries come back after this")
     # String defaults go through `type`, so a bad environment value is a usage error.
     p.add_argument("--lock-timeout-seconds", type=positive_float, metavar="S",
                    default=os.environ.get("PYCOMPACTOR_LOCK_TIMEOUT_SECONDS", "5"),
@@ -351,6 +351,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def lease_seconds(text: str) -> float:
+    # The engine grants leases of 1 second to 1 day (CP023 otherwise): say so up front.
+    value = positive_float(text)
+    if not 1.0 <= value <= 86400.0:
+        raise argparse.ArgumentTypeError(f"expected 1 to 86400 seconds, got {text}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -385,7 +393,19 @@ def redact(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
+def quiet_driver_warnings() -> None:
+    """Keep psycopg's own warnings off stderr (logging's last-resort handler).
+
+    When a connection dies inside a pipeline, psycopg logs "error ignored terminating
+    <Pipeline>" besides raising the error we handle; on stderr that line would break the
+    one-line errors and the worker's one-event-per-line log. An application that
+    configures logging still receives the records (they propagate to its handlers).
+    """
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_driver_warnings()
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:

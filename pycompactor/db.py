@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from pycompactor.errors import from_driver, wrap_exceptions
+from pycompactor.errors import PermissionDenied, from_driver, wrap_exceptions
 from pycompactor.models import (
     AckResult,
     AuditReport,
@@ -239,7 +239,7 @@ def range_replies(conn: Connection, conversation_id: str, from_pair: int,
 
 def source_hash(conn: Connection, conversation_id: str, from_pair: int) -> str | None:
     """The SQL twin of pycompactor.source_hash, for a range of a stored conversation."""
-    with wrap_exceptions(), conn.cursor() as cur:
+    with _call(conn, tuple_row) as cur:
         cur.execute(
             "SELECT compaction.source_hash(%(conversation_id)s::text, %(from_pair)s::int)",
             {"conversation_id": conversation_id, "from_pair": from_pair},
@@ -249,7 +249,7 @@ def source_hash(conn: Connection, conversation_id: str, from_pair: int) -> str |
 
 
 def explain_runs(conn: Connection, conversation_id: str) -> list[RunVerdict]:
-    with wrap_exceptions(), conn.cursor(row_factory=class_row(RunVerdict)) as cur:
+    with _call(conn, class_row(RunVerdict)) as cur:
         cur.execute(
             "SELECT run_id, run_status, eligible, reason"
             " FROM compaction.explain_runs(%(conversation_id)s::text)",
@@ -353,6 +353,33 @@ def heartbeat(conn: Connection, job_id: int, attempt: int, *,
         return row
 
 
+#: What a worker calls, by signature: a schema older than this package lacks one of them.
+WORKER_FUNCTIONS: Final = (
+    "compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz)",
+    "compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text)",
+    "compaction.fail(bigint, int, text, timestamptz, text)",
+    "compaction.heartbeat(bigint, int, interval, timestamptz, text)",
+    "compaction.dequeue(text, int, interval)",
+    "compaction.worker_targets(text, text, text, text)",
+)
+
+
+def check_worker_access(conn: Connection) -> None:
+    """Raise SchemaNotMigrated or PermissionDenied unless this role can run a worker."""
+    with _call(conn, tuple_row) as cur:
+        # A missing schema or function (an older revision) fails the regprocedure lookup.
+        cur.execute(
+            "SELECT bool_and(pg_catalog.has_function_privilege(f, 'EXECUTE'))"
+            " FROM unnest(%(functions)s::text[]) AS f",
+            {"functions": list(WORKER_FUNCTIONS)},
+        )
+        row = cur.fetchone()
+    if row is None or row[0] is not True:
+        raise PermissionDenied(
+            "this role may not run a worker (no EXECUTE on the engine's worker functions); "
+            "connect as a member of compaction_worker")
+
+
 def reap(conn: Connection, *, now: datetime | None = None) -> int:
     """Fail (lease_expired) every running attempt whose lease ran out; returns how many."""
     with _call(conn, tuple_row) as cur:
@@ -372,8 +399,8 @@ def enqueue(conn: Connection, conversation_id: str, scope: str = "default") -> N
         )
 
 
-#: Longest and shortest lease compaction.dequeue grants (as for claims).
-QUEUE_LEASE_BOUNDS: Final = (timedelta(seconds=1), timedelta(days=1))
+#: Shortest and longest lease claim, heartbeat and dequeue grant (else CP023 / CP020).
+LEASE_BOUNDS: Final = (timedelta(seconds=1), timedelta(days=1))
 
 
 def dequeue(conn: Connection, limit: int = 100, *, scope: str = "default",
@@ -432,7 +459,7 @@ def import_summary(conn: Connection, conversation_id: str, scope: str, from_pair
                    source_message_ids: Sequence[str], source_hash: str, model: str,
                    prompt_version: str, summary: str, completed_at: datetime) -> int:
     """Record a summary made by an earlier system; returns its summary_id (CP00x on bad shape)."""
-    with wrap_exceptions(), conn.cursor() as cur:
+    with _call(conn, tuple_row) as cur:
         cur.execute(
             "SELECT compaction.import_summary("
             "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
@@ -452,8 +479,12 @@ def import_summary(conn: Connection, conversation_id: str, scope: str, from_pair
 
 
 def erase_conversation(conn: Connection, conversation_id: str, reason: str) -> int:
-    """Erase a conversation's engine rows (owner/admin only); returns summaries removed."""
-    with wrap_exceptions(), conn.cursor() as cur:
+    """Erase a conversation's engine rows (owner/admin only); returns summaries removed.
+
+    `reason` is a code (^[a-z][a-z0-9_]{0,63}$, e.g. `gdpr_request`), never free text:
+    the tombstone outlives the erased rows and the auditor reads it (CP024 otherwise).
+    """
+    with _call(conn, tuple_row) as cur:
         cur.execute(
             "SELECT compaction.erase_conversation(p_conversation_id => %(conversation_id)s::text,"
             " p_reason => %(reason)s::text)",

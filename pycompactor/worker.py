@@ -143,8 +143,9 @@ class WorkerConfig:
             raise ValueError("min_figure_retention must lie between 0 and 1")
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch_size must be at least 1")
-        if self.lease <= timedelta(0):
-            raise ValueError("the lease must be positive")
+        low, high = db.LEASE_BOUNDS
+        if not low <= self.lease <= high:
+            raise ValueError("the lease must lie between 1 second and 1 day")
         if self.conversation is not None and self.sweep:
             raise ValueError("--conversation and --sweep exclude each other")
 
@@ -349,9 +350,8 @@ class Worker:
         # Leased entries not yet acknowledged or released. If a database error cuts a pass
         # short they are released first thing on reconnect (else their leases run out).
         self._unsettled: list[QueuedConversation] = []
-        # Entry leases: the attempt lease, within the bounds compaction.dequeue accepts.
-        low, high = db.QUEUE_LEASE_BOUNDS
-        self._queue_lease = min(max(config.lease, low), high)
+        # Entry leases: the attempt lease (WorkerConfig keeps it within db.LEASE_BOUNDS).
+        self._queue_lease = config.lease
         self._passes = 0
         self._claimed = 0
         self._refused: Counter[str] = Counter()
@@ -401,6 +401,10 @@ class Worker:
     def run(self) -> WorkerReport:
         """One pass (`once`) or passes until stopped; then drain. Returns the totals."""
         cfg = self.config
+        # Connected, migrated and permitted before the start is announced: a worker that
+        # cannot start says exactly one thing (why), not "started" and then why.
+        with self._pool.get() as conn:
+            db.check_worker_access(conn)
         previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):

@@ -1,4 +1,4 @@
-"""The worker-callable surface as a security boundary: server time, bounded leases, reason codes, exact admission.
+"""The worker-callable surface as a security boundary: server time, leases, reason codes, admission.
 
 Revision ID: 0007_worker_surface
 Revises: 0006_queue_leases

@@ -195,7 +195,8 @@ def test_search_path_hijack_is_ignored(conn: Conn, login_role: LoginRole) -> Non
         before = scalar(conn, "SELECT pg_catalog.now()")
         c = claim(worker, "c1", t, now=None)
         # the server's clock, not the hijacked public.now() of 2000
-        assert c.claimed and c.lease_expires_at is not None
+        assert c.claimed
+        assert c.lease_expires_at is not None
         assert c.lease_expires_at >= before + LEASE
         assert c.job_id is not None
         assert db.complete(worker, c.job_id, 1, " \t\n", "stop", 0).reason == "empty"
