@@ -336,7 +336,7 @@ def test_heartbeats_keep_a_slow_call_alive_past_its_first_lease(
     result: list[WorkerReport] = []
     with OpenAISummarizer(MODEL, base_url=model_server.base_url, api_key="k",
                           timeout_seconds=30) as summarizer:
-        worker = make_worker(dsn, summarizer, log, lease=timedelta(seconds=0.9))
+        worker = make_worker(dsn, summarizer, log, lease=timedelta(seconds=1.5))
         thread = threading.Thread(target=lambda: result.append(worker.run()))
         thread.start()
         try:
