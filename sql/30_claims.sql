@@ -341,9 +341,9 @@ ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_track_admission;
 
 -- Slots follow settings.max_running. Raising it adds slots; lowering it moves running
 -- attempts from the slots above the new limit into free ones below and drops the free
--- slots above. Attempts that do not fit keep their slots above the limit until they end,
--- and claim refuses while any of them is live: the running count is then already over
--- the new limit. The table lock orders this against concurrent claims.
+-- slots above. Attempts that do not fit keep their slots above the limit until they end;
+-- while any of them is live, claim counts every live holder. The table lock orders this
+-- against concurrent claims.
 CREATE FUNCTION compaction.settings_resize_admission()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -671,8 +671,15 @@ BEGIN
     -- uncommitted claim is as good as taken. Under REPEATABLE READ or SERIALIZABLE a
     -- slot another claim took after this snapshot raises a serialization failure.
     SELECT s.max_running INTO v_max_running FROM compaction.settings AS s;
-    IF NOT EXISTS (SELECT 1 FROM compaction.admission AS ad
-                   WHERE ad.slot > v_max_running AND ad.lease_expires_at > v_now) THEN
+    -- Live attempts left in slots above a lowered max_running (settings_resize_admission
+    -- could not fit them): then the free slots below do not tell the count. Claims
+    -- serialise on those rows (the no-op update also makes a claim whose snapshot missed
+    -- another's fail at REPEATABLE READ) and count every live holder. Usually no row.
+    UPDATE compaction.admission AS ad
+    SET lease_expires_at = ad.lease_expires_at
+    WHERE ad.slot > v_max_running AND ad.lease_expires_at > v_now;
+    IF NOT FOUND OR (SELECT count(*) FROM compaction.admission AS ad
+                     WHERE ad.lease_expires_at > v_now) < v_max_running THEN
         SELECT ad.slot INTO v_slot
         FROM compaction.admission AS ad
         WHERE ad.slot <= v_max_running

@@ -333,8 +333,15 @@ BEGIN
     -- uncommitted claim is as good as taken. Under REPEATABLE READ or SERIALIZABLE a
     -- slot another claim took after this snapshot raises a serialization failure.
     SELECT s.max_running INTO v_max_running FROM compaction.settings AS s;
-    IF NOT EXISTS (SELECT 1 FROM compaction.admission AS ad
-                   WHERE ad.slot > v_max_running AND ad.lease_expires_at > v_now) THEN
+    -- Live attempts left in slots above a lowered max_running (settings_resize_admission
+    -- could not fit them): then the free slots below do not tell the count. Claims
+    -- serialise on those rows (the no-op update also makes a claim whose snapshot missed
+    -- another's fail at REPEATABLE READ) and count every live holder. Usually no row.
+    UPDATE compaction.admission AS ad
+    SET lease_expires_at = ad.lease_expires_at
+    WHERE ad.slot > v_max_running AND ad.lease_expires_at > v_now;
+    IF NOT FOUND OR (SELECT count(*) FROM compaction.admission AS ad
+                     WHERE ad.lease_expires_at > v_now) < v_max_running THEN
         SELECT ad.slot INTO v_slot
         FROM compaction.admission AS ad
         WHERE ad.slot <= v_max_running
