@@ -364,15 +364,18 @@ WORKER_FUNCTIONS: Final = (
 )
 
 
+#: The worker's start-up check. A missing schema or function (an older revision) fails
+#: the regprocedure lookup (SchemaNotMigrated); a role without the grants gets false.
+WORKER_ACCESS_SQL: Final = (
+    "SELECT bool_and(pg_catalog.has_function_privilege(f, 'EXECUTE'))"
+    " FROM unnest(%(functions)s::text[]) AS f"
+)
+
+
 def check_worker_access(conn: Connection) -> None:
     """Raise SchemaNotMigrated or PermissionDenied unless this role can run a worker."""
     with _call(conn, tuple_row) as cur:
-        # A missing schema or function (an older revision) fails the regprocedure lookup.
-        cur.execute(
-            "SELECT bool_and(pg_catalog.has_function_privilege(f, 'EXECUTE'))"
-            " FROM unnest(%(functions)s::text[]) AS f",
-            {"functions": list(WORKER_FUNCTIONS)},
-        )
+        cur.execute(WORKER_ACCESS_SQL, {"functions": list(WORKER_FUNCTIONS)})
         row = cur.fetchone()
     if row is None or row[0] is not True:
         raise PermissionDenied(

@@ -213,6 +213,7 @@ def test_one_pass_touches_only_the_conversation_with_new_history(
     # Each engine call runs in its own transaction, after its transaction-local timeouts.
     assert sum(query == db.TIMEOUTS_SQL for query, _ in _STATEMENTS) == calls.total()
     assert calls == Counter({
+        "start-up check": 1,            # schema revision and grants, before `started`
         "compaction.reap": 1,
         "compaction.dequeue": 2,        # one queued conversation, then an empty queue
         "compaction.worker_targets": 1,
@@ -227,7 +228,10 @@ def test_one_pass_touches_only_the_conversation_with_new_history(
 
 
 def _function_of(query: str) -> str:
-    """The engine function a statement calls (every worker statement calls exactly one)."""
+    """The engine function a statement calls (every worker statement calls exactly one,
+    but the start-up check of the worker's grants)."""
+    if query == db.WORKER_ACCESS_SQL:
+        return "start-up check"
     start = query.index("compaction.")
     return query[start:query.index("(", start)]
 
@@ -322,7 +326,7 @@ def test_completed_identity_is_skipped_without_a_claim(
     assert report.claimed == 0
     assert report.refused == {}
     assert Counter(_function_of(q) for q, _ in _STATEMENTS if q != db.TIMEOUTS_SQL) == Counter(
-        {"compaction.reap": 1, "compaction.worker_targets": 1})
+        {"start-up check": 1, "compaction.reap": 1, "compaction.worker_targets": 1})
     assert len(model_server.requests) == 1
 
 
