@@ -693,28 +693,33 @@ BEGIN
         RETURN;
     END IF;
 
-    BEGIN
-        IF v_job_id IS NULL THEN
-            INSERT INTO compaction.jobs
-                (conversation_id, scope, from_pair, to_pair, source_message_ids, source_hash,
-                 model, prompt_version, created_at)
-            VALUES (p_conversation_id, p_scope, p_from_pair, p_from_pair + 9,
-                    p_source_message_ids, p_source_hash, p_model, p_prompt_version, v_now)
-            RETURNING job_id INTO v_job_id;
-        END IF;
+    -- The unique indexes are the final word. At READ COMMITTED the conversation lock has
+    -- already ordered competing claims, so no conflict arises; at REPEATABLE READ a
+    -- conflict with a winner this snapshot cannot see is a serialization failure (ON
+    -- CONFLICT's rule), never a second running attempt. No subtransaction needed.
+    IF v_job_id IS NULL THEN
+        INSERT INTO compaction.jobs
+            (conversation_id, scope, from_pair, to_pair, source_message_ids, source_hash,
+             model, prompt_version, created_at)
+        VALUES (p_conversation_id, p_scope, p_from_pair, p_from_pair + 9,
+                p_source_message_ids, p_source_hash, p_model, p_prompt_version, v_now)
+        ON CONFLICT DO NOTHING
+        RETURNING job_id INTO v_job_id;
+    END IF;
+    IF v_job_id IS NOT NULL THEN
         INSERT INTO compaction.attempts
             (conversation_id, job_id, attempt, state, worker, started_at, lease_expires_at)
-        VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, v_now, v_lease);
-        UPDATE compaction.admission AS ad
-        SET holder_conversation_id = p_conversation_id, holder_job_id = v_job_id,
-            holder_attempt = v_attempt, lease_expires_at = v_lease
-        WHERE ad.slot = v_slot;
-    EXCEPTION WHEN unique_violation THEN
-        -- Only reachable when the caller's snapshot predates a concurrent winner
-        -- (REPEATABLE READ): the unique indexes decide, the loser gets a refusal row.
+        VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, v_now, v_lease)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    IF v_job_id IS NULL OR NOT FOUND THEN
         RETURN QUERY SELECT false, 'already_running'::text, v_job_id, NULL::int, NULL::timestamptz;
         RETURN;
-    END;
+    END IF;
+    UPDATE compaction.admission AS ad
+    SET holder_conversation_id = p_conversation_id, holder_job_id = v_job_id,
+        holder_attempt = v_attempt, lease_expires_at = v_lease
+    WHERE ad.slot = v_slot;
     RETURN QUERY SELECT true, 'claimed'::text, v_job_id, v_attempt, v_lease;
 END
 $$;
