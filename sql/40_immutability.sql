@@ -272,6 +272,9 @@ BEGIN
     SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
         lease_expires_at = NULL
     WHERE ad.holder_conversation_id = p_conversation_id;
+    DELETE FROM compaction.admission AS ad
+    WHERE ad.slot > (SELECT s.max_running FROM compaction.settings AS s)
+      AND ad.holder_conversation_id IS NULL;
     DELETE FROM compaction.attempts AS a WHERE a.conversation_id = p_conversation_id;
     DELETE FROM compaction.jobs AS j WHERE j.conversation_id = p_conversation_id;
     DELETE FROM compaction.queue AS q WHERE q.conversation_id = p_conversation_id;

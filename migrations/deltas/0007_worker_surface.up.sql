@@ -62,6 +62,8 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_slot int;
 BEGIN
     IF NEW.state = 'running' THEN
         UPDATE compaction.admission AS ad
@@ -73,13 +75,18 @@ BEGIN
         SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
             lease_expires_at = NULL
         WHERE ad.holder_conversation_id = NEW.conversation_id
-          AND ad.holder_job_id = NEW.job_id AND ad.holder_attempt = NEW.attempt;
+          AND ad.holder_job_id = NEW.job_id AND ad.holder_attempt = NEW.attempt
+        RETURNING ad.slot INTO v_slot;
+        -- A slot above a lowered max_running goes with its last holder.
+        IF v_slot > (SELECT s.max_running FROM compaction.settings AS s) THEN
+            DELETE FROM compaction.admission AS ad WHERE ad.slot = v_slot;
+        END IF;
     END IF;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION compaction.attempts_track_admission() IS
-    'Trigger: copies a running attempt''s renewed lease into its admission slot and frees the slot when the attempt ends';
+    'Trigger: copies a running attempt''s renewed lease into its admission slot and frees the slot when the attempt ends (dropping it if above max_running)';
 
 CREATE TRIGGER attempts_track_admission
     AFTER UPDATE ON compaction.attempts
@@ -248,6 +255,7 @@ DECLARE
     v_attempt     int;
     v_max_running int;
     v_slot        int;
+    v_overflow    boolean := false;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
        OR p_model = '' OR p_worker IS NULL THEN
@@ -333,15 +341,20 @@ BEGIN
     -- uncommitted claim is as good as taken. Under REPEATABLE READ or SERIALIZABLE a
     -- slot another claim took after this snapshot raises a serialization failure.
     SELECT s.max_running INTO v_max_running FROM compaction.settings AS s;
-    -- Live attempts left in slots above a lowered max_running (settings_resize_admission
-    -- could not fit them): then the free slots below do not tell the count. Claims
-    -- serialise on those rows (the no-op update also makes a claim whose snapshot missed
-    -- another's fail at REPEATABLE READ) and count every live holder. Usually no row.
-    UPDATE compaction.admission AS ad
-    SET lease_expires_at = ad.lease_expires_at
-    WHERE ad.slot > v_max_running AND ad.lease_expires_at > v_now;
-    IF NOT FOUND OR (SELECT count(*) FROM compaction.admission AS ad
-                     WHERE ad.lease_expires_at > v_now) < v_max_running THEN
+    -- Slots above max_running exist only while attempts admitted before it was lowered
+    -- still hold them (settings_resize_admission could not fit them below; a slot above
+    -- is dropped when its holder ends). Then the free slots below do not tell the count:
+    -- claims serialise on the live ones (the no-op update also makes a claim whose
+    -- snapshot missed another's fail at REPEATABLE READ) and count every live holder.
+    -- max(slot) is one step down the primary key, so the usual case costs nothing.
+    IF (SELECT max(ad.slot) FROM compaction.admission AS ad) > v_max_running THEN
+        UPDATE compaction.admission AS ad
+        SET lease_expires_at = ad.lease_expires_at
+        WHERE ad.slot > v_max_running AND ad.lease_expires_at > v_now;
+        v_overflow := FOUND;
+    END IF;
+    IF NOT v_overflow OR (SELECT count(*) FROM compaction.admission AS ad
+                          WHERE ad.lease_expires_at > v_now) < v_max_running THEN
         SELECT ad.slot INTO v_slot
         FROM compaction.admission AS ad
         WHERE ad.slot <= v_max_running
@@ -682,6 +695,9 @@ BEGIN
     SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
         lease_expires_at = NULL
     WHERE ad.holder_conversation_id = p_conversation_id;
+    DELETE FROM compaction.admission AS ad
+    WHERE ad.slot > (SELECT s.max_running FROM compaction.settings AS s)
+      AND ad.holder_conversation_id IS NULL;
     DELETE FROM compaction.attempts AS a WHERE a.conversation_id = p_conversation_id;
     DELETE FROM compaction.jobs AS j WHERE j.conversation_id = p_conversation_id;
     DELETE FROM compaction.queue AS q WHERE q.conversation_id = p_conversation_id;
