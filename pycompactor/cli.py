@@ -1,4 +1,7 @@
-"""The `pycompactor` command line: argument parsing, output formatting, exit codes.
+"""The `pycompactor` command line: the commands, their arguments and exit codes.
+
+Argument types live in `argtypes`, tables and JSON in `render`; the audit command in
+`audit`.
 
 Exit codes: 0 success, 1 runtime failure (one line on stderr; --debug adds the
 traceback), 2 bad argument (argparse's usage line plus one error line).
@@ -7,7 +10,6 @@ traceback), 2 bad argument (argparse's usage line plus one error line).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -16,24 +18,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pycompactor import __version__, db
+from pycompactor.argtypes import (
+    lease_seconds,
+    non_negative_float,
+    non_negative_int,
+    port_number,
+    positive_float,
+    positive_int,
+    retention_ratio,
+)
 from pycompactor.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
 from pycompactor.errors import PycompactorError
+from pycompactor.render import print_json, render_table
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain aligned text table (the readable default; --json is for scripts)."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def print_json(value: Any) -> None:
-    print(json.dumps(value, ensure_ascii=False, indent=2, sort_keys=False))
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -312,72 +310,6 @@ def build_parser() -> argparse.ArgumentParser:
         "start a throwaway PostgreSQL, migrate, load a sample conversation and show the plan",
         "  pycompactor demo")
     return parser
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
-    return value
-
-
-def port_number(text: str) -> int:
-    value = non_negative_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port (0-65535), got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (value > 0 and value < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
-
-
-def lease_seconds(text: str) -> float:
-    # The engine grants leases of 1 second to 1 day (CP023 otherwise): say so up front.
-    value = positive_float(text)
-    if not 1.0 <= value <= 86400.0:
-        raise argparse.ArgumentTypeError(f"expected 1 to 86400 seconds, got {text}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (value >= 0 and value < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text}")
-    return value
-
-
-def retention_ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a share between 0 and 1, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:  # NaN fails this too
-        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text}")
-    return value
 
 
 def error_secrets(args: argparse.Namespace) -> list[str]:

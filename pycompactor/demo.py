@@ -31,7 +31,6 @@ from rich.table import Table
 from rich.text import Text
 
 from pycompactor import db, schema
-from pycompactor.audit import cell
 from pycompactor.cluster import ThrowawayCluster, describe
 from pycompactor.errors import PycompactorError
 from pycompactor.hashing import source_hash
@@ -46,6 +45,7 @@ from pycompactor.projection import (
     message_cost,
     project_history,
 )
+from pycompactor.render import cell
 from pycompactor.sample import CONVERSATION_ID, load_sample
 from pycompactor.summarizer import OFFLINE_MODEL, PROMPT_VERSION, ExtractiveSummarizer
 from pycompactor.worker import EventLog, Worker, WorkerConfig
