@@ -15,7 +15,6 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from pycompactor import __version__, db
 from pycompactor.argtypes import (
@@ -29,7 +28,7 @@ from pycompactor.argtypes import (
 )
 from pycompactor.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
 from pycompactor.errors import PycompactorError
-from pycompactor.render import print_json, render_table
+from pycompactor.render import placement_runs, print_json, render_table
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -81,19 +80,13 @@ def cmd_project(args: argparse.Namespace) -> int:
     print(f"conversation {args.conversation} (scope {args.scope}): "
           f"{len(projection.pairs)} eligible pairs, {len(projection.messages)} messages, "
           f"{projection.used_bytes} of {projection.budget_bytes} bytes used")
-    # One row per run of consecutive pairs with the same placement and summary, so a long
-    # conversation's omitted history is one line; --json lists every pair.
-    runs: list[list[Any]] = []
-    for entry in projection.pairs:
-        if runs and runs[-1][1:] == [entry.placement, entry.summary_id]:
-            runs[-1][0][1] = entry.pair_index
-        else:
-            runs.append([[entry.pair_index, entry.pair_index], entry.placement, entry.summary_id])
+    # One row per run of pairs with the same placement; --json lists every pair.
+    runs = placement_runs(projection.pairs)
     if runs:
         print(render_table(
             ["pairs", "placement", "summary_id"],
             [(f"{a}-{b}" if a != b else f"{a}", placement, summary_id)
-             for (a, b), placement, summary_id in runs],
+             for a, b, placement, summary_id in runs],
         ))
     if projection.rejected_summaries:
         print("rejected summaries:")

@@ -7,9 +7,9 @@ of the package, so it sits below all of them.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -48,3 +48,27 @@ def cell(row: Mapping[str, Any], column: str) -> object:
     if isinstance(value, timedelta):
         return f"{value.total_seconds():.1f}s"
     return value
+
+
+class PlacedPair(Protocol):
+    """A projection manifest entry, as far as rendering needs it."""
+
+    @property
+    def pair_index(self) -> int: ...
+    @property
+    def placement(self) -> str: ...
+    @property
+    def summary_id(self) -> int | None: ...
+
+
+def placement_runs(entries: Iterable[PlacedPair]) -> list[tuple[int, int, str, int | None]]:
+    """Consecutive pairs with the same placement and summary as one (first, last,
+    placement, summary_id) run, so a long history's omitted part is one table row."""
+    runs: list[tuple[int, int, str, int | None]] = []
+    for entry in entries:
+        if runs and runs[-1][2:] == (entry.placement, entry.summary_id):
+            first, _, placement, summary_id = runs[-1]
+            runs[-1] = (first, entry.pair_index, placement, summary_id)
+        else:
+            runs.append((entry.pair_index, entry.pair_index, entry.placement, entry.summary_id))
+    return runs
