@@ -285,6 +285,17 @@ def _malformed(detail: str) -> Failure:
     return Failure(MALFORMED_RESPONSE, detail)
 
 
+def _json_object(body: bytes) -> dict[str, Any] | Failure:
+    """A response body as a JSON object, or the malformed_response failure saying why not."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _malformed(f"body is not JSON: {exc}")
+    if not isinstance(data, dict):
+        return _malformed("body is not a JSON object")
+    return data
+
+
 def parse_completion(body: bytes) -> ModelOutcome:
     """Classify a 200 response body strictly, reading the JSON ourselves.
 
@@ -292,12 +303,9 @@ def parse_completion(body: bytes) -> ModelOutcome:
     the wire format is checked here: exactly one choice, a message object, string or null
     content, a list of tool calls, and so on. Anything unexpected is malformed_response.
     """
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _malformed(f"body is not JSON: {exc}")
-    if not isinstance(data, dict):
-        return _malformed("body is not a JSON object")
+    data = _json_object(body)
+    if isinstance(data, Failure):
+        return data
     choices = data.get("choices")
     if not isinstance(choices, list):
         return _malformed("no choices list")
@@ -372,12 +380,9 @@ def parse_response(body: bytes) -> ModelOutcome:
     (tool_calls); no text is empty. A refusal part, two messages or an unexpected shape
     are failures judged here (refusal, multiple_messages, malformed_response).
     """
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _malformed(f"body is not JSON: {exc}")
-    if not isinstance(data, dict):
-        return _malformed("body is not a JSON object")
+    data = _json_object(body)
+    if isinstance(data, Failure):
+        return data
     status = data.get("status")
     if not isinstance(status, str):
         return _malformed("no status string")
