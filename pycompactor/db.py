@@ -353,6 +353,19 @@ def heartbeat(conn: Connection, job_id: int, attempt: int, *,
     )
 
 
+def reply_problem(conn: Connection, text: str | None, finish_reason: str | None,
+                  tool_call_count: int) -> str | None:
+    """What `complete` would answer for this reply: None (accepted) or not_stopped,
+    tool_calls, empty, too_long. The database's rule, asked, never copied."""
+    problem: str | None = _row(
+        conn, tuple_row,
+        "SELECT compaction.reply_problem(%(text)s::text, %(finish_reason)s::text,"
+        " %(tool_call_count)s::int)",
+        {"text": text, "finish_reason": finish_reason, "tool_call_count": tool_call_count},
+    )[0]
+    return problem
+
+
 #: What a worker calls, by signature: a schema older than this package lacks one of them.
 WORKER_FUNCTIONS: Final = (
     "compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz)",
@@ -361,6 +374,7 @@ WORKER_FUNCTIONS: Final = (
     "compaction.heartbeat(bigint, int, interval, timestamptz, text)",
     "compaction.dequeue(text, int, interval)",
     "compaction.worker_targets(text, text, text, text)",
+    "compaction.reply_problem(text, text, int)",
 )
 
 

@@ -10,7 +10,7 @@ database call to make:
 
 * `Reply` -> `compaction.complete(...)` with the reply's own text, `finish_reason` and
   tool-call count. The database is the judge of `not_stopped`, `tool_calls`, `empty` and
-  `too_long`; `classify_reply` mirrors those rules for logging only.
+  `too_long` (`compaction.reply_problem`); Python keeps no copy of those rules.
 * `Failure` -> `compaction.fail(..., reason)` for what only Python can see. The reasons
   are stable strings (see `FAILURE_REASONS`): `refusal`, `multiple_choices`,
   `multiple_messages`, `malformed_response`, `invalid_text`, `timeout`,
@@ -246,30 +246,6 @@ class Failure:
 
 
 ModelOutcome: TypeAlias = Reply | Failure
-
-Verdict = Literal["completed", "not_stopped", "tool_calls", "empty", "too_long"]
-
-
-def has_content(text: str) -> bool:
-    """True if text has a character other than the six ASCII whitespace characters (§3)."""
-    return bool(text.strip(_ASCII_WS))
-
-
-def classify_reply(text: str | None, finish_reason: str | None, tool_call_count: int) -> Verdict:
-    """What `compaction.complete` will decide, in its order; for local logs and tests only.
-
-    The database stays the judge: the worker always sends a Reply there.
-    """
-    if finish_reason != "stop":
-        return "not_stopped"
-    if tool_call_count != 0:
-        return "tool_calls"
-    if text is None or not has_content(text):
-        return "empty"
-    if len(text) > MAX_SUMMARY_CHARS:
-        return "too_long"
-    return "completed"
-
 
 def storable(text: str) -> bool:
     """True if PostgreSQL can store the text: no NUL and valid UTF-8 (no lone surrogates)."""

@@ -72,7 +72,6 @@ from pycompactor.summarizer import (
     ModelOutcome,
     Reply,
     Summarizer,
-    classify_reply,
     figure_stats,
 )
 
@@ -754,14 +753,19 @@ class Worker:
         figures = figure_stats(replies, outcome.text)
         metrics.figures_counted(figures)
         threshold = self.config.min_figure_retention
-        if figures.below(threshold) and classify_reply(
-                outcome.text, outcome.finish_reason, outcome.tool_call_count) == "completed":
+        if figures.below(threshold) and self._acceptable(outcome):
             metrics.figures_lost()
             return Failure(FIGURES_LOST, f"kept {figures.kept} of {figures.total} figures, "
                                          f"below {threshold:g} of them",
                            input_tokens=outcome.input_tokens,
                            output_tokens=outcome.output_tokens), figures
         return outcome, figures
+
+    def _acceptable(self, reply: Reply) -> bool:
+        """Whether `complete` would accept the reply (the database's rule, asked)."""
+        with self._pool.get() as conn:
+            return db.reply_problem(conn, reply.text, reply.finish_reason,
+                                    reply.tool_call_count) is None
 
     def _record(self, job: ClaimedJob, outcome: ModelOutcome, started: float,
                 figures: FigureStats | None = None) -> JobResult:

@@ -105,6 +105,26 @@ $$;
 COMMENT ON FUNCTION compaction.summary_problem(text) IS
     'Internal: NULL for a valid summary text, else empty (NULL or whitespace only) or too_long (over 6,000 characters)';
 
+-- complete()'s verdict on a model reply, in the contract's order (DESIGN §6): complete
+-- records it, and the worker asks it before --min-figure-retention (only a reply that
+-- complete would accept can fail that gate), so Python keeps no copy of the rule.
+CREATE FUNCTION compaction.reply_problem(p_summary text, p_finish_reason text,
+                                         p_tool_call_count int)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+               WHEN p_finish_reason IS DISTINCT FROM 'stop' THEN 'not_stopped'
+               WHEN p_tool_call_count IS DISTINCT FROM 0 THEN 'tool_calls'
+               ELSE compaction.summary_problem(p_summary)
+           END
+$$;
+COMMENT ON FUNCTION compaction.reply_problem(text, text, int) IS
+    'NULL when complete() would accept this reply, else its reason: not_stopped, tool_calls, empty or too_long (checked in that order)';
+
 CREATE TABLE compaction.jobs (
     conversation_id    text NOT NULL,
     job_id             bigint GENERATED ALWAYS AS IDENTITY,
@@ -899,12 +919,8 @@ BEGIN
     IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
                WHERE s.conversation_id = v_attempt.conversation_id AND s.job_id = p_job_id) THEN
         v_problem := 'already_completed';
-    ELSIF p_finish_reason IS DISTINCT FROM 'stop' THEN
-        v_problem := 'not_stopped';
-    ELSIF p_tool_call_count IS DISTINCT FROM 0 THEN
-        v_problem := 'tool_calls';
     ELSE
-        v_problem := compaction.summary_problem(p_summary);
+        v_problem := compaction.reply_problem(p_summary, p_finish_reason, p_tool_call_count);
     END IF;
 
     IF v_problem IS NOT NULL THEN

@@ -68,7 +68,8 @@ GRANT EXECUTE ON FUNCTION
     compaction.fail(bigint, int, text, timestamptz, text),
     compaction.heartbeat(bigint, int, interval, timestamptz, text),
     compaction.reap(timestamptz),
-    compaction.enqueue(text, text)
+    compaction.enqueue(text, text),
+    compaction.reply_problem(text, text, int)
 TO compaction_worker;
 
 GRANT SELECT ON compaction.prompt_versions TO compaction_worker, compaction_reader;

@@ -233,3 +233,11 @@ def stop_when(worker: WorkerProcess, done: Callable[[], bool], *, timeout: float
     finally:
         if worker.proc.poll() is None:
             worker.proc.kill()
+
+
+def complete_verdict(conn: psycopg.Connection[Any], reply: Any) -> str:
+    """What `compaction.complete` would answer for a Reply: the database's rule, asked."""
+    from pycompactor import db
+
+    return db.reply_problem(conn, reply.text, reply.finish_reason,
+                            reply.tool_call_count) or "completed"

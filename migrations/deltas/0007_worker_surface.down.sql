@@ -507,6 +507,7 @@ CREATE OR REPLACE VIEW compaction.audit_jobs AS
 COMMENT ON VIEW compaction.audit_jobs IS
     'Audit: every job with each attempt (state, reason, worker, lease, duration, finish metadata, token usage and figures kept as reported to complete, NULL when not reported) and imported summaries as state imported; no text';
 
+DROP FUNCTION compaction.reply_problem(text, text, int);
 DROP FUNCTION compaction.checked_reason(text);
 DROP FUNCTION compaction.checked_lease(interval);
 DROP FUNCTION compaction.caller_now(timestamptz);

@@ -219,6 +219,23 @@ $$;
 COMMENT ON FUNCTION compaction.checked_reason(text) IS
     'Internal: p_reason if it is a code (^[a-z][a-z0-9_]{0,63}$), else CP024; the value is never echoed in the error';
 
+CREATE FUNCTION compaction.reply_problem(p_summary text, p_finish_reason text,
+                                         p_tool_call_count int)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+               WHEN p_finish_reason IS DISTINCT FROM 'stop' THEN 'not_stopped'
+               WHEN p_tool_call_count IS DISTINCT FROM 0 THEN 'tool_calls'
+               ELSE compaction.summary_problem(p_summary)
+           END
+$$;
+COMMENT ON FUNCTION compaction.reply_problem(text, text, int) IS
+    'NULL when complete() would accept this reply, else its reason: not_stopped, tool_calls, empty or too_long (checked in that order)';
+
 DROP FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb);
 DROP FUNCTION compaction.fail(bigint, int, text, timestamptz);
 DROP FUNCTION compaction.heartbeat(bigint, int, interval, timestamptz);
@@ -502,12 +519,8 @@ BEGIN
     IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
                WHERE s.conversation_id = v_attempt.conversation_id AND s.job_id = p_job_id) THEN
         v_problem := 'already_completed';
-    ELSIF p_finish_reason IS DISTINCT FROM 'stop' THEN
-        v_problem := 'not_stopped';
-    ELSIF p_tool_call_count IS DISTINCT FROM 0 THEN
-        v_problem := 'tool_calls';
     ELSE
-        v_problem := compaction.summary_problem(p_summary);
+        v_problem := compaction.reply_problem(p_summary, p_finish_reason, p_tool_call_count);
     END IF;
 
     IF v_problem IS NOT NULL THEN
@@ -811,5 +824,6 @@ REVOKE TRUNCATE ON compaction.admission FROM compaction_owner;
 GRANT EXECUTE ON FUNCTION
     compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text),
     compaction.fail(bigint, int, text, timestamptz, text),
-    compaction.heartbeat(bigint, int, interval, timestamptz, text)
+    compaction.heartbeat(bigint, int, interval, timestamptz, text),
+    compaction.reply_problem(text, text, int)
 TO compaction_worker;
