@@ -15,9 +15,12 @@
 -- than number pairs from a snapshot that misses the other writer's rows.
 
 -- Re-derives one conversation's pairs and ranges after a write touched the runs named
--- (NULL: every run of the conversation). Reads the views for those runs only, finds the
--- earliest (seq, message_id) position where a pair appeared, vanished or moved, renumbers
--- from there, and re-hashes the ranges whose ids changed or whose pairs were touched.
+-- (NULL: every run of the conversation). Most writes take one of two short paths, each a
+-- few lookups by key: the touched runs form no pair before or after the write (a Run
+-- inserted as running, a message of a Run not settled yet: three of the four statements
+-- an agent writes per Run), or their pairs are new and come after the last pair (the
+-- Run settled at the end of the conversation). Anything else (a pair changed, vanished
+-- or moved, a Run inserted before others) goes to compaction.rederive_general.
 CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[])
 RETURNS void
 LANGUAGE plpgsql
@@ -25,23 +28,32 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+-- Every statement here looks rows up by key, so one cached plan serves every call; a
+-- custom plan per call cost more to make than the statement costs to run.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_runs     text[] := p_run_ids;
-    v_fresh    compaction.pairs[];
-    v_stale    compaction.pairs[];
-    v_moved    compaction.pairs[];
-    v_from_seq bigint;
-    v_from_id  text;
-    v_base     int;
-    v_count    int;
-    v_ranges   int[];
+    v_runs  text[] := p_run_ids;
+    v_fresh compaction.pairs[];
+    v_stale compaction.pairs[];
+    v_count int;
+    v_last  compaction.pairs;
+    v_new   int;
 BEGIN
     -- First: this row serialises the conversation's derived-state writers (see above).
-    INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
-    VALUES (p_conversation_id, 0, 1)
-    ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1
+    -- Every call bumps generation, also one that changes nothing derived: a writer at
+    -- REPEATABLE READ whose snapshot misses this transaction's source rows (a message of
+    -- a Run it is settling) must fail on this row rather than judge without them.
+    UPDATE compaction.conversation_state AS cs
+    SET generation = cs.generation + 1
+    WHERE cs.conversation_id = p_conversation_id
     RETURNING cs.pair_count INTO v_count;
+    IF NOT FOUND THEN
+        INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
+        VALUES (p_conversation_id, 0, 1)
+        ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1
+        RETURNING cs.pair_count INTO v_count;
+    END IF;
 
     IF v_runs IS NULL THEN
         v_runs := ARRAY(SELECT sr.run_id FROM compaction.source_runs AS sr
@@ -49,6 +61,17 @@ BEGIN
                         UNION
                         SELECT p.run_id FROM compaction.pairs AS p
                         WHERE p.conversation_id = p_conversation_id);
+    ELSIF NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                      WHERE sr.run_id = ANY (v_runs)
+                        AND sr.conversation_id = p_conversation_id
+                        -- judge_runs' first rule: only a Run in one of these can pair
+                        AND sr.status IN ('completed', 'partial', 'clarify_pending'))
+          AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
+                          WHERE p.conversation_id = p_conversation_id
+                            AND p.run_id = ANY (v_runs)) THEN
+        -- No touched Run can form a pair, and none had one: nothing derived changes.
+        -- One statement instead of judging the Runs' messages.
+        RETURN;
     END IF;
 
     -- The pairs these runs form now, and the rows they had (pair_index is set below).
@@ -66,6 +89,92 @@ BEGIN
         RETURN;  -- the runs touched form no pair, before or after: nothing derived changes
     END IF;
 
+    -- Appending: no touched run had a pair, and every new pair comes after the last pair
+    -- (pair order is (seq, message_id), NULL seq last, as in judged_pairs). The new pairs
+    -- take the next numbers; only ranges they complete are new, and nothing else moves.
+    IF pg_catalog.cardinality(v_stale) = 0 THEN
+        SELECT p.* INTO v_last
+        FROM compaction.pairs AS p
+        WHERE p.conversation_id = p_conversation_id AND p.pair_index = v_count - 1;
+        IF v_count = 0 OR (v_last.run_id IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM pg_catalog.unnest(v_fresh) AS f
+               WHERE NOT CASE WHEN v_last.user_seq IS NULL THEN
+                                  f.user_seq IS NULL
+                                  AND f.user_message_id > v_last.user_message_id
+                              ELSE f.user_seq IS NULL OR f.user_seq > v_last.user_seq
+                                   OR (f.user_seq = v_last.user_seq
+                                       AND f.user_message_id > v_last.user_message_id)
+                         END)) THEN
+            INSERT INTO compaction.pairs
+                (conversation_id, run_id, pair_index, user_seq, user_message_id, user_bytes,
+                 assistant_message_id, assistant_bytes)
+            SELECT p_conversation_id, f.run_id,
+                   v_count + (pg_catalog.row_number() OVER (ORDER BY f.user_seq, f.user_message_id))::int - 1,
+                   f.user_seq, f.user_message_id, f.user_bytes, f.assistant_message_id,
+                   f.assistant_bytes
+            FROM pg_catalog.unnest(v_fresh) AS f;
+            v_new := v_count + pg_catalog.cardinality(v_fresh);
+            IF v_new / 10 > v_count / 10 THEN
+                -- The ranges the new pairs complete, each hashed from its 20 messages.
+                INSERT INTO compaction.ranges AS r
+                    (conversation_id, from_pair, source_message_ids, source_hash)
+                SELECT p_conversation_id, w.from_pair, w.ids, compaction.range_hash(w.ids)
+                FROM (SELECT g.from_pair,
+                             ARRAY(SELECT u.id
+                                   FROM compaction.pairs AS p
+                                   CROSS JOIN LATERAL pg_catalog.unnest(
+                                       ARRAY[p.user_message_id, p.assistant_message_id])
+                                       WITH ORDINALITY AS u (id, ord)
+                                   WHERE p.conversation_id = p_conversation_id
+                                     AND p.pair_index BETWEEN g.from_pair AND g.from_pair + 9
+                                   ORDER BY p.pair_index, u.ord) AS ids
+                      FROM pg_catalog.generate_series(v_count / 10 * 10, v_new - 10, 10)
+                          AS g (from_pair)) AS w
+                ON CONFLICT (conversation_id, from_pair) DO UPDATE
+                    SET source_message_ids = EXCLUDED.source_message_ids,
+                        source_hash = EXCLUDED.source_hash;
+            END IF;
+            UPDATE compaction.conversation_state AS cs
+            SET pair_count = v_new
+            WHERE cs.conversation_id = p_conversation_id;
+            RETURN;
+        END IF;
+    END IF;
+
+    PERFORM compaction.rederive_general(p_conversation_id, v_runs, v_fresh, v_stale, v_count);
+END
+$$;
+COMMENT ON FUNCTION compaction.rederive(text, text[]) IS
+    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on';
+
+-- The general path of compaction.rederive, called with the conversation_state row
+-- already taken: the touched runs' pairs as they are now (p_fresh, pair_index unset)
+-- and as they were (p_stale), and the pair count before the write. Finds the earliest
+-- (seq, message_id) position where a pair appeared, vanished or moved, renumbers from
+-- there, and re-hashes the ranges whose ids changed or whose pairs were touched. Its
+-- statements keep custom plans: how many pairs follow the changed position decides the
+-- plan.
+CREATE FUNCTION compaction.rederive_general(
+    p_conversation_id text, p_run_ids text[], p_fresh compaction.pairs[],
+    p_stale compaction.pairs[], p_pair_count int)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_runs     text[] := p_run_ids;
+    v_fresh    compaction.pairs[] := p_fresh;
+    v_stale    compaction.pairs[] := p_stale;
+    v_moved    compaction.pairs[];
+    v_from_seq bigint;
+    v_from_id  text;
+    v_base     int;
+    v_count    int := p_pair_count;
+    v_ranges   int[];
+BEGIN
     -- Sizes and the assistant side change in place; the position (seq, user id) cannot.
     UPDATE compaction.pairs AS p
     SET user_bytes = f.user_bytes,
@@ -211,8 +320,8 @@ BEGIN
     WHERE cs.conversation_id = p_conversation_id AND cs.pair_count <> v_count;
 END
 $$;
-COMMENT ON FUNCTION compaction.rederive(text, text[]) IS
-    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on';
+COMMENT ON FUNCTION compaction.rederive_general(text, text[], compaction.pairs[], compaction.pairs[], int) IS
+    'Internal: the general path of rederive (a pair changed, vanished or moved): renumbers from the earliest changed position and re-hashes the ranges affected';
 
 -- The trigger. Arguments: the name of the column holding the conversation id, and of the
 -- column holding the run id ('' when the table has none: the touched conversations are
@@ -224,6 +333,9 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+-- One cached plan per statement: the transition tables and the runs' key lookups plan
+-- the same for every write, and a custom plan per statement cost more than running it.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_conversation_column text := TG_ARGV[0];
