@@ -12,9 +12,7 @@
 -- already taken: the touched runs' pairs as they are now (p_fresh, pair_index unset)
 -- and as they were (p_stale), and the pair count before the write. Finds the earliest
 -- (seq, message_id) position where a pair appeared, vanished or moved, renumbers from
--- there, and re-hashes the ranges whose ids changed or whose pairs were touched. Its
--- statements keep custom plans: how many pairs follow the changed position decides the
--- plan.
+-- there, and re-hashes the ranges whose ids changed or whose pairs were touched.
 CREATE FUNCTION compaction.rederive_general(
     p_conversation_id text, p_run_ids text[], p_fresh compaction.pairs[],
     p_stale compaction.pairs[], p_pair_count int)
@@ -24,6 +22,9 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+-- Not the generic plans of its caller: how many pairs follow the changed position decides
+-- these plans, and a generic plan scanned the whole conversation's pairs.
+SET plan_cache_mode = auto
 AS $$
 DECLARE
     v_runs     text[] := p_run_ids;
@@ -195,12 +196,12 @@ CREATE OR REPLACE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-SET jit = off
--- Every statement here looks rows up by key, so one cached plan serves every call; a
--- custom plan per call cost more to make than the statement costs to run.
-SET plan_cache_mode = force_generic_plan
+-- No SECURITY DEFINER and no SET clause: only the engine's owner may execute it, and it
+-- runs under the settings of its callers, the tracking trigger and rederive_conversation
+-- (owner's rights, search_path pg_catalog, pg_temp, JIT off; the trigger also forces
+-- generic plans, which suit every statement here: each looks rows up by key). Applying
+-- SET clauses on each of the four calls per appended Run cost more than this function's
+-- statements. Every name is schema-qualified all the same.
 AS $$
 DECLARE
     v_runs  text[] := p_run_ids;
@@ -211,13 +212,22 @@ DECLARE
     v_new   int;
 BEGIN
     -- First: this row serialises the conversation's derived-state writers (see above).
-    -- Every call bumps generation, also one that changes nothing derived: a writer at
+    -- A transaction bumps generation once, also when nothing derived changes: a writer at
     -- REPEATABLE READ whose snapshot misses this transaction's source rows (a message of
-    -- a Run it is settling) must fail on this row rather than judge without them.
-    UPDATE compaction.conversation_state AS cs
-    SET generation = cs.generation + 1
+    -- a Run it is settling) must fail on this row rather than judge without them. When
+    -- the row's current version is this transaction's own (an earlier statement bumped
+    -- it, outside any subtransaction), its lock is held until commit and the bump is
+    -- done: reading it suffices, and the row does not grow a version per statement.
+    SELECT cs.pair_count INTO v_count
+    FROM compaction.conversation_state AS cs
     WHERE cs.conversation_id = p_conversation_id
-    RETURNING cs.pair_count INTO v_count;
+      AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
+    IF NOT FOUND THEN
+        UPDATE compaction.conversation_state AS cs
+        SET generation = cs.generation + 1
+        WHERE cs.conversation_id = p_conversation_id
+        RETURNING cs.pair_count INTO v_count;
+    END IF;
     IF NOT FOUND THEN
         INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
         VALUES (p_conversation_id, 0, 1)
@@ -336,6 +346,8 @@ DECLARE
     v_run_column          text := nullif(TG_ARGV[1], '');
     v_conversations       text[] := '{}';
     v_runs                text[] := '{}';
+    v_conversation        text;
+    v_run_ids             text[];
     v_touched             record;
 BEGIN
     IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS <> 2
@@ -353,19 +365,50 @@ BEGIN
     -- The columns named by the arguments, as text (the form the views expose them in).
     -- Static statements over the transition tables keep their plans across calls, where
     -- dynamic SQL would be planned again for every statement of the host.
-    IF TG_OP IN ('INSERT', 'UPDATE') THEN
-        SELECT v_conversations || array_agg(j.fields ->> v_conversation_column),
-               v_runs || array_agg(j.fields ->> v_run_column)
+    IF TG_OP = 'INSERT' THEN
+        SELECT coalesce(array_agg(j.fields ->> v_conversation_column), '{}'),
+               coalesce(array_agg(j.fields ->> v_run_column), '{}')
         INTO v_conversations, v_runs
         FROM new_rows AS n
         CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(n) AS fields) AS j;
-    END IF;
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        SELECT v_conversations || array_agg(j.fields ->> v_conversation_column),
-               v_runs || array_agg(j.fields ->> v_run_column)
+    ELSIF TG_OP = 'DELETE' THEN
+        SELECT coalesce(array_agg(j.fields ->> v_conversation_column), '{}'),
+               coalesce(array_agg(j.fields ->> v_run_column), '{}')
         INTO v_conversations, v_runs
         FROM old_rows AS o
         CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(o) AS fields) AS j;
+    ELSE
+        SELECT coalesce(array_agg(j.fields ->> v_conversation_column), '{}'),
+               coalesce(array_agg(j.fields ->> v_run_column), '{}')
+        INTO v_conversations, v_runs
+        FROM (SELECT pg_catalog.to_jsonb(n) AS fields FROM new_rows AS n
+              UNION ALL
+              SELECT pg_catalog.to_jsonb(o) FROM old_rows AS o) AS j;
+    END IF;
+
+    -- The common statement (an agent's single-row writes): its rows name one conversation
+    -- and every run they name belongs to it now. One lookup of those runs decides that,
+    -- where the general grouping below costs several times as much to start.
+    v_conversation := v_conversations[1];
+    IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
+        IF v_run_column IS NULL THEN
+            PERFORM compaction.rederive(v_conversation, NULL);
+            RETURN NULL;
+        END IF;
+        v_run_ids := pg_catalog.array_remove(v_runs, NULL);
+        IF pg_catalog.cardinality(v_run_ids) = 0 THEN
+            RETURN NULL;  -- rows of no run: no pair can change
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                       WHERE sr.run_id = ANY (v_run_ids)
+                         AND sr.conversation_id <> v_conversation) THEN
+            IF pg_catalog.cardinality(v_run_ids) > 2 THEN
+                v_run_ids := ARRAY(SELECT DISTINCT r.run_id
+                                   FROM pg_catalog.unnest(v_run_ids) AS r (run_id));
+            END IF;
+            PERFORM compaction.rederive(v_conversation, v_run_ids);
+            RETURN NULL;
+        END IF;
     END IF;
 
     -- Each touched conversation once, in a fixed order (concurrent bulk writers lock
