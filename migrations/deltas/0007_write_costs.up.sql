@@ -245,6 +245,7 @@ BEGIN
                       WHERE sr.run_id = ANY (v_runs)
                         AND sr.conversation_id = p_conversation_id
                         -- judge_runs' first rule: only a Run in one of these can pair
+                        -- (track_source_changes asks the same, word for word)
                         AND sr.status IN ('completed', 'partial', 'clarify_pending'))
           AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
                           WHERE p.conversation_id = p_conversation_id
@@ -348,6 +349,8 @@ DECLARE
     v_runs                text[] := '{}';
     v_conversation        text;
     v_run_ids             text[];
+    v_elsewhere           boolean;
+    v_unchanged           boolean;
     v_touched             record;
 BEGIN
     IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS <> 2
@@ -364,8 +367,30 @@ BEGIN
 
     -- The columns named by the arguments, as text (the form the views expose them in).
     -- Static statements over the transition tables keep their plans across calls, where
-    -- dynamic SQL would be planned again for every statement of the host.
-    IF TG_OP = 'INSERT' THEN
+    -- dynamic SQL would be planned again for every statement of the host. Columns named
+    -- conversation_id and run_id (the reference tables) are read directly: plpgsql plans
+    -- a statement only when it first runs, per table, so these never meet a table
+    -- without them; other names go through the row as jsonb.
+    IF v_conversation_column = 'conversation_id' AND v_run_column = 'run_id' THEN
+        IF TG_OP = 'INSERT' THEN
+            SELECT coalesce(array_agg(n.conversation_id::text), '{}'),
+                   coalesce(array_agg(n.run_id::text), '{}')
+            INTO v_conversations, v_runs
+            FROM new_rows AS n;
+        ELSIF TG_OP = 'DELETE' THEN
+            SELECT coalesce(array_agg(o.conversation_id::text), '{}'),
+                   coalesce(array_agg(o.run_id::text), '{}')
+            INTO v_conversations, v_runs
+            FROM old_rows AS o;
+        ELSE
+            SELECT coalesce(array_agg(r.conversation_id), '{}'), coalesce(array_agg(r.run_id), '{}')
+            INTO v_conversations, v_runs
+            FROM (SELECT n.conversation_id::text, n.run_id::text FROM new_rows AS n
+                  UNION ALL
+                  SELECT o.conversation_id::text, o.run_id::text FROM old_rows AS o)
+                AS r (conversation_id, run_id);
+        END IF;
+    ELSIF TG_OP = 'INSERT' THEN
         SELECT coalesce(array_agg(j.fields ->> v_conversation_column), '{}'),
                coalesce(array_agg(j.fields ->> v_run_column), '{}')
         INTO v_conversations, v_runs
@@ -387,7 +412,7 @@ BEGIN
     END IF;
 
     -- The common statement (an agent's single-row writes): its rows name one conversation
-    -- and every run they name belongs to it now. One lookup of those runs decides that,
+    -- and every run they name belongs to it now. A lookup of those runs decides that,
     -- where the general grouping below costs several times as much to start.
     v_conversation := v_conversations[1];
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
@@ -398,15 +423,40 @@ BEGIN
         v_run_ids := pg_catalog.array_remove(v_runs, NULL);
         IF pg_catalog.cardinality(v_run_ids) = 0 THEN
             RETURN NULL;  -- rows of no run: no pair can change
+        ELSIF pg_catalog.cardinality(v_run_ids) > 2 THEN
+            v_run_ids := ARRAY(SELECT DISTINCT r.run_id
+                               FROM pg_catalog.unnest(v_run_ids) AS r (run_id));
         END IF;
-        IF NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+        -- A later statement of a transaction that already holds this conversation's
+        -- conversation_state row (see rederive) also asks rederive's no-change question
+        -- here, in the same statement: its snapshot is taken after the lock was, so it
+        -- sees what rederive would see. An agent's second and third statements per Run
+        -- end here.
+        SELECT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
                        WHERE sr.run_id = ANY (v_run_ids)
-                         AND sr.conversation_id <> v_conversation) THEN
-            IF pg_catalog.cardinality(v_run_ids) > 2 THEN
-                v_run_ids := ARRAY(SELECT DISTINCT r.run_id
-                                   FROM pg_catalog.unnest(v_run_ids) AS r (run_id));
+                         AND sr.conversation_id <> v_conversation),
+               -- rederive's no-change test, word for word
+               NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                           WHERE sr.run_id = ANY (v_run_ids)
+                             AND sr.conversation_id = v_conversation
+                             AND sr.status IN ('completed', 'partial', 'clarify_pending'))
+               AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
+                               WHERE p.conversation_id = v_conversation
+                                 AND p.run_id = ANY (v_run_ids))
+        INTO v_elsewhere, v_unchanged
+        FROM compaction.conversation_state AS cs
+        WHERE cs.conversation_id = v_conversation
+          AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
+        IF NOT FOUND THEN
+            v_elsewhere := EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                                   WHERE sr.run_id = ANY (v_run_ids)
+                                     AND sr.conversation_id <> v_conversation);
+            v_unchanged := false;
+        END IF;
+        IF NOT v_elsewhere THEN
+            IF NOT v_unchanged THEN
+                PERFORM compaction.rederive(v_conversation, v_run_ids);
             END IF;
-            PERFORM compaction.rederive(v_conversation, v_run_ids);
             RETURN NULL;
         END IF;
     END IF;
