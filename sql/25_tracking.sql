@@ -15,12 +15,13 @@
 -- than number pairs from a snapshot that misses the other writer's rows.
 
 -- Re-derives one conversation's pairs and ranges after a write touched the runs named
--- (NULL: every run of the conversation). Most writes take one of two short paths, each a
--- few lookups by key: the touched runs form no pair before or after the write (a Run
--- inserted as running, a message of a Run not settled yet: three of the four statements
--- an agent writes per Run), or their pairs are new and come after the last pair (the
--- Run settled at the end of the conversation). Anything else (a pair changed, vanished
--- or moved, a Run inserted before others) goes to compaction.rederive_general.
+-- (NULL: every run of the conversation). Most writes take a short path of a few lookups
+-- by key: the touched runs form no pair before or after the write (a Run inserted as
+-- running, a message of a Run not settled yet: three of the four statements an agent
+-- writes per Run), or their pairs are new and come after the last pair (the Run settled
+-- at the end of the conversation; compaction.rederive_runs). Anything else (a pair
+-- changed, vanished or moved, a Run inserted before others) goes to
+-- compaction.rederive_general.
 CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[])
 RETURNS void
 LANGUAGE plpgsql
@@ -29,16 +30,12 @@ VOLATILE
 -- runs under the settings of its callers, the tracking trigger and rederive_conversation
 -- (owner's rights, search_path pg_catalog, pg_temp, JIT off; the trigger also forces
 -- generic plans, which suit every statement here: each looks rows up by key). Applying
--- SET clauses on each of the four calls per appended Run cost more than this function's
--- statements. Every name is schema-qualified all the same.
+-- SET clauses on each call cost more than this function's statements. Every name is
+-- schema-qualified all the same.
 AS $$
 DECLARE
     v_runs  text[] := p_run_ids;
-    v_fresh compaction.pairs[];
-    v_stale compaction.pairs[];
     v_count int;
-    v_last  compaction.pairs;
-    v_new   int;
 BEGIN
     -- First: this row serialises the conversation's derived-state writers (see above).
     -- A transaction bumps generation once, also when nothing derived changes: a writer at
@@ -47,15 +44,15 @@ BEGIN
     -- the row's current version is this transaction's own (an earlier statement bumped
     -- it, outside any subtransaction), its lock is held until commit and the bump is
     -- done: reading it suffices, and the row does not grow a version per statement.
-    SELECT cs.pair_count INTO v_count
-    FROM compaction.conversation_state AS cs
+    UPDATE compaction.conversation_state AS cs
+    SET generation = cs.generation + 1
     WHERE cs.conversation_id = p_conversation_id
-      AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
+      AND cs.xmin <> pg_catalog.pg_current_xact_id()::xid
+    RETURNING cs.pair_count INTO v_count;
     IF NOT FOUND THEN
-        UPDATE compaction.conversation_state AS cs
-        SET generation = cs.generation + 1
-        WHERE cs.conversation_id = p_conversation_id
-        RETURNING cs.pair_count INTO v_count;
+        SELECT cs.pair_count INTO v_count
+        FROM compaction.conversation_state AS cs
+        WHERE cs.conversation_id = p_conversation_id;
     END IF;
     IF NOT FOUND THEN
         INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
@@ -83,79 +80,111 @@ BEGIN
         -- One statement instead of judging the Runs' messages.
         RETURN;
     END IF;
-
-    -- The pairs these runs form now, and the rows they had (pair_index is set below).
-    SELECT coalesce(array_agg(ROW(p_conversation_id, j.run_id, 0, j.user_seq,
-                                  j.user_message_id, j.user_bytes, j.assistant_message_id,
-                                  j.assistant_bytes)::compaction.pairs), '{}')
-    INTO v_fresh
-    FROM compaction.judge_runs(p_conversation_id, v_runs) AS j
-    WHERE j.reason IS NULL;
-    SELECT coalesce(array_agg(p), '{}')
-    INTO v_stale
-    FROM compaction.pairs AS p
-    WHERE p.conversation_id = p_conversation_id AND p.run_id = ANY (v_runs);
-    IF pg_catalog.cardinality(v_fresh) = 0 AND pg_catalog.cardinality(v_stale) = 0 THEN
-        RETURN;  -- the runs touched form no pair, before or after: nothing derived changes
-    END IF;
-
-    -- Appending: no touched run had a pair, and every new pair comes after the last pair
-    -- (pair order is (seq, message_id), NULL seq last, as in judged_pairs). The new pairs
-    -- take the next numbers; only ranges they complete are new, and nothing else moves.
-    IF pg_catalog.cardinality(v_stale) = 0 THEN
-        SELECT p.* INTO v_last
-        FROM compaction.pairs AS p
-        WHERE p.conversation_id = p_conversation_id AND p.pair_index = v_count - 1;
-        IF v_count = 0 OR (v_last.run_id IS NOT NULL AND NOT EXISTS (
-               SELECT 1 FROM pg_catalog.unnest(v_fresh) AS f
-               WHERE NOT CASE WHEN v_last.user_seq IS NULL THEN
-                                  f.user_seq IS NULL
-                                  AND f.user_message_id > v_last.user_message_id
-                              ELSE f.user_seq IS NULL OR f.user_seq > v_last.user_seq
-                                   OR (f.user_seq = v_last.user_seq
-                                       AND f.user_message_id > v_last.user_message_id)
-                         END)) THEN
-            INSERT INTO compaction.pairs
-                (conversation_id, run_id, pair_index, user_seq, user_message_id, user_bytes,
-                 assistant_message_id, assistant_bytes)
-            SELECT p_conversation_id, f.run_id,
-                   v_count + (pg_catalog.row_number() OVER (ORDER BY f.user_seq, f.user_message_id))::int - 1,
-                   f.user_seq, f.user_message_id, f.user_bytes, f.assistant_message_id,
-                   f.assistant_bytes
-            FROM pg_catalog.unnest(v_fresh) AS f;
-            v_new := v_count + pg_catalog.cardinality(v_fresh);
-            IF v_new / 10 > v_count / 10 THEN
-                -- The ranges the new pairs complete, each hashed from its 20 messages.
-                INSERT INTO compaction.ranges AS r
-                    (conversation_id, from_pair, source_message_ids, source_hash)
-                SELECT p_conversation_id, w.from_pair, w.ids, compaction.range_hash(w.ids)
-                FROM (SELECT g.from_pair,
-                             ARRAY(SELECT u.id
-                                   FROM compaction.pairs AS p
-                                   CROSS JOIN LATERAL pg_catalog.unnest(
-                                       ARRAY[p.user_message_id, p.assistant_message_id])
-                                       WITH ORDINALITY AS u (id, ord)
-                                   WHERE p.conversation_id = p_conversation_id
-                                     AND p.pair_index BETWEEN g.from_pair AND g.from_pair + 9
-                                   ORDER BY p.pair_index, u.ord) AS ids
-                      FROM pg_catalog.generate_series(v_count / 10 * 10, v_new - 10, 10)
-                          AS g (from_pair)) AS w
-                ON CONFLICT (conversation_id, from_pair) DO UPDATE
-                    SET source_message_ids = EXCLUDED.source_message_ids,
-                        source_hash = EXCLUDED.source_hash;
-            END IF;
-            UPDATE compaction.conversation_state AS cs
-            SET pair_count = v_new
-            WHERE cs.conversation_id = p_conversation_id;
-            RETURN;
-        END IF;
-    END IF;
-
-    PERFORM compaction.rederive_general(p_conversation_id, v_runs, v_fresh, v_stale, v_count);
+    PERFORM compaction.rederive_runs(p_conversation_id, v_runs, v_count);
 END
 $$;
 COMMENT ON FUNCTION compaction.rederive(text, text[]) IS
     'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on';
+
+-- The rest of compaction.rederive, called with the conversation's conversation_state row
+-- held (p_pair_count is its pair count): judges the runs named, and appends their pairs
+-- when no touched run had one and every new pair comes after the last pair (pair order
+-- is (seq, message_id), NULL seq last, as in judged_pairs): the new pairs take the next
+-- numbers, only ranges they complete are new, nothing else moves. No SET clause, as
+-- rederive.
+CREATE FUNCTION compaction.rederive_runs(
+    p_conversation_id text, p_run_ids text[], p_pair_count int)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+DECLARE
+    v_fresh compaction.pairs[];
+    v_stale compaction.pairs[];
+    v_last  text;
+    v_after boolean;
+    v_new   int;
+BEGIN
+    -- In one statement: the pairs these runs form now (pair_index is set below), the
+    -- rows they had, and whether every new pair comes after the last pair.
+    WITH fresh AS (
+        SELECT j.run_id, j.user_seq, j.user_message_id, j.user_bytes,
+               j.assistant_message_id, j.assistant_bytes
+        FROM compaction.judge_runs(p_conversation_id, p_run_ids) AS j
+        WHERE j.reason IS NULL
+    )
+    SELECT (SELECT coalesce(array_agg(ROW(p_conversation_id, f.run_id, 0, f.user_seq,
+                                          f.user_message_id, f.user_bytes,
+                                          f.assistant_message_id,
+                                          f.assistant_bytes)::compaction.pairs), '{}')
+            FROM fresh AS f),
+           (SELECT coalesce(array_agg(p), '{}')
+            FROM compaction.pairs AS p
+            WHERE p.conversation_id = p_conversation_id AND p.run_id = ANY (p_run_ids)),
+           l.user_message_id,
+           NOT EXISTS (SELECT 1 FROM fresh AS f
+                       WHERE NOT CASE WHEN l.user_seq IS NULL THEN
+                                          f.user_seq IS NULL
+                                          AND f.user_message_id > l.user_message_id
+                                      ELSE f.user_seq IS NULL OR f.user_seq > l.user_seq
+                                           OR (f.user_seq = l.user_seq
+                                               AND f.user_message_id > l.user_message_id)
+                                 END)
+    INTO v_fresh, v_stale, v_last, v_after
+    FROM (SELECT) AS one
+    LEFT JOIN compaction.pairs AS l
+      ON l.conversation_id = p_conversation_id AND l.pair_index = p_pair_count - 1;
+    IF pg_catalog.cardinality(v_fresh) = 0 AND pg_catalog.cardinality(v_stale) = 0 THEN
+        RETURN;  -- the runs touched form no pair, before or after: nothing derived changes
+    END IF;
+
+    IF pg_catalog.cardinality(v_stale) > 0
+       OR NOT (p_pair_count = 0 OR (v_last IS NOT NULL AND v_after)) THEN
+        PERFORM compaction.rederive_general(p_conversation_id, p_run_ids, v_fresh, v_stale,
+                                            p_pair_count);
+        RETURN;
+    END IF;
+
+    -- Appending.
+    v_new := p_pair_count + pg_catalog.cardinality(v_fresh);
+    WITH added AS (
+        INSERT INTO compaction.pairs
+            (conversation_id, run_id, pair_index, user_seq, user_message_id, user_bytes,
+             assistant_message_id, assistant_bytes)
+        SELECT p_conversation_id, f.run_id,
+               p_pair_count + (pg_catalog.row_number() OVER (ORDER BY f.user_seq, f.user_message_id))::int - 1,
+               f.user_seq, f.user_message_id, f.user_bytes, f.assistant_message_id,
+               f.assistant_bytes
+        FROM pg_catalog.unnest(v_fresh) AS f
+        RETURNING 1
+    )
+    UPDATE compaction.conversation_state AS cs
+    SET pair_count = v_new
+    WHERE cs.conversation_id = p_conversation_id;
+    IF v_new / 10 > p_pair_count / 10 THEN
+        -- The ranges the new pairs complete, each hashed from its 20 messages.
+        INSERT INTO compaction.ranges AS r
+            (conversation_id, from_pair, source_message_ids, source_hash)
+        SELECT p_conversation_id, w.from_pair, w.ids, compaction.range_hash(w.ids)
+        FROM (SELECT g.from_pair,
+                     ARRAY(SELECT u.id
+                           FROM compaction.pairs AS p
+                           CROSS JOIN LATERAL pg_catalog.unnest(
+                               ARRAY[p.user_message_id, p.assistant_message_id])
+                               WITH ORDINALITY AS u (id, ord)
+                           WHERE p.conversation_id = p_conversation_id
+                             AND p.pair_index BETWEEN g.from_pair AND g.from_pair + 9
+                           ORDER BY p.pair_index, u.ord) AS ids
+              FROM pg_catalog.generate_series(p_pair_count / 10 * 10, v_new - 10, 10)
+                  AS g (from_pair)) AS w
+        ON CONFLICT (conversation_id, from_pair) DO UPDATE
+            SET source_message_ids = EXCLUDED.source_message_ids,
+                source_hash = EXCLUDED.source_hash;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION compaction.rederive_runs(text, text[], int) IS
+    'Internal: with the conversation_state row held, judges the runs named and appends their new pairs at the end, or hands the change to rederive_general';
 
 -- The general path of compaction.rederive, called with the conversation_state row
 -- already taken: the touched runs' pairs as they are now (p_fresh, pair_index unset)
@@ -356,6 +385,7 @@ DECLARE
     v_conversation        text;
     v_run_ids             text[];
     v_elsewhere           boolean;
+    v_count               int;
     v_unchanged           boolean;
     v_touched             record;
 BEGIN
@@ -433,35 +463,35 @@ BEGIN
             v_run_ids := ARRAY(SELECT DISTINCT r.run_id
                                FROM pg_catalog.unnest(v_run_ids) AS r (run_id));
         END IF;
-        -- A later statement of a transaction that already holds this conversation's
-        -- conversation_state row (see rederive) also asks rederive's no-change question
-        -- here, in the same statement: its snapshot is taken after the lock was, so it
-        -- sees what rederive would see. An agent's second and third statements per Run
-        -- end here.
+        -- Whether a touched run lives in another conversation and, for a later statement
+        -- of a transaction that already holds this conversation's conversation_state row
+        -- (see rederive), rederive's no-change question and the pair count, in one
+        -- statement: its snapshot is taken after the lock was, so it sees what rederive
+        -- would see. An agent's second and third statements per Run end here.
         SELECT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
                        WHERE sr.run_id = ANY (v_run_ids)
                          AND sr.conversation_id <> v_conversation),
-               -- rederive's no-change test, word for word
-               NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
-                           WHERE sr.run_id = ANY (v_run_ids)
-                             AND sr.conversation_id = v_conversation
-                             AND sr.status IN ('completed', 'partial', 'clarify_pending'))
-               AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
-                               WHERE p.conversation_id = v_conversation
-                                 AND p.run_id = ANY (v_run_ids))
-        INTO v_elsewhere, v_unchanged
-        FROM compaction.conversation_state AS cs
-        WHERE cs.conversation_id = v_conversation
-          AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
-        IF NOT FOUND THEN
-            v_elsewhere := EXISTS (SELECT 1 FROM compaction.source_runs AS sr
-                                   WHERE sr.run_id = ANY (v_run_ids)
-                                     AND sr.conversation_id <> v_conversation);
-            v_unchanged := false;
-        END IF;
+               cs.pair_count,
+               CASE WHEN cs.pair_count IS NOT NULL THEN
+                   -- rederive's no-change test, word for word
+                   NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                               WHERE sr.run_id = ANY (v_run_ids)
+                                 AND sr.conversation_id = v_conversation
+                                 AND sr.status IN ('completed', 'partial', 'clarify_pending'))
+                   AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
+                                   WHERE p.conversation_id = v_conversation
+                                     AND p.run_id = ANY (v_run_ids))
+               END
+        INTO v_elsewhere, v_count, v_unchanged
+        FROM (SELECT) AS one
+        LEFT JOIN compaction.conversation_state AS cs
+          ON cs.conversation_id = v_conversation
+         AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
         IF NOT v_elsewhere THEN
-            IF NOT v_unchanged THEN
+            IF v_count IS NULL THEN
                 PERFORM compaction.rederive(v_conversation, v_run_ids);
+            ELSIF NOT v_unchanged THEN
+                PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
             END IF;
             RETURN NULL;
         END IF;

@@ -284,4 +284,49 @@ $$;
 COMMENT ON FUNCTION compaction.track_source_changes() IS
     'Trigger (AFTER ... FOR EACH STATEMENT, transition tables new_rows/old_rows; arguments: conversation id column, run id column or ''''): keeps the derived state of the conversations a statement touched';
 
+-- Writes to the reference history enqueue the conversations they touch (scope
+-- 'default'), once per statement, so a bulk COPY costs one INSERT here.
+CREATE OR REPLACE FUNCTION compaction.source_enqueue()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- The upsert of compaction.enqueue, for every conversation the statement wrote, in
+    -- one sorted statement: concurrent bulk writers take queue row locks in one order.
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
+        SELECT DISTINCT n.conversation_id, 'default', pg_catalog.now()
+        FROM new_rows AS n
+        WHERE n.conversation_id IS NOT NULL
+        ORDER BY 1
+        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
+            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
+        SELECT DISTINCT o.conversation_id, 'default', pg_catalog.now()
+        FROM old_rows AS o
+        WHERE o.conversation_id IS NOT NULL
+        ORDER BY 1
+        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
+            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
+    ELSE
+        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
+        SELECT DISTINCT c.conversation_id, 'default', pg_catalog.now()
+        FROM (SELECT n.conversation_id FROM new_rows AS n
+              UNION ALL
+              SELECT o.conversation_id FROM old_rows AS o) AS c
+        WHERE c.conversation_id IS NOT NULL
+        ORDER BY 1
+        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
+            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION compaction.source_enqueue() IS
+    'Trigger: enqueues (scope default) every conversation whose reference runs or messages a statement wrote';
+
 DROP FUNCTION compaction.rederive_general(text, text[], compaction.pairs[], compaction.pairs[], int);
+DROP FUNCTION compaction.rederive_runs(text, text[], int);
