@@ -186,11 +186,12 @@ $$;
 COMMENT ON FUNCTION compaction.rederive_runs(text, text[], int) IS
     'Internal: with the conversation_state row held, judges the runs named and appends their new pairs at the end, or hands the change to rederive_general';
 
--- The general path of compaction.rederive, called with the conversation_state row
--- already taken: the touched runs' pairs as they are now (p_fresh, pair_index unset)
--- and as they were (p_stale), and the pair count before the write. Finds the earliest
--- (seq, message_id) position where a pair appeared, vanished or moved, renumbers from
--- there, and re-hashes the ranges whose ids changed or whose pairs were touched.
+-- The general path of compaction.rederive (from rederive_runs), called with the
+-- conversation_state row already taken: the touched runs' pairs as they are now
+-- (p_fresh, pair_index unset) and as they were (p_stale), and the pair count before the
+-- write. Finds the earliest (seq, message_id) position where a pair appeared, vanished
+-- or moved, renumbers from there, and re-hashes the ranges whose ids changed or whose
+-- pairs were touched.
 CREATE FUNCTION compaction.rederive_general(
     p_conversation_id text, p_run_ids text[], p_fresh compaction.pairs[],
     p_stale compaction.pairs[], p_pair_count int)

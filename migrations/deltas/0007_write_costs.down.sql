@@ -1,7 +1,7 @@
--- Revision 0007_write_costs, down: the 0005_derived_state definitions of rederive and
--- track_source_changes; rederive_general goes.
+-- Revision 0007_write_costs, down: the definitions of rederive and track_source_changes
+-- (0005_derived_state), source_enqueue (0006_queue_leases) and range_hash
+-- (0001_foundation); rederive_runs and rederive_general go.
 
--- ==== sql/25_tracking.sql ====
 -- Re-derives one conversation's pairs and ranges after a write touched the runs named
 -- (NULL: every run of the conversation). Reads the views for those runs only, finds the
 -- earliest (seq, message_id) position where a pair appeared, vanished or moved, renumbers

@@ -1,18 +1,26 @@
 -- Revision 0007_write_costs: what the tracking triggers cost a writer.
 --
--- compaction.rederive takes two short paths before the general one: the touched Runs
--- form no pair before or after the write (one statement, no judging of messages), or
--- their new pairs come after the last pair (numbered next, only the ranges they complete
--- hashed). The general path moves to compaction.rederive_general. rederive and
--- track_source_changes keep one cached plan per statement (plan_cache_mode).
--- Replaces: compaction.rederive(text, text[]), compaction.track_source_changes().
--- Adds: compaction.rederive_general(text, text[], compaction.pairs[], compaction.pairs[], int).
+-- compaction.rederive answers in one statement whether any touched Run can pair or had a
+-- pair (most of an agent's statements end there), and takes the conversation_state row
+-- once per transaction (a later statement whose transaction already holds it reads it).
+-- compaction.rederive_runs (new) judges the touched Runs and appends their new pairs
+-- when they come after the last pair; anything else goes to compaction.rederive_general
+-- (new: the former body of rederive, with custom plans). track_source_changes keeps
+-- generic plans, skips its grouping query for a statement of one conversation, and in a
+-- transaction already holding that conversation answers the no-change question itself.
+-- source_enqueue skips its upsert for entries the transaction already holds and would
+-- not change; range_hash becomes plpgsql, so its plan is kept.
+-- Replaces: compaction.rederive(text, text[]), compaction.track_source_changes(),
+--           compaction.source_enqueue(), compaction.range_hash(text[]).
+-- Adds: compaction.rederive_general(text, text[], compaction.pairs[], compaction.pairs[], int),
+--       compaction.rederive_runs(text, text[], int).
 
--- The general path of compaction.rederive, called with the conversation_state row
--- already taken: the touched runs' pairs as they are now (p_fresh, pair_index unset)
--- and as they were (p_stale), and the pair count before the write. Finds the earliest
--- (seq, message_id) position where a pair appeared, vanished or moved, renumbers from
--- there, and re-hashes the ranges whose ids changed or whose pairs were touched.
+-- The general path of compaction.rederive (from rederive_runs), called with the
+-- conversation_state row already taken: the touched runs' pairs as they are now
+-- (p_fresh, pair_index unset) and as they were (p_stale), and the pair count before the
+-- write. Finds the earliest (seq, message_id) position where a pair appeared, vanished
+-- or moved, renumbers from there, and re-hashes the ranges whose ids changed or whose
+-- pairs were touched.
 CREATE FUNCTION compaction.rederive_general(
     p_conversation_id text, p_run_ids text[], p_fresh compaction.pairs[],
     p_stale compaction.pairs[], p_pair_count int)
