@@ -10,9 +10,10 @@
 -- and a 10,000-row INSERT re-derives once, not 10,000 times.
 --
 -- Writers of one conversation's derived state serialise on its compaction.conversation_state
--- row, updated first: at READ COMMITTED the second writer waits and then sees the first's
--- commit; at REPEATABLE READ or SERIALIZABLE it fails with a serialization error rather
--- than number pairs from a snapshot that misses the other writer's rows.
+-- row, updated first (once per transaction: later statements of the transaction hold it
+-- already): at READ COMMITTED the second writer waits and then sees the first's commit; at
+-- REPEATABLE READ or SERIALIZABLE it fails with a serialization error rather than number
+-- pairs from a snapshot that misses the other writer's rows.
 
 -- Re-derives one conversation's pairs and ranges after a write touched the runs named
 -- (NULL: every run of the conversation). Most writes take a short path of a few lookups
