@@ -22,7 +22,6 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any
 
 from rich import box
 from rich.console import Console, Group
@@ -31,7 +30,6 @@ from rich.table import Table
 from rich.text import Text
 
 from pycompactor import db, schema
-from pycompactor.audit import cell
 from pycompactor.cluster import ThrowawayCluster, describe
 from pycompactor.errors import PycompactorError
 from pycompactor.hashing import source_hash
@@ -46,6 +44,7 @@ from pycompactor.projection import (
     message_cost,
     project_history,
 )
+from pycompactor.render import cell, placement_runs
 from pycompactor.sample import CONVERSATION_ID, load_sample
 from pycompactor.summarizer import OFFLINE_MODEL, PROMPT_VERSION, ExtractiveSummarizer
 from pycompactor.worker import EventLog, Worker, WorkerConfig
@@ -289,13 +288,8 @@ def _manifest_rows(projection: Projection, pairs: Sequence[Pair]) -> list[tuple[
 
 def _grouped(projection: Projection) -> list[tuple[str, str, object]]:
     """Consecutive pairs with the same placement and summary as one row."""
-    runs: list[list[Any]] = []
-    for entry in projection.pairs:
-        if runs and runs[-1][1:] == [entry.placement, entry.summary_id]:
-            runs[-1][0][1] = entry.pair_index
-        else:
-            runs.append([[entry.pair_index, entry.pair_index], entry.placement, entry.summary_id])
-    return [(f"{a}-{b}", placement, summary_id) for (a, b), placement, summary_id in runs]
+    return [(f"{a}-{b}", placement, summary_id)
+            for a, b, placement, summary_id in placement_runs(projection.pairs)]
 
 
 def _show_projections(conn: db.Connection, console: Console, pairs: Sequence[Pair],

@@ -22,6 +22,7 @@ outside any transaction (DESIGN.md §11).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -29,7 +30,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from importlib import resources
@@ -285,6 +286,40 @@ def _malformed(detail: str) -> Failure:
     return Failure(MALFORMED_RESPONSE, detail)
 
 
+def _json_object(body: bytes) -> dict[str, Any] | Failure:
+    """A response body as a JSON object, or the malformed_response failure saying why not."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _malformed(f"body is not JSON: {exc}")
+    if not isinstance(data, dict):
+        return _malformed("body is not a JSON object")
+    return data
+
+
+class _Malformed(Exception):
+    """A response field of the wrong type; the parse answers malformed_response."""
+
+
+def _optional(obj: Mapping[str, Any], key: str, kind: type, what: str) -> Any:
+    """obj[key] if absent, null or of `kind`; else _Malformed("<key> is not <what>")."""
+    value = obj.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise _Malformed(f"{key} is not {what}")
+    return value
+
+
+def _strict(parse: Callable[[bytes], ModelOutcome]) -> Callable[[bytes], ModelOutcome]:
+    @functools.wraps(parse)
+    def checked(body: bytes) -> ModelOutcome:
+        try:
+            return parse(body)
+        except _Malformed as exc:
+            return _malformed(str(exc))
+    return checked
+
+
+@_strict
 def parse_completion(body: bytes) -> ModelOutcome:
     """Classify a 200 response body strictly, reading the JSON ourselves.
 
@@ -292,12 +327,9 @@ def parse_completion(body: bytes) -> ModelOutcome:
     the wire format is checked here: exactly one choice, a message object, string or null
     content, a list of tool calls, and so on. Anything unexpected is malformed_response.
     """
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _malformed(f"body is not JSON: {exc}")
-    if not isinstance(data, dict):
-        return _malformed("body is not a JSON object")
+    data = _json_object(body)
+    if isinstance(data, Failure):
+        return data
     choices = data.get("choices")
     if not isinstance(choices, list):
         return _malformed("no choices list")
@@ -309,26 +341,16 @@ def parse_completion(body: bytes) -> ModelOutcome:
     if not isinstance(first, dict) or not isinstance(first.get("message"), dict):
         return _malformed("choice without a message object")
     message: dict[str, Any] = first["message"]
-    finish_reason = first.get("finish_reason")
-    if finish_reason is not None and not isinstance(finish_reason, str):
-        return _malformed("finish_reason is not a string")
-    response_id = data.get("id")
-    if response_id is not None and not isinstance(response_id, str):
-        return _malformed("id is not a string")
+    finish_reason = _optional(first, "finish_reason", str, "a string")
+    response_id = _optional(data, "id", str, "a string")
 
-    refusal = message.get("refusal")
-    if refusal is not None and not isinstance(refusal, str):
-        return _malformed("refusal is not a string")
+    refusal = _optional(message, "refusal", str, "a string")
     if refusal:
         return Failure(REFUSAL, refusal[:200])
 
-    content = message.get("content")
-    if content is not None and not isinstance(content, str):
-        # Content-part arrays are not plain text; we never ask for them.
-        return _malformed("content is not a string")
-    tool_calls = message.get("tool_calls")
-    if tool_calls is not None and not isinstance(tool_calls, list):
-        return _malformed("tool_calls is not a list")
+    # Content-part arrays are not plain text; we never ask for them.
+    content = _optional(message, "content", str, "a string")
+    tool_calls = _optional(message, "tool_calls", list, "a list")
     # The legacy single `function_call` is a tool call too.
     tool_call_count = len(tool_calls or ()) + (message.get("function_call") is not None)
 
@@ -361,6 +383,7 @@ def _count(usage: object, key: str) -> int | None:
 _NOT_TOOL_ITEMS: Final = frozenset({"message", "reasoning"})
 
 
+@_strict
 def parse_response(body: bytes) -> ModelOutcome:
     """Classify a 200 Responses API body strictly (DESIGN.md §8), reading the JSON ourselves.
 
@@ -372,18 +395,13 @@ def parse_response(body: bytes) -> ModelOutcome:
     (tool_calls); no text is empty. A refusal part, two messages or an unexpected shape
     are failures judged here (refusal, multiple_messages, malformed_response).
     """
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _malformed(f"body is not JSON: {exc}")
-    if not isinstance(data, dict):
-        return _malformed("body is not a JSON object")
+    data = _json_object(body)
+    if isinstance(data, Failure):
+        return data
     status = data.get("status")
     if not isinstance(status, str):
         return _malformed("no status string")
-    response_id = data.get("id")
-    if response_id is not None and not isinstance(response_id, str):
-        return _malformed("id is not a string")
+    response_id = _optional(data, "id", str, "a string")
     output = data.get("output")
     if not isinstance(output, list):
         return _malformed("no output list")

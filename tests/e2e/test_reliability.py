@@ -177,16 +177,6 @@ def test_four_workers_survive_two_database_restarts(own_cluster: ThrowawayCluste
 # --- 2. the connection cut during complete ----------------------------------------------
 
 
-@pytest.fixture
-def model_server() -> Iterator[ModelServer]:
-    server = ModelServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert server.errors == [], server.errors
-
 
 def _backend_waiting(admin: Conn, dbname: str, wait_event: str, query: str) -> int | None:
     row = admin.execute(
