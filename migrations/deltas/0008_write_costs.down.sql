@@ -1,4 +1,4 @@
--- Revision 0007_write_costs, down: the definitions of rederive and track_source_changes
+-- Revision 0008_write_costs, down: the definitions of rederive and track_source_changes
 -- (0005_derived_state), source_enqueue (0006_queue_leases) and range_hash
 -- (0001_foundation); rederive_runs and rederive_general go.
 

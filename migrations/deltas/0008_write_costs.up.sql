@@ -1,4 +1,4 @@
--- Revision 0007_write_costs: what the tracking triggers cost a writer.
+-- Revision 0008_write_costs: what the tracking triggers cost a writer.
 --
 -- compaction.rederive answers in one statement whether any touched Run can pair or had a
 -- pair (most of an agent's statements end there), and takes the conversation_state row
