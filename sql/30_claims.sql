@@ -1242,6 +1242,44 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- Nothing to do when this transaction already holds the queue entry of every
+    -- conversation the statement wrote (an earlier statement inserted, requeued or locked
+    -- it, outside any subtransaction: its lock lasts until commit, so nobody else changes
+    -- it) and the upsert below would not update it: it would find that row and change
+    -- nothing. An agent's later statements per Run end here.
+    IF TG_OP = 'INSERT' THEN
+        IF NOT EXISTS (SELECT 1 FROM new_rows AS n
+                       WHERE n.conversation_id IS NOT NULL
+                         AND NOT EXISTS (SELECT 1 FROM compaction.queue AS q
+                                         WHERE q.conversation_id = n.conversation_id
+                                           AND q.scope = 'default'
+                                           AND pg_catalog.pg_current_xact_id()::xid IN (q.xmin, q.xmax)
+                                           AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL))) THEN
+            RETURN NULL;
+        END IF;
+    ELSIF TG_OP = 'DELETE' THEN
+        IF NOT EXISTS (SELECT 1 FROM old_rows AS o
+                       WHERE o.conversation_id IS NOT NULL
+                         AND NOT EXISTS (SELECT 1 FROM compaction.queue AS q
+                                         WHERE q.conversation_id = o.conversation_id
+                                           AND q.scope = 'default'
+                                           AND pg_catalog.pg_current_xact_id()::xid IN (q.xmin, q.xmax)
+                                           AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL))) THEN
+            RETURN NULL;
+        END IF;
+    ELSIF NOT EXISTS (SELECT 1
+                      FROM (SELECT n.conversation_id FROM new_rows AS n
+                            UNION ALL
+                            SELECT o.conversation_id FROM old_rows AS o) AS c
+                      WHERE c.conversation_id IS NOT NULL
+                        AND NOT EXISTS (SELECT 1 FROM compaction.queue AS q
+                                        WHERE q.conversation_id = c.conversation_id
+                                          AND q.scope = 'default'
+                                          AND pg_catalog.pg_current_xact_id()::xid IN (q.xmin, q.xmax)
+                                          AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL))) THEN
+        RETURN NULL;
+    END IF;
+
     -- The upsert of compaction.enqueue, for every conversation the statement wrote, in
     -- one sorted statement: concurrent bulk writers take queue row locks in one order.
     IF TG_OP = 'INSERT' THEN
