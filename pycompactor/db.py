@@ -366,6 +366,29 @@ def reply_problem(conn: Connection, text: str | None, finish_reason: str | None,
     return problem
 
 
+def wal_insert_lsn(conn: Connection) -> str:
+    """The server's current WAL insert position (a write's LSN, to wait for on a replica)."""
+    lsn: str = _row(conn, tuple_row,
+                    "SELECT pg_catalog.pg_current_wal_insert_lsn()::text", {})[0]
+    return lsn
+
+
+def replayed(conn: Connection, lsn: str) -> bool:
+    """True on a primary, or on a hot standby that has replayed up to `lsn`."""
+    return bool(_row(conn, tuple_row,
+                     "SELECT NOT pg_catalog.pg_is_in_recovery()"
+                     " OR pg_catalog.pg_last_wal_replay_lsn() >= %(lsn)s::pg_lsn",
+                     {"lsn": lsn})[0])
+
+
+def summaries(conn: Connection, conversation_id: str) -> list[tuple[int, int, str]]:
+    """(from_pair, summary_id, summary) of every completed summary of a conversation."""
+    return _rows(conn, tuple_row,
+                 "SELECT from_pair, summary_id, summary FROM compaction.summaries"
+                 " WHERE conversation_id = %(conversation_id)s ORDER BY from_pair",
+                 {"conversation_id": conversation_id})
+
+
 #: What a worker calls, by signature: a schema older than this package lacks one of them.
 WORKER_FUNCTIONS: Final = (
     "compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz)",
