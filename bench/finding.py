@@ -33,7 +33,7 @@ from bench.common import (
     text_pool,
     vacuum_analyze,
 )
-from pycompactor.summarizer import OFFLINE_MODEL, ExtractiveSummarizer
+from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
 from pycompactor.worker import EventLog, Worker, WorkerConfig
 
 _APP = "bench-finding-worker"

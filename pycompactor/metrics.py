@@ -35,8 +35,8 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_se
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from pycompactor.figures import FigureStats
     from pycompactor.projection import Projection
-    from pycompactor.summarizer import FigureStats
 
 ATTEMPTS: Final = Counter(
     "pycompactor_worker_attempts",

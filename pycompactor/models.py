@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 
@@ -137,3 +137,15 @@ class AuditReport:
     view: str
     columns: list[str]
     rows: list[dict[str, Any]]
+
+
+class AssistantReply(Protocol):
+    """What the request reads from a pair (pycompactor.models.Pair has it).
+
+    Only these two attributes are read: user text cannot reach the model through here.
+    """
+
+    @property
+    def assistant_message_id(self) -> str: ...
+    @property
+    def assistant_content(self) -> str: ...

@@ -62,18 +62,11 @@ from pycompactor.errors import (
     LockTimeout,
     PycompactorError,
 )
+from pycompactor.figures import FigureStats, figure_stats
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import QueuedConversation, RangeReply
-from pycompactor.summarizer import (
-    DEFAULT_TIMEOUT_SECONDS,
-    PROMPT_VERSION,
-    Failure,
-    FigureStats,
-    ModelOutcome,
-    Reply,
-    Summarizer,
-    figure_stats,
-)
+from pycompactor.outcomes import Failure, ModelOutcome, Reply
+from pycompactor.summarizer import DEFAULT_TIMEOUT_SECONDS, PROMPT_VERSION, Summarizer
 
 LogFormat = Literal["text", "json"]
 

@@ -17,16 +17,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pycompactor.models import Pair
-from pycompactor.sample import sample_turns
-from pycompactor.summarizer import (
+from pycompactor.extractive import (
     MAX_SUMMARY_CHARS,
     ExtractiveSummarizer,
-    Reply,
     extractive_summary,
-    make_summarizer,
     split_sentences,
 )
+from pycompactor.models import Pair
+from pycompactor.outcomes import Reply
+from pycompactor.sample import sample_turns
+from pycompactor.summarizer import make_summarizer
 from tests.workerkit import complete_verdict
 
 NUMBER = re.compile(r"\d+")
@@ -136,7 +136,7 @@ def test_deterministic_across_processes_and_hash_seeds() -> None:
         "import sys\n"
         "from pycompactor.models import Pair\n"
         "from pycompactor.sample import sample_turns\n"
-        "from pycompactor.summarizer import extractive_summary\n"
+        "from pycompactor.extractive import extractive_summary\n"
         "pairs = [Pair(i, 'r', 'u', u, f'demo/run-{i + 20:03d}/a', a)\n"
         "         for i, (u, a) in enumerate(sample_turns(30)[20:])]\n"
         "sys.stdout.write(extractive_summary(pairs))\n"

@@ -14,14 +14,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pycompactor import db
-from pycompactor.summarizer import (
-    ExtractiveSummarizer,
-    FigureStats,
-    OpenAISummarizer,
-    extractive_summary,
-    figure_stats,
-    figures,
-)
+from pycompactor.extractive import ExtractiveSummarizer, extractive_summary
+from pycompactor.figures import FigureStats, figure_stats, figures
+from pycompactor.summarizer import OpenAISummarizer
 from pycompactor.worker import EventLog, Worker, WorkerConfig
 from tests.driver.conftest import make_pairs
 from tests.history import History

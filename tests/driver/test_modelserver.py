@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pycompactor.summarizer import Failure, OpenAISummarizer, Reply
+from pycompactor.outcomes import Failure, Reply
+from pycompactor.summarizer import OpenAISummarizer
 from tests import modelserver as ms
 from tests.driver.conftest import make_pairs
 from tests.modelserver import ModelServer

@@ -10,14 +10,8 @@ import psycopg
 import pytest
 
 from pycompactor.errors import UsageError
-from pycompactor.summarizer import (
-    OpenAISummarizer,
-    Reply,
-    load_prompt,
-    make_summarizer,
-    parse_response,
-    replies_document,
-)
+from pycompactor.outcomes import Reply, parse_response
+from pycompactor.summarizer import OpenAISummarizer, load_prompt, make_summarizer, replies_document
 from pycompactor.worker import EventLog, Worker, WorkerConfig
 from tests.driver.conftest import make_pairs
 from tests.modelserver import (

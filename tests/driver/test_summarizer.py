@@ -16,24 +16,20 @@ import pytest
 
 from pycompactor.cluster import free_port
 from pycompactor.errors import UsageError
+from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
 from pycompactor.models import Pair
-from pycompactor.summarizer import (
+from pycompactor.outcomes import (
     CONNECTION_ERROR,
     INVALID_TEXT,
     MALFORMED_RESPONSE,
     MULTIPLE_CHOICES,
-    OFFLINE_MODEL,
     REFUSAL,
     TIMEOUT,
-    ExtractiveSummarizer,
     Failure,
     ModelOutcome,
-    OpenAISummarizer,
     Reply,
-    build_request,
-    load_prompt,
-    make_summarizer,
 )
+from pycompactor.summarizer import OpenAISummarizer, build_request, load_prompt, make_summarizer
 from tests import modelserver as ms
 from tests.driver.conftest import make_pairs
 from tests.modelserver import ModelServer

@@ -387,7 +387,7 @@ def test_scope_lanes(conn: Conn, dsn: str, model_server: ModelServer) -> None:
 
 
 def test_sweep_finds_conversations_nobody_enqueued(conn: Conn, dsn: str) -> None:
-    from pycompactor.summarizer import ExtractiveSummarizer
+    from pycompactor.extractive import ExtractiveSummarizer
 
     for c in range(7):
         seed(conn, f"conv-{c}", 30)
@@ -473,7 +473,7 @@ def test_database_error_mid_pass_loses_no_queued_conversation(
     """Loop mode: a pass cut short by a database error after dequeuing puts its batch
     back on the next pass (after a backoff), so both conversations still get compacted."""
     from pycompactor.errors import DatabaseUnavailable
-    from pycompactor.summarizer import ExtractiveSummarizer
+    from pycompactor.extractive import ExtractiveSummarizer
 
     seed(conn, "conv-0", 30)
     seed(conn, "conv-1", 30)

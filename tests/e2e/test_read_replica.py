@@ -32,8 +32,8 @@ from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor import db, project_history
 from pycompactor.cluster import free_port, server_user
+from pycompactor.extractive import OFFLINE_MODEL
 from pycompactor.integrations.openai_agents import PycompactorSession
-from pycompactor.summarizer import OFFLINE_MODEL
 from tests.conftest import wait_until_accepting
 from tests.e2e.cli import run_cli
 from tests.history import History

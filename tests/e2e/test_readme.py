@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from pycompactor.summarizer import OFFLINE_MODEL
+from pycompactor.extractive import OFFLINE_MODEL
 from tests.e2e.cli import run_cli
 from tests.history import History
 

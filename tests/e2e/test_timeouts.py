@@ -18,7 +18,8 @@ import pytest
 
 from pycompactor import db
 from pycompactor.errors import LockTimeout, StatementCanceled
-from pycompactor.summarizer import OFFLINE_MODEL, PROMPT_VERSION
+from pycompactor.extractive import OFFLINE_MODEL
+from pycompactor.summarizer import PROMPT_VERSION
 from tests.e2e.cli import run_cli
 from tests.workerkit import (
     attempts,

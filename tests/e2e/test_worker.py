@@ -18,7 +18,8 @@ import psycopg
 import pytest
 
 from pycompactor import db
-from pycompactor.summarizer import OFFLINE_MODEL, extractive_summary, load_prompt
+from pycompactor.extractive import OFFLINE_MODEL, extractive_summary
+from pycompactor.summarizer import load_prompt
 from tests.e2e.cli import run_cli
 from tests.history import History
 from tests.modelserver import ModelServer, RecordedRequest, hang, stop
