@@ -378,6 +378,11 @@ SET jit = off
 -- One cached plan per statement: the transition tables and the runs' key lookups plan
 -- the same for every write, and a custom plan per statement cost more than running it.
 SET plan_cache_mode = force_generic_plan
+-- Every lookup here (and in the rederive functions it calls) is by key. A generic plan
+-- made while the tables were still small would scan them instead, and a long transaction
+-- (a bulk import into a new database: no ANALYZE in between) would pay for that on every
+-- statement, quadratically.
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_conversation_column text := TG_ARGV[0];
