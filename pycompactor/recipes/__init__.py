@@ -37,13 +37,14 @@ class RecipeResult:
     rebuilt: bool
 
 
-def agents_sqlalchemy_sql(*, schema: str = "public",
+def agents_sqlalchemy_sql(*, schema: str = "public", sessions_table: str = "agent_sessions",
                           messages_table: str = "agent_messages") -> sql.Composed:
     """The recipe's SQL for these names (what `install_agents_sqlalchemy` runs)."""
     template = (_HERE / "agents_sqlalchemy.sql").read_text(encoding="utf-8")
     prefix = f"pycompactor_{messages_table}"
     return sql.SQL(template).format(
         schema=sql.Identifier(schema),
+        sessions=sql.Identifier(schema, sessions_table),
         messages=sql.Identifier(schema, messages_table),
         messages_literal=sql.Literal(
             sql.Identifier(schema, messages_table).as_string(None)),
@@ -83,7 +84,8 @@ def install_agents_sqlalchemy(conn: psycopg.Connection[Any], *, schema: str = "p
         if row[0] is None:
             raise UsageError(f"no table {schema}.{sessions_table}")
         with conn.transaction():
-            conn.execute(agents_sqlalchemy_sql(schema=schema, messages_table=messages_table))
+            conn.execute(agents_sqlalchemy_sql(schema=schema, sessions_table=sessions_table,
+                                               messages_table=messages_table))
         rebuilt = False
         if rebuild:
             conn.execute("CALL compaction.rebuild_derived_state()")
