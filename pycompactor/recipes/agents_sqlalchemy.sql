@@ -88,23 +88,22 @@ CREATE INDEX IF NOT EXISTS {id_idx}
 
 -- The views run with their owner's rights (compaction_owner).
 GRANT USAGE ON SCHEMA {schema} TO compaction_owner;
-GRANT SELECT ON {sessions}, {messages} TO compaction_owner;
+GRANT SELECT ON {messages} TO compaction_owner;
 GRANT EXECUTE ON FUNCTION {role_fn}(text), {status_fn}(text), {content_fn}(text)
     TO compaction_owner;
 
--- A run per user item. The conversation id comes from the sessions table, so listing
--- conversations in order (the worker's --sweep, the derived-state rebuild, check-source's
--- samples) walks its primary key and stops early, instead of reading every item.
+-- A run per user item. Listing conversations in order (the worker's --sweep, the
+-- derived-state rebuild, check-source's samples) walks the role index, where the role
+-- is already computed: no item's JSON is parsed for it.
 CREATE OR REPLACE VIEW compaction.source_runs AS
     SELECT u.id::text AS run_id,
-           s.session_id::text AS conversation_id,
+           u.session_id::text AS conversation_id,
            CASE WHEN EXISTS (SELECT 1 FROM {messages} AS a
                              WHERE a.session_id = u.session_id
                                AND {role_fn}(a.message_data) = 'assistant'
                                AND a.id > u.id AND a.id < nu.next_id)
                 THEN 'completed' ELSE 'in_progress' END AS status
-    FROM {sessions} AS s
-    JOIN {messages} AS u ON u.session_id = s.session_id
+    FROM {messages} AS u
     CROSS JOIN LATERAL (
         SELECT coalesce(min(n.id), 9223372036854775807) AS next_id
         FROM {messages} AS n
