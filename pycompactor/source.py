@@ -304,11 +304,15 @@ def _advice(lookup: Lookup, table: str, node: dict[str, Any], value: str) -> str
     the filter compares it with the looked-up value; else the view reads the table whole
     before it filters (a window function or aggregate over it), which no index fixes."""
     literal = sql.Literal(value).as_string(None)
-    match = re.search(r"\(+(.+?) = " + re.escape(literal), str(node.get("Filter", "")))
+    # The comparison's left side: an expression with at most one level of parentheses
+    # inside, e.g. "((m.id)::text = '2'::text)" gives "(m.id)::text".
+    match = re.search(r"\(((?:[^()]|\([^()]*\))+?) = " + re.escape(literal),
+                      str(node.get("Filter", "")))
     if match is not None:
         expression = match.group(1)
-        if expression.count("(") != expression.count(")"):
-            expression = expression.lstrip("(")
+        alias = node.get("Alias")
+        if alias:
+            expression = expression.replace(f"{alias}.", "")
         return (f"an index on {table} (({expression})) would serve it (the expression"
                 f" behind {lookup.view}.{lookup.column}, as the view exposes it)")
     return (f"{lookup.view} computes {lookup.column} over every row of {table} before it"
