@@ -12,15 +12,16 @@ measured conversation; the recipe's p50 over the reference's p50 is the ratio (g
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from bench.common import (
     REPETITIONS,
+    BenchCluster,
     Conn,
     Sizes,
     drain_queue,
@@ -126,7 +127,6 @@ def _text(content: Any) -> str:
 def seed_reference(conn: Conn, plan: list[tuple[str, int, int]], users: list[str],
                    replies: list[str]) -> None:
     """The same items in the reference tables, as PycompactorSession stores them."""
-    buffer = io.StringIO()
     runs: list[tuple[str, str]] = []
     messages: list[tuple[str, str, str, str, str, int]] = []
     seq = 0
@@ -142,7 +142,6 @@ def seed_reference(conn: Conn, plan: list[tuple[str, int, int]], users: list[str
                        else json.dumps(item, ensure_ascii=False))
             messages.append((f"{session_id}/{seq}", session_id, run_id, role or "sdk_item",
                              content, seq))
-    del buffer
     with conn.cursor() as cur:
         with cur.copy("COPY compaction_source.conversations (conversation_id) FROM STDIN"
                       ) as copy:
@@ -185,15 +184,25 @@ def _p50s(dsn: str, sizes: Sizes) -> dict[str, Any]:
     return out
 
 
-def run(dsn: str, sizes: Sizes, reference_dsn: str | None = None) -> dict[str, Any]:
-    """`dsn` gets the SDK tables; `reference_dsn` (a second database) the reference ones."""
+def _sibling_database(dsn: str) -> str:
+    """A second database beside `dsn`'s, cloned from the same migrated template."""
+    parts = dict(item.split("=", 1) for item in dsn.split())
+    name = f"{parts['dbname']}_ref"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(BenchCluster.TEMPLATE)))
+    return " ".join(f"{k}={name if k == 'dbname' else v}" for k, v in parts.items())
+
+
+def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
+    """`dsn` gets the SDK tables, a sibling database the reference ones."""
+    reference_dsn = _sibling_database(dsn)
     measured_turns = 200 if not sizes.smoke else 45
     others = OTHER_SESSIONS if not sizes.smoke else 20
     plan = list(sessions(measured_turns, others))
     users = text_pool(61, 32, 200)
     replies = text_pool(62, 64, 1024 if not sizes.smoke else 256)
     summary = text_pool(63, 1, 1500)[0]
-    assert reference_dsn is not None, "bench.run passes a second database"
     with psycopg.connect(dsn, autocommit=True) as conn:
         seed_sdk(conn, plan, users, replies)
     vacuum_analyze(dsn)

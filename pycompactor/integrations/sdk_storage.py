@@ -75,6 +75,10 @@ class ProjectingSession:
         """The wrapped session's settings (the SDK reads its default limit here)."""
         return getattr(self.wrapped, "session_settings", None)
 
+    @session_settings.setter
+    def session_settings(self, value: SessionSettings | None) -> None:
+        self.wrapped.session_settings = value
+
     # -- the Session protocol -----------------------------------------------------------
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:

@@ -30,7 +30,8 @@ def test_idle_worker_hints_once_at_targets_nothing_queued(conn: Conn, dsn: str) 
     assert hint["reason"] == "targets_not_queued"
     assert hint["conversation_id"] == "hint-b"
     assert hint["targets"] == 1
-    assert "compaction.enqueue" in hint["hint"] and "--sweep" in hint["hint"]
+    assert "compaction.enqueue" in hint["hint"]
+    assert "--sweep" in hint["hint"]
     [stopped] = events_named(events, "stopped")
     assert stopped["claimed"] == 0
 

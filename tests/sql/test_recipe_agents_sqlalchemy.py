@@ -179,7 +179,8 @@ def test_check_source_flags_the_window_function_views_as_slow(sdk: Conn) -> None
     for lookup in slow.values():
         assert lookup.view == "compaction.source_messages"
         assert lookup.unindexed_table == "public.agent_messages"
-        assert lookup.advice is not None and "LATERAL" in lookup.advice
+        assert lookup.advice is not None
+        assert "LATERAL" in lookup.advice
     assert len(report.problems) == 2
     assert all(p.startswith("compaction.source_messages: the lookup by ")
                for p in report.problems)
