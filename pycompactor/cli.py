@@ -131,10 +131,18 @@ def cmd_check_source(args: argparse.Namespace) -> int:
     else:
         for problem in report.problems:
             print(f"problem: {problem}")
-        if report.ok:
+        if report.derived_state is not None:  # the views match the contract
             print("source views match the contract")
             if report.derived_state_note is not None:
                 print(f"derived state: {report.derived_state_note}")
+            if report.lookups:
+                print(render_table(
+                    ["lookup", "view.column", "ms", "index"],
+                    [(r.lookup, f"{r.view}.{r.column}",
+                      "timed out" if r.milliseconds is None else f"{r.milliseconds:.1f}",
+                      "yes" if r.uses_index else "NO")
+                     for r in report.lookups],
+                ))
             if report.samples:
                 print(render_table(
                     ["conversation", "runs", "pairs", "excluded runs (reason: count)"],
