@@ -13,6 +13,7 @@ lookup is a problem naming the view, the column and the index that would serve i
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -238,36 +239,39 @@ def check_lookups(conn: db.Connection, conversation_id: str) -> list[LookupRepor
 
 
 def _probe(conn: db.Connection, lookup: Lookup, value: str) -> tuple[LookupReport, str | None]:
-    """Time the lookup once, then EXPLAIN it with sequential scans disabled; returns the
-    report and the first column of its first row (the next lookup's value)."""
+    """Time the lookup once (its wall time on this connection), then EXPLAIN it with
+    sequential scans disabled; returns the report and the first column of its first row
+    (the next lookup's value)."""
     query = sql.SQL(lookup.query).format(sql.Literal(value))
+    explain = sql.SQL("EXPLAIN (VERBOSE, FORMAT JSON) {}").format(query)
     milliseconds: float | None = None
     first: str | None = None
+    plan: dict[str, Any] | None = None
+    # Read-only (fine on a hot standby) and rolled back, inside a caller's transaction
+    # as a savepoint, so the timeout and enable_seqscan set for it never outlive it.
+    own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     with wrap_exceptions():
         try:
-            with conn.transaction(), conn.cursor() as cur:
-                cur.execute("SET TRANSACTION READ ONLY")
+            with conn.transaction(force_rollback=True), conn.cursor() as cur:
+                if own:
+                    cur.execute("SET TRANSACTION READ ONLY")
                 cur.execute("SELECT pg_catalog.set_config('statement_timeout', %s, true)",
                             (str(LOOKUP_TIMEOUT_MS),))
-                cur.execute(sql.SQL("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) {}")
-                            .format(query))
-                row = cur.fetchone()
-                assert row is not None
-                milliseconds = float(row[0][0]["Execution Time"])
-                cur.execute(query)
-                found = cur.fetchone()
-                first = None if found is None else str(found[0])
+                started = time.perf_counter()
+                rows = cur.execute(query).fetchall()
+                milliseconds = (time.perf_counter() - started) * 1000
+                first = str(rows[0][0]) if rows else None
+                cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
+                plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
         except psycopg.errors.QueryCanceled:
-            pass  # slow: judged below from the plan alone
-        if milliseconds is None and lookup.name != "message_by_id":
-            first = None  # the next lookup needs a value this one did not give
-        with conn.transaction(), conn.cursor() as cur:
-            cur.execute("SET TRANSACTION READ ONLY")
-            cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
-            cur.execute(sql.SQL("EXPLAIN (VERBOSE, FORMAT JSON) {}").format(query))
-            row = cur.fetchone()
-            assert row is not None
-            plan = row[0][0]["Plan"]
+            pass  # slow: judged from the plan alone, below
+        if plan is None:
+            with conn.transaction(force_rollback=True), conn.cursor() as cur:
+                if own:
+                    cur.execute("SET TRANSACTION READ ONLY")
+                cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
+                plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
+    assert plan is not None
     whole = _whole_table_scan(plan)
     if whole is None:
         return LookupReport(lookup.name, lookup.view, lookup.column, value, milliseconds,

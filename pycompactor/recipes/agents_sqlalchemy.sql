@@ -85,6 +85,9 @@ CREATE INDEX IF NOT EXISTS {role_idx}
     ON {messages} (session_id, {role_fn}(message_data), id);
 CREATE INDEX IF NOT EXISTS {id_idx}
     ON {messages} ((id::text));
+-- Statistics on the indexed role expression: without them the planner guesses how many
+-- items are user items, and may read a session's items whole where one probe would do.
+ANALYZE {messages};
 
 -- The views run with their owner's rights (compaction_owner).
 GRANT USAGE ON SCHEMA {schema} TO compaction_owner;
