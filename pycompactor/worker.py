@@ -511,21 +511,16 @@ class Worker:
         cfg = self.config
         try:
             with self._pool.get() as conn:
-                for conversation_id in db.conversations_after(conn, "",
-                                                              _HINT_PROBE_CONVERSATIONS):
-                    pending = [t for t in db.worker_targets(conn, conversation_id, cfg.scope,
-                                                            cfg.model, PROMPT_VERSION)
-                               if not t.completed]
-                    if pending:
-                        self._log.emit(
-                            "idle_hint", reason="targets_not_queued", scope=cfg.scope,
-                            conversation_id=conversation_id, targets=len(pending),
-                            hint="the queue is empty but this conversation has targets"
-                                 " without a summary: nothing queued it. Call"
-                                 " compaction.enqueue(conversation_id) after each settled"
-                                 " Run (the SDK session wrappers do), or run the worker"
-                                 " with --sweep")
-                        return
+                found = db.unqueued_targets(conn, cfg.scope, cfg.model, PROMPT_VERSION,
+                                            _HINT_PROBE_CONVERSATIONS)
+            if found is not None:
+                self._log.emit(
+                    "idle_hint", reason="targets_not_queued", scope=cfg.scope,
+                    conversation_id=found[0], targets=found[1],
+                    hint="the queue is empty but this conversation has targets without a"
+                         " summary: nothing queued it. Call"
+                         " compaction.enqueue(conversation_id) after each settled Run (the"
+                         " SDK session wrappers do), or run the worker with --sweep")
         except PycompactorError:
             return  # only a hint: the next pass works (or fails) as usual
 

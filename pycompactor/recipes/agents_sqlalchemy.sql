@@ -20,9 +20,9 @@
 -- window over every session's rows would be computed whole for each of those questions
 -- (`pycompactor check-source` times and EXPLAINs them).
 
--- What an SDK item is, from its JSON: the role of a message item (NULL for any other
--- item), its status and its text. IMMUTABLE, so the indexes below can use the role; plain
--- SQL, so the planner inlines them.
+-- What an SDK item is, from its JSON. The role of a message item (NULL for any other
+-- item): IMMUTABLE, so the role index below can hold it; plain SQL, so the planner
+-- inlines it.
 CREATE OR REPLACE FUNCTION {role_fn}(p_item text)
 RETURNS text
 LANGUAGE sql
@@ -35,46 +35,34 @@ $$;
 COMMENT ON FUNCTION {role_fn}(text) IS
     'pycompactor recipe (Agents SDK SQLAlchemySession): the role of a message item, NULL for any other item';
 
-CREATE OR REPLACE FUNCTION {status_fn}(p_item text)
-RETURNS text
-LANGUAGE sql
-IMMUTABLE
-PARALLEL SAFE
-AS $$
-    SELECT coalesce(p_item::jsonb ->> 'status', 'completed')
-$$;
-COMMENT ON FUNCTION {status_fn}(text) IS
-    'pycompactor recipe (Agents SDK SQLAlchemySession): an item''s status, completed when it has none';
-
--- The text of a message item: its string content, or its text (or refusal) parts joined
--- by newlines, as PycompactorSession stores them; any other item is its JSON (escapes
--- decoded). jsonb decodes the \uXXXX escapes the SDK writes.
-CREATE OR REPLACE FUNCTION {content_fn}(p_item text)
+-- The text of an item (already parsed): a message's string content, or its text (or
+-- refusal) parts joined by newlines, as PycompactorSession stores them; any other item
+-- is its JSON. jsonb decodes the \uXXXX escapes the SDK writes.
+CREATE OR REPLACE FUNCTION {content_fn}(p_item jsonb)
 RETURNS text
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
     SELECT CASE
-        WHEN coalesce(p_item::jsonb ->> 'type', 'message') <> 'message'
-          OR p_item::jsonb ->> 'role' IS NULL
-            THEN p_item::jsonb::text
-        WHEN jsonb_typeof(p_item::jsonb -> 'content') = 'string'
-            THEN p_item::jsonb ->> 'content'
-        WHEN jsonb_typeof(p_item::jsonb -> 'content') = 'array'
+        WHEN coalesce(p_item ->> 'type', 'message') <> 'message' OR p_item ->> 'role' IS NULL
+            THEN p_item::text
+        WHEN jsonb_typeof(p_item -> 'content') = 'string'
+            THEN p_item ->> 'content'
+        WHEN jsonb_typeof(p_item -> 'content') = 'array'
             THEN coalesce((
                 SELECT string_agg(coalesce(
                            CASE WHEN jsonb_typeof(e.part -> 'text') = 'string'
                                 THEN e.part ->> 'text' END,
                            CASE WHEN jsonb_typeof(e.part -> 'refusal') = 'string'
                                 THEN e.part ->> 'refusal' END), E'\n' ORDER BY e.ord)
-                FROM jsonb_array_elements(p_item::jsonb -> 'content') WITH ORDINALITY AS e (part, ord)
+                FROM jsonb_array_elements(p_item -> 'content') WITH ORDINALITY AS e (part, ord)
                 WHERE jsonb_typeof(e.part -> 'text') = 'string'
                    OR jsonb_typeof(e.part -> 'refusal') = 'string'), '')
         ELSE ''
     END
 $$;
-COMMENT ON FUNCTION {content_fn}(text) IS
+COMMENT ON FUNCTION {content_fn}(jsonb) IS
     'pycompactor recipe (Agents SDK SQLAlchemySession): the text of a message item (string or text parts), the JSON of any other item';
 
 -- The lookups, each an index range scan:
@@ -92,8 +80,7 @@ ANALYZE {messages};
 -- The views run with their owner's rights (compaction_owner).
 GRANT USAGE ON SCHEMA {schema} TO compaction_owner;
 GRANT SELECT ON {messages} TO compaction_owner;
-GRANT EXECUTE ON FUNCTION {role_fn}(text), {status_fn}(text), {content_fn}(text)
-    TO compaction_owner;
+GRANT EXECUTE ON FUNCTION {role_fn}(text), {content_fn}(jsonb) TO compaction_owner;
 
 -- A run per user item. Listing conversations in order (the worker's --sweep, the
 -- derived-state rebuild, check-source's samples) walks the role index, where the role
@@ -125,19 +112,30 @@ CREATE OR REPLACE VIEW compaction.source_messages AS
     SELECT m.id::text AS message_id,
            m.session_id::text AS conversation_id,
            u.id::text AS run_id,
-           CASE {role_fn}(m.message_data)
+           CASE d.item_role
                WHEN 'assistant' THEN
                    CASE WHEN EXISTS (SELECT 1 FROM {messages} AS l
                                      WHERE l.session_id = m.session_id
                                        AND {role_fn}(l.message_data) = 'assistant'
                                        AND l.id > m.id AND l.id < nu.next_id)
                         THEN 'assistant_interim' ELSE 'assistant' END
-               ELSE coalesce({role_fn}(m.message_data), 'sdk_item')
+               ELSE coalesce(d.item_role, 'sdk_item')
            END AS role,
-           {status_fn}(m.message_data) AS status,
-           {content_fn}(m.message_data) AS content,
+           d.item_status AS status,
+           d.item_content AS content,
            m.id::bigint AS seq
     FROM {messages} AS m
+    -- Each item's JSON parsed once, and its role, status and text computed once (OFFSET 0
+    -- keeps the planner from copying these expressions into every place that uses them:
+    -- judging a run reads role and content several times per item).
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN coalesce(x.j ->> 'type', 'message') = 'message'
+                    THEN x.j ->> 'role' END AS item_role,
+               coalesce(x.j ->> 'status', 'completed') AS item_status,
+               {content_fn}(x.j) AS item_content
+        FROM (SELECT m.message_data::jsonb AS j OFFSET 0) AS x
+        OFFSET 0
+    ) AS d
     LEFT JOIN (
         {messages} AS u
         CROSS JOIN LATERAL (

@@ -150,8 +150,8 @@ CREATE OR REPLACE VIEW compaction.source_messages AS
            x.run::text AS run_id,
            CASE WHEN x.role = 'assistant' AND x.id <> x.last_assistant THEN 'assistant_interim'
                 ELSE coalesce(x.role, 'sdk_item') END AS role,
-           public.pycompactor_agent_messages_status(x.message_data) AS status,
-           public.pycompactor_agent_messages_content(x.message_data) AS content,
+           coalesce(x.message_data::jsonb ->> 'status', 'completed') AS status,
+           public.pycompactor_agent_messages_content(x.message_data::jsonb) AS content,
            x.id::bigint AS seq
     FROM (SELECT y.*, max(y.id) FILTER (WHERE y.role = 'assistant')
                           OVER (PARTITION BY y.session_id, y.run) AS last_assistant
