@@ -65,14 +65,19 @@ $$;
 COMMENT ON FUNCTION {content_fn}(jsonb) IS
     'pycompactor recipe (Agents SDK SQLAlchemySession): the text of a message item (string or text parts), the JSON of any other item';
 
--- The lookups, each an index range scan:
+-- The lookups, each an index probe or range scan:
 -- * a session's runs, the run a message belongs to (the last user item at or before it),
---   the next run's start, a run's assistant items: (session_id, role, id);
--- * a run or a message by its text id (the engine's ids are text): (id::text).
+--   the next run's start, a later assistant item in the run: (session_id, role, id);
+-- * a run's items, from its user item up to the next run's start: (session_id, id)
+--   (the role index would read every role of the session for that range);
+-- * a run or a message by its text id (the engine's ids are text), with the role, so
+--   "is this a user item" is answered from the index: (id::text, role).
 CREATE INDEX IF NOT EXISTS {role_idx}
     ON {messages} (session_id, {role_fn}(message_data), id);
+CREATE INDEX IF NOT EXISTS {session_idx}
+    ON {messages} (session_id, id);
 CREATE INDEX IF NOT EXISTS {id_idx}
-    ON {messages} ((id::text));
+    ON {messages} ((id::text), {role_fn}(message_data));
 -- Statistics on the indexed role expression: without them the planner guesses how many
 -- items are user items, and may read a session's items whole where one probe would do.
 ANALYZE {messages};
