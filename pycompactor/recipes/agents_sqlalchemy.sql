@@ -117,15 +117,7 @@ CREATE OR REPLACE VIEW compaction.source_messages AS
     SELECT m.id::text AS message_id,
            m.session_id::text AS conversation_id,
            u.id::text AS run_id,
-           CASE d.item_role
-               WHEN 'assistant' THEN
-                   CASE WHEN EXISTS (SELECT 1 FROM {messages} AS l
-                                     WHERE l.session_id = m.session_id
-                                       AND {role_fn}(l.message_data) = 'assistant'
-                                       AND l.id > m.id AND l.id < nu.next_id)
-                        THEN 'assistant_interim' ELSE 'assistant' END
-               ELSE coalesce(d.item_role, 'sdk_item')
-           END AS role,
+           r.role,
            d.item_status AS status,
            d.item_content AS content,
            m.id::bigint AS seq
@@ -154,7 +146,21 @@ CREATE OR REPLACE VIEW compaction.source_messages AS
      AND u.session_id = m.session_id AND m.id >= u.id AND m.id < nu.next_id
      AND u.id = (SELECT max(p.id) FROM {messages} AS p
                  WHERE p.session_id = m.session_id AND {role_fn}(p.message_data) = 'user'
-                   AND p.id <= m.id);
+                   AND p.id <= m.id)
+    -- The role in the run, once per item: an assistant message followed by another in
+    -- its run is interim.
+    CROSS JOIN LATERAL (
+        SELECT CASE d.item_role
+                   WHEN 'assistant' THEN
+                       CASE WHEN EXISTS (SELECT 1 FROM {messages} AS l
+                                         WHERE l.session_id = m.session_id
+                                           AND {role_fn}(l.message_data) = 'assistant'
+                                           AND l.id > m.id AND l.id < nu.next_id)
+                            THEN 'assistant_interim' ELSE 'assistant' END
+                   ELSE coalesce(d.item_role, 'sdk_item')
+               END AS role
+        OFFSET 0
+    ) AS r;
 
 COMMENT ON VIEW compaction.source_runs IS
     'Source contract: runs(run_id text, conversation_id text, status text); re-pointed by the pycompactor recipe for the Agents SDK SQLAlchemySession tables';
