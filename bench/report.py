@@ -195,6 +195,10 @@ def markdown_table(results: dict[str, Any]) -> str:
             lines.append(f"| {name} | {_fmt(a['p50_ms'])} | {_fmt(a['p95_ms'])} |"
                          f" {_fmt(b['p50_ms'])} | {_fmt(b['p95_ms'])} |"
                          f" {_fmt(sdk['ratio_p50'][name])} |")
+        ap = sdk["append_turn"]
+        lines.append(f"| append a settled turn (durable commit; no goal) |"
+                     f" {_fmt(ap['sdk_p50_ms'])} | | {_fmt(ap['reference_p50_ms'])} | |"
+                     f" {_fmt(ap['ratio_p50'])} |")
     lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -194,6 +194,43 @@ def _sibling_database(dsn: str) -> str:
     return " ".join(f"{k}={name if k == 'dbname' else v}" for k, v in parts.items())
 
 
+def _append_p50(dsn: str, sdk: bool, sizes: Sizes, users: list[str],
+                replies: list[str]) -> float:
+    """p50 ms of appending one settled turn (question and answer, one durable commit) to
+    the measured conversation, as the SDK writes it or as PycompactorSession does (no goal:
+    the tracking triggers re-derive the touched session whole on the SDK's table, which
+    has no run column)."""
+    counter = iter(range(10_000, 20_000))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        def append() -> None:
+            turn = next(counter)
+            question, answer = turn_items(0, turn * 3, users, replies)  # a plain turn
+            with conn.transaction():
+                if sdk:
+                    conn.execute("INSERT INTO public.agent_messages (session_id, message_data)"
+                                 " VALUES (%(s)s, %(q)s), (%(s)s, %(a)s)",
+                                 {"s": MEASURED, "q": json.dumps(question, separators=(",", ":")),
+                                  "a": json.dumps(answer, separators=(",", ":"))})
+                    conn.execute("UPDATE public.agent_sessions SET updated_at = now()"
+                                 " WHERE session_id = %s", (MEASURED,))
+                else:
+                    run_id = f"{MEASURED}/run-x{turn}"
+                    conn.execute("INSERT INTO compaction_source.runs (run_id, conversation_id,"
+                                 " status) VALUES (%s, %s, 'completed')", (run_id, MEASURED))
+                    conn.execute(
+                        "INSERT INTO compaction_source.messages (message_id, conversation_id,"
+                        " run_id, role, status, content, seq) VALUES"
+                        " (%(r)s || '/u', %(c)s, %(r)s, 'user', 'completed', %(q)s, %(n)s),"
+                        " (%(r)s || '/a', %(c)s, %(r)s, 'assistant', 'completed', %(a)s,"
+                        "  %(n)s + 1)",
+                        {"r": run_id, "c": MEASURED, "q": question["content"],
+                         "a": _text(answer["content"]), "n": 10_000_000 + 2 * turn})
+        for _ in range(sizes.projection_warmup):
+            append()
+        return median([percentile(latencies(append, sizes.projection_ops), 50)
+                       for _ in range(REPETITIONS)])
+
+
 def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
     """`dsn` gets the SDK tables, a sibling database the reference ones."""
     reference_dsn = _sibling_database(dsn)
@@ -219,6 +256,10 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
     reference = _p50s(reference_dsn, sizes)
     ratios = {name: ratio(sdk[name]["p50_ms"], reference[name]["p50_ms"])
               for name in ("plan", "project_64k", "check_source")}
+    sdk_append = _append_p50(dsn, True, sizes, users, replies)
+    reference_append = _append_p50(reference_dsn, False, sizes, users, replies)
+    appends = {"sdk_p50_ms": sdk_append, "reference_p50_ms": reference_append,
+               "ratio_p50": ratio(sdk_append, reference_append)}
     return {"measured_turns": measured_turns, "other_sessions": others,
             "other_items": OTHER_ITEMS, "sdk": sdk, "reference": reference,
-            "ratio_p50": ratios}
+            "ratio_p50": ratios, "append_turn": appends}
