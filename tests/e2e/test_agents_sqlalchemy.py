@@ -254,3 +254,56 @@ def test_sdk_tables_recipe_wrapper_worker_and_stale_edit(
         (m["role"], m["content"]) for m in projection["messages"]]
     assert conn.execute("SELECT count(*) FROM compaction.verify_conversation('conv-a')"
                         ).fetchone() == (0,)
+
+
+def test_projecting_session_writes_through_and_queues(conn: Conn, dsn: str) -> None:
+    """add_items, pop_item and clear_session reach the SDK's tables and queue the
+    conversation; get_items projects (with `limit`, the newest items)."""
+
+    async def scenario() -> tuple[list[Any], list[Any], Any, list[Any], list[Any]]:
+        engine = create_async_engine(sqlalchemy_url(dsn))
+        try:
+            inner = sdk_session("conv-w", engine)
+            await inner.add_items([{"role": "user", "content": "before"}])  # creates tables
+            result = run_cli("install-recipe", "agents-sqlalchemy", "--dsn", dsn)
+            assert result.returncode == 0, result.stderr
+            conn.execute("DELETE FROM compaction.queue")
+            session = ProjectingSession(inner, dsn=dsn, budget_bytes=10_000)
+            assert isinstance(session, Session)
+            assert session.session_id == "conv-w"
+            try:
+                await session.add_items([
+                    {"role": "assistant", "content": "答案一"},
+                    {"role": "user", "content": "问题二"},
+                    {"type": "reasoning", "id": "rs_1", "summary": []},
+                    {"id": "__fake_id__", "type": "message", "role": "assistant",
+                     "status": "completed",
+                     "content": [{"type": "output_text", "text": "答案二", "annotations": []}]},
+                ])
+                queued = conn.execute("SELECT conversation_id FROM compaction.queue"
+                                      ).fetchall()
+                everything = await session.get_items()
+                newest = await session.get_items(limit=2)
+                popped = await session.pop_item()
+                after_pop = await session.get_items()
+                await session.clear_session()
+                cleared = await session.get_items()
+            finally:
+                await session.aclose()
+            assert queued == [("conv-w",)]
+            assert [m["content"] for m in after_pop] == ["before", "答案一"]  # type: ignore[typeddict-item]
+            return everything, newest, popped, cleared, await inner.get_items()
+        finally:
+            await engine.dispose()
+
+    everything, newest, popped, cleared, stored = asyncio.run(scenario())
+    assert everything == [{"role": "user", "content": "before"},
+                          {"role": "assistant", "content": "答案一"},
+                          {"role": "user", "content": "问题二"},
+                          {"role": "assistant", "content": "答案二"}]
+    assert newest == everything[-2:]
+    assert popped["content"][0]["text"] == "答案二"
+    assert cleared == []
+    assert stored == []
+    assert conn.execute("SELECT count(*) FROM compaction.queue WHERE conversation_id = 'conv-w'"
+                        ).fetchone() == (1,)
