@@ -7,11 +7,11 @@ role; none of them holds message or summary text.
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timedelta
-from typing import Any
 
 from pycompactor import db
+from pycompactor.argtypes import positive_int
 from pycompactor.models import AuditReport
+from pycompactor.render import cell, jsonable, print_json, render_table
 
 #: The columns shown as a table (--json prints every column of the view).
 TABLE_COLUMNS: dict[str, list[str]] = {
@@ -38,8 +38,6 @@ AUDIT_EXAMPLES = (
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
-    from pycompactor.cli import positive_int
-
     parser.add_argument("--view", choices=list(db.AUDIT_VIEWS), default="jobs",
                         help="jobs (default): jobs with attempts; stale: summaries whose source"
                              " changed; exhausted: identities with 2 failed attempts; events:"
@@ -52,31 +50,7 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
-def jsonable(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    return value
-
-
-def cell(row: dict[str, Any], column: str) -> object:
-    if column == "pairs":
-        return f"{row['from_pair']}-{row['to_pair']}" if row.get("from_pair") is not None else None
-    if column == "figures_kept" and row.get("figures_total") is not None:
-        # "27/30": kept of the range's distinct figures (DESIGN.md §8).
-        return f"{row['figures_kept']}/{row['figures_total']}"
-    value = row.get(column)
-    if isinstance(value, datetime):
-        return value.isoformat(sep=" ", timespec="seconds")
-    if isinstance(value, timedelta):
-        return f"{value.total_seconds():.1f}s"
-    return value
-
-
 def render(view: str, report: AuditReport) -> str:
-    from pycompactor.cli import render_table
-
     columns = TABLE_COLUMNS[view]
     if not report.rows:
         return f"{report.view}: no rows"
@@ -84,8 +58,6 @@ def render(view: str, report: AuditReport) -> str:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from pycompactor.cli import print_json
-
     if args.view in db.AUDIT_VIEWS_PER_SCOPE and args.conversation is not None:
         parser: argparse.ArgumentParser = args.command_parser
         parser.error(f"--conversation does not apply to --view {args.view} (one row per scope)")

@@ -1,4 +1,7 @@
-"""The `pycompactor` command line: argument parsing, output formatting, exit codes.
+"""The `pycompactor` command line: the commands, their arguments and exit codes.
+
+Argument types live in `argtypes`, tables and JSON in `render`; the audit command in
+`audit`.
 
 Exit codes: 0 success, 1 runtime failure (one line on stderr; --debug adds the
 traceback), 2 bad argument (argparse's usage line plus one error line).
@@ -7,32 +10,27 @@ traceback), 2 bad argument (argparse's usage line plus one error line).
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from pycompactor import __version__, db
+from pycompactor.argtypes import (
+    lease_seconds,
+    non_negative_float,
+    non_negative_int,
+    port_number,
+    positive_float,
+    positive_int,
+    retention_ratio,
+)
 from pycompactor.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
 from pycompactor.errors import PycompactorError
+from pycompactor.render import placement_runs, print_json, render_table
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain aligned text table (the readable default; --json is for scripts)."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def print_json(value: Any) -> None:
-    print(json.dumps(value, ensure_ascii=False, indent=2, sort_keys=False))
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -82,19 +80,13 @@ def cmd_project(args: argparse.Namespace) -> int:
     print(f"conversation {args.conversation} (scope {args.scope}): "
           f"{len(projection.pairs)} eligible pairs, {len(projection.messages)} messages, "
           f"{projection.used_bytes} of {projection.budget_bytes} bytes used")
-    # One row per run of consecutive pairs with the same placement and summary, so a long
-    # conversation's omitted history is one line; --json lists every pair.
-    runs: list[list[Any]] = []
-    for entry in projection.pairs:
-        if runs and runs[-1][1:] == [entry.placement, entry.summary_id]:
-            runs[-1][0][1] = entry.pair_index
-        else:
-            runs.append([[entry.pair_index, entry.pair_index], entry.placement, entry.summary_id])
+    # One row per run of pairs with the same placement; --json lists every pair.
+    runs = placement_runs(projection.pairs)
     if runs:
         print(render_table(
             ["pairs", "placement", "summary_id"],
             [(f"{a}-{b}" if a != b else f"{a}", placement, summary_id)
-             for (a, b), placement, summary_id in runs],
+             for a, b, placement, summary_id in runs],
         ))
     if projection.rejected_summaries:
         print("rejected summaries:")
@@ -320,11 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest wait between queue polls when idle (default: 5)")
     p.add_argument("--drain-seconds", type=non_negative_float, default=30.0, metavar="S",
                    help="on SIGTERM/SIGINT, how long in-flight calls may finish (default: 30)")
-    p.add_argument("--lease-seconds", type=positive_float, default=300.0, metavar="S",
+    p.add_argument("--lease-seconds", type=lease_seconds, default=300.0, metavar="S",
                    help="advanced: lease of a claimed attempt, renewed every third of it, "
-                        "and of each queue entry taken (at least 1 s, at most 1 day there) "
-                        "(default: 300); a crashed worker's attempts and entries come back "
-                        "after this")
+                        "and of each queue entry taken, 1 to 86400 (default: 300); a "
+                        "crashed worker's attempts and entries come back after this")
     # String defaults go through `type`, so a bad environment value is a usage error.
     p.add_argument("--lock-timeout-seconds", type=positive_float, metavar="S",
                    default=os.environ.get("PYCOMPACTOR_LOCK_TIMEOUT_SECONDS", "5"),
@@ -354,64 +345,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
-    return value
-
-
-def port_number(text: str) -> int:
-    value = non_negative_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port (0-65535), got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (value > 0 and value < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (value >= 0 and value < float("inf")):
-        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text}")
-    return value
-
-
-def retention_ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a share between 0 and 1, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:  # NaN fails this too
-        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text}")
-    return value
-
-
 def error_secrets(args: argparse.Namespace) -> list[str]:
     """What an error must never show: the DSN's password, PGPASSWORD, the API key."""
     found = db.dsn_passwords(db.resolve_dsn(getattr(args, "dsn", None)))
@@ -425,7 +358,19 @@ def redact(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
+def quiet_driver_warnings() -> None:
+    """Keep psycopg's own warnings off stderr (logging's last-resort handler).
+
+    When a connection dies inside a pipeline, psycopg logs "error ignored terminating
+    <Pipeline>" besides raising the error we handle; on stderr that line would break the
+    one-line errors and the worker's one-event-per-line log. An application that
+    configures logging still receives the records (they propagate to its handlers).
+    """
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_driver_warnings()
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:

@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from pycompactor.errors import from_driver, wrap_exceptions
+from pycompactor.errors import PermissionDenied, from_driver, wrap_exceptions
 from pycompactor.models import (
     AckResult,
     AuditReport,
@@ -132,6 +132,24 @@ def _call(conn: Connection, row_factory: RowFactory[Row]) -> Iterator[_Call[Row]
         yield _Call(conn, cur)
 
 
+def _rows(conn: Connection, row_factory: RowFactory[Row], query: LiteralString,
+          params: Mapping[str, Any]) -> list[Row]:
+    """Every row of one engine call (one transaction, one round trip, timeouts set)."""
+    with _call(conn, row_factory) as cur:
+        cur.execute(query, params)
+        return cur.fetchall()
+
+
+def _row(conn: Connection, row_factory: RowFactory[Row], query: LiteralString,
+         params: Mapping[str, Any]) -> Row:
+    """The one row an engine function always returns."""
+    with _call(conn, row_factory) as cur:
+        cur.execute(query, params)
+        row = cur.fetchone()
+    assert row is not None, query
+    return row
+
+
 def resolve_dsn(dsn: str | None) -> str:
     """--dsn, else PYCOMPACTOR_DSN, else "" (libpq then reads PGHOST, PGDATABASE, ...)."""
     return dsn if dsn is not None else os.environ.get("PYCOMPACTOR_DSN", "")
@@ -188,74 +206,68 @@ def dsn_passwords(dsn: str) -> list[str]:
 
 
 def eligible_pairs(conn: Connection, conversation_id: str) -> list[Pair]:
-    with _call(conn, class_row(Pair)) as cur:
-        cur.execute(
-            "SELECT pair_index, run_id, user_message_id, user_content,"
-            " assistant_message_id, assistant_content"
-            " FROM compaction.eligible_pairs(%(conversation_id)s::text)",
-            {"conversation_id": conversation_id},
-        )
-        return cur.fetchall()
+    return _rows(
+        conn, class_row(Pair),
+        "SELECT pair_index, run_id, user_message_id, user_content,"
+        " assistant_message_id, assistant_content"
+        " FROM compaction.eligible_pairs(%(conversation_id)s::text)",
+        {"conversation_id": conversation_id},
+    )
 
 
 def plan_targets(conn: Connection, conversation_id: str) -> list[Target]:
-    with _call(conn, class_row(Target)) as cur:
-        cur.execute(
-            "SELECT from_pair, to_pair, source_message_ids, source_hash"
-            " FROM compaction.plan_targets(%(conversation_id)s::text)",
-            {"conversation_id": conversation_id},
-        )
-        return cur.fetchall()
+    return _rows(
+        conn, class_row(Target),
+        "SELECT from_pair, to_pair, source_message_ids, source_hash"
+        " FROM compaction.plan_targets(%(conversation_id)s::text)",
+        {"conversation_id": conversation_id},
+    )
 
 
 def worker_targets(conn: Connection, conversation_id: str, scope: str, model: str,
                    prompt_version: str) -> list[WorkerTarget]:
     """plan_targets, each with whether its identity already holds a completed summary."""
-    with _call(conn, class_row(WorkerTarget)) as cur:
-        cur.execute(
-            "SELECT from_pair, to_pair, source_message_ids, source_hash, completed"
-            " FROM compaction.worker_targets(%(conversation_id)s::text, %(scope)s::text,"
-            " %(model)s::text, %(prompt_version)s::text)",
-            {"conversation_id": conversation_id, "scope": scope, "model": model,
-             "prompt_version": prompt_version},
-        )
-        return cur.fetchall()
+    return _rows(
+        conn, class_row(WorkerTarget),
+        "SELECT from_pair, to_pair, source_message_ids, source_hash, completed"
+        " FROM compaction.worker_targets(%(conversation_id)s::text, %(scope)s::text,"
+        " %(model)s::text, %(prompt_version)s::text)",
+        {"conversation_id": conversation_id, "scope": scope, "model": model,
+         "prompt_version": prompt_version},
+    )
 
 
 def range_replies(conn: Connection, conversation_id: str, from_pair: int,
                   source_hash: str) -> list[RangeReply]:
     """The 10 assistant replies of a range, in pair order, only while its current source
     hash is `source_hash` (else none): the text a claimed attempt summarizes."""
-    with _call(conn, class_row(RangeReply)) as cur:
-        cur.execute(
-            "SELECT pair_index, assistant_message_id, assistant_content"
-            " FROM compaction.range_replies(%(conversation_id)s::text, %(from_pair)s::int,"
-            " %(source_hash)s::text)",
-            {"conversation_id": conversation_id, "from_pair": from_pair,
-             "source_hash": source_hash},
-        )
-        return cur.fetchall()
+    return _rows(
+        conn, class_row(RangeReply),
+        "SELECT pair_index, assistant_message_id, assistant_content"
+        " FROM compaction.range_replies(%(conversation_id)s::text, %(from_pair)s::int,"
+        " %(source_hash)s::text)",
+        {"conversation_id": conversation_id, "from_pair": from_pair,
+         "source_hash": source_hash},
+    )
 
 
 def source_hash(conn: Connection, conversation_id: str, from_pair: int) -> str | None:
     """The SQL twin of pycompactor.source_hash, for a range of a stored conversation."""
-    with wrap_exceptions(), conn.cursor() as cur:
-        cur.execute(
-            "SELECT compaction.source_hash(%(conversation_id)s::text, %(from_pair)s::int)",
-            {"conversation_id": conversation_id, "from_pair": from_pair},
-        )
-        row = cur.fetchone()
-        return None if row is None else row[0]
+    digest: str | None = _row(
+        conn, tuple_row,
+        "SELECT compaction.source_hash(%(conversation_id)s::text, %(from_pair)s::int)",
+        {"conversation_id": conversation_id, "from_pair": from_pair},
+    )[0]
+    return digest
 
 
 def explain_runs(conn: Connection, conversation_id: str) -> list[RunVerdict]:
-    with wrap_exceptions(), conn.cursor(row_factory=class_row(RunVerdict)) as cur:
-        cur.execute(
-            "SELECT run_id, run_status, eligible, reason"
-            " FROM compaction.explain_runs(%(conversation_id)s::text)",
-            {"conversation_id": conversation_id},
-        )
-        return cur.fetchall()
+    return _rows(
+        conn, class_row(RunVerdict),
+        "SELECT run_id, run_status, eligible, reason"
+        " FROM compaction.explain_runs(%(conversation_id)s::text)",
+        {"conversation_id": conversation_id},
+    )
 
 
 #: The lease a claim or heartbeat grants unless told otherwise (the SQL default).
@@ -267,104 +279,161 @@ def claim(conn: Connection, conversation_id: str, scope: str, from_pair: int,
           prompt_version: str, worker: str, *, lease: timedelta = DEFAULT_LEASE,
           now: datetime | None = None) -> ClaimResult:
     """Claim one attempt of an identity; refusals come back as reasons, never errors."""
-    with _call(conn, class_row(ClaimResult)) as cur:
-        cur.execute(
-            "SELECT claimed, reason, job_id, attempt, lease_expires_at"
-            " FROM compaction.claim("
-            "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
-            " p_from_pair => %(from_pair)s::int,"
-            " p_source_message_ids => %(source_message_ids)s::text[],"
-            " p_source_hash => %(source_hash)s::text, p_model => %(model)s::text,"
-            " p_prompt_version => %(prompt_version)s::text, p_worker => %(worker)s::text,"
-            " p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)",
-            {"conversation_id": conversation_id, "scope": scope, "from_pair": from_pair,
-             "source_message_ids": list(source_message_ids), "source_hash": source_hash,
-             "model": model, "prompt_version": prompt_version, "worker": worker,
-             "lease": lease, "now": now},
-        )
-        row = cur.fetchone()
-        assert row is not None  # the function always returns exactly one row
-        return row
+    return _row(
+        conn, class_row(ClaimResult),
+        "SELECT claimed, reason, job_id, attempt, lease_expires_at"
+        " FROM compaction.claim("
+        "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
+        " p_from_pair => %(from_pair)s::int,"
+        " p_source_message_ids => %(source_message_ids)s::text[],"
+        " p_source_hash => %(source_hash)s::text, p_model => %(model)s::text,"
+        " p_prompt_version => %(prompt_version)s::text, p_worker => %(worker)s::text,"
+        " p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)",
+        {"conversation_id": conversation_id, "scope": scope, "from_pair": from_pair,
+         "source_message_ids": list(source_message_ids), "source_hash": source_hash,
+         "model": model, "prompt_version": prompt_version, "worker": worker,
+         "lease": lease, "now": now},
+    )
 
 
 def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
              finish_reason: str | None, tool_call_count: int, *,
              response_id: str | None = None, now: datetime | None = None,
-             stats: Mapping[str, int] | None = None) -> CompleteResult:
+             stats: Mapping[str, int] | None = None,
+             conversation_id: str | None = None) -> CompleteResult:
     """Record attempt (job_id, attempt)'s result; fenced (lease_lost) and idempotent.
 
     `stats` is p_stats: any of input_tokens, output_tokens, figures_total, figures_kept
     (non-negative integers; the database refuses anything else with CP020).
+    `conversation_id` must be the job's (else lease_lost); the worker always passes it.
+    `now` is honoured only for a superuser or compaction_owner (else CP021).
     """
-    with _call(conn, class_row(CompleteResult)) as cur:
-        cur.execute(
-            "SELECT ok, reason, summary_id FROM compaction.complete("
-            "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
-            " p_summary => %(summary)s::text, p_finish_reason => %(finish_reason)s::text,"
-            " p_tool_call_count => %(tool_call_count)s::int,"
-            " p_response_id => %(response_id)s::text, p_now => %(now)s::timestamptz,"
-            " p_stats => %(stats)s::jsonb)",
-            {"job_id": job_id, "attempt": attempt, "summary": summary,
-             "finish_reason": finish_reason, "tool_call_count": tool_call_count,
-             "response_id": response_id, "now": now,
-             "stats": None if stats is None else Jsonb(dict(stats))},
-        )
-        row = cur.fetchone()
-        assert row is not None
-        return row
+    return _row(
+        conn, class_row(CompleteResult),
+        "SELECT ok, reason, summary_id FROM compaction.complete("
+        "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
+        " p_summary => %(summary)s::text, p_finish_reason => %(finish_reason)s::text,"
+        " p_tool_call_count => %(tool_call_count)s::int,"
+        " p_response_id => %(response_id)s::text, p_now => %(now)s::timestamptz,"
+        " p_stats => %(stats)s::jsonb, p_conversation_id => %(conversation_id)s::text)",
+        {"job_id": job_id, "attempt": attempt, "summary": summary,
+         "finish_reason": finish_reason, "tool_call_count": tool_call_count,
+         "response_id": response_id, "now": now,
+         "stats": None if stats is None else Jsonb(dict(stats)),
+         "conversation_id": conversation_id},
+    )
 
 
 def fail(conn: Connection, job_id: int, attempt: int, reason: str, *,
-         now: datetime | None = None) -> FailResult:
-    """Record attempt (job_id, attempt) failed with the worker's reason; fenced."""
-    with _call(conn, class_row(FailResult)) as cur:
-        cur.execute(
-            "SELECT ok, reason FROM compaction.fail("
-            "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
-            " p_reason => %(reason)s::text, p_now => %(now)s::timestamptz)",
-            {"job_id": job_id, "attempt": attempt, "reason": reason, "now": now},
-        )
-        row = cur.fetchone()
-        assert row is not None
-        return row
+         now: datetime | None = None, conversation_id: str | None = None) -> FailResult:
+    """Record attempt (job_id, attempt) failed with the worker's reason code; fenced."""
+    return _row(
+        conn, class_row(FailResult),
+        "SELECT ok, reason FROM compaction.fail("
+        "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
+        " p_reason => %(reason)s::text, p_now => %(now)s::timestamptz,"
+        " p_conversation_id => %(conversation_id)s::text)",
+        {"job_id": job_id, "attempt": attempt, "reason": reason, "now": now,
+         "conversation_id": conversation_id},
+    )
 
 
 def heartbeat(conn: Connection, job_id: int, attempt: int, *,
-              lease: timedelta = DEFAULT_LEASE, now: datetime | None = None) -> HeartbeatResult:
+              lease: timedelta = DEFAULT_LEASE, now: datetime | None = None,
+              conversation_id: str | None = None) -> HeartbeatResult:
     """Renew the lease of running attempt (job_id, attempt); ok=False when fenced off."""
-    with _call(conn, class_row(HeartbeatResult)) as cur:
-        cur.execute(
-            "SELECT ok, lease_expires_at FROM compaction.heartbeat("
-            "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
-            " p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)",
-            {"job_id": job_id, "attempt": attempt, "lease": lease, "now": now},
-        )
-        row = cur.fetchone()
-        assert row is not None
-        return row
+    return _row(
+        conn, class_row(HeartbeatResult),
+        "SELECT ok, lease_expires_at FROM compaction.heartbeat("
+        "p_job_id => %(job_id)s::bigint, p_attempt => %(attempt)s::int,"
+        " p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz,"
+        " p_conversation_id => %(conversation_id)s::text)",
+        {"job_id": job_id, "attempt": attempt, "lease": lease, "now": now,
+         "conversation_id": conversation_id},
+    )
+
+
+def reply_problem(conn: Connection, text: str | None, finish_reason: str | None,
+                  tool_call_count: int) -> str | None:
+    """What `complete` would answer for this reply: None (accepted) or not_stopped,
+    tool_calls, empty, too_long. The database's rule, asked, never copied."""
+    problem: str | None = _row(
+        conn, tuple_row,
+        "SELECT compaction.reply_problem(%(text)s::text, %(finish_reason)s::text,"
+        " %(tool_call_count)s::int)",
+        {"text": text, "finish_reason": finish_reason, "tool_call_count": tool_call_count},
+    )[0]
+    return problem
+
+
+def wal_insert_lsn(conn: Connection) -> str:
+    """The server's current WAL insert position (a write's LSN, to wait for on a replica)."""
+    lsn: str = _row(conn, tuple_row,
+                    "SELECT pg_catalog.pg_current_wal_insert_lsn()::text", {})[0]
+    return lsn
+
+
+def replayed(conn: Connection, lsn: str) -> bool:
+    """True on a primary, or on a hot standby that has replayed up to `lsn`."""
+    return bool(_row(conn, tuple_row,
+                     "SELECT NOT pg_catalog.pg_is_in_recovery()"
+                     " OR pg_catalog.pg_last_wal_replay_lsn() >= %(lsn)s::pg_lsn",
+                     {"lsn": lsn})[0])
+
+
+def summaries(conn: Connection, conversation_id: str) -> list[tuple[int, int, str]]:
+    """(from_pair, summary_id, summary) of every completed summary of a conversation."""
+    return _rows(conn, tuple_row,
+                 "SELECT from_pair, summary_id, summary FROM compaction.summaries"
+                 " WHERE conversation_id = %(conversation_id)s ORDER BY from_pair",
+                 {"conversation_id": conversation_id})
+
+
+#: What a worker calls, by signature: a schema older than this package lacks one of them.
+WORKER_FUNCTIONS: Final = (
+    "compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz)",
+    "compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text)",
+    "compaction.fail(bigint, int, text, timestamptz, text)",
+    "compaction.heartbeat(bigint, int, interval, timestamptz, text)",
+    "compaction.dequeue(text, int, interval)",
+    "compaction.worker_targets(text, text, text, text)",
+    "compaction.reply_problem(text, text, int)",
+)
+
+
+#: The worker's start-up check. A missing schema or function (an older revision) fails
+#: the regprocedure lookup (SchemaNotMigrated); a role without the grants gets false.
+WORKER_ACCESS_SQL: Final = (
+    "SELECT bool_and(pg_catalog.has_function_privilege(f, 'EXECUTE'))"
+    " FROM unnest(%(functions)s::text[]) AS f"
+)
+
+
+def check_worker_access(conn: Connection) -> None:
+    """Raise SchemaNotMigrated or PermissionDenied unless this role can run a worker."""
+    if _row(conn, tuple_row, WORKER_ACCESS_SQL, {"functions": list(WORKER_FUNCTIONS)})[0] \
+            is not True:
+        raise PermissionDenied(
+            "this role may not run a worker (no EXECUTE on the engine's worker functions); "
+            "connect as a member of compaction_worker")
 
 
 def reap(conn: Connection, *, now: datetime | None = None) -> int:
     """Fail (lease_expired) every running attempt whose lease ran out; returns how many."""
-    with _call(conn, tuple_row) as cur:
-        cur.execute("SELECT compaction.reap(p_now => %(now)s::timestamptz)", {"now": now})
-        row = cur.fetchone()
-        assert row is not None
-        return int(row[0])
+    return int(_row(conn, tuple_row, "SELECT compaction.reap(p_now => %(now)s::timestamptz)",
+                    {"now": now})[0])
 
 
 def enqueue(conn: Connection, conversation_id: str, scope: str = "default") -> None:
     """Mark a conversation as having new history (hosts that re-point the source views)."""
-    with _call(conn, tuple_row) as cur:
-        cur.execute(
-            "SELECT compaction.enqueue(p_conversation_id => %(conversation_id)s::text,"
-            " p_scope => %(scope)s::text)",
-            {"conversation_id": conversation_id, "scope": scope},
-        )
+    _row(conn, tuple_row,
+         "SELECT compaction.enqueue(p_conversation_id => %(conversation_id)s::text,"
+         " p_scope => %(scope)s::text)",
+         {"conversation_id": conversation_id, "scope": scope})
 
 
-#: Longest and shortest lease compaction.dequeue grants (as for claims).
-QUEUE_LEASE_BOUNDS: Final = (timedelta(seconds=1), timedelta(days=1))
+#: Shortest and longest lease claim, heartbeat and dequeue grant (else CP023 / CP020).
+LEASE_BOUNDS: Final = (timedelta(seconds=1), timedelta(days=1))
 
 
 def dequeue(conn: Connection, limit: int = 100, *, scope: str = "default",
@@ -375,43 +444,36 @@ def dequeue(conn: Connection, limit: int = 100, *, scope: str = "default",
     caller acknowledges each once it has examined the conversation (`ack`), or gives it
     back unexamined (`release`). A lease that runs out makes the entry visible again.
     """
-    with _call(conn, class_row(QueuedConversation)) as cur:
-        cur.execute(
-            "SELECT conversation_id, scope, enqueued_at, lease_token, lease_expires_at"
-            " FROM compaction.dequeue(p_scope => %(scope)s::text, p_limit => %(limit)s::int,"
-            " p_lease => %(lease)s::interval)",
-            {"scope": scope, "limit": limit, "lease": lease},
-        )
-        return cur.fetchall()
+    return _rows(
+        conn, class_row(QueuedConversation),
+        "SELECT conversation_id, scope, enqueued_at, lease_token, lease_expires_at"
+        " FROM compaction.dequeue(p_scope => %(scope)s::text, p_limit => %(limit)s::int,"
+        " p_lease => %(lease)s::interval)",
+        {"scope": scope, "limit": limit, "lease": lease},
+    )
 
 
 def ack(conn: Connection, entry: QueuedConversation) -> AckResult:
     """The leased entry's conversation was examined: remove it, unless an enqueue landed
     during the lease (`requeued`: it waits again). ok=False `lease_lost` otherwise."""
-    with _call(conn, class_row(AckResult)) as cur:
-        cur.execute(
-            "SELECT ok, reason FROM compaction.ack("
-            "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
-            " p_lease_token => %(lease_token)s::uuid)",
-            _lease_params(entry),
-        )
-        row = cur.fetchone()
-        assert row is not None
-        return row
+    return _row(
+        conn, class_row(AckResult),
+        "SELECT ok, reason FROM compaction.ack("
+        "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
+        " p_lease_token => %(lease_token)s::uuid)",
+        _lease_params(entry),
+    )
 
 
 def release(conn: Connection, entry: QueuedConversation) -> AckResult:
     """Give a leased entry back unexamined: visible again in its original place."""
-    with _call(conn, class_row(AckResult)) as cur:
-        cur.execute(
-            "SELECT ok, reason FROM compaction.release("
-            "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
-            " p_lease_token => %(lease_token)s::uuid)",
-            _lease_params(entry),
-        )
-        row = cur.fetchone()
-        assert row is not None
-        return row
+    return _row(
+        conn, class_row(AckResult),
+        "SELECT ok, reason FROM compaction.release("
+        "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
+        " p_lease_token => %(lease_token)s::uuid)",
+        _lease_params(entry),
+    )
 
 
 def _lease_params(entry: QueuedConversation) -> dict[str, object]:
@@ -423,36 +485,34 @@ def import_summary(conn: Connection, conversation_id: str, scope: str, from_pair
                    source_message_ids: Sequence[str], source_hash: str, model: str,
                    prompt_version: str, summary: str, completed_at: datetime) -> int:
     """Record a summary made by an earlier system; returns its summary_id (CP00x on bad shape)."""
-    with wrap_exceptions(), conn.cursor() as cur:
-        cur.execute(
-            "SELECT compaction.import_summary("
-            "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
-            " p_from_pair => %(from_pair)s::int,"
-            " p_source_message_ids => %(source_message_ids)s::text[],"
-            " p_source_hash => %(source_hash)s::text, p_model => %(model)s::text,"
-            " p_prompt_version => %(prompt_version)s::text, p_summary => %(summary)s::text,"
-            " p_completed_at => %(completed_at)s::timestamptz)",
-            {"conversation_id": conversation_id, "scope": scope, "from_pair": from_pair,
-             "source_message_ids": list(source_message_ids), "source_hash": source_hash,
-             "model": model, "prompt_version": prompt_version, "summary": summary,
-             "completed_at": completed_at},
-        )
-        row = cur.fetchone()
-        assert row is not None
-        return int(row[0])
+    return int(_row(
+        conn, tuple_row,
+        "SELECT compaction.import_summary("
+        "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
+        " p_from_pair => %(from_pair)s::int,"
+        " p_source_message_ids => %(source_message_ids)s::text[],"
+        " p_source_hash => %(source_hash)s::text, p_model => %(model)s::text,"
+        " p_prompt_version => %(prompt_version)s::text, p_summary => %(summary)s::text,"
+        " p_completed_at => %(completed_at)s::timestamptz)",
+        {"conversation_id": conversation_id, "scope": scope, "from_pair": from_pair,
+         "source_message_ids": list(source_message_ids), "source_hash": source_hash,
+         "model": model, "prompt_version": prompt_version, "summary": summary,
+         "completed_at": completed_at},
+    )[0])
 
 
 def erase_conversation(conn: Connection, conversation_id: str, reason: str) -> int:
-    """Erase a conversation's engine rows (owner/admin only); returns summaries removed."""
-    with wrap_exceptions(), conn.cursor() as cur:
-        cur.execute(
-            "SELECT compaction.erase_conversation(p_conversation_id => %(conversation_id)s::text,"
-            " p_reason => %(reason)s::text)",
-            {"conversation_id": conversation_id, "reason": reason},
-        )
-        row = cur.fetchone()
-        assert row is not None
-        return int(row[0])
+    """Erase a conversation's engine rows (owner/admin only); returns summaries removed.
+
+    `reason` is a code (^[a-z][a-z0-9_]{0,63}$, e.g. `gdpr_request`), never free text:
+    the tombstone outlives the erased rows and the auditor reads it (CP024 otherwise).
+    """
+    return int(_row(
+        conn, tuple_row,
+        "SELECT compaction.erase_conversation(p_conversation_id => %(conversation_id)s::text,"
+        " p_reason => %(reason)s::text)",
+        {"conversation_id": conversation_id, "reason": reason},
+    )[0])
 
 
 #: Audit views by short name, with the order that puts the newest first (the queue:

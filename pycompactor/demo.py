@@ -22,7 +22,6 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any
 
 from rich import box
 from rich.console import Console, Group
@@ -30,8 +29,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from pycompactor import db, schema
-from pycompactor.audit import cell
+from pycompactor import db, schema, store
 from pycompactor.cluster import ThrowawayCluster, describe
 from pycompactor.errors import PycompactorError
 from pycompactor.hashing import source_hash
@@ -46,6 +44,7 @@ from pycompactor.projection import (
     message_cost,
     project_history,
 )
+from pycompactor.render import cell, placement_runs
 from pycompactor.sample import CONVERSATION_ID, load_sample
 from pycompactor.summarizer import OFFLINE_MODEL, PROMPT_VERSION, ExtractiveSummarizer
 from pycompactor.worker import EventLog, Worker, WorkerConfig
@@ -232,11 +231,7 @@ def _compact(conn: db.Connection, dsn: str, console: Console, steps: Steps) -> N
 def _show_summaries(conn: db.Connection, console: Console,
                     pairs: Sequence[Pair]) -> dict[int, tuple[int, str]]:
     """Completed summaries by from_pair: (summary_id, text)."""
-    rows = conn.execute(
-        "SELECT from_pair, summary_id, summary FROM compaction.summaries"
-        " WHERE conversation_id = %s ORDER BY from_pair", (CONVERSATION_ID,),
-    ).fetchall()
-    summaries = {int(f): (int(i), str(s)) for f, i, s in rows}
+    summaries = {f: (i, s) for f, i, s in db.summaries(conn, CONVERSATION_ID)}
     check(sorted(summaries) == [0, 10], "summaries of pairs 0-9 and 10-19")
     table_rows = []
     for from_pair, (summary_id, text) in summaries.items():
@@ -289,13 +284,8 @@ def _manifest_rows(projection: Projection, pairs: Sequence[Pair]) -> list[tuple[
 
 def _grouped(projection: Projection) -> list[tuple[str, str, object]]:
     """Consecutive pairs with the same placement and summary as one row."""
-    runs: list[list[Any]] = []
-    for entry in projection.pairs:
-        if runs and runs[-1][1:] == [entry.placement, entry.summary_id]:
-            runs[-1][0][1] = entry.pair_index
-        else:
-            runs.append([[entry.pair_index, entry.pair_index], entry.placement, entry.summary_id])
-    return [(f"{a}-{b}", placement, summary_id) for (a, b), placement, summary_id in runs]
+    return [(f"{a}-{b}", placement, summary_id)
+            for a, b, placement, summary_id in placement_runs(projection.pairs)]
 
 
 def _show_projections(conn: db.Connection, console: Console, pairs: Sequence[Pair],
@@ -352,10 +342,7 @@ def _case_b(conn: db.Connection, console: Console, steps: Steps, pairs: Sequence
         new_text = edited.user_content + " (edited)"
     with steps.step(f"Case B: editing the user message of pair {EDITED_PAIR}, an old message "
                     "inside the summarized range 0-9"):
-        conn.execute(
-            "UPDATE compaction_source.messages SET content = %s WHERE message_id = %s",
-            (new_text, edited.user_message_id),
-        )
+        store.edit_message(conn, edited.user_message_id, new_text)
     console.print(table(
         f"Edited message {edited.user_message_id}", ["", "content"],
         [("before", edited.user_content), ("after", new_text)],

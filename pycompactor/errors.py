@@ -110,10 +110,40 @@ class TruncateRefused(EngineError):
     sqlstate = "CP012"
 
 
+class PromptVersionFrozen(EngineError):
+    """Prompt versions never change except closing accepts_new_jobs; add a new version."""
+
+    sqlstate = "CP013"
+
+
 class InvalidArgument(EngineError):
     """An engine function was called with an invalid argument."""
 
     sqlstate = "CP020"
+
+
+class ClockNotYours(EngineError):
+    """p_now is honoured only for a superuser or compaction_owner; omit it."""
+
+    sqlstate = "CP021"
+
+
+class InvalidTime(EngineError):
+    """p_now must be finite and not before the attempt started."""
+
+    sqlstate = "CP022"
+
+
+class InvalidLease(EngineError):
+    """A lease must lie between 1 second and 1 day."""
+
+    sqlstate = "CP023"
+
+
+class ReasonNotACode(EngineError):
+    """A reason must be a code matching ^[a-z][a-z0-9_]{0,63}$, never free text."""
+
+    sqlstate = "CP024"
 
 
 class DatabaseTimeout(PycompactorError):
@@ -141,7 +171,12 @@ _BY_SQLSTATE: dict[str, type[EngineError]] = {
         ImmutableRow,
         AppendOnly,
         TruncateRefused,
+        PromptVersionFrozen,
         InvalidArgument,
+        ClockNotYours,
+        InvalidTime,
+        InvalidLease,
+        ReasonNotACode,
     )
 }
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pycompactor import store
+
 CONVERSATION_ID = "demo-fund-research"
 
 _FUNDS = ["Northwind Global Equity", "Harbor Bond Index", "Lotus Asia Growth", "Cedar Dividend"]
@@ -102,25 +104,15 @@ def sample_turns(pairs: int = 45) -> list[tuple[str, str]]:
 
 def load_sample(conn: Any, conversation_id: str = CONVERSATION_ID, pairs: int = 45) -> int:
     """Insert the sample into compaction_source (one run, user + assistant message per turn)."""
-    with conn.transaction(), conn.cursor() as cur:
-        cur.execute(
-            "INSERT INTO compaction_source.conversations (conversation_id) VALUES (%s)",
-            (conversation_id,),
-        )
+    with conn.transaction():
+        store.ensure_conversation(conn, conversation_id)
         for i, (user, assistant) in enumerate(sample_turns(pairs)):
             run_id = f"{conversation_id}/run-{i:03d}"
-            cur.execute(
-                "INSERT INTO compaction_source.runs (run_id, conversation_id, status, created_at)"
-                " VALUES (%s, %s, 'completed', now())",
-                (run_id, conversation_id),
-            )
-            cur.executemany(
-                "INSERT INTO compaction_source.messages"
-                " (message_id, conversation_id, run_id, role, status, content, seq, created_at)"
-                " VALUES (%s, %s, %s, %s, 'completed', %s, %s, now())",
-                [
-                    (f"{run_id}/u", conversation_id, run_id, "user", user, 2 * i),
-                    (f"{run_id}/a", conversation_id, run_id, "assistant", assistant, 2 * i + 1),
-                ],
-            )
+            store.insert_run(conn, run_id, conversation_id, "completed")
+            store.insert_messages(conn, [
+                store.MessageRow(f"{run_id}/u", conversation_id, run_id, "user", "completed",
+                                 user, 2 * i),
+                store.MessageRow(f"{run_id}/a", conversation_id, run_id, "assistant",
+                                 "completed", assistant, 2 * i + 1),
+            ])
     return pairs

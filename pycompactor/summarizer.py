@@ -10,7 +10,7 @@ database call to make:
 
 * `Reply` -> `compaction.complete(...)` with the reply's own text, `finish_reason` and
   tool-call count. The database is the judge of `not_stopped`, `tool_calls`, `empty` and
-  `too_long`; `classify_reply` mirrors those rules for logging only.
+  `too_long` (`compaction.reply_problem`); Python keeps no copy of those rules.
 * `Failure` -> `compaction.fail(..., reason)` for what only Python can see. The reasons
   are stable strings (see `FAILURE_REASONS`): `refusal`, `multiple_choices`,
   `multiple_messages`, `malformed_response`, `invalid_text`, `timeout`,
@@ -22,6 +22,7 @@ outside any transaction (DESIGN.md §11).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -29,7 +30,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from importlib import resources
@@ -246,30 +247,6 @@ class Failure:
 
 ModelOutcome: TypeAlias = Reply | Failure
 
-Verdict = Literal["completed", "not_stopped", "tool_calls", "empty", "too_long"]
-
-
-def has_content(text: str) -> bool:
-    """True if text has a character other than the six ASCII whitespace characters (§3)."""
-    return bool(text.strip(_ASCII_WS))
-
-
-def classify_reply(text: str | None, finish_reason: str | None, tool_call_count: int) -> Verdict:
-    """What `compaction.complete` will decide, in its order; for local logs and tests only.
-
-    The database stays the judge: the worker always sends a Reply there.
-    """
-    if finish_reason != "stop":
-        return "not_stopped"
-    if tool_call_count != 0:
-        return "tool_calls"
-    if text is None or not has_content(text):
-        return "empty"
-    if len(text) > MAX_SUMMARY_CHARS:
-        return "too_long"
-    return "completed"
-
-
 def storable(text: str) -> bool:
     """True if PostgreSQL can store the text: no NUL and valid UTF-8 (no lone surrogates)."""
     if "\x00" in text:
@@ -285,6 +262,40 @@ def _malformed(detail: str) -> Failure:
     return Failure(MALFORMED_RESPONSE, detail)
 
 
+def _json_object(body: bytes) -> dict[str, Any] | Failure:
+    """A response body as a JSON object, or the malformed_response failure saying why not."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _malformed(f"body is not JSON: {exc}")
+    if not isinstance(data, dict):
+        return _malformed("body is not a JSON object")
+    return data
+
+
+class _Malformed(Exception):
+    """A response field of the wrong type; the parse answers malformed_response."""
+
+
+def _optional(obj: Mapping[str, Any], key: str, kind: type, what: str) -> Any:
+    """obj[key] if absent, null or of `kind`; else _Malformed("<key> is not <what>")."""
+    value = obj.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise _Malformed(f"{key} is not {what}")
+    return value
+
+
+def _strict(parse: Callable[[bytes], ModelOutcome]) -> Callable[[bytes], ModelOutcome]:
+    @functools.wraps(parse)
+    def checked(body: bytes) -> ModelOutcome:
+        try:
+            return parse(body)
+        except _Malformed as exc:
+            return _malformed(str(exc))
+    return checked
+
+
+@_strict
 def parse_completion(body: bytes) -> ModelOutcome:
     """Classify a 200 response body strictly, reading the JSON ourselves.
 
@@ -292,12 +303,9 @@ def parse_completion(body: bytes) -> ModelOutcome:
     the wire format is checked here: exactly one choice, a message object, string or null
     content, a list of tool calls, and so on. Anything unexpected is malformed_response.
     """
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _malformed(f"body is not JSON: {exc}")
-    if not isinstance(data, dict):
-        return _malformed("body is not a JSON object")
+    data = _json_object(body)
+    if isinstance(data, Failure):
+        return data
     choices = data.get("choices")
     if not isinstance(choices, list):
         return _malformed("no choices list")
@@ -309,26 +317,16 @@ def parse_completion(body: bytes) -> ModelOutcome:
     if not isinstance(first, dict) or not isinstance(first.get("message"), dict):
         return _malformed("choice without a message object")
     message: dict[str, Any] = first["message"]
-    finish_reason = first.get("finish_reason")
-    if finish_reason is not None and not isinstance(finish_reason, str):
-        return _malformed("finish_reason is not a string")
-    response_id = data.get("id")
-    if response_id is not None and not isinstance(response_id, str):
-        return _malformed("id is not a string")
+    finish_reason = _optional(first, "finish_reason", str, "a string")
+    response_id = _optional(data, "id", str, "a string")
 
-    refusal = message.get("refusal")
-    if refusal is not None and not isinstance(refusal, str):
-        return _malformed("refusal is not a string")
+    refusal = _optional(message, "refusal", str, "a string")
     if refusal:
         return Failure(REFUSAL, refusal[:200])
 
-    content = message.get("content")
-    if content is not None and not isinstance(content, str):
-        # Content-part arrays are not plain text; we never ask for them.
-        return _malformed("content is not a string")
-    tool_calls = message.get("tool_calls")
-    if tool_calls is not None and not isinstance(tool_calls, list):
-        return _malformed("tool_calls is not a list")
+    # Content-part arrays are not plain text; we never ask for them.
+    content = _optional(message, "content", str, "a string")
+    tool_calls = _optional(message, "tool_calls", list, "a list")
     # The legacy single `function_call` is a tool call too.
     tool_call_count = len(tool_calls or ()) + (message.get("function_call") is not None)
 
@@ -361,6 +359,7 @@ def _count(usage: object, key: str) -> int | None:
 _NOT_TOOL_ITEMS: Final = frozenset({"message", "reasoning"})
 
 
+@_strict
 def parse_response(body: bytes) -> ModelOutcome:
     """Classify a 200 Responses API body strictly (DESIGN.md §8), reading the JSON ourselves.
 
@@ -372,18 +371,13 @@ def parse_response(body: bytes) -> ModelOutcome:
     (tool_calls); no text is empty. A refusal part, two messages or an unexpected shape
     are failures judged here (refusal, multiple_messages, malformed_response).
     """
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _malformed(f"body is not JSON: {exc}")
-    if not isinstance(data, dict):
-        return _malformed("body is not a JSON object")
+    data = _json_object(body)
+    if isinstance(data, Failure):
+        return data
     status = data.get("status")
     if not isinstance(status, str):
         return _malformed("no status string")
-    response_id = data.get("id")
-    if response_id is not None and not isinstance(response_id, str):
-        return _malformed("id is not a string")
+    response_id = _optional(data, "id", str, "a string")
     output = data.get("output")
     if not isinstance(output, list):
         return _malformed("no output list")

@@ -78,7 +78,6 @@ from pycompactor.summarizer import (
     ModelOutcome,
     Reply,
     Summarizer,
-    classify_reply,
     figure_stats,
 )
 
@@ -152,8 +151,9 @@ class WorkerConfig:
             raise ValueError("min_figure_retention must lie between 0 and 1")
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch_size must be at least 1")
-        if self.lease <= timedelta(0):
-            raise ValueError("the lease must be positive")
+        low, high = db.LEASE_BOUNDS
+        if not low <= self.lease <= high:
+            raise ValueError("the lease must lie between 1 second and 1 day")
         if self.conversation is not None and self.sweep:
             raise ValueError("--conversation and --sweep exclude each other")
 
@@ -359,9 +359,8 @@ class Worker:
         # Leased entries not yet acknowledged or released. If a database error cuts a pass
         # short they are released first thing on reconnect (else their leases run out).
         self._unsettled: list[QueuedConversation] = []
-        # Entry leases: the attempt lease, within the bounds compaction.dequeue accepts.
-        low, high = db.QUEUE_LEASE_BOUNDS
-        self._queue_lease = min(max(config.lease, low), high)
+        # Entry leases: the attempt lease (WorkerConfig keeps it within db.LEASE_BOUNDS).
+        self._queue_lease = config.lease
         self._passes = 0
         self._claimed = 0
         self._refused: Counter[str] = Counter()
@@ -411,6 +410,10 @@ class Worker:
     def run(self) -> WorkerReport:
         """One pass (`once`) or passes until stopped; then drain. Returns the totals."""
         cfg = self.config
+        # Connected, migrated and permitted before the start is announced: a worker that
+        # cannot start says exactly one thing (why), not "started" and then why.
+        with self._pool.get() as conn:
+            db.check_worker_access(conn)
         previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -784,14 +787,19 @@ class Worker:
         figures = figure_stats(replies, outcome.text)
         metrics.figures_counted(figures)
         threshold = self.config.min_figure_retention
-        if figures.below(threshold) and classify_reply(
-                outcome.text, outcome.finish_reason, outcome.tool_call_count) == "completed":
+        if figures.below(threshold) and self._acceptable(outcome):
             metrics.figures_lost()
             return Failure(FIGURES_LOST, f"kept {figures.kept} of {figures.total} figures, "
                                          f"below {threshold:g} of them",
                            input_tokens=outcome.input_tokens,
                            output_tokens=outcome.output_tokens), figures
         return outcome, figures
+
+    def _acceptable(self, reply: Reply) -> bool:
+        """Whether `complete` would accept the reply (the database's rule, asked)."""
+        with self._pool.get() as conn:
+            return db.reply_problem(conn, reply.text, reply.finish_reason,
+                                    reply.tool_call_count) is None
 
     def _record(self, job: ClaimedJob, outcome: ModelOutcome, started: float,
                 figures: FigureStats | None = None) -> JobResult:
@@ -806,11 +814,13 @@ class Worker:
                         done = db.complete(conn, job.job_id, job.attempt, outcome.text,
                                            outcome.finish_reason, outcome.tool_call_count,
                                            response_id=outcome.response_id,
-                                           stats=reply_stats(outcome, figures))
+                                           stats=reply_stats(outcome, figures),
+                                           conversation_id=job.conversation_id)
                         # ok=False is the database's verdict: not_stopped, tool_calls, ...
                         completed, reason, summary_id = done.ok, done.reason, done.summary_id
                     else:
-                        failed = db.fail(conn, job.job_id, job.attempt, outcome.reason)
+                        failed = db.fail(conn, job.job_id, job.attempt, outcome.reason,
+                                         conversation_id=job.conversation_id)
                         # ok=True means "recorded failed"; ok=False means fenced off.
                         completed, summary_id = False, None
                         reason = outcome.reason if failed.ok else failed.reason
@@ -870,7 +880,8 @@ class Worker:
                 try:
                     with self._pool.get() as conn:
                         beat = db.heartbeat(conn, job.job_id, job.attempt,
-                                            lease=self.config.lease)
+                                            lease=self.config.lease,
+                                            conversation_id=job.conversation_id)
                 except PycompactorError as exc:
                     self._log.emit("heartbeat_error", job_id=job.job_id, attempt=job.attempt,
                                    conversation_id=job.conversation_id, error=str(exc))
@@ -911,7 +922,8 @@ class Worker:
         job = running.job
         try:
             with self._pool.get() as conn:
-                failed = db.fail(conn, job.job_id, job.attempt, INTERRUPTED)
+                failed = db.fail(conn, job.job_id, job.attempt, INTERRUPTED,
+                                 conversation_id=job.conversation_id)
             result = JobResult(job, "interrupted" if failed.ok else failed.reason,
                                INTERRUPTED if failed.ok else failed.reason, None,
                                _ms_since(running.started))

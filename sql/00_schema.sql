@@ -63,8 +63,8 @@ COMMENT ON SCHEMA compaction_source IS
 -- Advisory locks are transaction-scoped only (PgBouncer transaction pooling) and use
 -- the two-key form with the project class 1129316352 (0x43500000, 'CP' << 24 >> 8):
 --   (1129316352, 1)  migrations: serialises concurrent `pycompactor migrate` runs
---   (1129316352, 2)  admission: claims about to admit an attempt count running leases
---                    under it (global, held to commit; taken after the per-conversation lock)
+--   (1129316352, 2)  admission until revision 0007, which replaced the lock with slot
+--                    rows (compaction.admission); the key stays reserved
 --   (1129316352, h)  one conversation's engine writers (claim, complete, fail, heartbeat,
 --                    import_summary, erase_conversation), h = hashtext(conversation_id)
 --                    moved off 0..15 (compaction.lock_conversation), which stay reserved

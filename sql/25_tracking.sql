@@ -10,38 +10,57 @@
 -- and a 10,000-row INSERT re-derives once, not 10,000 times.
 --
 -- Writers of one conversation's derived state serialise on its compaction.conversation_state
--- row, updated first: at READ COMMITTED the second writer waits and then sees the first's
--- commit; at REPEATABLE READ or SERIALIZABLE it fails with a serialization error rather
--- than number pairs from a snapshot that misses the other writer's rows.
+-- row, updated first (once per transaction: later statements of the transaction hold it
+-- already): at READ COMMITTED the second writer waits and then sees the first's commit; at
+-- REPEATABLE READ or SERIALIZABLE it fails with a serialization error rather than number
+-- pairs from a snapshot that misses the other writer's rows.
 
 -- Re-derives one conversation's pairs and ranges after a write touched the runs named
--- (NULL: every run of the conversation). Reads the views for those runs only, finds the
--- earliest (seq, message_id) position where a pair appeared, vanished or moved, renumbers
--- from there, and re-hashes the ranges whose ids changed or whose pairs were touched.
+-- (NULL: every run of the conversation). Most writes take a short path of a few lookups
+-- by key: the touched runs form no pair before or after the write (a Run inserted as
+-- running, a message of a Run not settled yet: three of the four statements an agent
+-- writes per Run), or their pairs are new and come after the last pair (the Run settled
+-- at the end of the conversation; compaction.rederive_runs). Anything else (a pair
+-- changed, vanished or moved, a Run inserted before others) goes to
+-- compaction.rederive_general.
 CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[])
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-SET jit = off
+-- No SECURITY DEFINER and no SET clause: only the engine's owner may execute it, and it
+-- runs under the settings of its callers, the tracking trigger and rederive_conversation
+-- (owner's rights, search_path pg_catalog, pg_temp, JIT off; the trigger also forces
+-- generic plans, which suit every statement here: each looks rows up by key). Applying
+-- SET clauses on each call cost more than this function's statements. Every name is
+-- schema-qualified all the same.
 AS $$
 DECLARE
-    v_runs     text[] := p_run_ids;
-    v_fresh    compaction.pairs[];
-    v_stale    compaction.pairs[];
-    v_moved    compaction.pairs[];
-    v_from_seq bigint;
-    v_from_id  text;
-    v_base     int;
-    v_count    int;
-    v_ranges   int[];
+    v_runs  text[] := p_run_ids;
+    v_count int;
 BEGIN
     -- First: this row serialises the conversation's derived-state writers (see above).
-    INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
-    VALUES (p_conversation_id, 0, 1)
-    ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1
+    -- A transaction bumps generation once, also when nothing derived changes: a writer at
+    -- REPEATABLE READ whose snapshot misses this transaction's source rows (a message of
+    -- a Run it is settling) must fail on this row rather than judge without them. When
+    -- the row's current version is this transaction's own (an earlier statement bumped
+    -- it, outside any subtransaction), its lock is held until commit and the bump is
+    -- done: reading it suffices, and the row does not grow a version per statement.
+    UPDATE compaction.conversation_state AS cs
+    SET generation = cs.generation + 1
+    WHERE cs.conversation_id = p_conversation_id
+      AND cs.xmin <> pg_catalog.pg_current_xact_id()::xid
     RETURNING cs.pair_count INTO v_count;
+    IF NOT FOUND THEN
+        SELECT cs.pair_count INTO v_count
+        FROM compaction.conversation_state AS cs
+        WHERE cs.conversation_id = p_conversation_id;
+    END IF;
+    IF NOT FOUND THEN
+        INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
+        VALUES (p_conversation_id, 0, 1)
+        ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1
+        RETURNING cs.pair_count INTO v_count;
+    END IF;
 
     IF v_runs IS NULL THEN
         v_runs := ARRAY(SELECT sr.run_id FROM compaction.source_runs AS sr
@@ -49,23 +68,155 @@ BEGIN
                         UNION
                         SELECT p.run_id FROM compaction.pairs AS p
                         WHERE p.conversation_id = p_conversation_id);
+    ELSIF NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                      WHERE sr.run_id = ANY (v_runs)
+                        AND sr.conversation_id = p_conversation_id
+                        -- judge_runs' first rule: only a Run in one of these can pair
+                        -- (track_source_changes asks the same, word for word)
+                        AND sr.status IN ('completed', 'partial', 'clarify_pending'))
+          AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
+                          WHERE p.conversation_id = p_conversation_id
+                            AND p.run_id = ANY (v_runs)) THEN
+        -- No touched Run can form a pair, and none had one: nothing derived changes.
+        -- One statement instead of judging the Runs' messages.
+        RETURN;
     END IF;
+    PERFORM compaction.rederive_runs(p_conversation_id, v_runs, v_count);
+END
+$$;
+COMMENT ON FUNCTION compaction.rederive(text, text[]) IS
+    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on';
 
-    -- The pairs these runs form now, and the rows they had (pair_index is set below).
-    SELECT coalesce(array_agg(ROW(p_conversation_id, j.run_id, 0, j.user_seq,
-                                  j.user_message_id, j.user_bytes, j.assistant_message_id,
-                                  j.assistant_bytes)::compaction.pairs), '{}')
-    INTO v_fresh
-    FROM compaction.judge_runs(p_conversation_id, v_runs) AS j
-    WHERE j.reason IS NULL;
-    SELECT coalesce(array_agg(p), '{}')
-    INTO v_stale
-    FROM compaction.pairs AS p
-    WHERE p.conversation_id = p_conversation_id AND p.run_id = ANY (v_runs);
+-- The rest of compaction.rederive, called with the conversation's conversation_state row
+-- held (p_pair_count is its pair count): judges the runs named, and appends their pairs
+-- when no touched run had one and every new pair comes after the last pair (pair order
+-- is (seq, message_id), NULL seq last, as in judged_pairs): the new pairs take the next
+-- numbers, only ranges they complete are new, nothing else moves. No SET clause, as
+-- rederive.
+CREATE FUNCTION compaction.rederive_runs(
+    p_conversation_id text, p_run_ids text[], p_pair_count int)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+DECLARE
+    v_fresh compaction.pairs[];
+    v_stale compaction.pairs[];
+    v_last  text;
+    v_after boolean;
+    v_new   int;
+BEGIN
+    -- In one statement: the pairs these runs form now (pair_index is set below), the
+    -- rows they had, and whether every new pair comes after the last pair.
+    WITH fresh AS (
+        SELECT j.run_id, j.user_seq, j.user_message_id, j.user_bytes,
+               j.assistant_message_id, j.assistant_bytes
+        FROM compaction.judge_runs(p_conversation_id, p_run_ids) AS j
+        WHERE j.reason IS NULL
+    )
+    SELECT (SELECT coalesce(array_agg(ROW(p_conversation_id, f.run_id, 0, f.user_seq,
+                                          f.user_message_id, f.user_bytes,
+                                          f.assistant_message_id,
+                                          f.assistant_bytes)::compaction.pairs), '{}')
+            FROM fresh AS f),
+           (SELECT coalesce(array_agg(p), '{}')
+            FROM compaction.pairs AS p
+            WHERE p.conversation_id = p_conversation_id AND p.run_id = ANY (p_run_ids)),
+           l.user_message_id,
+           NOT EXISTS (SELECT 1 FROM fresh AS f
+                       WHERE NOT CASE WHEN l.user_seq IS NULL THEN
+                                          f.user_seq IS NULL
+                                          AND f.user_message_id > l.user_message_id
+                                      ELSE f.user_seq IS NULL OR f.user_seq > l.user_seq
+                                           OR (f.user_seq = l.user_seq
+                                               AND f.user_message_id > l.user_message_id)
+                                 END)
+    INTO v_fresh, v_stale, v_last, v_after
+    FROM (SELECT) AS one
+    LEFT JOIN compaction.pairs AS l
+      ON l.conversation_id = p_conversation_id AND l.pair_index = p_pair_count - 1;
     IF pg_catalog.cardinality(v_fresh) = 0 AND pg_catalog.cardinality(v_stale) = 0 THEN
         RETURN;  -- the runs touched form no pair, before or after: nothing derived changes
     END IF;
 
+    IF pg_catalog.cardinality(v_stale) > 0
+       OR NOT (p_pair_count = 0 OR (v_last IS NOT NULL AND v_after)) THEN
+        PERFORM compaction.rederive_general(p_conversation_id, p_run_ids, v_fresh, v_stale,
+                                            p_pair_count);
+        RETURN;
+    END IF;
+
+    -- Appending.
+    v_new := p_pair_count + pg_catalog.cardinality(v_fresh);
+    WITH added AS (
+        INSERT INTO compaction.pairs
+            (conversation_id, run_id, pair_index, user_seq, user_message_id, user_bytes,
+             assistant_message_id, assistant_bytes)
+        SELECT p_conversation_id, f.run_id,
+               p_pair_count + (pg_catalog.row_number() OVER (ORDER BY f.user_seq, f.user_message_id))::int - 1,
+               f.user_seq, f.user_message_id, f.user_bytes, f.assistant_message_id,
+               f.assistant_bytes
+        FROM pg_catalog.unnest(v_fresh) AS f
+        RETURNING 1
+    )
+    UPDATE compaction.conversation_state AS cs
+    SET pair_count = v_new
+    WHERE cs.conversation_id = p_conversation_id;
+    IF v_new / 10 > p_pair_count / 10 THEN
+        -- The ranges the new pairs complete, each hashed from its 20 messages.
+        INSERT INTO compaction.ranges AS r
+            (conversation_id, from_pair, source_message_ids, source_hash)
+        SELECT p_conversation_id, w.from_pair, w.ids, compaction.range_hash(w.ids)
+        FROM (SELECT g.from_pair,
+                     ARRAY(SELECT u.id
+                           FROM compaction.pairs AS p
+                           CROSS JOIN LATERAL pg_catalog.unnest(
+                               ARRAY[p.user_message_id, p.assistant_message_id])
+                               WITH ORDINALITY AS u (id, ord)
+                           WHERE p.conversation_id = p_conversation_id
+                             AND p.pair_index BETWEEN g.from_pair AND g.from_pair + 9
+                           ORDER BY p.pair_index, u.ord) AS ids
+              FROM pg_catalog.generate_series(p_pair_count / 10 * 10, v_new - 10, 10)
+                  AS g (from_pair)) AS w
+        ON CONFLICT (conversation_id, from_pair) DO UPDATE
+            SET source_message_ids = EXCLUDED.source_message_ids,
+                source_hash = EXCLUDED.source_hash;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION compaction.rederive_runs(text, text[], int) IS
+    'Internal: with the conversation_state row held, judges the runs named and appends their new pairs at the end, or hands the change to rederive_general';
+
+-- The general path of compaction.rederive (from rederive_runs), called with the
+-- conversation_state row already taken: the touched runs' pairs as they are now
+-- (p_fresh, pair_index unset) and as they were (p_stale), and the pair count before the
+-- write. Finds the earliest (seq, message_id) position where a pair appeared, vanished
+-- or moved, renumbers from there, and re-hashes the ranges whose ids changed or whose
+-- pairs were touched.
+CREATE FUNCTION compaction.rederive_general(
+    p_conversation_id text, p_run_ids text[], p_fresh compaction.pairs[],
+    p_stale compaction.pairs[], p_pair_count int)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+-- Not the generic plans of its caller: how many pairs follow the changed position decides
+-- these plans, and a generic plan scanned the whole conversation's pairs.
+SET plan_cache_mode = auto
+AS $$
+DECLARE
+    v_runs     text[] := p_run_ids;
+    v_fresh    compaction.pairs[] := p_fresh;
+    v_stale    compaction.pairs[] := p_stale;
+    v_moved    compaction.pairs[];
+    v_from_seq bigint;
+    v_from_id  text;
+    v_base     int;
+    v_count    int := p_pair_count;
+    v_ranges   int[];
+BEGIN
     -- Sizes and the assistant side change in place; the position (seq, user id) cannot.
     UPDATE compaction.pairs AS p
     SET user_bytes = f.user_bytes,
@@ -211,8 +362,8 @@ BEGIN
     WHERE cs.conversation_id = p_conversation_id AND cs.pair_count <> v_count;
 END
 $$;
-COMMENT ON FUNCTION compaction.rederive(text, text[]) IS
-    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on';
+COMMENT ON FUNCTION compaction.rederive_general(text, text[], compaction.pairs[], compaction.pairs[], int) IS
+    'Internal: the general path of rederive (a pair changed, vanished or moved): renumbers from the earliest changed position and re-hashes the ranges affected';
 
 -- The trigger. Arguments: the name of the column holding the conversation id, and of the
 -- column holding the run id ('' when the table has none: the touched conversations are
@@ -224,12 +375,20 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+-- One cached plan per statement: the transition tables and the runs' key lookups plan
+-- the same for every write, and a custom plan per statement cost more than running it.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_conversation_column text := TG_ARGV[0];
     v_run_column          text := nullif(TG_ARGV[1], '');
     v_conversations       text[] := '{}';
     v_runs                text[] := '{}';
+    v_conversation        text;
+    v_run_ids             text[];
+    v_elsewhere           boolean;
+    v_count               int;
+    v_unchanged           boolean;
     v_touched             record;
 BEGIN
     IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS <> 2
@@ -246,20 +405,98 @@ BEGIN
 
     -- The columns named by the arguments, as text (the form the views expose them in).
     -- Static statements over the transition tables keep their plans across calls, where
-    -- dynamic SQL would be planned again for every statement of the host.
-    IF TG_OP IN ('INSERT', 'UPDATE') THEN
-        SELECT v_conversations || array_agg(j.fields ->> v_conversation_column),
-               v_runs || array_agg(j.fields ->> v_run_column)
+    -- dynamic SQL would be planned again for every statement of the host. Columns named
+    -- conversation_id and run_id (the reference tables) are read directly: plpgsql plans
+    -- a statement only when it first runs, per table, so these never meet a table
+    -- without them; other names go through the row as jsonb.
+    IF v_conversation_column = 'conversation_id' AND v_run_column = 'run_id' THEN
+        IF TG_OP = 'INSERT' THEN
+            SELECT coalesce(array_agg(n.conversation_id::text), '{}'),
+                   coalesce(array_agg(n.run_id::text), '{}')
+            INTO v_conversations, v_runs
+            FROM new_rows AS n;
+        ELSIF TG_OP = 'DELETE' THEN
+            SELECT coalesce(array_agg(o.conversation_id::text), '{}'),
+                   coalesce(array_agg(o.run_id::text), '{}')
+            INTO v_conversations, v_runs
+            FROM old_rows AS o;
+        ELSE
+            SELECT coalesce(array_agg(r.conversation_id), '{}'), coalesce(array_agg(r.run_id), '{}')
+            INTO v_conversations, v_runs
+            FROM (SELECT n.conversation_id::text, n.run_id::text FROM new_rows AS n
+                  UNION ALL
+                  SELECT o.conversation_id::text, o.run_id::text FROM old_rows AS o)
+                AS r (conversation_id, run_id);
+        END IF;
+    ELSIF TG_OP = 'INSERT' THEN
+        SELECT coalesce(array_agg(j.fields ->> v_conversation_column), '{}'),
+               coalesce(array_agg(j.fields ->> v_run_column), '{}')
         INTO v_conversations, v_runs
         FROM new_rows AS n
         CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(n) AS fields) AS j;
-    END IF;
-    IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        SELECT v_conversations || array_agg(j.fields ->> v_conversation_column),
-               v_runs || array_agg(j.fields ->> v_run_column)
+    ELSIF TG_OP = 'DELETE' THEN
+        SELECT coalesce(array_agg(j.fields ->> v_conversation_column), '{}'),
+               coalesce(array_agg(j.fields ->> v_run_column), '{}')
         INTO v_conversations, v_runs
         FROM old_rows AS o
         CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(o) AS fields) AS j;
+    ELSE
+        SELECT coalesce(array_agg(j.fields ->> v_conversation_column), '{}'),
+               coalesce(array_agg(j.fields ->> v_run_column), '{}')
+        INTO v_conversations, v_runs
+        FROM (SELECT pg_catalog.to_jsonb(n) AS fields FROM new_rows AS n
+              UNION ALL
+              SELECT pg_catalog.to_jsonb(o) FROM old_rows AS o) AS j;
+    END IF;
+
+    -- The common statement (an agent's single-row writes): its rows name one conversation
+    -- and every run they name belongs to it now. A lookup of those runs decides that,
+    -- where the general grouping below costs several times as much to start.
+    v_conversation := v_conversations[1];
+    IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
+        IF v_run_column IS NULL THEN
+            PERFORM compaction.rederive(v_conversation, NULL);
+            RETURN NULL;
+        END IF;
+        v_run_ids := pg_catalog.array_remove(v_runs, NULL);
+        IF pg_catalog.cardinality(v_run_ids) = 0 THEN
+            RETURN NULL;  -- rows of no run: no pair can change
+        ELSIF pg_catalog.cardinality(v_run_ids) > 2 THEN
+            v_run_ids := ARRAY(SELECT DISTINCT r.run_id
+                               FROM pg_catalog.unnest(v_run_ids) AS r (run_id));
+        END IF;
+        -- Whether a touched run lives in another conversation and, for a later statement
+        -- of a transaction that already holds this conversation's conversation_state row
+        -- (see rederive), rederive's no-change question and the pair count, in one
+        -- statement: its snapshot is taken after the lock was, so it sees what rederive
+        -- would see. An agent's second and third statements per Run end here.
+        SELECT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                       WHERE sr.run_id = ANY (v_run_ids)
+                         AND sr.conversation_id <> v_conversation),
+               cs.pair_count,
+               CASE WHEN cs.pair_count IS NOT NULL THEN
+                   -- rederive's no-change test, word for word
+                   NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                               WHERE sr.run_id = ANY (v_run_ids)
+                                 AND sr.conversation_id = v_conversation
+                                 AND sr.status IN ('completed', 'partial', 'clarify_pending'))
+                   AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
+                                   WHERE p.conversation_id = v_conversation
+                                     AND p.run_id = ANY (v_run_ids))
+               END
+        INTO v_elsewhere, v_count, v_unchanged
+        FROM (SELECT) AS one
+        LEFT JOIN compaction.conversation_state AS cs
+          ON cs.conversation_id = v_conversation
+         AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
+        IF NOT v_elsewhere THEN
+            IF v_count IS NULL THEN
+                PERFORM compaction.rederive(v_conversation, v_run_ids);
+            ELSIF NOT v_unchanged THEN
+                PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
+            END IF;
+            RETURN NULL;
+        END IF;
     END IF;
 
     -- Each touched conversation once, in a fixed order (concurrent bulk writers lock

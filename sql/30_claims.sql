@@ -1,4 +1,5 @@
 -- pycompactor stored logic, section 3: jobs, attempts, summaries, claims and completion.
+-- The queue (31_queue.sql), reaping (32_reaping.sql) and imports (33_import.sql) follow.
 --
 -- Layout. An identity (conversation_id, scope, from_pair, to_pair, source_hash, model,
 -- prompt_version) is one row of compaction.jobs, made by its first claim or by an import,
@@ -11,9 +12,16 @@
 -- advisory lock (1129316352, hashtext(conversation_id)) first (lock_conversation), so
 -- a claim's checks and inserts see a settled state; the partial unique index attempts_one_running and the
 -- unique index job_summaries_one_per_identity remain the final word if a caller runs
--- at REPEATABLE READ and the lock's guarantee weakens. Admission is decided under the
--- global lock (1129316352, 2) by counting compaction.admission, a small table (not per
--- conversation, so not distributed under Citus) holding one row per running attempt.
+-- at REPEATABLE READ and the lock's guarantee weakens. Admission is a semaphore of rows:
+-- compaction.admission holds one slot per unit of settings.max_running, and an admitting
+-- claim takes a free slot with FOR UPDATE SKIP LOCKED, so claims admit in parallel, the
+-- count is exact at READ COMMITTED, and at REPEATABLE READ or SERIALIZABLE a claim whose
+-- snapshot missed another's slot update gets a serialization failure instead of a second
+-- admission. A small global table: a reference table under Citus.
+--
+-- Time and inputs. The server owns time: p_now is honoured only for a superuser or a
+-- member of compaction_owner (caller_now); leases lie within 1 second..1 day
+-- (checked_lease); reasons that reach the auditor are codes (checked_reason).
 --
 -- Citus: conversation_id leads every primary key and unique index of per-conversation
 -- tables (jobs, attempts, job_summaries, queue, audit_events).
@@ -28,7 +36,9 @@ CREATE TABLE compaction.settings (
     CONSTRAINT settings_pkey PRIMARY KEY (singleton),
     -- With the primary key, at most one row can exist.
     CONSTRAINT settings_single_row CHECK (singleton),
-    CONSTRAINT settings_max_running_not_negative CHECK (max_running >= 0)
+    CONSTRAINT settings_max_running_not_negative CHECK (max_running >= 0),
+    -- One admission slot row per unit: a typo must not create a billion of them.
+    CONSTRAINT settings_max_running_bounded CHECK (max_running <= 10000)
 );
 COMMENT ON TABLE compaction.settings IS
     'Engine settings, a single row: max_running caps running (unexpired) attempts across the database (default 8)';
@@ -95,6 +105,26 @@ AS $$
 $$;
 COMMENT ON FUNCTION compaction.summary_problem(text) IS
     'Internal: NULL for a valid summary text, else empty (NULL or whitespace only) or too_long (over 6,000 characters)';
+
+-- complete()'s verdict on a model reply, in the contract's order (DESIGN §6): complete
+-- records it, and the worker asks it before --min-figure-retention (only a reply that
+-- complete would accept can fail that gate), so Python keeps no copy of the rule.
+CREATE FUNCTION compaction.reply_problem(p_summary text, p_finish_reason text,
+                                         p_tool_call_count int)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+               WHEN p_finish_reason IS DISTINCT FROM 'stop' THEN 'not_stopped'
+               WHEN p_tool_call_count IS DISTINCT FROM 0 THEN 'tool_calls'
+               ELSE compaction.summary_problem(p_summary)
+           END
+$$;
+COMMENT ON FUNCTION compaction.reply_problem(text, text, int) IS
+    'NULL when complete() would accept this reply, else its reason: not_stopped, tool_calls, empty or too_long (checked in that order)';
 
 CREATE TABLE compaction.jobs (
     conversation_id    text NOT NULL,
@@ -164,24 +194,46 @@ CREATE TABLE compaction.attempts (
 );
 COMMENT ON TABLE compaction.attempts IS
     'Append-only attempt log: one row per claim of an identity (at most 2); only running -> completed | failed (and lease renewal) ever changes';
+-- Revision 0007: stored times are the server's, finite and ordered, and reasons are codes
+-- (the auditor reads them and never sees content). NOT VALID because attempts are
+-- append-only history: rows written before 0007 stay as they were (the audit views cope
+-- with them); every new or changed row is checked.
+ALTER TABLE compaction.attempts
+    ADD CONSTRAINT attempts_times_valid CHECK (
+        pg_catalog.isfinite(started_at) AND pg_catalog.isfinite(lease_expires_at)
+        AND (finished_at IS NULL OR (pg_catalog.isfinite(finished_at) AND finished_at >= started_at)))
+        NOT VALID,
+    ADD CONSTRAINT attempts_reason_is_code CHECK (reason ~ '^[a-z][a-z0-9_]{0,63}$') NOT VALID;
 -- The final word on exclusivity: one running attempt per identity, whatever the callers do.
 CREATE UNIQUE INDEX attempts_one_running
     ON compaction.attempts (conversation_id, job_id) WHERE state = 'running';
 
--- Admission state: one row per running attempt, kept by a trigger on attempts. Claims
--- count the unexpired rows under the global admission lock. Not per conversation: under
--- Citus it stays a small local (or reference) table while the rest is distributed.
+-- Admission: a semaphore of rows, slots 1..settings.max_running (kept by the settings
+-- trigger). A running attempt holds one slot with a copy of its lease; a free slot has no
+-- holder, and a slot whose holder's lease ran out counts as free (expired attempts never
+-- count against admission). Not per conversation: under Citus a reference table.
 CREATE TABLE compaction.admission (
-    conversation_id  text NOT NULL,
-    job_id           bigint NOT NULL,
-    attempt          int NOT NULL,
-    lease_expires_at timestamptz NOT NULL,
-    CONSTRAINT admission_pkey PRIMARY KEY (conversation_id, job_id)
+    slot                   int NOT NULL,
+    holder_conversation_id text,
+    holder_job_id          bigint,
+    holder_attempt         int,
+    lease_expires_at       timestamptz,
+    CONSTRAINT admission_pkey PRIMARY KEY (slot),
+    CONSTRAINT admission_slot_positive CHECK (slot >= 1),
+    CONSTRAINT admission_holder_complete CHECK (
+        (holder_conversation_id IS NULL) = (holder_job_id IS NULL)
+        AND (holder_conversation_id IS NULL) = (holder_attempt IS NULL)
+        AND (holder_conversation_id IS NULL) = (lease_expires_at IS NULL))
 );
 COMMENT ON TABLE compaction.admission IS
-    'Internal: one row per running attempt with its lease, counted by claim to enforce settings.max_running';
--- claim counts the unexpired leases: lease_expires_at > now.
-CREATE INDEX admission_lease_idx ON compaction.admission (lease_expires_at);
+    'Internal: admission slots 1..settings.max_running; a running attempt holds one (with its lease), claim takes a free one or refuses admission_full';
+-- One slot per identity; the attempts trigger finds a finished attempt's slot by it.
+CREATE UNIQUE INDEX admission_holder_key
+    ON compaction.admission (holder_conversation_id, holder_job_id)
+    WHERE holder_conversation_id IS NOT NULL;
+INSERT INTO compaction.admission (slot)
+SELECT g.slot
+FROM compaction.settings AS s, pg_catalog.generate_series(1, s.max_running) AS g (slot);
 
 CREATE TABLE compaction.job_summaries (
     conversation_id text NOT NULL,
@@ -202,34 +254,6 @@ CREATE TABLE compaction.job_summaries (
 );
 COMMENT ON TABLE compaction.job_summaries IS
     'Completed summaries, one per identity, immutable; attempt is NULL for imports (read them through compaction.summaries)';
-
--- The work queue. dequeue leases entries (hidden until leased_until, identified by
--- lease_token) instead of removing them; ack removes an entry once its worker has
--- examined the conversation, unless an enqueue landed during the lease (requeued_at),
--- in which case the entry becomes visible again at that time. A lease that simply runs
--- out (a dead worker) makes the entry visible again at its original enqueued_at: no
--- reaper needed. One entry per (conversation, scope): each scope keeps its own order.
-CREATE TABLE compaction.queue (
-    conversation_id text NOT NULL,
-    scope           text NOT NULL,
-    enqueued_at     timestamptz NOT NULL,
-    leased_until    timestamptz,
-    lease_token     uuid,
-    requeued_at     timestamptz,
-    CONSTRAINT queue_pkey PRIMARY KEY (conversation_id, scope),
-    CONSTRAINT queue_lease_complete CHECK ((leased_until IS NULL) = (lease_token IS NULL)),
-    CONSTRAINT queue_requeued_only_when_leased
-        CHECK (requeued_at IS NULL OR lease_token IS NOT NULL),
-    -- The server's clock writes these; finite, so the audit view's ages never fail.
-    CONSTRAINT queue_times_finite CHECK (
-        pg_catalog.isfinite(enqueued_at)
-        AND (leased_until IS NULL OR pg_catalog.isfinite(leased_until))
-        AND (requeued_at IS NULL OR pg_catalog.isfinite(requeued_at)))
-);
-COMMENT ON TABLE compaction.queue IS
-    'Conversations (per scope) with history no worker has finished examining: filled by enqueue, leased by dequeue, removed by ack';
--- dequeue walks one scope's entries oldest first.
-CREATE INDEX queue_scope_enqueued_at_idx ON compaction.queue (scope, enqueued_at, conversation_id);
 
 CREATE TABLE compaction.audit_events (
     conversation_id  text NOT NULL,
@@ -261,6 +285,11 @@ CREATE TABLE compaction.audit_events (
 );
 COMMENT ON TABLE compaction.audit_events IS
     'Append-only event log, one row per state change (claim, completion, failure, lease_expiry, import, erasure); metadata only, never text';
+-- Revision 0007, NOT VALID for the same reason as the attempts' checks: the log is
+-- append-only, earlier entries keep what they recorded.
+ALTER TABLE compaction.audit_events
+    ADD CONSTRAINT audit_events_reason_is_code CHECK (reason ~ '^[a-z][a-z0-9_]{0,63}$') NOT VALID,
+    ADD CONSTRAINT audit_events_times_finite CHECK (pg_catalog.isfinite(occurred_at)) NOT VALID;
 -- The DBA reads the log newest first across conversations.
 CREATE INDEX audit_events_event_id_idx ON compaction.audit_events (event_id);
 
@@ -268,34 +297,105 @@ CREATE INDEX audit_events_event_id_idx ON compaction.audit_events (event_id);
 -- Triggers that keep derived state in the same transaction as each change
 -- ---------------------------------------------------------------------------------------
 
+-- claim puts an admitted attempt into its slot itself (it chose the slot); this keeps the
+-- slot in step afterwards: a renewed lease is copied, a finished attempt frees its slot
+-- (unless another claim already took it over after the lease ran out).
 CREATE FUNCTION compaction.attempts_track_admission()
 RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_slot int;
 BEGIN
     IF NEW.state = 'running' THEN
-        INSERT INTO compaction.admission AS ad (conversation_id, job_id, attempt, lease_expires_at)
-        VALUES (NEW.conversation_id, NEW.job_id, NEW.attempt, NEW.lease_expires_at)
-        ON CONFLICT (conversation_id, job_id) DO UPDATE
-            SET attempt = EXCLUDED.attempt, lease_expires_at = EXCLUDED.lease_expires_at;
+        UPDATE compaction.admission AS ad
+        SET lease_expires_at = NEW.lease_expires_at
+        WHERE ad.holder_conversation_id = NEW.conversation_id
+          AND ad.holder_job_id = NEW.job_id AND ad.holder_attempt = NEW.attempt;
     ELSE
-        DELETE FROM compaction.admission AS ad
-        WHERE ad.conversation_id = NEW.conversation_id
-          AND ad.job_id = NEW.job_id
-          AND ad.attempt = NEW.attempt;
+        UPDATE compaction.admission AS ad
+        SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
+            lease_expires_at = NULL
+        WHERE ad.holder_conversation_id = NEW.conversation_id
+          AND ad.holder_job_id = NEW.job_id AND ad.holder_attempt = NEW.attempt
+        RETURNING ad.slot INTO v_slot;
+        -- A slot above a lowered max_running goes with its last holder.
+        IF v_slot > (SELECT s.max_running FROM compaction.settings AS s) THEN
+            DELETE FROM compaction.admission AS ad WHERE ad.slot = v_slot;
+        END IF;
     END IF;
     RETURN NULL;
 END
 $$;
 COMMENT ON FUNCTION compaction.attempts_track_admission() IS
-    'Trigger: mirrors running attempts and their leases into compaction.admission';
+    'Trigger: copies a running attempt''s renewed lease into its admission slot and frees the slot when the attempt ends (dropping it if above max_running)';
 
 CREATE TRIGGER attempts_track_admission
-    AFTER INSERT OR UPDATE ON compaction.attempts
-    FOR EACH ROW EXECUTE FUNCTION compaction.attempts_track_admission();
+    AFTER UPDATE ON compaction.attempts
+    FOR EACH ROW
+    WHEN (OLD.state = 'running')
+    EXECUTE FUNCTION compaction.attempts_track_admission();
 ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_track_admission;
+
+-- Slots follow settings.max_running. Raising it adds slots; lowering it moves running
+-- attempts from the slots above the new limit into free ones below and drops the free
+-- slots above. Attempts that do not fit keep their slots above the limit until they end;
+-- while any of them is live, claim counts every live holder. The table lock orders this
+-- against concurrent claims.
+CREATE FUNCTION compaction.settings_resize_admission()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_move   record;
+    v_holder compaction.admission;
+BEGIN
+    LOCK TABLE compaction.admission IN EXCLUSIVE MODE;
+    INSERT INTO compaction.admission (slot)
+    SELECT g.slot FROM pg_catalog.generate_series(1, NEW.max_running) AS g (slot)
+    ON CONFLICT (slot) DO NOTHING;
+    FOR v_move IN
+        WITH above AS (
+            SELECT ad.slot, pg_catalog.row_number() OVER (ORDER BY ad.slot) AS n
+            FROM compaction.admission AS ad
+            WHERE ad.slot > NEW.max_running AND ad.lease_expires_at > pg_catalog.now()
+        ), free AS (
+            SELECT ad.slot, pg_catalog.row_number() OVER (ORDER BY ad.slot) AS n
+            FROM compaction.admission AS ad
+            WHERE ad.slot <= NEW.max_running
+              AND (ad.lease_expires_at IS NULL OR ad.lease_expires_at <= pg_catalog.now())
+        )
+        SELECT above.slot AS from_slot, free.slot AS to_slot
+        FROM above JOIN free USING (n)
+    LOOP
+        -- Out of the old slot first: one slot per identity (admission_holder_key).
+        DELETE FROM compaction.admission AS ad WHERE ad.slot = v_move.from_slot
+        RETURNING ad.* INTO v_holder;
+        UPDATE compaction.admission AS ad
+        SET holder_conversation_id = v_holder.holder_conversation_id,
+            holder_job_id = v_holder.holder_job_id, holder_attempt = v_holder.holder_attempt,
+            lease_expires_at = v_holder.lease_expires_at
+        WHERE ad.slot = v_move.to_slot;
+    END LOOP;
+    DELETE FROM compaction.admission AS ad
+    WHERE ad.slot > NEW.max_running
+      AND (ad.lease_expires_at IS NULL OR ad.lease_expires_at <= pg_catalog.now());
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION compaction.settings_resize_admission() IS
+    'Trigger: keeps admission slots 1..max_running, moving running attempts below a lowered limit where they fit';
+
+CREATE TRIGGER settings_resize_admission
+    AFTER UPDATE OF max_running ON compaction.settings
+    FOR EACH ROW
+    WHEN (NEW.max_running IS DISTINCT FROM OLD.max_running)
+    EXECUTE FUNCTION compaction.settings_resize_admission();
+ALTER TABLE compaction.settings ENABLE ALWAYS TRIGGER settings_resize_admission;
 
 CREATE FUNCTION compaction.attempts_record_event()
 RETURNS trigger
@@ -391,6 +491,70 @@ $$;
 COMMENT ON FUNCTION compaction.lock_conversation(text) IS
     'Internal: transaction-scoped advisory lock (1129316352, hashtext(conversation_id) moved off 0..15) serialising one conversation''s writers';
 
+-- The server owns time (DESIGN §6): p_now exists for tests and repairs by a superuser or
+-- the owner. session_user, not current_user: inside these SECURITY DEFINER functions
+-- current_user is always the owner.
+CREATE FUNCTION compaction.caller_now(p_now timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_now IS NULL THEN
+        RETURN pg_catalog.now();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles AS r
+                   WHERE r.rolname = session_user AND r.rolsuper)
+       AND NOT pg_catalog.pg_has_role(session_user, 'compaction_owner', 'MEMBER') THEN
+        RAISE EXCEPTION 'p_now is honoured only for a superuser or a member of compaction_owner'
+            USING ERRCODE = 'CP021',
+                  HINT = 'Omit p_now: the server''s clock decides leases and finish times.';
+    END IF;
+    IF NOT pg_catalog.isfinite(p_now) THEN
+        RAISE EXCEPTION 'p_now must be a finite time, got %', p_now USING ERRCODE = 'CP022';
+    END IF;
+    RETURN p_now;
+END
+$$;
+COMMENT ON FUNCTION compaction.caller_now(timestamptz) IS
+    'Internal: now(), or p_now when the session user is a superuser or a member of compaction_owner (else CP021; a non-finite p_now is CP022)';
+
+CREATE FUNCTION compaction.checked_lease(p_lease interval)
+RETURNS interval
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_lease IS NULL OR p_lease < interval '1 second' OR p_lease > interval '1 day' THEN
+        RAISE EXCEPTION 'a lease must lie between 1 second and 1 day, got %', coalesce(p_lease::text, 'NULL')
+            USING ERRCODE = 'CP023';
+    END IF;
+    RETURN p_lease;
+END
+$$;
+COMMENT ON FUNCTION compaction.checked_lease(interval) IS
+    'Internal: p_lease if it lies between 1 second and 1 day, else CP023';
+
+-- Reasons reach the auditor, who never sees content: a code, never free text.
+CREATE FUNCTION compaction.checked_reason(p_reason text)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_reason IS NULL OR p_reason !~ '^[a-z][a-z0-9_]{0,63}$' THEN
+        RAISE EXCEPTION 'a reason must be a code matching ^[a-z][a-z0-9_]{0,63}$ (e.g. http_error), not free text'
+            USING ERRCODE = 'CP024';
+    END IF;
+    RETURN p_reason;
+END
+$$;
+COMMENT ON FUNCTION compaction.checked_reason(text) IS
+    'Internal: p_reason if it is a code (^[a-z][a-z0-9_]{0,63}$), else CP024; the value is never echoed in the error';
+
 CREATE FUNCTION compaction.claim(
     p_conversation_id    text,
     p_scope              text,
@@ -411,7 +575,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now         timestamptz := coalesce(p_now, pg_catalog.now());
+    v_now         timestamptz := compaction.caller_now(p_now);
+    v_lease       timestamptz := v_now + compaction.checked_lease(p_lease);
     v_accepts     boolean;
     v_pairs       bigint;
     v_target_ids  text[];
@@ -420,12 +585,12 @@ DECLARE
     v_failed      int;
     v_attempt     int;
     v_max_running int;
-    v_in_flight   bigint;
-    v_lease       timestamptz;
+    v_slot        int;
+    v_overflow    boolean := false;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
-       OR p_model = '' OR p_worker IS NULL OR p_lease IS NULL OR p_lease <= interval '0' THEN
-        RAISE EXCEPTION 'claim needs a conversation, a non-empty scope, model and worker, and a positive lease'
+       OR p_model = '' OR p_worker IS NULL THEN
+        RAISE EXCEPTION 'claim needs a conversation, a non-empty scope, model and worker'
             USING ERRCODE = 'CP020';
     END IF;
 
@@ -501,37 +666,66 @@ BEGIN
         v_attempt := v_failed + 1;
     END IF;
 
-    -- Admission: taken last, only by a claim about to admit, so refusals never queue on
-    -- it; held to commit, so the count below is exact across concurrent claimers.
-    PERFORM pg_catalog.pg_advisory_xact_lock(1129316352, 2);
+    -- Admission last, so refusals never touch it: a free slot (no holder, or a holder
+    -- whose lease ran out), locked to commit. SKIP LOCKED lets concurrent claims take
+    -- different slots instead of queueing on one lock; a slot being taken by an
+    -- uncommitted claim is as good as taken. Under REPEATABLE READ or SERIALIZABLE a
+    -- slot another claim took after this snapshot raises a serialization failure.
     SELECT s.max_running INTO v_max_running FROM compaction.settings AS s;
-    SELECT count(*) INTO v_in_flight
-    FROM compaction.admission AS ad
-    WHERE ad.lease_expires_at > v_now;
-    IF v_in_flight >= coalesce(v_max_running, 8) THEN
+    -- Slots above max_running exist only while attempts admitted before it was lowered
+    -- still hold them (settings_resize_admission could not fit them below; a slot above
+    -- is dropped when its holder ends). Then the free slots below do not tell the count:
+    -- claims serialise on the live ones (the no-op update also makes a claim whose
+    -- snapshot missed another's fail at REPEATABLE READ) and count every live holder.
+    -- max(slot) is one step down the primary key, so the usual case costs nothing.
+    IF (SELECT max(ad.slot) FROM compaction.admission AS ad) > v_max_running THEN
+        UPDATE compaction.admission AS ad
+        SET lease_expires_at = ad.lease_expires_at
+        WHERE ad.slot > v_max_running AND ad.lease_expires_at > v_now;
+        v_overflow := FOUND;
+    END IF;
+    IF NOT v_overflow OR (SELECT count(*) FROM compaction.admission AS ad
+                          WHERE ad.lease_expires_at > v_now) < v_max_running THEN
+        SELECT ad.slot INTO v_slot
+        FROM compaction.admission AS ad
+        WHERE ad.slot <= v_max_running
+          AND (ad.lease_expires_at IS NULL OR ad.lease_expires_at <= v_now)
+        ORDER BY ad.slot
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+    END IF;
+    IF v_slot IS NULL THEN
         RETURN QUERY SELECT false, 'admission_full'::text, v_job_id, NULL::int, NULL::timestamptz;
         RETURN;
     END IF;
 
-    v_lease := v_now + p_lease;
-    BEGIN
-        IF v_job_id IS NULL THEN
-            INSERT INTO compaction.jobs
-                (conversation_id, scope, from_pair, to_pair, source_message_ids, source_hash,
-                 model, prompt_version, created_at)
-            VALUES (p_conversation_id, p_scope, p_from_pair, p_from_pair + 9,
-                    p_source_message_ids, p_source_hash, p_model, p_prompt_version, v_now)
-            RETURNING job_id INTO v_job_id;
-        END IF;
+    -- The unique indexes are the final word. At READ COMMITTED the conversation lock has
+    -- already ordered competing claims, so no conflict arises; at REPEATABLE READ a
+    -- conflict with a winner this snapshot cannot see is a serialization failure (ON
+    -- CONFLICT's rule), never a second running attempt. No subtransaction needed.
+    IF v_job_id IS NULL THEN
+        INSERT INTO compaction.jobs
+            (conversation_id, scope, from_pair, to_pair, source_message_ids, source_hash,
+             model, prompt_version, created_at)
+        VALUES (p_conversation_id, p_scope, p_from_pair, p_from_pair + 9,
+                p_source_message_ids, p_source_hash, p_model, p_prompt_version, v_now)
+        ON CONFLICT DO NOTHING
+        RETURNING job_id INTO v_job_id;
+    END IF;
+    IF v_job_id IS NOT NULL THEN
         INSERT INTO compaction.attempts
             (conversation_id, job_id, attempt, state, worker, started_at, lease_expires_at)
-        VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, v_now, v_lease);
-    EXCEPTION WHEN unique_violation THEN
-        -- Only reachable when the caller's snapshot predates a concurrent winner
-        -- (REPEATABLE READ): the unique indexes decide, the loser gets a refusal row.
+        VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, v_now, v_lease)
+        ON CONFLICT DO NOTHING;
+    END IF;
+    IF v_job_id IS NULL OR NOT FOUND THEN
         RETURN QUERY SELECT false, 'already_running'::text, v_job_id, NULL::int, NULL::timestamptz;
         RETURN;
-    END;
+    END IF;
+    UPDATE compaction.admission AS ad
+    SET holder_conversation_id = p_conversation_id, holder_job_id = v_job_id,
+        holder_attempt = v_attempt, lease_expires_at = v_lease
+    WHERE ad.slot = v_slot;
     RETURN QUERY SELECT true, 'claimed'::text, v_job_id, v_attempt, v_lease;
 END
 $$;
@@ -540,8 +734,11 @@ COMMENT ON FUNCTION compaction.claim(text, text, int, text[], text, text, text, 
 
 -- The fencing step shared by complete, fail and heartbeat: locks the conversation and the
 -- attempt row, and answers whether (job_id, attempt) is still running with a live lease.
--- An expired, unreaped attempt is marked failed (lease_expired) on the way.
-CREATE FUNCTION compaction.fence(p_job_id bigint, p_attempt int, p_now timestamptz)
+-- An expired, unreaped attempt is marked failed (lease_expired) on the way. A given
+-- p_conversation_id must name the job's conversation (else the job is not found: the
+-- caller answers lease_lost); it lets a distributed database route the call.
+CREATE FUNCTION compaction.fence(p_job_id bigint, p_attempt int, p_now timestamptz,
+                                 p_conversation_id text)
 RETURNS compaction.attempts
 LANGUAGE plpgsql
 VOLATILE
@@ -552,9 +749,15 @@ DECLARE
     v_conversation_id text;
     v_attempt         compaction.attempts;
 BEGIN
-    SELECT j.conversation_id INTO v_conversation_id
-    FROM compaction.jobs AS j
-    WHERE j.job_id = p_job_id;
+    IF p_conversation_id IS NULL THEN
+        SELECT j.conversation_id INTO v_conversation_id
+        FROM compaction.jobs AS j
+        WHERE j.job_id = p_job_id;
+    ELSE
+        SELECT j.conversation_id INTO v_conversation_id
+        FROM compaction.jobs AS j
+        WHERE j.conversation_id = p_conversation_id AND j.job_id = p_job_id;
+    END IF;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -567,6 +770,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    -- Only a superuser's or the owner's p_now can be this early (caller_now).
+    IF v_attempt.state = 'running' AND p_now < v_attempt.started_at THEN
+        RAISE EXCEPTION 'p_now % is before attempt % of job % started (%)',
+                p_now, p_attempt, p_job_id, v_attempt.started_at
+            USING ERRCODE = 'CP022';
+    END IF;
     IF v_attempt.state = 'running' AND v_attempt.lease_expires_at <= p_now THEN
         UPDATE compaction.attempts AS a
         SET state = 'failed', reason = 'lease_expired', finished_at = p_now
@@ -577,8 +786,8 @@ BEGIN
     RETURN v_attempt;
 END
 $$;
-COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz) IS
-    'Internal: locks attempt (job_id, attempt) and returns it, first failing it (lease_expired) if its lease ran out; NULL if unknown';
+COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz, text) IS
+    'Internal: locks attempt (job_id, attempt) of the given conversation (or the job''s) and returns it, first failing it (lease_expired) if its lease ran out; NULL if unknown';
 
 -- complete()'s p_stats (DESIGN.md §6): NULL, or an object whose keys are among
 -- input_tokens, output_tokens, figures_total, figures_kept, each a non-negative integer
@@ -642,7 +851,8 @@ CREATE FUNCTION compaction.complete(
     p_tool_call_count int,
     p_response_id     text DEFAULT NULL,
     p_now             timestamptz DEFAULT NULL,
-    p_stats           jsonb DEFAULT NULL)
+    p_stats           jsonb DEFAULT NULL,
+    p_conversation_id text DEFAULT NULL)
 RETURNS TABLE (ok boolean, reason text, summary_id bigint)
 LANGUAGE plpgsql
 VOLATILE
@@ -651,7 +861,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now        timestamptz := coalesce(p_now, pg_catalog.now());
+    v_now        timestamptz := compaction.caller_now(p_now);
     v_attempt    compaction.attempts;
     v_summary_id bigint;
     v_problem    text;
@@ -659,7 +869,7 @@ DECLARE
 BEGIN
     -- p_stats first: a bad one is an error that changes nothing (not even an expiry).
     v_stats := compaction.attempt_stats(p_stats);
-    v_attempt := compaction.fence(p_job_id, p_attempt, v_now);
+    v_attempt := compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id);
     IF v_attempt.state = 'completed' THEN
         -- Idempotent for the same token and the same text (a lost reply re-sent); any
         -- other text for a completed attempt is a stale writer: lease_lost.
@@ -682,12 +892,8 @@ BEGIN
     IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
                WHERE s.conversation_id = v_attempt.conversation_id AND s.job_id = p_job_id) THEN
         v_problem := 'already_completed';
-    ELSIF p_finish_reason IS DISTINCT FROM 'stop' THEN
-        v_problem := 'not_stopped';
-    ELSIF p_tool_call_count IS DISTINCT FROM 0 THEN
-        v_problem := 'tool_calls';
     ELSE
-        v_problem := compaction.summary_problem(p_summary);
+        v_problem := compaction.reply_problem(p_summary, p_finish_reason, p_tool_call_count);
     END IF;
 
     IF v_problem IS NOT NULL THEN
@@ -717,14 +923,15 @@ BEGIN
     RETURN QUERY SELECT true, 'completed'::text, v_summary_id;
 END
 $$;
-COMMENT ON FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb) IS
+COMMENT ON FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text) IS
     'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off';
 
 CREATE FUNCTION compaction.fail(
     p_job_id  bigint,
     p_attempt int,
     p_reason  text,
-    p_now     timestamptz DEFAULT NULL)
+    p_now     timestamptz DEFAULT NULL,
+    p_conversation_id text DEFAULT NULL)
 RETURNS TABLE (ok boolean, reason text)
 LANGUAGE plpgsql
 VOLATILE
@@ -733,14 +940,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now     timestamptz := coalesce(p_now, pg_catalog.now());
+    v_now     timestamptz := compaction.caller_now(p_now);
     v_attempt compaction.attempts;
 BEGIN
-    IF p_reason IS NULL OR p_reason = '' OR p_reason IN ('completed', 'lease_expired') THEN
+    PERFORM compaction.checked_reason(p_reason);
+    IF p_reason IN ('completed', 'lease_expired') THEN
         RAISE EXCEPTION 'fail needs a reason other than completed or lease_expired'
             USING ERRCODE = 'CP020';
     END IF;
-    v_attempt := compaction.fence(p_job_id, p_attempt, v_now);
+    v_attempt := compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id);
     IF v_attempt.state IS DISTINCT FROM 'running' THEN
         RETURN QUERY SELECT false, 'lease_lost'::text;
         RETURN;
@@ -752,14 +960,15 @@ BEGIN
     RETURN QUERY SELECT true, 'failed'::text;
 END
 $$;
-COMMENT ON FUNCTION compaction.fail(bigint, int, text, timestamptz) IS
-    'Records attempt (job_id, attempt) failed with the worker''s reason (e.g. http_error, timeout); lease_lost if fenced off';
+COMMENT ON FUNCTION compaction.fail(bigint, int, text, timestamptz, text) IS
+    'Records attempt (job_id, attempt) failed with the worker''s reason code (e.g. http_error, timeout; CP024 unless ^[a-z][a-z0-9_]{0,63}$); lease_lost if fenced off';
 
 CREATE FUNCTION compaction.heartbeat(
     p_job_id  bigint,
     p_attempt int,
     p_lease   interval DEFAULT '5 minutes',
-    p_now     timestamptz DEFAULT NULL)
+    p_now     timestamptz DEFAULT NULL,
+    p_conversation_id text DEFAULT NULL)
 RETURNS TABLE (ok boolean, lease_expires_at timestamptz)
 LANGUAGE plpgsql
 VOLATILE
@@ -768,395 +977,24 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now     timestamptz := coalesce(p_now, pg_catalog.now());
+    v_now     timestamptz := compaction.caller_now(p_now);
+    v_lease   timestamptz := v_now + compaction.checked_lease(p_lease);
     v_attempt compaction.attempts;
 BEGIN
-    IF p_lease IS NULL OR p_lease <= interval '0' THEN
-        RAISE EXCEPTION 'heartbeat needs a positive lease' USING ERRCODE = 'CP020';
-    END IF;
-    v_attempt := compaction.fence(p_job_id, p_attempt, v_now);
+    v_attempt := compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id);
     IF v_attempt.state IS DISTINCT FROM 'running' THEN
         RETURN QUERY SELECT false, NULL::timestamptz;
         RETURN;
     END IF;
     UPDATE compaction.attempts AS a
-    SET lease_expires_at = v_now + p_lease
+    SET lease_expires_at = v_lease
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt;
-    RETURN QUERY SELECT true, v_now + p_lease;
+    RETURN QUERY SELECT true, v_lease;
 END
 $$;
-COMMENT ON FUNCTION compaction.heartbeat(bigint, int, interval, timestamptz) IS
-    'Renews the lease of running attempt (job_id, attempt) to now + p_lease; ok = false if fenced off (lease_lost)';
-
-CREATE FUNCTION compaction.reap(p_now timestamptz DEFAULT NULL)
-RETURNS int
-LANGUAGE plpgsql
-VOLATILE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_now   timestamptz := coalesce(p_now, pg_catalog.now());
-    v_count int;
-BEGIN
-    -- SKIP LOCKED: an attempt locked right now is being completed, failed or renewed by
-    -- its own fenced call, which settles its expiry itself; two reapers never deadlock.
-    WITH expired AS (
-        SELECT a.conversation_id, a.job_id, a.attempt
-        FROM compaction.attempts AS a
-        WHERE a.state = 'running' AND a.lease_expires_at <= v_now
-        ORDER BY a.conversation_id, a.job_id
-        FOR UPDATE SKIP LOCKED
-    )
-    , failed AS (
-        UPDATE compaction.attempts AS a
-        SET state = 'failed', reason = 'lease_expired', finished_at = v_now
-        FROM expired AS e
-        WHERE a.conversation_id = e.conversation_id AND a.job_id = e.job_id
-          AND a.attempt = e.attempt
-        RETURNING a.conversation_id, a.job_id
-    ), requeued AS (
-        -- The expired attempt's worker is gone and can no longer nudge anyone: put the
-        -- conversation back on the queue, so the one retry the contract allows happens
-        -- without a sweep and without workers re-queueing every claim just in case.
-        -- Like enqueue: an entry leased right now is marked requeued, so the
-        -- acknowledgement of a worker that examined it before this expiry keeps it.
-        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
-        SELECT DISTINCT f.conversation_id, j.scope, pg_catalog.now()
-        FROM failed AS f
-        JOIN compaction.jobs AS j ON j.conversation_id = f.conversation_id AND j.job_id = f.job_id
-        ORDER BY 1, 2
-        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
-            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL
-    )
-    SELECT count(*) INTO v_count FROM failed;
-    RETURN v_count;
-END
-$$;
-COMMENT ON FUNCTION compaction.reap(timestamptz) IS
-    'Marks running attempts whose lease expired at p_now failed (lease_expired) and re-queues their conversations; returns how many';
-
--- ---------------------------------------------------------------------------------------
--- The work queue
--- ---------------------------------------------------------------------------------------
-
--- The three writers of queue entries (enqueue, the source tables' trigger, reap) share
--- one upsert: a new entry is inserted; an entry under a lease is marked requeued_at (the
--- first time only), so the acknowledgement of a worker that examined the conversation
--- before this write keeps the entry; any other existing entry is only locked (ON
--- CONFLICT DO UPDATE locks the row even when its WHERE is false; no new row version).
--- The lock lasts until the writer commits: dequeue skips a locked entry and ack waits
--- for it, so no worker examines and acknowledges a conversation whose new history it
--- cannot see yet.
-CREATE FUNCTION compaction.enqueue(p_conversation_id text, p_scope text DEFAULT 'default')
-RETURNS void
-LANGUAGE plpgsql
-VOLATILE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' THEN
-        RAISE EXCEPTION 'enqueue needs a conversation id and a non-empty scope'
-            USING ERRCODE = 'CP020';
-    END IF;
-    INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
-    VALUES (p_conversation_id, p_scope, pg_catalog.now())
-    ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
-        WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
-END
-$$;
-COMMENT ON FUNCTION compaction.enqueue(text, text) IS
-    'Marks a conversation (per scope) as having new history for the worker; cheap and idempotent; an entry under a lease survives its acknowledgement';
-
-CREATE FUNCTION compaction.dequeue(
-    p_scope text DEFAULT 'default',
-    p_limit int DEFAULT 100,
-    p_lease interval DEFAULT '5 minutes')
-RETURNS TABLE (conversation_id text, scope text, enqueued_at timestamptz, lease_token uuid,
-               lease_expires_at timestamptz)
-LANGUAGE plpgsql
-VOLATILE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_now       timestamptz := pg_catalog.now();
-    v_until     timestamptz;
-    v_candidate record;
-    v_taken     int := 0;
-BEGIN
-    IF p_scope IS NULL OR p_scope = '' THEN
-        RAISE EXCEPTION 'dequeue needs a non-empty scope' USING ERRCODE = 'CP020';
-    END IF;
-    IF p_limit IS NULL OR p_limit < 1 THEN
-        RAISE EXCEPTION 'dequeue needs a limit of at least 1' USING ERRCODE = 'CP020';
-    END IF;
-    IF p_lease IS NULL OR p_lease < interval '1 second' OR p_lease > interval '1 day' THEN
-        RAISE EXCEPTION 'dequeue needs a lease between 1 second and 1 day' USING ERRCODE = 'CP020';
-    END IF;
-    v_until := v_now + p_lease;
-    -- Candidates are read without row locks (no statement here spans conversations with
-    -- FOR UPDATE, so the queue can be distributed by conversation_id); each is then
-    -- leased by statements that address its own row. Visible: never leased, or the
-    -- lease ran out (its worker died): such an entry keeps its enqueued_at, so it comes
-    -- back in its original place without any reaper.
-    FOR v_candidate IN
-        SELECT q.conversation_id
-        FROM compaction.queue AS q
-        WHERE q.scope = p_scope AND (q.leased_until IS NULL OR q.leased_until <= v_now)
-        ORDER BY q.enqueued_at, q.conversation_id
-    LOOP
-        -- One row, SKIP LOCKED: an entry that another worker is leasing right now, or
-        -- that a writer is enqueueing (its history is not committed yet), is left for a
-        -- later dequeue rather than waited for. The visibility test is re-checked on the
-        -- newest row version: a lease committed meanwhile makes this one lose and skip.
-        PERFORM 1
-        FROM compaction.queue AS q
-        WHERE q.conversation_id = v_candidate.conversation_id AND q.scope = p_scope
-          AND (q.leased_until IS NULL OR q.leased_until <= v_now)
-        FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        RETURN QUERY
-        UPDATE compaction.queue AS q
-        SET leased_until = v_until, lease_token = pg_catalog.gen_random_uuid(),
-            requeued_at = NULL
-        WHERE q.conversation_id = v_candidate.conversation_id AND q.scope = p_scope
-        RETURNING q.conversation_id, q.scope, q.enqueued_at, q.lease_token, q.leased_until;
-        v_taken := v_taken + 1;
-        EXIT WHEN v_taken >= p_limit;
-    END LOOP;
-END
-$$;
-COMMENT ON FUNCTION compaction.dequeue(text, int, interval) IS
-    'Leases up to p_limit visible entries of one scope, oldest first, for p_lease (1 second to 1 day, server clock); concurrent workers get disjoint entries; returns each lease_token';
-
-CREATE FUNCTION compaction.ack(p_conversation_id text, p_scope text, p_lease_token uuid)
-RETURNS TABLE (ok boolean, reason text)
-LANGUAGE plpgsql
-VOLATILE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-BEGIN
-    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_lease_token IS NULL THEN
-        RAISE EXCEPTION 'ack needs a conversation id, a non-empty scope and a lease token'
-            USING ERRCODE = 'CP020';
-    END IF;
-    -- Examined and nothing new since the lease: done. A writer enqueueing this entry
-    -- right now holds its row; the DELETE waits for it and re-checks requeued_at.
-    DELETE FROM compaction.queue AS q
-    WHERE q.conversation_id = p_conversation_id AND q.scope = p_scope
-      AND q.lease_token = p_lease_token AND q.requeued_at IS NULL;
-    IF FOUND THEN
-        RETURN QUERY SELECT true, 'acknowledged'::text;
-        RETURN;
-    END IF;
-    -- New history arrived during the lease: the newer enqueue wins, and the entry waits
-    -- again from the moment it arrived.
-    UPDATE compaction.queue AS q
-    SET enqueued_at = q.requeued_at, leased_until = NULL, lease_token = NULL,
-        requeued_at = NULL
-    WHERE q.conversation_id = p_conversation_id AND q.scope = p_scope
-      AND q.lease_token = p_lease_token AND q.requeued_at IS NOT NULL;
-    IF FOUND THEN
-        RETURN QUERY SELECT true, 'requeued'::text;
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT false, 'lease_lost'::text;
-END
-$$;
-COMMENT ON FUNCTION compaction.ack(text, text, uuid) IS
-    'Acknowledges a leased entry once its conversation was examined: removes it (acknowledged), or keeps it visible if an enqueue landed during the lease (requeued); lease_lost if the token is no longer the entry''s';
-
-CREATE FUNCTION compaction.release(p_conversation_id text, p_scope text, p_lease_token uuid)
-RETURNS TABLE (ok boolean, reason text)
-LANGUAGE plpgsql
-VOLATILE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-BEGIN
-    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_lease_token IS NULL THEN
-        RAISE EXCEPTION 'release needs a conversation id, a non-empty scope and a lease token'
-            USING ERRCODE = 'CP020';
-    END IF;
-    UPDATE compaction.queue AS q
-    SET leased_until = NULL, lease_token = NULL, requeued_at = NULL
-    WHERE q.conversation_id = p_conversation_id AND q.scope = p_scope
-      AND q.lease_token = p_lease_token;
-    IF FOUND THEN
-        RETURN QUERY SELECT true, 'released'::text;
-    ELSE
-        RETURN QUERY SELECT false, 'lease_lost'::text;
-    END IF;
-END
-$$;
-COMMENT ON FUNCTION compaction.release(text, text, uuid) IS
-    'Ends a lease without acknowledging (the worker did not examine the conversation): the entry is visible again in its original place; lease_lost if the token is no longer the entry''s';
-
--- Writes to the reference history enqueue the conversations they touch (scope
--- 'default'), once per statement, so a bulk COPY costs one INSERT here.
-CREATE FUNCTION compaction.source_enqueue()
-RETURNS trigger
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    -- The upsert of compaction.enqueue, for every conversation the statement wrote, in
-    -- one sorted statement: concurrent bulk writers take queue row locks in one order.
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
-        SELECT DISTINCT n.conversation_id, 'default', pg_catalog.now()
-        FROM new_rows AS n
-        WHERE n.conversation_id IS NOT NULL
-        ORDER BY 1
-        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
-            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
-    ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
-        SELECT DISTINCT o.conversation_id, 'default', pg_catalog.now()
-        FROM old_rows AS o
-        WHERE o.conversation_id IS NOT NULL
-        ORDER BY 1
-        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
-            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
-    ELSE
-        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
-        SELECT DISTINCT c.conversation_id, 'default', pg_catalog.now()
-        FROM (SELECT n.conversation_id FROM new_rows AS n
-              UNION ALL
-              SELECT o.conversation_id FROM old_rows AS o) AS c
-        WHERE c.conversation_id IS NOT NULL
-        ORDER BY 1
-        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
-            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
-    END IF;
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION compaction.source_enqueue() IS
-    'Trigger: enqueues (scope default) every conversation whose reference runs or messages a statement wrote';
-
-CREATE TRIGGER runs_enqueue_insert
-    AFTER INSERT ON compaction_source.runs
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
-CREATE TRIGGER runs_enqueue_update
-    AFTER UPDATE ON compaction_source.runs
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
-CREATE TRIGGER runs_enqueue_delete
-    AFTER DELETE ON compaction_source.runs
-    REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
-CREATE TRIGGER messages_enqueue_insert
-    AFTER INSERT ON compaction_source.messages
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
-CREATE TRIGGER messages_enqueue_update
-    AFTER UPDATE ON compaction_source.messages
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
-CREATE TRIGGER messages_enqueue_delete
-    AFTER DELETE ON compaction_source.messages
-    REFERENCING OLD TABLE AS old_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION compaction.source_enqueue();
-ALTER TABLE compaction_source.runs ENABLE ALWAYS TRIGGER runs_enqueue_insert;
-ALTER TABLE compaction_source.runs ENABLE ALWAYS TRIGGER runs_enqueue_update;
-ALTER TABLE compaction_source.runs ENABLE ALWAYS TRIGGER runs_enqueue_delete;
-ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_enqueue_insert;
-ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_enqueue_update;
-ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_enqueue_delete;
-
--- ---------------------------------------------------------------------------------------
--- Imports
--- ---------------------------------------------------------------------------------------
-
-CREATE FUNCTION compaction.import_summary(
-    p_conversation_id    text,
-    p_scope              text,
-    p_from_pair          int,
-    p_source_message_ids text[],
-    p_source_hash        text,
-    p_model              text,
-    p_prompt_version     text,
-    p_summary            text,
-    p_completed_at       timestamptz)
-RETURNS bigint
-LANGUAGE plpgsql
-VOLATILE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_job_id     bigint;
-    v_summary_id bigint;
-    v_problem    text;
-BEGIN
-    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
-       OR p_model = '' OR p_completed_at IS NULL THEN
-        RAISE EXCEPTION 'import_summary needs a conversation, a non-empty scope and model, and completed_at'
-            USING ERRCODE = 'CP020';
-    END IF;
-    IF p_from_pair IS NULL OR p_from_pair < 0 OR p_from_pair % 10 <> 0 THEN
-        RAISE EXCEPTION 'invalid range: from_pair % is not a non-negative multiple of 10', p_from_pair
-            USING ERRCODE = 'CP002';
-    END IF;
-    IF NOT compaction.valid_source_ids(p_source_message_ids) THEN
-        RAISE EXCEPTION 'invalid source ids: a range needs exactly 20 distinct non-null message ids'
-            USING ERRCODE = 'CP003';
-    END IF;
-    IF NOT compaction.valid_source_hash(p_source_hash) THEN
-        RAISE EXCEPTION 'invalid source hash: expected 64 lowercase hexadecimal characters'
-            USING ERRCODE = 'CP004';
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM compaction.prompt_versions AS pv
-                   WHERE pv.prompt_version = p_prompt_version) THEN
-        RAISE EXCEPTION 'unknown prompt version %', p_prompt_version
-            USING ERRCODE = 'CP007';
-    END IF;
-    v_problem := compaction.summary_problem(p_summary);
-    IF v_problem IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid summary: %', v_problem
-            USING ERRCODE = 'CP005';
-    END IF;
-
-    PERFORM compaction.lock_conversation(p_conversation_id);
-
-    SELECT j.job_id INTO v_job_id
-    FROM compaction.jobs AS j
-    WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
-      AND j.from_pair = p_from_pair AND j.source_hash = p_source_hash
-      AND j.model = p_model AND j.prompt_version = p_prompt_version;
-    BEGIN
-        IF v_job_id IS NULL THEN
-            INSERT INTO compaction.jobs
-                (conversation_id, scope, from_pair, to_pair, source_message_ids, source_hash,
-                 model, prompt_version, created_at)
-            VALUES (p_conversation_id, p_scope, p_from_pair, p_from_pair + 9,
-                    p_source_message_ids, p_source_hash, p_model, p_prompt_version,
-                    p_completed_at)
-            RETURNING job_id INTO v_job_id;
-        END IF;
-        INSERT INTO compaction.job_summaries (conversation_id, job_id, attempt, summary, completed_at)
-        VALUES (p_conversation_id, v_job_id, NULL, p_summary, p_completed_at)
-        RETURNING summary_id INTO v_summary_id;
-    EXCEPTION WHEN unique_violation THEN
-        RAISE EXCEPTION 'a completed summary already exists for this identity (conversation %, scope %, pairs %-%)',
-                p_conversation_id, p_scope, p_from_pair, p_from_pair + 9
-            USING ERRCODE = 'CP006';
-    END;
-    RETURN v_summary_id;
-END
-$$;
-COMMENT ON FUNCTION compaction.import_summary(text, text, int, text[], text, text, text, text, timestamptz) IS
-    'Records a completed summary made by an earlier system (any known prompt version; source need not be current); returns its summary_id';
+COMMENT ON FUNCTION compaction.heartbeat(bigint, int, interval, timestamptz, text) IS
+    'Renews the lease of running attempt (job_id, attempt) to now + p_lease (1 second..1 day, else CP023); ok = false if fenced off (lease_lost)';
 
 -- ---------------------------------------------------------------------------------------
 -- The public view of completed summaries

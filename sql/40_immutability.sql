@@ -153,6 +153,36 @@ ALTER TABLE compaction.job_summaries ENABLE ALWAYS TRIGGER job_summaries_guard;
 ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_guard;
 ALTER TABLE compaction.audit_events ENABLE ALWAYS TRIGGER audit_events_guard;
 
+-- Prompt versions (revision 0007): rows are added by migrations; a version is never
+-- deleted, its input kind and projectability never change (a mixed-input summary must
+-- never become projectable), and accepts_new_jobs may only be closed. For the owner too.
+CREATE FUNCTION compaction.prompt_versions_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'UPDATE'
+       AND NEW.prompt_version = OLD.prompt_version
+       AND NEW.input_kind = OLD.input_kind
+       AND NEW.projectable = OLD.projectable
+       AND (NEW.accepts_new_jobs = OLD.accepts_new_jobs OR NOT NEW.accepts_new_jobs) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION 'compaction.prompt_versions: % of % refused: versions are never deleted, input_kind and projectable never change, accepts_new_jobs may only go from true to false',
+            TG_OP, OLD.prompt_version
+        USING ERRCODE = 'CP013',
+              HINT = 'A new prompt is a new version, added by a migration.';
+END
+$$;
+COMMENT ON FUNCTION compaction.prompt_versions_guard() IS
+    'Trigger: refuses DELETE and every UPDATE of a prompt version except closing accepts_new_jobs (CP013)';
+
+CREATE TRIGGER prompt_versions_guard
+    BEFORE UPDATE OR DELETE ON compaction.prompt_versions
+    FOR EACH ROW EXECUTE FUNCTION compaction.prompt_versions_guard();
+ALTER TABLE compaction.prompt_versions ENABLE ALWAYS TRIGGER prompt_versions_guard;
+
 CREATE TRIGGER jobs_truncate_guard
     BEFORE TRUNCATE ON compaction.jobs
     FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
@@ -217,10 +247,11 @@ DECLARE
     v_attempts  int;
     v_summaries int;
 BEGIN
-    IF p_conversation_id IS NULL OR NOT compaction.has_content(p_reason) THEN
-        RAISE EXCEPTION 'erase_conversation needs a conversation id and a reason'
-            USING ERRCODE = 'CP020';
+    IF p_conversation_id IS NULL THEN
+        RAISE EXCEPTION 'erase_conversation needs a conversation id' USING ERRCODE = 'CP020';
     END IF;
+    -- The tombstone outlives what it erases and the auditor reads it: a code, not text.
+    PERFORM compaction.checked_reason(p_reason);
     PERFORM compaction.lock_conversation(p_conversation_id);
 
     SELECT count(*) INTO v_jobs FROM compaction.jobs AS j
@@ -237,7 +268,13 @@ BEGIN
     VALUES (p_conversation_id, 'erasure', pg_catalog.now(), p_reason, v_jobs, v_attempts, v_summaries);
 
     DELETE FROM compaction.job_summaries AS s WHERE s.conversation_id = p_conversation_id;
-    DELETE FROM compaction.admission AS ad WHERE ad.conversation_id = p_conversation_id;
+    UPDATE compaction.admission AS ad
+    SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
+        lease_expires_at = NULL
+    WHERE ad.holder_conversation_id = p_conversation_id;
+    DELETE FROM compaction.admission AS ad
+    WHERE ad.slot > (SELECT s.max_running FROM compaction.settings AS s)
+      AND ad.holder_conversation_id IS NULL;
     DELETE FROM compaction.attempts AS a WHERE a.conversation_id = p_conversation_id;
     DELETE FROM compaction.jobs AS j WHERE j.conversation_id = p_conversation_id;
     DELETE FROM compaction.queue AS q WHERE q.conversation_id = p_conversation_id;
@@ -245,4 +282,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.erase_conversation(text, text) IS
-    'Erasure requests (owner/admin only): removes a conversation''s jobs, attempts, summaries and queue entries, never source rows; leaves a content-free tombstone event; returns summaries removed';
+    'Erasure requests (owner/admin only): removes a conversation''s jobs, attempts, summaries and queue entries, never source rows; leaves a content-free tombstone event (p_reason a code, else CP024); returns summaries removed';

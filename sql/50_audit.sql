@@ -21,7 +21,10 @@ CREATE VIEW compaction.audit_jobs AS
            a.started_at,
            a.lease_expires_at,
            a.finished_at,
-           a.finished_at - a.started_at AS duration,
+           -- Rows written before revision 0007 may hold infinite times; no stored
+           -- state may make this view fail.
+           CASE WHEN pg_catalog.isfinite(a.finished_at) AND pg_catalog.isfinite(a.started_at)
+                THEN a.finished_at - a.started_at END AS duration,
            a.finish_reason,
            a.tool_call_count,
            a.response_id,

@@ -64,11 +64,12 @@ GRANT EXECUTE ON FUNCTION compaction.explain_runs(text) TO compaction_auditor;
 -- it holds no INSERT, UPDATE or DELETE on any engine table.
 GRANT EXECUTE ON FUNCTION
     compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz),
-    compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb),
-    compaction.fail(bigint, int, text, timestamptz),
-    compaction.heartbeat(bigint, int, interval, timestamptz),
+    compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text),
+    compaction.fail(bigint, int, text, timestamptz, text),
+    compaction.heartbeat(bigint, int, interval, timestamptz, text),
     compaction.reap(timestamptz),
-    compaction.enqueue(text, text)
+    compaction.enqueue(text, text),
+    compaction.reply_problem(text, text, int)
 TO compaction_worker;
 
 GRANT SELECT ON compaction.prompt_versions TO compaction_worker, compaction_reader;

@@ -6,6 +6,8 @@ test with CREATE DATABASE ... TEMPLATE, so every test starts from a clean engine
 initdb refuses root; when the suite runs as root (as CI does) the cluster runs as the
 unprivileged `postgres` OS user through a small pg_ctl wrapper. PYCOMPACTOR_PG picks the
 server (`make test PG=embedded` runs the suite on PostgreSQL 18; pycompactor/cluster.py).
+
+Also here, shared by every layer: `model_server`, the scripted model server on loopback.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor import schema
 from pycompactor.cluster import describe, find_bindir, free_port, runnable_bindir, server_user
+from tests.modelserver import ModelServer
 
 TEMPLATE_DB = "pycompactor_template"
 
@@ -181,3 +184,12 @@ def dsn(postgresql_proc: PostgreSQLExecutor, admin_dsn: str, template_db: str) -
 def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(dsn, autocommit=True) as connection:
         yield connection
+
+
+@pytest.fixture
+def model_server() -> Iterator[ModelServer]:
+    """The scripted model server on loopback (tests/modelserver.py); the teardown fails
+    the test on any request it did not script."""
+    with ModelServer() as server:
+        yield server
+    assert server.errors == [], server.errors

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -216,3 +217,27 @@ def run_worker_cli(*args: str, env: Mapping[str, str],
 
 def events_named(events: list[dict[str, Any]], name: str) -> Iterator[dict[str, Any]]:
     return (e for e in events if e.get("event") == name)
+
+
+def stop_when(worker: WorkerProcess, done: Callable[[], bool], *, timeout: float,
+              what: str) -> None:
+    """Wait for `done` while `worker` runs, then stop it with SIGTERM (it must exit 0).
+    A timeout says what the worker logged; a worker still alive at the end is killed."""
+    try:
+        try:
+            wait_for(done, timeout=timeout, what=what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the worker said:\n{''.join(worker.lines)}") from None
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.wait() == 0, worker.stderr
+    finally:
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+
+
+def complete_verdict(conn: psycopg.Connection[Any], reply: Any) -> str:
+    """What `compaction.complete` would answer for a Reply: the database's rule, asked."""
+    from pycompactor import db
+
+    return db.reply_problem(conn, reply.text, reply.finish_reason,
+                            reply.tool_call_count) or "completed"

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import psycopg
 
-from pycompactor import db
+from pycompactor import db, store
 from pycompactor.errors import wrap_exceptions
 from pycompactor.projection import Projection, check_budget, project_history
 
@@ -67,55 +67,6 @@ ITEM_ROLE: Final = "sdk_item"
 INTERIM_ROLE: Final = "assistant_interim"
 IN_PROGRESS: Final = "in_progress"
 COMPLETED: Final = "completed"
-
-# The reference tables of the source contract (sql/10_source.sql). The conversation row
-# is locked first, so concurrent writers of one session serialise and seq stays dense.
-_ENSURE_CONVERSATION: Final = (
-    "INSERT INTO compaction_source.conversations (conversation_id) VALUES (%(c)s)"
-    " ON CONFLICT (conversation_id) DO NOTHING"
-)
-_LOCK_CONVERSATION: Final = (
-    "SELECT 1 FROM compaction_source.conversations WHERE conversation_id = %(c)s FOR UPDATE"
-)
-_LAST_MESSAGE: Final = (
-    "SELECT m.message_id, m.seq, m.run_id, m.role, m.content, r.status"
-    " FROM compaction_source.messages AS m"
-    " LEFT JOIN compaction_source.runs AS r ON r.run_id = m.run_id"
-    " WHERE m.conversation_id = %(c)s ORDER BY m.seq DESC LIMIT 1"
-)
-_INSERT_RUN: Final = (
-    "INSERT INTO compaction_source.runs (run_id, conversation_id, status, created_at)"
-    " VALUES (%(run)s, %(c)s, %(status)s, now())"
-)
-_SET_RUN_STATUS: Final = (
-    "UPDATE compaction_source.runs SET status = %(status)s"
-    " WHERE run_id = %(run)s AND status IS DISTINCT FROM %(status)s"
-)
-_INSERT_MESSAGE: Final = (
-    "INSERT INTO compaction_source.messages"
-    " (message_id, conversation_id, run_id, role, status, content, seq, created_at)"
-    " VALUES (%(id)s, %(c)s, %(run)s, %(role)s, %(status)s, %(content)s, %(seq)s, now())"
-)
-_DEMOTE_ASSISTANT: Final = (
-    "UPDATE compaction_source.messages SET role = 'assistant_interim'"
-    " WHERE run_id = %(run)s AND role = 'assistant'"
-)
-_PROMOTE_INTERIM: Final = (
-    "UPDATE compaction_source.messages SET role = 'assistant' WHERE message_id = ("
-    " SELECT message_id FROM compaction_source.messages"
-    " WHERE run_id = %(run)s AND role = 'assistant_interim' ORDER BY seq DESC LIMIT 1)"
-)
-_DELETE_MESSAGE: Final = "DELETE FROM compaction_source.messages WHERE message_id = %(id)s"
-_DELETE_EMPTY_RUN: Final = (
-    "DELETE FROM compaction_source.runs AS r WHERE r.run_id = %(run)s AND NOT EXISTS ("
-    " SELECT 1 FROM compaction_source.messages AS m WHERE m.run_id = r.run_id)"
-)
-_CLEAR: Final = (
-    "DELETE FROM compaction_source.messages WHERE conversation_id = %(c)s",
-    "DELETE FROM compaction_source.runs WHERE conversation_id = %(c)s",
-    "DELETE FROM compaction_source.conversations WHERE conversation_id = %(c)s",
-)
-
 
 def _text_of(content: Any) -> str:
     """The text of a message's content: a string, or the text of its text parts."""
@@ -232,9 +183,7 @@ class PycompactorSession:
             result = operation(conn, *args)
             if self._read_connect is not None:
                 # A write: the replica must replay it before this session reads there.
-                row = conn.execute("SELECT pg_catalog.pg_current_wal_insert_lsn()::text"
-                                   ).fetchone()
-                self._written_lsn = None if row is None else str(row[0])
+                self._written_lsn = db.wal_insert_lsn(conn)
             return result
 
     def _primary(self) -> psycopg.Connection[Any]:
@@ -263,10 +212,7 @@ class PycompactorSession:
         deadline = time.monotonic() + self.read_wait_seconds
         delay = 0.005
         while True:
-            row = conn.execute(
-                "SELECT NOT pg_catalog.pg_is_in_recovery()"
-                " OR pg_catalog.pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,)).fetchone()
-            if row is not None and row[0]:
+            if db.replayed(conn, lsn):
                 return True
             if time.monotonic() + delay > deadline:
                 return False
@@ -282,73 +228,72 @@ class PycompactorSession:
 
     def _add_items(self, conn: psycopg.Connection[Any],
                    items: list[TResponseInputItem]) -> None:
-        params: dict[str, Any] = {"c": self.session_id}
-        with wrap_exceptions(), conn.transaction(), conn.cursor() as cur:
-            cur.execute(_ENSURE_CONVERSATION, params)
-            cur.execute(_LOCK_CONVERSATION, params)
-            last = cur.execute(_LAST_MESSAGE, params).fetchone()
-            seq = int(last[1]) if last else 0
-            run_id: str | None = last[2] if last else None
+        session = self.session_id
+        with wrap_exceptions(), conn.transaction():
+            # The conversation row is locked first, so concurrent writers of one session
+            # serialise and seq stays dense.
+            store.ensure_conversation(conn, session)
+            store.lock_conversation(conn, session)
+            last = store.last_message(conn, session)
+            seq = last.seq if last else 0
+            run_id = last.run_id if last else None
             for position, raw in enumerate(items):
                 item = cast(Mapping[str, Any], raw)
                 role = _role_of(item)
                 final = position == len(items) - 1
                 seq += 1
-                row = {"c": self.session_id, "id": f"{self.session_id}/{uuid.uuid4().hex}",
-                       "seq": seq, "status": COMPLETED}
+                message_id = f"{session}/{uuid.uuid4().hex}"
                 if role == "user":
-                    run_id = f"{self.session_id}/run-{uuid.uuid4().hex}"
-                    cur.execute(_INSERT_RUN, {**params, "run": run_id, "status": IN_PROGRESS})
-                    row.update(run=run_id, role="user", content=_text_of(item.get("content")))
+                    run_id = f"{session}/run-{uuid.uuid4().hex}"
+                    store.insert_run(conn, run_id, session, IN_PROGRESS)
+                    message = store.MessageRow(message_id, session, run_id, "user", COMPLETED,
+                                               _text_of(item.get("content")), seq)
                 elif role == "assistant":
                     if run_id is None:  # an answer with no question (e.g. seeded history)
-                        run_id = f"{self.session_id}/run-{uuid.uuid4().hex}"
-                        cur.execute(_INSERT_RUN, {**params, "run": run_id,
-                                                  "status": IN_PROGRESS})
-                    cur.execute(_DEMOTE_ASSISTANT, {"run": run_id})
-                    status = item.get("status") or COMPLETED
-                    row.update(run=run_id, role="assistant" if final else INTERIM_ROLE,
-                               status=status, content=_text_of(item.get("content")))
+                        run_id = f"{session}/run-{uuid.uuid4().hex}"
+                        store.insert_run(conn, run_id, session, IN_PROGRESS)
+                    store.set_role(conn, run_id, from_role="assistant", to_role=INTERIM_ROLE)
+                    message = store.MessageRow(
+                        message_id, session, run_id, "assistant" if final else INTERIM_ROLE,
+                        item.get("status") or COMPLETED, _text_of(item.get("content")), seq)
                 else:
-                    row.update(run=run_id, role=role or ITEM_ROLE,
-                               content=_text_of(item.get("content")) if role
-                               else json.dumps(item, ensure_ascii=False, default=str))
-                cur.execute(_INSERT_MESSAGE, row)
+                    message = store.MessageRow(
+                        message_id, session, run_id, role or ITEM_ROLE, COMPLETED,
+                        _text_of(item.get("content")) if role
+                        else json.dumps(item, ensure_ascii=False, default=str), seq)
+                store.insert_messages(conn, [message])
                 if run_id is not None and role != "user":
                     # Settled exactly when the turn's last saved item is its completed answer.
-                    settled = role == "assistant" and final and row["status"] == COMPLETED
-                    cur.execute(_SET_RUN_STATUS, {"run": run_id,
-                                                  "status": COMPLETED if settled else IN_PROGRESS})
+                    settled = role == "assistant" and final and message.status == COMPLETED
+                    store.set_run_status(conn, run_id, COMPLETED if settled else IN_PROGRESS)
             if self.scope != "default":
                 # The reference tables' triggers enqueue the default scope only.
-                db.enqueue(conn, self.session_id, self.scope)
+                db.enqueue(conn, session, self.scope)
 
     def _pop_item(self, conn: psycopg.Connection[Any]) -> TResponseInputItem | None:
-        params = {"c": self.session_id}
-        with wrap_exceptions(), conn.transaction(), conn.cursor() as cur:
-            if cur.execute(_LOCK_CONVERSATION, params).fetchone() is None:
+        with wrap_exceptions(), conn.transaction():
+            if not store.lock_conversation(conn, self.session_id):
                 return None
-            last = cur.execute(_LAST_MESSAGE, params).fetchone()
+            last = store.last_message(conn, self.session_id)
             if last is None:
                 return None
-            message_id, _seq, run_id, role, content, _status = last
-            cur.execute(_DELETE_MESSAGE, {"id": message_id})
-            if run_id is not None:
-                if role == "assistant":
+            store.delete_message(conn, last.message_id)
+            if last.run_id is not None:
+                if last.role == "assistant":
                     # The turn is no longer answered: an earlier answer of it (if any) is
                     # the newest again, but the run is unsettled until a new one arrives.
-                    cur.execute(_PROMOTE_INTERIM, {"run": run_id})
-                    cur.execute(_SET_RUN_STATUS, {"run": run_id, "status": IN_PROGRESS})
-                cur.execute(_DELETE_EMPTY_RUN, {"run": run_id})
-        if role == ITEM_ROLE:
-            return cast("TResponseInputItem", json.loads(content))
-        return cast("TResponseInputItem", {"role": role if role != INTERIM_ROLE
-                                           else "assistant", "content": content})
+                    store.set_role(conn, last.run_id, from_role=INTERIM_ROLE,
+                                   to_role="assistant", newest_only=True)
+                    store.set_run_status(conn, last.run_id, IN_PROGRESS)
+                store.delete_run_if_empty(conn, last.run_id)
+        if last.role == ITEM_ROLE:
+            return cast("TResponseInputItem", json.loads(last.content))
+        return cast("TResponseInputItem", {"role": last.role if last.role != INTERIM_ROLE
+                                           else "assistant", "content": last.content})
 
     def _clear(self, conn: psycopg.Connection[Any]) -> None:
-        with wrap_exceptions(), conn.transaction(), conn.cursor() as cur:
-            for statement in _CLEAR:
-                cur.execute(statement, {"c": self.session_id})
+        with wrap_exceptions(), conn.transaction():
+            store.delete_conversation(conn, self.session_id)
 
 
 __all__ = ["DEFAULT_BUDGET_BYTES", "PycompactorSession"]

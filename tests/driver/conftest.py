@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from pycompactor.models import Pair
-from tests.modelserver import ModelServer
-
-
-@pytest.fixture
-def model_server() -> Iterator[ModelServer]:
-    """A started scripted server; its teardown fails the test on unscripted requests."""
-    server = ModelServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert server.errors == [], server.errors
 
 
 def make_pairs(assistant_texts: list[str] | None = None) -> list[Pair]:

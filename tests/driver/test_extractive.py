@@ -12,6 +12,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,11 +23,11 @@ from pycompactor.summarizer import (
     MAX_SUMMARY_CHARS,
     ExtractiveSummarizer,
     Reply,
-    classify_reply,
     extractive_summary,
     make_summarizer,
     split_sentences,
 )
+from tests.workerkit import complete_verdict
 
 NUMBER = re.compile(r"\d+")
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,13 +90,11 @@ def test_small_input_is_kept_whole_and_labelled_in_order() -> None:
     assert "[demo/run-013/a] Harbor Bond Index 的管理费为 0.46%，托管费为 0.05%。截至" in summary
 
 
-def test_summarizer_returns_a_normal_stop() -> None:
+def test_summarizer_returns_a_normal_stop(conn: psycopg.Connection[Any]) -> None:
     outcome = ExtractiveSummarizer().summarize(sample_pairs())
     assert isinstance(outcome, Reply)
     assert (outcome.finish_reason, outcome.tool_call_count) == ("stop", 0)
-    assert classify_reply(outcome.text, outcome.finish_reason, outcome.tool_call_count) == (
-        "completed"
-    )
+    assert complete_verdict(conn, outcome) == "completed"
 
 
 def test_figures_and_dates_go_first_when_space_is_short() -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from typing import Any
 
+import psycopg
 import pytest
 
 from pycompactor.cluster import free_port
@@ -29,13 +31,15 @@ from pycompactor.summarizer import (
     OpenAISummarizer,
     Reply,
     build_request,
-    classify_reply,
     load_prompt,
     make_summarizer,
 )
 from tests import modelserver as ms
 from tests.driver.conftest import make_pairs
 from tests.modelserver import ModelServer
+from tests.workerkit import complete_verdict
+
+Conn = psycopg.Connection[Any]
 
 MODEL = "acme/summarizer-2026:latest"
 
@@ -184,25 +188,24 @@ def test_replies_go_to_the_database_with_their_own_finish_reason(
     script: ms.ScriptedResponse,
     expected: Reply,
     verdict: str,
+    conn: Conn,
 ) -> None:
     outcome = run(model_server, summarizer, script)
     assert outcome == expected
     assert isinstance(outcome, Reply)
-    assert classify_reply(outcome.text, outcome.finish_reason, outcome.tool_call_count) == verdict
+    assert complete_verdict(conn, outcome) == verdict
     assert len(model_server.requests) == 1
 
 
 def test_case_a_good_text_plus_a_tool_call_is_not_a_summary(
-    model_server: ModelServer, summarizer: OpenAISummarizer
+    model_server: ModelServer, summarizer: OpenAISummarizer, conn: Conn
 ) -> None:
     """Article §6 Case A: excellent prose does not excuse a tool call."""
     prose = "Fund F1 had a NAV of 11.25 USD on 2026-10-11; that is not the current NAV."
     outcome = run(model_server, summarizer, ms.reply(prose, finish_reason="stop", tool_calls=1))
     assert outcome == Reply(prose, "stop", 1, "chatcmpl-test", 1, 1)
     assert isinstance(outcome, Reply)
-    assert classify_reply(outcome.text, outcome.finish_reason, outcome.tool_call_count) == (
-        "tool_calls"
-    )
+    assert complete_verdict(conn, outcome) == "tool_calls"
 
 
 # --- outcomes only Python can see: Failure ---------------------------------------------
@@ -400,24 +403,3 @@ def test_empty_model_is_a_usage_error() -> None:
         make_summarizer("", api_key="k")
 
 
-# --- classify_reply mirrors the database's order --------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "finish_reason", "tools", "verdict"),
-    [
-        ("ok", "stop", 0, "completed"),
-        ("ok", "length", 1, "not_stopped"),  # finish_reason is checked first
-        ("", "stop", 1, "tool_calls"),  # then tool calls
-        (None, "stop", 0, "empty"),
-        ("\u3000", "stop", 0, "completed"),  # ideographic space is content (§3)
-        ("\u200b", "stop", 0, "completed"),  # so is a zero-width space
-        (" \t\n\r\f\v", "stop", 0, "empty"),
-        (" " * 6001, "stop", 0, "empty"),  # empty before too_long
-        ("界" * 6000, "stop", 0, "completed"),  # characters, not bytes
-        ("界" * 6001, "stop", 0, "too_long"),
-        ("ok", "STOP", 0, "not_stopped"),
-    ],
-)
-def test_classify_reply(text: str | None, finish_reason: str, tools: int, verdict: str) -> None:
-    assert classify_reply(text, finish_reason, tools) == verdict

@@ -213,6 +213,7 @@ def test_one_pass_touches_only_the_conversation_with_new_history(
     # Each engine call runs in its own transaction, after its transaction-local timeouts.
     assert sum(query == db.TIMEOUTS_SQL for query, _ in _STATEMENTS) == calls.total()
     assert calls == Counter({
+        "start-up check": 1,            # schema revision and grants, before `started`
         "compaction.reap": 1,
         "compaction.dequeue": 2,        # one queued conversation, then an empty queue
         "compaction.worker_targets": 1,
@@ -227,7 +228,10 @@ def test_one_pass_touches_only_the_conversation_with_new_history(
 
 
 def _function_of(query: str) -> str:
-    """The engine function a statement calls (every worker statement calls exactly one)."""
+    """The engine function a statement calls (every worker statement calls exactly one,
+    but the start-up check of the worker's grants)."""
+    if query == db.WORKER_ACCESS_SQL:
+        return "start-up check"
     start = query.index("compaction.")
     return query[start:query.index("(", start)]
 
@@ -322,7 +326,7 @@ def test_completed_identity_is_skipped_without_a_claim(
     assert report.claimed == 0
     assert report.refused == {}
     assert Counter(_function_of(q) for q, _ in _STATEMENTS if q != db.TIMEOUTS_SQL) == Counter(
-        {"compaction.reap": 1, "compaction.worker_targets": 1})
+        {"start-up check": 1, "compaction.reap": 1, "compaction.worker_targets": 1})
     assert len(model_server.requests) == 1
 
 
@@ -336,7 +340,7 @@ def test_heartbeats_keep_a_slow_call_alive_past_its_first_lease(
     result: list[WorkerReport] = []
     with OpenAISummarizer(MODEL, base_url=model_server.base_url, api_key="k",
                           timeout_seconds=30) as summarizer:
-        worker = make_worker(dsn, summarizer, log, lease=timedelta(seconds=0.9))
+        worker = make_worker(dsn, summarizer, log, lease=timedelta(seconds=1.5))
         thread = threading.Thread(target=lambda: result.append(worker.run()))
         thread.start()
         try:

@@ -165,12 +165,8 @@ def routed_server() -> Iterator[ModelServer]:
         first_id = replies[0]["assistant_message_id"]
         return REPLIES[first_id.split(":")[0]][0]
 
-    server = ModelServer(handler=route)
-    server.start()
-    try:
+    with ModelServer(handler=route) as server:
         yield server
-    finally:
-        server.stop()
     assert server.errors == [], server.errors
 
 

@@ -111,6 +111,10 @@ def test_four_workers_survive_two_database_restarts(own_cluster: ThrowawayCluste
     workers = [WorkerProcess("--model", MODEL, "--concurrency", "2", "--poll-seconds", "0.2",
                              "--lease-seconds", str(lease), env=env) for _ in range(4)]
     try:
+        # A worker announces its start once connected (DESIGN §12): one that cannot reach
+        # the database at start exits. The restarts hit workers that are running.
+        for w in workers:
+            w.wait_event("started", timeout=60)
         for reached, restarted in zip(model.reached, model.restarted, strict=True):
             assert reached.wait(90), [w.stderr[-2000:] for w in workers]
             own_cluster.restart()
@@ -176,16 +180,6 @@ def test_four_workers_survive_two_database_restarts(own_cluster: ThrowawayCluste
 
 # --- 2. the connection cut during complete ----------------------------------------------
 
-
-@pytest.fixture
-def model_server() -> Iterator[ModelServer]:
-    server = ModelServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert server.errors == [], server.errors
 
 
 def _backend_waiting(admin: Conn, dbname: str, wait_event: str, query: str) -> int | None:

@@ -12,7 +12,6 @@ import json
 import re
 import signal
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -33,6 +32,7 @@ from tests.workerkit import (
     run_worker_cli,
     seed,
     source_digest,
+    stop_when,
     summaries,
     user_text,
     wait_for,
@@ -41,16 +41,6 @@ from tests.workerkit import (
 
 Conn = psycopg.Connection[Any]
 
-
-@pytest.fixture
-def model_server() -> Iterator[ModelServer]:
-    server = ModelServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-    assert server.errors == [], server.errors
 
 
 def test_request_carries_only_the_ten_assistant_replies(
@@ -248,16 +238,7 @@ def test_crashed_worker_is_recovered_by_another(
     [entry_lease] = conn.execute("SELECT leased_until FROM compaction.queue").fetchone() or []
 
     second = WorkerProcess("--model", MODEL, "--poll-seconds", "0.2", env=env)
-    try:
-        try:
-            wait_for(lambda: len(summaries(conn)) == 2, timeout=30, what="recovery")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; second worker said:\n{''.join(second.lines)}") from None
-        second.proc.send_signal(signal.SIGTERM)
-        assert second.wait() == 0, second.stderr
-    finally:
-        if second.proc.poll() is None:
-            second.proc.kill()
+    stop_when(second, lambda: len(summaries(conn)) == 2, timeout=30, what="recovery")
     assert [(a.attempt, a.state, a.reason) for a in attempts(conn, "conv-1")] == [
         (1, "failed", "lease_expired"), (2, "completed", "completed")]
     assert [(a.attempt, a.state, a.reason) for a in attempts(conn, "conv-2")] == [
@@ -310,16 +291,7 @@ def test_worker_killed_holding_leased_entries_loses_none(
 
     survivor = WorkerProcess("--model", MODEL, "--poll-seconds", "0.2", "--concurrency", "1",
                              env=env)
-    try:
-        try:
-            wait_for(lambda: len(summaries(conn)) == 4, timeout=60, what="four summaries")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; survivor said:\n{''.join(survivor.lines)}") from None
-        survivor.proc.send_signal(signal.SIGTERM)
-        assert survivor.wait() == 0, survivor.stderr
-    finally:
-        if survivor.proc.poll() is None:
-            survivor.proc.kill()
+    stop_when(survivor, lambda: len(summaries(conn)) == 4, timeout=60, what="four summaries")
     assert [(c, f) for c, f, _ in summaries(conn)] == [(c, 0) for c in ids]
     for conversation_id in ("conv-0", "conv-1"):
         assert [(a.attempt, a.state, a.reason) for a in attempts(conn, conversation_id)] == [

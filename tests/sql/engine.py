@@ -27,7 +27,7 @@ def target(conn: psycopg.Connection[Any], conversation_id: str, n_pairs: int = 3
 
 
 def claim(conn: psycopg.Connection[Any], conversation_id: str, t: Target, *,
-          worker: str = "w1", now: datetime = T0, lease: timedelta = LEASE,
+          worker: str = "w1", now: datetime | None = T0, lease: timedelta = LEASE,
           scope: str = "default", model: str = MODEL,
           prompt_version: str = V3) -> ClaimResult:
     return db.claim(conn, conversation_id, scope, t.from_pair, t.source_message_ids,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -26,8 +27,9 @@ def audit_stats(conn: Conn, job_id: int) -> tuple[Any, ...]:
     return tuple(row)
 
 
-def claimed_job(conn: Conn, conversation_id: str = "c1") -> int:
-    result = claim(conn, conversation_id, target(conn, conversation_id))
+def claimed_job(conn: Conn, conversation_id: str = "c1", *,
+                now: datetime | None = T0) -> int:
+    result = claim(conn, conversation_id, target(conn, conversation_id), now=now)
     assert result.claimed
     assert result.job_id is not None
     return result.job_id
@@ -138,7 +140,7 @@ def test_stats_never_change_on_lease_renewal(conn: Conn) -> None:
 
 
 def test_worker_role_can_pass_stats(conn: Conn, login_role: Any) -> None:
-    job_id = claimed_job(conn)
+    job_id = claimed_job(conn, now=None)  # the worker's complete runs on the server's clock
     with psycopg.connect(login_role("compaction_worker"), autocommit=True) as worker:
         done = db.complete(worker, job_id, 1, GOOD, "stop", 0,
                            stats={"input_tokens": 10, "output_tokens": 2})

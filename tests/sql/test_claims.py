@@ -362,3 +362,33 @@ def test_source_writes_enqueue_and_dequeue_takes_them(conn: Conn) -> None:
     assert db.ack(conn, c2).reason == "acknowledged"
     conn.execute("DELETE FROM compaction_source.messages WHERE conversation_id = 'c2'")
     assert [q.conversation_id for q in db.dequeue(conn, 1)] == ["c2"]
+
+
+@pytest.mark.parametrize(
+    ("text", "finish_reason", "tools", "verdict"),
+    [
+        ("ok", "stop", 0, None),
+        ("ok", "length", 1, "not_stopped"),  # finish_reason is checked first
+        ("", "stop", 1, "tool_calls"),  # then tool calls
+        (None, "stop", 0, "empty"),
+        ("\u3000", "stop", 0, None),  # ideographic space is content (§3)
+        ("\u200b", "stop", 0, None),  # so is a zero-width space
+        (" \t\n\r\f\v", "stop", 0, "empty"),
+        (" " * 6001, "stop", 0, "empty"),  # empty before too_long
+        ("界" * 6000, "stop", 0, None),  # characters, not bytes
+        ("界" * 6001, "stop", 0, "too_long"),
+        ("ok", "STOP", 0, "not_stopped"),
+        ("ok", None, 0, "not_stopped"),
+    ],
+)
+def test_reply_problem_is_completes_verdict(conn: Conn, text: str | None,
+                                            finish_reason: str | None, tools: int,
+                                            verdict: str | None) -> None:
+    """The one home of complete()'s reply rules; the worker asks it before the figures
+    gate, and complete records exactly this."""
+    assert db.reply_problem(conn, text, finish_reason, tools) == verdict
+    t = target(conn, "c1")
+    c = claim(conn, "c1", t)
+    assert c.job_id is not None
+    done = db.complete(conn, c.job_id, 1, text, finish_reason, tools, now=T0)
+    assert (done.ok, done.reason) == (verdict is None, verdict or "completed")

@@ -585,7 +585,7 @@ def make_source(conn: Conn, kind: str) -> Source:
     host schema without tracking triggers is judged from the views on each call."""
     assert_c_collation(conn)
     # every check claims; the attempts stay running, so admission must not refuse
-    conn.execute("UPDATE compaction.settings SET max_running = 1000000")
+    conn.execute("UPDATE compaction.settings SET max_running = 10000")
     if kind == "reference":
         source: Source = ReferenceSource()
     else:

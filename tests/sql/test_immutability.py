@@ -146,6 +146,6 @@ def test_running_attempt_may_finish_directly_only_forward(engine_state: Conn) ->
     """The one allowed transition also holds for direct writes (the owner's)."""
     conn = engine_state
     conn.execute("UPDATE compaction.attempts SET state = 'failed', reason = 'manual',"
-                 " finished_at = now() WHERE conversation_id = 'c3'")
+                 " finished_at = started_at + interval '1 minute' WHERE conversation_id = 'c3'")
     refused(conn, "UPDATE compaction.attempts SET state = 'running', finished_at = NULL,"
                   " reason = NULL WHERE conversation_id = 'c3'", APPEND_ONLY)

@@ -125,7 +125,9 @@ def test_erase_conversation(conn: Conn) -> None:
     tables = ["jobs", "attempts", "job_summaries", "admission", "queue"]
 
     def counts(conversation_id: str) -> list[int]:
-        return [scalar(conn, f"SELECT count(*) FROM compaction.{t} WHERE conversation_id = %s",
+        # admission is global: its slots name their holder
+        return [scalar(conn, f"SELECT count(*) FROM compaction.{t} WHERE "
+                             f"{'holder_' if t == 'admission' else ''}conversation_id = %s",
                        (conversation_id,)) for t in tables]
 
     c2_before = conn.execute("SELECT * FROM compaction.summaries WHERE conversation_id = 'c2'"
@@ -134,7 +136,7 @@ def test_erase_conversation(conn: Conn) -> None:
     events_before = scalar(conn, "SELECT count(*) FROM compaction.audit_events")
     source_before = scalar(conn, "SELECT count(*) FROM compaction_source.messages")
 
-    assert db.erase_conversation(conn, "c1", "GDPR request 1234") == 2
+    assert db.erase_conversation(conn, "c1", "gdpr_request") == 2
 
     assert counts("c1") == [0, 0, 0, 0, 0]
     assert counts("c2") == [4, 3, 2, 1, 1]
@@ -146,7 +148,7 @@ def test_erase_conversation(conn: Conn) -> None:
     tombstone = conn.execute(
         "SELECT kind, reason, erased_jobs, erased_attempts, erased_summaries, summary_id"
         " FROM compaction.audit_events WHERE kind = 'erasure'").fetchall()
-    assert tombstone == [("erasure", "GDPR request 1234", 4, 3, 2, None)]
+    assert tombstone == [("erasure", "gdpr_request", 4, 3, 2, None)]
     assert scalar(conn, "SELECT count(*) FROM compaction.audit_events AS e"
                         " WHERE e::text LIKE %s", (f"%{SECRET}%",)) == 0
     # an erased conversation can be compacted afresh
@@ -160,28 +162,40 @@ def test_erasure_exempts_only_its_own_conversation_and_transaction(conn: Conn,
     populate(conn, "c1")
     populate(conn, "c2")
     with psycopg.connect(dsn) as tx:
-        assert db.erase_conversation(tx, "c1", "request") == 2
+        assert db.erase_conversation(tx, "c1", "user_request") == 2
         with pytest.raises(psycopg.Error) as refused:
             tx.execute("DELETE FROM compaction.job_summaries WHERE conversation_id = 'c2'")
         assert refused.value.sqlstate == "CP010"
         tx.rollback()
     # rolled back: everything is still there
     assert scalar(conn, "SELECT count(*) FROM compaction.job_summaries") == 4
-    assert db.erase_conversation(conn, "c1", "request") == 2
+    assert db.erase_conversation(conn, "c1", "user_request") == 2
     # the next transaction gets no exemption for c1 either (nothing left) nor for c2
     with pytest.raises(psycopg.Error) as info:
         conn.execute("DELETE FROM compaction.job_summaries WHERE conversation_id = 'c2'")
     assert info.value.sqlstate == "CP010"
 
 
-def test_erase_needs_a_reason(conn: Conn) -> None:
-    with pytest.raises(errors.InvalidArgument):
-        db.erase_conversation(conn, "c1", " ")
+def test_erase_needs_a_reason_code(conn: Conn) -> None:
+    populate(conn, "c1")
+    events = scalar(conn, "SELECT count(*) FROM compaction.audit_events")
+    # the tombstone outlives the erased rows and the auditor reads it: a code, not text
+    for reason in (" ", "", "GDPR request 1234", "user said: my SSN is 078-05-1120",
+                   "x" * 65, "Request", "1st"):
+        with pytest.raises(errors.ReasonNotACode) as refused:
+            db.erase_conversation(conn, "c1", reason)
+        assert "078" not in str(refused.value)
+    with pytest.raises(psycopg.Error) as null_reason:
+        conn.execute("SELECT compaction.erase_conversation('c1', NULL)")
+    assert null_reason.value.sqlstate == "CP024"
+    assert scalar(conn, "SELECT count(*) FROM compaction.audit_events") == events
+    assert scalar(conn, "SELECT count(*) FROM compaction.job_summaries") == 2
+    assert db.erase_conversation(conn, "c1", "x" * 64) == 2
 
 
 def test_source_rows_of_erased_conversation_untouched(conn: Conn) -> None:
     History(conn).pairs("c1", 30)
     before = conn.execute("SELECT * FROM compaction_source.messages ORDER BY 1").fetchall()
-    assert db.erase_conversation(conn, "c1", "request") == 0
+    assert db.erase_conversation(conn, "c1", "user_request") == 0
     assert conn.execute("SELECT * FROM compaction_source.messages ORDER BY 1").fetchall() \
         == before

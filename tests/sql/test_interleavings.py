@@ -184,20 +184,21 @@ def test_claim_complete_lock_footprint(conn: Conn, tx: Conn, dsn: str) -> None:
         blocker.execute("SELECT * FROM compaction.jobs WHERE conversation_id = 'c2' FOR UPDATE")
         blocker.execute("SELECT * FROM compaction.attempts WHERE conversation_id = 'c2'"
                         " FOR UPDATE")
-        blocker.execute("SELECT * FROM compaction.admission WHERE conversation_id = 'c2'"
-                        " FOR UPDATE")
+        blocker.execute("SELECT * FROM compaction.admission"
+                        " WHERE holder_conversation_id = 'c2' FOR UPDATE")
         tx.execute("SET LOCAL lock_timeout = '10s'")
         pid = tx.info.backend_pid
         c = claim(tx, "c1", t)
         assert c.claimed
         assert c.job_id is not None
-        assert_narrow(locks_of(conn, pid), {conversation_key(conn, "c1"), 2})
+        # admission is a row lock on one free slot: no global advisory key
+        assert_narrow(locks_of(conn, pid), {conversation_key(conn, "c1")})
         tx.commit()
 
         tx.execute("SET LOCAL lock_timeout = '10s'")
         done = db.complete(tx, c.job_id, 1, GOOD, "stop", 0, now=T0)
         assert done.ok
-        # completion never takes the admission lock
+        # completion frees its slot by row: again only the conversation's key
         assert_narrow(locks_of(conn, pid), {conversation_key(conn, "c1")})
         tx.commit()
         blocker.rollback()

@@ -26,20 +26,23 @@ def test_worker_claims_and_completes_but_writes_nothing_directly(
         # plan, claim, heartbeat, complete, fail, reap, enqueue, dequeue: all through functions
         plan = db.plan_targets(worker, "c1")
         assert plan == [t]
-        c = claim(worker, "c1", t)
+        # the worker role leaves time to the server (p_now is the owner's, CP021)
+        c = claim(worker, "c1", t, now=None)
         assert c.job_id is not None
-        assert db.heartbeat(worker, c.job_id, 1, now=T0).ok
-        assert db.complete(worker, c.job_id, 1, GOOD, "stop", 0, now=T0).ok
+        assert db.heartbeat(worker, c.job_id, 1, conversation_id="c1").ok
+        assert db.complete(worker, c.job_id, 1, GOOD, "stop", 0, conversation_id="c1").ok
         t2 = target(conn, "c2")
-        c2 = claim(worker, "c2", t2)
+        c2 = claim(worker, "c2", t2, now=None)
         assert c2.job_id is not None
-        assert db.fail(worker, c2.job_id, 1, "timeout", now=T0).ok
-        assert db.reap(worker, now=T0 + LEASE) == 0
+        assert db.fail(worker, c2.job_id, 1, "timeout", conversation_id="c2").ok
+        assert db.reap(worker) == 0
         db.enqueue(worker, "c3")
         assert "c3" in {q.conversation_id for q in db.dequeue(worker, 100)}
         for table in ENGINE_TABLES:
             for statement in (f"INSERT INTO compaction.{table} DEFAULT VALUES",
-                              f"UPDATE compaction.{table} SET conversation_id = 'x'"
+                              f"UPDATE compaction.{table} SET holder_conversation_id = 'x'"
+                              if table == "admission"
+                              else f"UPDATE compaction.{table} SET conversation_id = 'x'"
                               if table not in ("settings", "prompt_versions")
                               else f"UPDATE compaction.{table} SET input_kind = 'x'"
                               if table == "prompt_versions"
@@ -51,7 +54,7 @@ def test_worker_claims_and_completes_but_writes_nothing_directly(
         for call in ("SELECT compaction.erase_conversation('c1', 'nope')",
                      "SELECT compaction.import_summary('c1', 'default', 0, ARRAY[]::text[],"
                      " '', '', '', '', now())",
-                     "SELECT compaction.fence(1, 1, now())",
+                     "SELECT compaction.fence(1, 1, now(), 'c1')",
                      "SELECT compaction.lock_conversation('c1')"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 worker.execute(call)
@@ -188,17 +191,20 @@ def test_search_path_hijack_is_ignored(conn: Conn, login_role: LoginRole) -> Non
     fake = t.__class__(0, 9, [f"x{g}" for g in range(1, 21)], "a" * 64)
     with connect_as(login_role("compaction_worker")) as worker:
         worker.execute("SET search_path = public, pg_catalog")
-        assert claim(worker, "ghost", fake).reason == "not_eligible"
-        c = claim(worker, "c1", t)
-        assert (c.claimed, c.lease_expires_at) == (True, T0 + LEASE)
+        assert claim(worker, "ghost", fake, now=None).reason == "not_eligible"
+        before = scalar(conn, "SELECT pg_catalog.now()")
+        c = claim(worker, "c1", t, now=None)
+        # the server's clock, not the hijacked public.now() of 2000
+        assert c.claimed
+        assert c.lease_expires_at is not None
+        assert c.lease_expires_at >= before + LEASE
         assert c.job_id is not None
-        assert db.complete(worker, c.job_id, 1, " \t\n", "stop", 0, now=T0).reason == "empty"
-        c2 = claim(worker, "c1", t)
+        assert db.complete(worker, c.job_id, 1, " \t\n", "stop", 0).reason == "empty"
+        c2 = claim(worker, "c1", t, now=None)
         assert (c2.claimed, c2.attempt) == (True, 2)
         assert c2.job_id is not None
-        assert db.complete(worker, c2.job_id, 2, "x" * 6001, "stop", 0, now=T0).reason \
-            == "too_long"
-        assert claim(worker, "c1", t).reason == "attempts_exhausted"
+        assert db.complete(worker, c2.job_id, 2, "x" * 6001, "stop", 0).reason == "too_long"
+        assert claim(worker, "c1", t, now=None).reason == "attempts_exhausted"
     assert scalar(conn, "SELECT count(*) FROM public.jobs") == 0
     assert scalar(conn, "SELECT count(*) FROM compaction.jobs") == 1
 

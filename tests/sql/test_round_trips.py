@@ -20,7 +20,7 @@ from psycopg import pq
 from psycopg.rows import tuple_row
 
 from pycompactor import db
-from pycompactor.errors import InvalidArgument, PycompactorError, StatementCanceled
+from pycompactor.errors import InvalidLease, PycompactorError, StatementCanceled
 from pycompactor.summarizer import PROMPT_VERSION
 from tests.history import History
 
@@ -102,7 +102,7 @@ def test_a_failed_call_leaves_the_connection_idle_and_clean(conn: Conn, dsn: str
         [target] = db.plan_targets(worker, "c")
         claim_args = ("c", "default", 0, target.source_message_ids, target.source_hash, "m",
                       PROMPT_VERSION, "w")
-        with pytest.raises(InvalidArgument, match="positive lease"):
+        with pytest.raises(InvalidLease, match="between 1 second and 1 day"):
             db.claim(worker, *claim_args, lease=timedelta(0))  # a CP error in the call
         assert worker.info.transaction_status == pq.TransactionStatus.IDLE
         assert worker.execute("SHOW lock_timeout").fetchone() == ("0",)

@@ -1,0 +1,79 @@
+"""Argument types of the command line.
+
+Each parses one command-line value or raises `argparse.ArgumentTypeError` with the
+message argparse prints after the usage line (exit status 2). No other module of the
+package depends on argparse's types, so the commands (`cli`, `audit`) share these.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def _at_least(value: int, low: int) -> int:
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected a number of at least {low}, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    return _at_least(_whole(text), 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _at_least(_whole(text), 0)
+
+
+def port_number(text: str) -> int:
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (0-65535), got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _seconds(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _seconds(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text}")
+    return value
+
+
+def lease_seconds(text: str) -> float:
+    # The engine grants leases of 1 second to 1 day (CP023 otherwise): say so up front.
+    value = positive_float(text)
+    if not 1.0 <= value <= 86400.0:
+        raise argparse.ArgumentTypeError(f"expected 1 to 86400 seconds, got {text}")
+    return value
+
+
+def retention_ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a share between 0 and 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text}")
+    return value
