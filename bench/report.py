@@ -73,6 +73,16 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         found.append({"name": "derived state after the writes: verify_conversation rows",
                       "measured": str(w["verify_problems"]), "target": "0",
                       "met": w["verify_problems"] == 0})
+    if "sdk_source" in results:
+        sdk = results["sdk_source"]
+        for name, label in (("plan", "plan"), ("project_64k", "project 64 KiB"),
+                            ("check_source", "check-source")):
+            measured = sdk["ratio_p50"][name]
+            found.append({"name": f"Agents SDK tables behind the recipe ({sdk['other_sessions']:,}"
+                                  f" other sessions x {sdk['other_items']} items): {label} p50"
+                                  " vs the reference tables",
+                          "measured": measured, "target": "<= 3",
+                          "met": measured is not None and measured <= 3})
     return found
 
 
@@ -173,6 +183,22 @@ def markdown_table(results: dict[str, Any]) -> str:
         for s in h["sql"]:
             lines.append(f"| {s['pairs']:,} | {_fmt(s['source_hash_p50_us'], 0)} |"
                          f" {_fmt(s['range_hash_p50_us'], 0)} | {_fmt(s['select_1_p50_us'], 0)} |")
+    if "sdk_source" in results:
+        sdk = results["sdk_source"]
+        lines += ["", f"Agents SDK recipe vs reference tables (measured conversation:"
+                  f" {sdk['measured_turns']} turns, {sdk['sdk']['pairs']} pairs,"
+                  f" {sdk['sdk']['targets']} targets summarized; ms):", "",
+                  "| operation | SDK p50 | SDK p95 | reference p50 | reference p95 | ratio p50 |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for name in ("plan", "project_64k", "check_source"):
+            a, b = sdk["sdk"][name], sdk["reference"][name]
+            lines.append(f"| {name} | {_fmt(a['p50_ms'])} | {_fmt(a['p95_ms'])} |"
+                         f" {_fmt(b['p50_ms'])} | {_fmt(b['p95_ms'])} |"
+                         f" {_fmt(sdk['ratio_p50'][name])} |")
+        ap = sdk["append_turn"]
+        lines.append(f"| append a settled turn (durable commit; no goal) |"
+                     f" {_fmt(ap['sdk_p50_ms'])} | | {_fmt(ap['reference_p50_ms'])} | |"
+                     f" {_fmt(ap['ratio_p50'])} |")
     lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,8 @@
 """`make bench`: the cost of pycompactor's guarantees, as ratios against plain SQL.
 
 Starts a throwaway durable PostgreSQL (fsync, synchronous_commit and full_page_writes on),
-migrates a template, runs the four benchmarks of issue 6 each in its own database (a
+migrates a template, runs the benchmarks (issue 6's, the derived state's writes, and
+issue 13's SDK recipe against the reference tables) each in its own database (a
 fixed number of operations after a warm-up, 3 repetitions, medians), writes
 `bench/results/latest.json` and appends a markdown table to `docs/benchmarks.md`.
 
@@ -26,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from bench import claims, finding, hashing, projecting, writing
+from bench import claims, finding, hashing, projecting, sdk_source, writing
 from bench.common import FULL, REPETITIONS, SMOKE, BenchCluster, Sizes, cpu_model
 from bench.report import markdown_table, targets
 
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, Callable[[str, Sizes], dict[str, Any]]] = {
     "finding_work": finding.run,
     "hashing": hashing.run,
     "writing": writing.run,
+    "sdk_source": sdk_source.run,
 }
 
 

@@ -7,7 +7,7 @@ hashes sources, projects history under a byte budget, calls the model and runs w
 from pycompactor.errors import PycompactorError
 from pycompactor.hashing import source_hash
 from pycompactor.models import Pair, RunVerdict, Target
-from pycompactor.projection import Projection, project_history
+from pycompactor.projection import Projection, aproject_history, project_history
 
 __all__ = [
     "Pair",
@@ -15,6 +15,7 @@ __all__ = [
     "PycompactorError",
     "RunVerdict",
     "Target",
+    "aproject_history",
     "project_history",
     "source_hash",
 ]

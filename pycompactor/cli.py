@@ -98,6 +98,21 @@ def cmd_project(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_install_recipe(args: argparse.Namespace) -> int:
+    from pycompactor.recipes import install_agents_sqlalchemy
+
+    with db.connect(args.dsn) as conn:
+        result = install_agents_sqlalchemy(
+            conn, schema=args.schema, sessions_table=args.sessions_table,
+            messages_table=args.messages_table, rebuild=not args.no_rebuild)
+    rebuilt = ("rebuilt" if result.rebuilt
+               else "not rebuilt (CALL compaction.rebuild_derived_state() when ready)")
+    print(f"source views now read {result.messages_table} (recipe {result.recipe});"
+          f" tracking attached; derived state {rebuilt}")
+    print("next: pycompactor check-source")
+    return 0
+
+
 def cmd_check_source(args: argparse.Namespace) -> int:
     from pycompactor.source import check_source
 
@@ -108,10 +123,18 @@ def cmd_check_source(args: argparse.Namespace) -> int:
     else:
         for problem in report.problems:
             print(f"problem: {problem}")
-        if report.ok:
+        if report.derived_state is not None:  # the views match the contract
             print("source views match the contract")
             if report.derived_state_note is not None:
                 print(f"derived state: {report.derived_state_note}")
+            if report.lookups:
+                print(render_table(
+                    ["lookup", "view.column", "ms", "index"],
+                    [(r.lookup, f"{r.view}.{r.column}",
+                      "timed out" if r.milliseconds is None else f"{r.milliseconds:.1f}",
+                      "yes" if r.uses_index else "NO")
+                     for r in report.lookups],
+                ))
             if report.samples:
                 print(render_table(
                     ["conversation", "runs", "pairs", "excluded runs (reason: count)"],
@@ -227,6 +250,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=positive_int, default=5, metavar="N",
                    help="how many conversations to sample (default: 5)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    p = add("install-recipe", cmd_install_recipe,
+            "point the source views at a known agent schema: views, indexes, tracking",
+            "  pycompactor install-recipe agents-sqlalchemy\n"
+            "  pycompactor install-recipe agents-sqlalchemy --schema app"
+            " --messages-table agent_messages")
+    p.add_argument("recipe", choices=["agents-sqlalchemy"],
+                   help="agents-sqlalchemy: the OpenAI Agents SDK's SQLAlchemySession tables")
+    p.add_argument("--schema", default="public", metavar="S",
+                   help="schema of the tables (default: public)")
+    p.add_argument("--sessions-table", default="agent_sessions", metavar="T",
+                   help="sessions table (default: agent_sessions)")
+    p.add_argument("--messages-table", default="agent_messages", metavar="T",
+                   help="messages table (default: agent_messages)")
+    p.add_argument("--no-rebuild", action="store_true",
+                   help="do not derive the existing history now (the engine judges from the"
+                        " views until CALL compaction.rebuild_derived_state())")
 
     p = add("audit", cmd_audit,
             "show jobs, stale summaries, exhausted identities or the event log (metadata only)",

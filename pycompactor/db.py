@@ -569,3 +569,24 @@ def conversations_after(conn: Connection, after: str, limit: int) -> list[str]:
             {"after": after, "limit": limit},
         )
         return [str(row[0]) for row in cur.fetchall()]
+
+
+def unqueued_targets(conn: Connection, scope: str, model: str, prompt_version: str,
+                     limit: int) -> tuple[str, int] | None:
+    """The first of the source's first `limit` conversations (in id order) that has
+    targets without a completed summary for this identity, and how many: one statement,
+    for the worker's idle hint (nothing queued, yet work waits)."""
+    with _call(conn, tuple_row) as cur:
+        cur.execute(
+            "SELECT c.conversation_id, count(*)::int"
+            " FROM (SELECT DISTINCT r.conversation_id FROM compaction.source_runs AS r"
+            "       WHERE r.conversation_id IS NOT NULL"
+            "       ORDER BY r.conversation_id LIMIT %(limit)s::int) AS c"
+            " CROSS JOIN LATERAL compaction.worker_targets(c.conversation_id, %(scope)s::text,"
+            "     %(model)s::text, %(prompt_version)s::text) AS t"
+            " WHERE NOT t.completed"
+            " GROUP BY c.conversation_id ORDER BY c.conversation_id LIMIT 1",
+            {"limit": limit, "scope": scope, "model": model, "prompt_version": prompt_version},
+        )
+        row = cur.fetchone()
+    return None if row is None else (str(row[0]), int(row[1]))

@@ -9,12 +9,15 @@ Two layers:
   turns that plan plus the few texts it names into chat messages. `project_pairs` runs
   both over in-memory pairs (judging each summary's source with
   `pycompactor.source_hash`); tests drive it without a database.
-* a thin reading layer, `project_history`, that feeds the core from PostgreSQL in one
-  read-only repeatable-read transaction (so metadata and texts come from one snapshot):
-  pair metadata without text, every summary's metadata without text (whether its source
-  is current comes from the engine's derived state: nothing is hashed at read time),
-  then only the texts the plan includes. The text read and shipped grows with the
-  budget, not with the conversation (docs/projection.md, "Cost").
+* a thin reading layer that feeds the core from PostgreSQL in one read-only
+  repeatable-read transaction (so metadata and texts come from one snapshot): pair
+  metadata without text, every summary's metadata without text (whether its source is
+  current comes from the engine's derived state: nothing is hashed at read time), then
+  only the texts the plan includes. The text read and shipped grows with the budget,
+  not with the conversation (docs/projection.md, "Cost"). The reads are written once,
+  driver-free (`_projection_steps` yields statements and receives rows); two small
+  drivers run them: `project_history` on a `psycopg.Connection`, `aproject_history` on
+  a `psycopg.AsyncConnection`.
 
 The rules, the marker line and the manifest shape are documented in docs/projection.md.
 """
@@ -22,15 +25,15 @@ The rules, the marker line and the manifest shape are documented in docs/project
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal, NamedTuple, Protocol, TypedDict
 
 import psycopg
 from psycopg import pq
-from psycopg.rows import class_row, tuple_row
+from psycopg.rows import tuple_row
 
 from pycompactor import metrics
 from pycompactor.errors import PycompactorError, UsageError, wrap_exceptions
@@ -545,33 +548,12 @@ def project_pairs(
 # --------------------------------------------------------------------------- database
 
 
-@dataclass(frozen=True, slots=True)
-class _SummaryRow:
-    summary_id: int
-    from_pair: int
-    to_pair: int
-    source_message_ids: list[str]
-    source_hash: str
-    prompt_version: str
-    projectable: bool
-    completed_at: datetime
-    summary_bytes: int
-    source_current: bool
-
-
-@dataclass(frozen=True, slots=True)
-class _TextRow:
-    message_id: str | None
-    summary_id: int | None
-    content: str
-
-
 # Each is one statement; all run in one snapshot (see _snapshot).
 _PAIRS_SQL: Final = (  # the columns of PairMeta
     "SELECT pair_index, user_message_id, assistant_message_id, user_bytes, assistant_bytes"
     " FROM compaction.indexed_pairs(%(conversation_id)s::text)"
 )
-_SUMMARIES_SQL: Final = (  # the columns of _SummaryRow
+_SUMMARIES_SQL: Final = (  # the fields of SummaryCandidate
     "SELECT summary_id, from_pair, to_pair, source_message_ids, source_hash, prompt_version,"
     " projectable, completed_at, summary_bytes, source_current"
     " FROM compaction.projection_summaries(%(conversation_id)s::text, %(scope)s::text)"
@@ -580,6 +562,56 @@ _TEXTS_SQL: Final = (
     "SELECT message_id, summary_id, content FROM compaction.projection_texts("
     "%(conversation_id)s::text, %(message_ids)s::text[], %(summary_ids)s::bigint[])"
 )
+#: The snapshot both drivers open when the caller has no transaction: one read-only
+#: repeatable-read transaction (fine on a hot standby; transaction-scoped, so fine under
+#: PgBouncer transaction pooling).
+_SNAPSHOT_SQL: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+#: One statement to run and its parameters; the driver sends back all its rows as tuples.
+Query = tuple[str, dict[str, Any]]
+Steps = Generator[Query, list[tuple[Any, ...]], Plan]
+
+
+def _projection_steps(conversation_id: str, budget: int, scope: str) -> Steps:
+    """The reads of a projection, driver-free: yields each statement, receives its rows,
+    and returns the plan. `project_history` (psycopg.Connection) and `aproject_history`
+    (psycopg.AsyncConnection) run the same steps, so both give the same projection.
+
+    Pair metadata and every summary's metadata (no text; whether a summary's source is
+    current comes from the engine's derived state), the plan, then only the texts the
+    plan includes. The texts are returned through `_texts_of` by the driver.
+    """
+    params: dict[str, Any] = {"conversation_id": conversation_id, "scope": scope}
+    # Plain tuples, then PairMeta._make: one per eligible pair, so per-row cost counts.
+    pairs = list(map(PairMeta._make, (yield (_PAIRS_SQL, params))))
+    summaries = [SummaryCandidate(r[0], r[1], r[2], tuple(r[3]), r[4], r[5], r[6], r[7], r[8],
+                                  r[9])
+                 for r in (yield (_SUMMARIES_SQL, params))]
+    return plan_projection(pairs, summaries, budget)
+
+
+def _texts_query(conversation_id: str, plan: Plan) -> Query | None:
+    """The one statement reading the texts a plan includes (None when it includes none)."""
+    if not plan.items:
+        return None
+    return (_TEXTS_SQL, {"conversation_id": conversation_id,
+                         "message_ids": list(plan.message_ids),
+                         "summary_ids": list(plan.summary_ids)})
+
+
+def _finish(plan: Plan, text_rows: Iterable[tuple[Any, ...]]) -> Projection:
+    """Render the plan with the texts read (rows of _TEXTS_SQL) and count the refusals."""
+    message_texts: dict[str, str] = {}
+    summary_texts: dict[int, str] = {}
+    for message_id, summary_id, content in text_rows:
+        if message_id is not None:
+            message_texts[message_id] = content
+        elif summary_id is not None:
+            summary_texts[summary_id] = content
+    projection = render_projection(plan, message_texts, summary_texts)
+    # Counted where the refusal happens: in the agent's process (pycompactor.metrics).
+    metrics.projected(projection)
+    return projection
 
 
 @contextmanager
@@ -592,7 +624,18 @@ def _snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
     """
     if conn.info.transaction_status == pq.TransactionStatus.IDLE:
         with conn.transaction():
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            conn.execute(_SNAPSHOT_SQL)
+            yield
+    else:
+        yield
+
+
+@asynccontextmanager
+async def _asnapshot(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+    """`_snapshot` on an async connection."""
+    if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        async with conn.transaction():
+            await conn.execute(_SNAPSHOT_SQL)
             yield
     else:
         yield
@@ -615,34 +658,44 @@ def project_history(
     An unknown conversation gives an empty projection; a negative budget raises UsageError.
     """
     budget = check_budget(budget_bytes)
-    params: dict[str, Any] = {"conversation_id": conversation_id, "scope": scope}
-    with wrap_exceptions(), _snapshot(conn):
-        # Plain tuples, then PairMeta._make: one per eligible pair, so the row factory's
-        # per-row cost counts.
-        with conn.cursor(row_factory=tuple_row) as cur:
-            pairs = list(map(PairMeta._make, cur.execute(_PAIRS_SQL, params).fetchall()))
-        with conn.cursor(row_factory=class_row(_SummaryRow)) as scur:
-            summaries = [SummaryCandidate(r.summary_id, r.from_pair, r.to_pair,
-                                          tuple(r.source_message_ids), r.source_hash,
-                                          r.prompt_version, r.projectable, r.completed_at,
-                                          r.summary_bytes, r.source_current)
-                         for r in scur.execute(_SUMMARIES_SQL, params).fetchall()]
-        plan = plan_projection(pairs, summaries, budget)
-        message_texts: dict[str, str] = {}
-        summary_texts: dict[int, str] = {}
-        if plan.items:
-            with conn.cursor(row_factory=class_row(_TextRow)) as tcur:
-                tcur.execute(_TEXTS_SQL, {
-                    "conversation_id": conversation_id,
-                    "message_ids": list(plan.message_ids),
-                    "summary_ids": list(plan.summary_ids),
-                })
-                for row in tcur:
-                    if row.message_id is not None:
-                        message_texts[row.message_id] = row.content
-                    elif row.summary_id is not None:
-                        summary_texts[row.summary_id] = row.content
-    projection = render_projection(plan, message_texts, summary_texts)
-    # Counted where the refusal happens: in the agent's process (pycompactor.metrics).
-    metrics.projected(projection)
-    return projection
+    steps = _projection_steps(conversation_id, budget, scope)
+    text_rows: list[tuple[Any, ...]] = []
+    with wrap_exceptions(), _snapshot(conn), conn.cursor(row_factory=tuple_row) as cur:
+        try:
+            query = next(steps)
+            while True:
+                query = steps.send(cur.execute(*query).fetchall())
+        except StopIteration as done:
+            plan: Plan = done.value
+        texts = _texts_query(conversation_id, plan)
+        if texts is not None:
+            text_rows = cur.execute(*texts).fetchall()
+    return _finish(plan, text_rows)
+
+
+async def aproject_history(
+    conn: psycopg.AsyncConnection[Any],
+    conversation_id: str,
+    *,
+    budget_bytes: int,
+    scope: str = "default",
+) -> Projection:
+    """`project_history` on a `psycopg.AsyncConnection`: the same statements in the same
+    read-only snapshot, the same plan and rendering, so the same projection."""
+    budget = check_budget(budget_bytes)
+    steps = _projection_steps(conversation_id, budget, scope)
+    text_rows: list[tuple[Any, ...]] = []
+    with wrap_exceptions():
+        async with _asnapshot(conn), conn.cursor(row_factory=tuple_row) as cur:
+            try:
+                query = next(steps)
+                while True:
+                    await cur.execute(*query)
+                    query = steps.send(await cur.fetchall())
+            except StopIteration as done:
+                plan: Plan = done.value
+            texts = _texts_query(conversation_id, plan)
+            if texts is not None:
+                await cur.execute(*texts)
+                text_rows = await cur.fetchall()
+    return _finish(plan, text_rows)

@@ -1,15 +1,25 @@
 """The source contract check behind `pycompactor check-source`.
 
 Verifies that compaction.source_runs / compaction.source_messages exist with the
-contract's columns and types, and samples conversations to show which runs are excluded
-from pairing and why.
+contract's columns and types, samples conversations to show which runs are excluded
+from pairing and why, and times the lookups the engine makes through the views (runs by
+conversation, messages by run, a message by its id) on the live data: each is run once
+(bounded by a timeout) and EXPLAINed with sequential scans disabled, so a lookup that no
+index can serve (a missing index, or a view that derives its columns over the whole
+table, such as a window function) shows a scan that reads the table whole. Each such
+lookup is a problem naming the view, the column and the index that would serve it.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, Final
 
+import psycopg
 from psycopg import sql
 
 from pycompactor import db
@@ -50,10 +60,65 @@ DERIVED_STATE_NOTES: dict[str, str] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Lookup:
+    """One lookup the engine makes through a source view, as check-source probes it."""
+
+    name: str  # runs_by_conversation, messages_by_run, message_by_id
+    view: str
+    column: str
+    #: The statement, with {} for the looked-up value (a literal: EXPLAIN shows it).
+    query: str
+
+
+#: The engine's lookups through the views (sql/20_pairs.sql, sql/60_projection.sql): a
+#: conversation's runs, a run's user and assistant messages, texts by message id.
+LOOKUPS: Final = (
+    Lookup("runs_by_conversation", "compaction.source_runs", "conversation_id",
+           "SELECT r.run_id, r.status FROM compaction.source_runs AS r"
+           " WHERE r.conversation_id = {}"),
+    Lookup("messages_by_run", "compaction.source_messages", "run_id",
+           "SELECT m.message_id, m.role, m.status, pg_catalog.octet_length(m.content), m.seq"
+           " FROM compaction.source_messages AS m"
+           " WHERE m.run_id = {} AND m.role IN ('user', 'assistant')"),
+    Lookup("message_by_id", "compaction.source_messages", "message_id",
+           "SELECT m.content FROM compaction.source_messages AS m WHERE m.message_id = {}"),
+)
+
+#: How long one probe may run before check-source calls it slow and moves on.
+LOOKUP_TIMEOUT_MS: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class LookupReport:
+    """A probed lookup: its time on the live data (None when it timed out), whether an
+    index serves it, and if not which table it reads whole and the index that would
+    serve it."""
+
+    lookup: str
+    view: str
+    column: str
+    value: str
+    milliseconds: float | None
+    uses_index: bool
+    unindexed_table: str | None = None
+    advice: str | None = None
+
+    def problem(self) -> str | None:
+        if self.uses_index:
+            return None
+        took = (f"timed out after {LOOKUP_TIMEOUT_MS / 1000:.0f} s"
+                if self.milliseconds is None else f"took {self.milliseconds:.1f} ms")
+        return (f"{self.view}: the lookup by {self.column} ({self.lookup}) uses no index:"
+                f" it reads {self.unindexed_table} whole ({took} for {self.value!r});"
+                f" {self.advice}")
+
+
+@dataclass(frozen=True, slots=True)
 class SourceReport:
     problems: list[str] = field(default_factory=list)
     samples: list[ConversationSample] = field(default_factory=list)
     derived_state: str | None = None
+    lookups: list[LookupReport] = field(default_factory=list)
 
     @property
     def derived_state_note(self) -> str | None:
@@ -78,6 +143,17 @@ class SourceReport:
                     "excluded": dict(s.excluded),
                 }
                 for s in self.samples
+            ],
+            "lookups": [
+                {
+                    "lookup": r.lookup,
+                    "view": r.view,
+                    "column": r.column,
+                    "milliseconds": r.milliseconds,
+                    "uses_index": r.uses_index,
+                    "advice": r.advice,
+                }
+                for r in self.lookups
             ],
         }
 
@@ -128,8 +204,12 @@ def check_source(
     if problems:
         return SourceReport(problems=problems)
     ids = conversation_ids if conversation_ids else sample_conversations(conn, sample)
+    # The lookups first: while one reads a table whole, judging a sample's runs through
+    # it would cost that read once per run, so the samples are left out.
+    lookups = check_lookups(conn, ids[0]) if ids else []
+    problems = [p for r in lookups if (p := r.problem()) is not None]
     samples = []
-    for conversation_id in ids:
+    for conversation_id in ids if not problems else []:
         verdicts = db.explain_runs(conn, conversation_id)
         excluded = Counter(v.reason for v in verdicts if v.reason is not None)
         samples.append(
@@ -140,7 +220,109 @@ def check_source(
                 excluded=dict(sorted(excluded.items())),
             )
         )
-    return SourceReport(samples=samples, derived_state=derived_state(conn))
+    return SourceReport(problems=problems, samples=samples, derived_state=derived_state(conn),
+                        lookups=lookups)
+
+
+def check_lookups(conn: db.Connection, conversation_id: str) -> list[LookupReport]:
+    """Probe the engine's lookups on one conversation's live data, each value taken from
+    the previous lookup's rows (a run of the conversation, a message of that run)."""
+    reports: list[LookupReport] = []
+    value: str | None = conversation_id
+    for lookup in LOOKUPS:
+        if value is None:
+            break  # nothing to look up: the conversation has no runs, or the run no messages
+        report, first = _probe(conn, lookup, value)
+        reports.append(report)
+        value = first
+    return reports
+
+
+def _probe(conn: db.Connection, lookup: Lookup, value: str) -> tuple[LookupReport, str | None]:
+    """Time the lookup once (its wall time on this connection), then EXPLAIN it with
+    sequential scans disabled; returns the report and the first column of its first row
+    (the next lookup's value)."""
+    query = sql.SQL(lookup.query).format(sql.Literal(value))
+    explain = sql.SQL("EXPLAIN (VERBOSE, FORMAT JSON) {}").format(query)
+    milliseconds: float | None = None
+    first: str | None = None
+    plan: dict[str, Any] | None = None
+    # Read-only (fine on a hot standby) and rolled back, inside a caller's transaction
+    # as a savepoint, so the timeout and enable_seqscan set for it never outlive it.
+    own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with wrap_exceptions():
+        try:
+            with conn.transaction(force_rollback=True), conn.cursor() as cur:
+                if own:
+                    cur.execute("SET TRANSACTION READ ONLY")
+                cur.execute("SELECT pg_catalog.set_config('statement_timeout', %s, true)",
+                            (str(LOOKUP_TIMEOUT_MS),))
+                started = time.perf_counter()
+                rows = cur.execute(query).fetchall()
+                milliseconds = (time.perf_counter() - started) * 1000
+                first = str(rows[0][0]) if rows else None
+                cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
+                plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
+        except psycopg.errors.QueryCanceled:
+            pass  # slow: judged from the plan alone, below
+        if plan is None:
+            with conn.transaction(force_rollback=True), conn.cursor() as cur:
+                if own:
+                    cur.execute("SET TRANSACTION READ ONLY")
+                cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
+                plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
+    assert plan is not None
+    whole = _whole_table_scan(plan)
+    if whole is None:
+        return LookupReport(lookup.name, lookup.view, lookup.column, value, milliseconds,
+                            True), first
+    table, node = whole
+    return LookupReport(lookup.name, lookup.view, lookup.column, value, milliseconds, False,
+                        table, _advice(lookup, table, node, value)), first
+
+
+# Plan nodes that read a table: a Seq Scan reads it whole; an index scan without an Index
+# Cond reads the whole index (what the planner does with seqscan off when no index fits).
+_TABLE_SCANS: Final = frozenset({"Seq Scan", "Index Scan", "Index Only Scan"})
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
+def _whole_table_scan(plan: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    for node in _nodes(plan):
+        if node.get("Node Type") in _TABLE_SCANS and "Index Cond" not in node:
+            relation = node.get("Relation Name")
+            if relation is None:
+                continue
+            schema = node.get("Schema")
+            return (f"{schema}.{relation}" if schema else str(relation)), node
+    return None
+
+
+def _advice(lookup: Lookup, table: str, node: dict[str, Any], value: str) -> str:
+    """The index that would serve the lookup: on the expression the scan filters by, when
+    the filter compares it with the looked-up value; else the view reads the table whole
+    before it filters (a window function or aggregate over it), which no index fixes."""
+    literal = sql.Literal(value).as_string(None)
+    # The comparison's left side: an expression with at most one level of parentheses
+    # inside, e.g. "((m.id)::text = '2'::text)" gives "(m.id)::text".
+    match = re.search(r"\(((?:[^()]|\([^()]*\))+?) = " + re.escape(literal),
+                      str(node.get("Filter", "")))
+    if match is not None:
+        expression = match.group(1)
+        alias = node.get("Alias")
+        if alias:
+            expression = expression.replace(f"{alias}.", "")
+        return (f"an index on {table} (({expression})) would serve it (the expression"
+                f" behind {lookup.view}.{lookup.column}, as the view exposes it)")
+    return (f"{lookup.view} computes {lookup.column} over every row of {table} before it"
+            f" filters (a window function or aggregate over the table?); derive it with"
+            f" LATERAL lookups through indexes instead (docs/integrating.md,"
+            f" \"Fast views\")")
 
 
 def derived_state(conn: db.Connection) -> str:

@@ -33,6 +33,12 @@ puts a conversation back (`enqueue`) only when work is left that a later pass ca
 after a claim refused for a transient reason (admission_full, or not_eligible /
 source_mismatch: the source moved between `worker_targets` and the claim), after a
 timed-out examination, and after a failed first attempt (a later pass makes attempt 2).
+
+Nothing queued. A host whose writes do not queue conversations (re-pointed views without
+calls to `enqueue`) leaves a queue worker idle while targets wait. The first pass of a
+run that finds the queue empty therefore looks at the first few conversations of the
+source, and if one has a target without a summary it logs `idle_hint` once (enqueue
+after each settled Run, the session wrappers do it, or run with --sweep).
 """
 
 from __future__ import annotations
@@ -90,6 +96,9 @@ _RETRY_LATER: Final = frozenset({"admission_full", "not_eligible", "source_misma
 # Granularity of the main thread's waits: how fast it notices a signal or a free slot.
 _TICK: Final = 0.05
 _IDLE_START_SECONDS: Final = 0.05
+# How many conversations (the first, in id order) the idle hint looks at: a bounded look,
+# once per run, so an idle worker never scans the source.
+_HINT_PROBE_CONVERSATIONS: Final = 20
 _DB_BACKOFF_START: Final = 0.5
 _DB_BACKOFF_MAX: Final = 30.0
 # Connection-class SQLSTATEs (connection exception, rollback, resources, operator
@@ -339,6 +348,7 @@ class Worker:
         self._drain_deadline: float | None = None
         self._last_reap = -float("inf")
         self._sweep_after = ""
+        self._hinted = False
         # Leased entries not yet acknowledged or released. If a database error cuts a pass
         # short they are released first thing on reconnect (else their leases run out).
         self._unsettled: list[QueuedConversation] = []
@@ -475,8 +485,10 @@ class Worker:
         with self._pool.get() as conn:
             self._reap(conn)
         claimed = 0
+        examined = 0
         throttled = False
         for conversation_id, entries in self._work():
+            examined += 1
             if self.stopping or throttled:
                 self._release(entries)
                 continue
@@ -484,7 +496,29 @@ class Worker:
             self._ack(entries)
             claimed += n
             throttled = throttled or admission_full
+        if (examined == 0 and not self._hinted and not self.stopping
+                and cfg.conversation is None and not cfg.sweep):
+            self._hinted = True
+            self._hint_unqueued()
         return claimed > 0 and not throttled and not cfg.once
+
+    def _hint_unqueued(self) -> None:
+        """Nothing was queued: say why when a conversation has targets nothing queued."""
+        cfg = self.config
+        try:
+            with self._pool.get() as conn:
+                found = db.unqueued_targets(conn, cfg.scope, cfg.model, PROMPT_VERSION,
+                                            _HINT_PROBE_CONVERSATIONS)
+            if found is not None:
+                self._log.emit(
+                    "idle_hint", reason="targets_not_queued", scope=cfg.scope,
+                    conversation_id=found[0], targets=found[1],
+                    hint="the queue is empty but this conversation has targets without a"
+                         " summary: nothing queued it. Call"
+                         " compaction.enqueue(conversation_id) after each settled Run (the"
+                         " SDK session wrappers do), or run the worker with --sweep")
+        except PycompactorError:
+            return  # only a hint: the next pass works (or fails) as usual
 
     def _reap(self, conn: db.Connection) -> None:
         # Claims reap the identity they touch; this catches the rest (and re-queues a dead

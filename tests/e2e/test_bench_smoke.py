@@ -27,7 +27,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
 
     data = json.loads((tmp_path / "latest.json").read_text(encoding="utf-8"))
     assert set(data) == {"meta", "seconds", "targets", "claim_cycle", "projection",
-                         "finding_work", "hashing", "writing"}
+                         "finding_work", "hashing", "writing", "sdk_source"}
     assert data["meta"]["mode"] == "smoke"
     assert data["meta"]["settings"]["fsync"] == "on"
     assert data["meta"]["settings"]["synchronous_commit"] == "on"
@@ -44,7 +44,10 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
         cells[0])
     assert {"idle", "busy", "after_busy"} <= set(data["finding_work"])
     assert {"python", "python_ascii", "sql"} <= set(data["hashing"])
-    assert len(data["targets"]) == 9
+    assert set(data["sdk_source"]["ratio_p50"]) == {"plan", "project_64k", "check_source"}
+    assert data["sdk_source"]["sdk"]["check_source_ok"] is True
+    assert data["sdk_source"]["sdk"]["derived_state"] == "in_use"
+    assert len(data["targets"]) == 12
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 
     table = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")

@@ -22,7 +22,8 @@ from tests.history import History
 
 Conn = psycopg.Connection[Any]
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
-COMMANDS = ("migrate", "worker", "plan", "project", "audit", "check-source", "demo")
+COMMANDS = ("migrate", "worker", "plan", "project", "audit", "check-source", "install-recipe",
+            "demo")
 
 
 def documented_shapes() -> dict[str, Any]:
@@ -89,7 +90,8 @@ def test_help_has_usage_options_and_examples(command: str) -> None:
 
 
 # What a command needs before an unknown option is the first problem argparse reports.
-REQUIRED = {"plan": ["conv"], "project": ["conv", "--budget-bytes", "1"]}
+REQUIRED = {"plan": ["conv"], "project": ["conv", "--budget-bytes", "1"],
+            "install-recipe": ["agents-sqlalchemy"]}
 BAD_ARGUMENTS = [
     ("migrate", ["--to"], "argument --to: expected one argument"),
     ("worker", ["--model", OFFLINE_MODEL, "--concurrency", "0"],
@@ -111,6 +113,7 @@ BAD_ARGUMENTS = [
     ("audit", ["--view", "queue", "--conversation", "c"],
      "--conversation does not apply to --view queue"),
     ("check-source", ["--sample", "none"], "argument --sample: expected a whole number"),
+    ("install-recipe", ["django"], "argument recipe: invalid choice: 'django'"),
     ("demo", ["now"], "unrecognized arguments: now"),
 ] + [(command, [*REQUIRED.get(command, []), "--no-such-option"],
        "unrecognized arguments: --no-such-option") for command in COMMANDS]

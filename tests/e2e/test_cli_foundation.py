@@ -51,6 +51,13 @@ def test_check_source_reports_exclusions(conn: Conn, dsn: str) -> None:
     result = run_cli("check-source", "--json", "--dsn", dsn)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
+    # The engine's lookups through the reference tables' views, each served by an index.
+    lookups = report.pop("lookups")
+    assert [(lk["lookup"], lk["view"], lk["column"], lk["uses_index"], lk["advice"])
+            for lk in lookups] == [
+        ("runs_by_conversation", "compaction.source_runs", "conversation_id", True, None),
+        ("messages_by_run", "compaction.source_messages", "run_id", True, None),
+        ("message_by_id", "compaction.source_messages", "message_id", True, None)]
     assert report == {
         "ok": True,
         "problems": [],
@@ -65,6 +72,7 @@ def test_check_source_reports_exclusions(conn: Conn, dsn: str) -> None:
     assert table.returncode == 0
     assert "source views match the contract" in table.stdout
     assert "run_status: 1" in table.stdout
+    assert "messages_by_run" in table.stdout
 
 
 def test_check_source_exits_1_naming_each_problem(conn: Conn, dsn: str) -> None:

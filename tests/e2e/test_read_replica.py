@@ -30,7 +30,7 @@ import psycopg
 import pytest
 from pytest_postgresql.executors import PostgreSQLExecutor
 
-from pycompactor import db, project_history
+from pycompactor import aproject_history, db, project_history
 from pycompactor.cluster import free_port, server_user
 from pycompactor.extractive import OFFLINE_MODEL
 from pycompactor.integrations.openai_agents import PycompactorSession
@@ -159,6 +159,24 @@ def test_projection_on_the_standby_equals_the_primary(
             placements[budget] = [p["placement"] for p in on_primary["pairs"]]
     assert placements[1_000_000] == ["summarized"] * 20 + ["raw"] * 25
     assert "omitted" in placements[2_000]
+
+
+def test_async_projection_on_the_standby_equals_the_primary(
+        conn: Conn, dsn: str, standby: Standby) -> None:
+    """aproject_history runs on a hot standby (read-only transactions, nothing written,
+    no temporary objects) and gives what project_history gives on the primary."""
+    compacted(conn, dsn)
+    wait_for_replay(standby)
+
+    async def on_replica(budget: int) -> dict[str, Any]:
+        async with await psycopg.AsyncConnection.connect(standby.dsn,
+                                                         autocommit=True) as replica:
+            return (await aproject_history(replica, "conv-r", budget_bytes=budget)).to_dict()
+
+    with psycopg.connect(dsn, autocommit=True) as primary:
+        for budget in (2_000, 6_000, 1_000_000):
+            expected = project_history(primary, "conv-r", budget_bytes=budget).to_dict()
+            assert asyncio.run(on_replica(budget)) == expected, budget
 
 
 def test_cli_read_commands_on_the_standby(conn: Conn, dsn: str, standby: Standby) -> None:

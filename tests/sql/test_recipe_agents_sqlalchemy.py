@@ -1,0 +1,200 @@
+"""The Agents SDK recipe's views (pycompactor/recipes/agents_sqlalchemy.sql) on hand-written
+SDK rows: how items become runs, roles, statuses and texts; tracking; the window-function
+version that check-source must call slow.
+
+Rows are written as SQLAlchemySession writes them (one JSON item per row, ASCII-escaped,
+compact separators) into tables shaped as its `create_tables=True` makes them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+
+from bench.sdk_source import SDK_TABLES_DDL
+from pycompactor import db
+from pycompactor.recipes import install_agents_sqlalchemy
+from pycompactor.source import check_source
+
+Conn = psycopg.Connection[Any]
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"content": text, "role": "user"}
+
+
+def said(*parts: str, status: str = "completed") -> dict[str, Any]:
+    return {"id": "__fake_id__", "type": "message", "role": "assistant", "status": status,
+            "content": [{"type": "output_text", "text": p, "annotations": []} for p in parts]}
+
+
+CALL = {"type": "function_call", "id": "__fake_id__", "call_id": "c1", "name": "lookup_nav",
+        "arguments": "{\"fund\":1}"}
+OUTPUT = {"type": "function_call_output", "call_id": "c1", "output": "净值 12.50"}
+REASONING = {"type": "reasoning", "id": "rs_1", "summary": []}
+
+
+def write(conn: Conn, session: str, *items: dict[str, Any]) -> list[int]:
+    conn.execute("INSERT INTO public.agent_sessions (session_id) VALUES (%s)"
+                 " ON CONFLICT DO NOTHING", (session,))
+    return [int(row[0]) for item in items for row in conn.execute(
+        "INSERT INTO public.agent_messages (session_id, message_data) VALUES (%s, %s)"
+        " RETURNING id", (session, json.dumps(item, separators=(",", ":"))))]
+
+
+@pytest.fixture
+def sdk(conn: Conn) -> Conn:
+    conn.execute(SDK_TABLES_DDL)
+    install_agents_sqlalchemy(conn)
+    return conn
+
+
+def messages(conn: Conn, session: str) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT message_id, run_id, role, status, content FROM compaction.source_messages"
+        " WHERE conversation_id = %s ORDER BY seq", (session,)).fetchall()
+
+
+def test_items_become_runs_roles_and_texts(sdk: Conn) -> None:
+    ids = write(sdk, "s1",
+                {"role": "system", "content": "你是基金助手。"},          # before any user item
+                user("基金 F1 的净值？"),
+                said("让我查一下。"), CALL, OUTPUT, REASONING,
+                said("F1 的净值为 12.50 元。", "（数据截至 3 月）"),
+                {"role": "user", "type": "message",
+                 "content": [{"type": "input_text", "text": "Und F2?"},
+                             {"type": "input_image", "image_url": "x"}]},
+                said("I can't say.", status="incomplete"),
+                user("F3?"))
+    rows = messages(sdk, "s1")
+    run1, run2, run3 = str(ids[1]), str(ids[7]), str(ids[9])
+    assert [(r[1], r[2], r[3]) for r in rows] == [
+        (None, "system", "completed"),
+        (run1, "user", "completed"),
+        (run1, "assistant_interim", "completed"),
+        (run1, "sdk_item", "completed"),
+        (run1, "sdk_item", "completed"),
+        (run1, "sdk_item", "completed"),
+        (run1, "assistant", "completed"),
+        (run2, "user", "completed"),
+        (run2, "assistant", "incomplete"),
+        (run3, "user", "completed"),
+    ]
+    assert [r[0] for r in rows] == [str(i) for i in ids]
+    texts = [r[4] for r in rows]
+    # \uXXXX decoded; part lists joined by newlines; non-text parts dropped.
+    assert texts[0] == "你是基金助手。"
+    assert texts[6] == "F1 的净值为 12.50 元。\n（数据截至 3 月）"
+    assert texts[7] == "Und F2?"
+    assert json.loads(texts[4]) == OUTPUT  # a non-message item is its JSON, decoded
+    assert "净值" in texts[4]
+    assert sdk.execute("SELECT run_id, status FROM compaction.source_runs"
+                       " WHERE conversation_id = 's1' ORDER BY run_id::bigint").fetchall() == [
+        (run1, "completed"), (run2, "completed"), (run3, "in_progress")]
+    verdicts = {v.run_id: v.reason for v in db.explain_runs(sdk, "s1")}
+    assert verdicts == {run1: None, run2: "assistant_not_completed", run3: "run_status"}
+    [pair] = db.eligible_pairs(sdk, "s1")
+    assert (pair.user_content, pair.assistant_content) == (
+        "基金 F1 的净值？", "F1 的净值为 12.50 元。\n（数据截至 3 月）")
+
+
+def test_tracking_keeps_the_derived_state_exact(sdk: Conn) -> None:
+    for i in range(35):
+        write(sdk, "s2", user(f"Q{i} 基金？"), said(f"A{i}: 净值 {i}.5"))
+    assert sdk.execute("SELECT compaction.derived_state_status()").fetchone() == ("in_use",)
+    [target] = db.plan_targets(sdk, "s2")
+    assert target.from_pair == 0
+    before = target.source_hash
+    first_answer = int(db.eligible_pairs(sdk, "s2")[2].assistant_message_id)
+    sdk.execute("UPDATE public.agent_messages SET message_data = %s WHERE id = %s",
+                (json.dumps(said("A2: 已更正")), first_answer))
+    [target] = db.plan_targets(sdk, "s2")
+    assert target.source_hash != before
+    # An interim answer appended to an old run, then the session's items deleted.
+    write(sdk, "s2", user("Q35"), said("interim"), CALL, said("A35"))
+    assert len(db.eligible_pairs(sdk, "s2")) == 36
+    for conversation in ("s2",):
+        assert sdk.execute("SELECT * FROM compaction.verify_conversation(%s)",
+                           (conversation,)).fetchall() == []
+    sdk.execute("DELETE FROM public.agent_sessions WHERE session_id = 's2'")  # cascades
+    assert db.eligible_pairs(sdk, "s2") == []
+    assert sdk.execute("SELECT * FROM compaction.verify_conversation('s2')").fetchall() == []
+
+
+def test_recipe_is_idempotent_and_takes_other_names(conn: Conn) -> None:
+    conn.execute("CREATE SCHEMA app")
+    conn.execute(SDK_TABLES_DDL.replace("public.agent_sessions", "app.sess")
+                 .replace("public.agent_messages", "app.msgs")
+                 .replace("idx_agent_messages_session_time", "idx_msgs_session_time"))
+    for _ in range(2):
+        result = install_agents_sqlalchemy(conn, schema="app", sessions_table="sess",
+                                           messages_table="msgs")
+        assert result.messages_table == "app.msgs"
+    conn.execute("INSERT INTO app.sess (session_id) VALUES ('x')")
+    conn.execute("INSERT INTO app.msgs (session_id, message_data) VALUES"
+                 " ('x', %s), ('x', %s)", (json.dumps(user("hi")), json.dumps(said("hello"))))
+    assert [(p.user_content, p.assistant_content) for p in db.eligible_pairs(conn, "x")] == [
+        ("hi", "hello")]
+    report = check_source(conn)
+    assert report.ok, report.problems
+    assert report.derived_state == "in_use"
+
+
+# The natural first version: runs derived with a window function over the whole table.
+WINDOW_VIEWS = """
+CREATE OR REPLACE VIEW compaction.source_messages AS
+    SELECT x.id::text AS message_id, x.session_id::text AS conversation_id,
+           x.run::text AS run_id,
+           CASE WHEN x.role = 'assistant' AND x.id <> x.last_assistant THEN 'assistant_interim'
+                ELSE coalesce(x.role, 'sdk_item') END AS role,
+           coalesce(x.message_data::jsonb ->> 'status', 'completed') AS status,
+           public.pycompactor_agent_messages_content(x.message_data::jsonb) AS content,
+           x.id::bigint AS seq
+    FROM (SELECT y.*, max(y.id) FILTER (WHERE y.role = 'assistant')
+                          OVER (PARTITION BY y.session_id, y.run) AS last_assistant
+          FROM (SELECT m.*, public.pycompactor_agent_messages_role(m.message_data) AS role,
+                       max(m.id) FILTER (WHERE public.pycompactor_agent_messages_role(
+                                             m.message_data) = 'user')
+                           OVER (PARTITION BY m.session_id ORDER BY m.id) AS run
+                FROM public.agent_messages AS m) AS y) AS x
+"""
+
+
+def test_check_source_flags_the_window_function_views_as_slow(sdk: Conn) -> None:
+    for session in ("w1", "w2"):
+        for i in range(3):
+            write(sdk, session, user(f"Q{i}"), said(f"A{i}"))
+    report = check_source(sdk)
+    assert report.ok, report.problems
+    assert all(lookup.uses_index for lookup in report.lookups)
+
+    sdk.execute(WINDOW_VIEWS)
+    report = check_source(sdk)
+    assert not report.ok
+    slow = {r.lookup: r for r in report.lookups if not r.uses_index}
+    assert sorted(slow) == ["message_by_id", "messages_by_run"]
+    for lookup in slow.values():
+        assert lookup.view == "compaction.source_messages"
+        assert lookup.unindexed_table == "public.agent_messages"
+        assert lookup.advice is not None
+        assert "LATERAL" in lookup.advice
+    assert len(report.problems) == 2
+    assert all(p.startswith("compaction.source_messages: the lookup by ")
+               for p in report.problems)
+    assert report.samples == []  # not judged through a view that reads the table whole
+
+    install_agents_sqlalchemy(sdk)  # the recipe puts the fast views back
+    assert check_source(sdk).ok
+
+
+def test_check_source_names_the_missing_index(sdk: Conn) -> None:
+    write(sdk, "i1", user("Q"), said("A"))
+    sdk.execute("DROP INDEX public.pycompactor_agent_messages_id_text_idx")
+    report = check_source(sdk)
+    [slow] = [r for r in report.lookups if not r.uses_index]
+    assert slow.lookup == "message_by_id"
+    assert slow.advice is not None
+    assert "an index on public.agent_messages (((id)::text))" in slow.advice, slow.advice
