@@ -4,6 +4,9 @@ The database owns eligibility, the window policy, claims and immutability; this 
 hashes sources, projects history under a byte budget, calls the model and runs workers.
 """
 
+# metrics: the projection counters observe project_history from the package's import
+# on, so an agent that exposes Prometheus metrics shows them with no set-up of its own.
+from pycompactor import metrics as _metrics  # noqa: F401
 from pycompactor.errors import PycompactorError
 from pycompactor.hashing import source_hash
 from pycompactor.models import Pair, RunVerdict, Target

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import urllib.parse
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -424,12 +425,13 @@ def reap(conn: Connection, *, now: datetime | None = None) -> int:
                     {"now": now})[0])
 
 
+_ENQUEUE_SQL: Final = ("SELECT compaction.enqueue(p_conversation_id => %(conversation_id)s::text,"
+                       " p_scope => %(scope)s::text)")
+
+
 def enqueue(conn: Connection, conversation_id: str, scope: str = "default") -> None:
     """Mark a conversation as having new history (hosts that re-point the source views)."""
-    _row(conn, tuple_row,
-         "SELECT compaction.enqueue(p_conversation_id => %(conversation_id)s::text,"
-         " p_scope => %(scope)s::text)",
-         {"conversation_id": conversation_id, "scope": scope})
+    _row(conn, tuple_row, _ENQUEUE_SQL, {"conversation_id": conversation_id, "scope": scope})
 
 
 #: Shortest and longest lease claim, heartbeat and dequeue grant (else CP023 / CP020).
@@ -590,3 +592,134 @@ def unqueued_targets(conn: Connection, scope: str, model: str, prompt_version: s
         )
         row = cur.fetchone()
     return None if row is None else (str(row[0]), int(row[1]))
+
+
+# --- source checks (pycompactor check-source) -------------------------------------------
+
+
+def view_columns(conn: Connection, view: str) -> dict[str, str]:
+    """A view's columns and their types (format_type); empty when there is no such view."""
+    return dict(_rows(
+        conn, tuple_row,
+        "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)"
+        " FROM pg_catalog.pg_attribute AS a"
+        " WHERE a.attrelid = pg_catalog.to_regclass(%(view)s) AND a.attnum > 0"
+        " AND NOT a.attisdropped",
+        {"view": view},
+    ))
+
+
+def derived_state_status(conn: Connection) -> str:
+    """in_use, not_rebuilt or untracked (compaction.derived_state_status())."""
+    return str(_row(conn, tuple_row, "SELECT compaction.derived_state_status()", {})[0])
+
+
+#: The engine's lookups through the source views (sql/20_pairs.sql, sql/60_projection.sql)
+#: by name, as check-source probes them: a conversation's runs, a run's user and assistant
+#: messages, a text by message id. `{}` stands for the looked-up value (a literal, so
+#: EXPLAIN shows the plan for it).
+SOURCE_LOOKUPS: Final[dict[str, str]] = {
+    "runs_by_conversation":
+        "SELECT r.run_id, r.status FROM compaction.source_runs AS r"
+        " WHERE r.conversation_id = {}",
+    "messages_by_run":
+        "SELECT m.message_id, m.role, m.status, pg_catalog.octet_length(m.content), m.seq"
+        " FROM compaction.source_messages AS m"
+        " WHERE m.run_id = {} AND m.role IN ('user', 'assistant')",
+    "message_by_id":
+        "SELECT m.content FROM compaction.source_messages AS m WHERE m.message_id = {}",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LookupProbe:
+    """One probed lookup: its wall time on this connection (None when it ran past the
+    timeout), the first column of its first row, and its plan with seqscan disabled."""
+
+    milliseconds: float | None
+    first: str | None
+    plan: dict[str, Any]
+
+
+def probe_lookup(conn: Connection, lookup: str, value: str, timeout_ms: int) -> LookupProbe:
+    """Run SOURCE_LOOKUPS[lookup] for `value` once (timed, bounded by `timeout_ms`), then
+    EXPLAIN it with sequential scans disabled, so a lookup no index serves shows a scan of
+    the whole table. Read-only (fine on a hot standby) and rolled back, as a savepoint
+    inside a caller's transaction, so the settings never outlive it."""
+    query = sql.SQL(SOURCE_LOOKUPS[lookup]).format(sql.Literal(value))
+    explain = sql.SQL("EXPLAIN (VERBOSE, FORMAT JSON) {}").format(query)
+    own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    milliseconds: float | None = None
+    first: str | None = None
+    plan: dict[str, Any] | None = None
+    with wrap_exceptions():
+        try:
+            with conn.transaction(force_rollback=True), conn.cursor() as cur:
+                if own:
+                    cur.execute("SET TRANSACTION READ ONLY")
+                cur.execute("SELECT pg_catalog.set_config('statement_timeout', %s, true)",
+                            (str(timeout_ms),))
+                started = time.perf_counter()
+                rows = cur.execute(query).fetchall()
+                milliseconds = (time.perf_counter() - started) * 1000
+                first = str(rows[0][0]) if rows else None
+                cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
+                plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
+        except psycopg.errors.QueryCanceled:
+            pass  # slow: judged from the plan alone, below
+        if plan is None:
+            with conn.transaction(force_rollback=True), conn.cursor() as cur:
+                if own:
+                    cur.execute("SET TRANSACTION READ ONLY")
+                cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
+                plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
+    return LookupProbe(milliseconds, first, plan)
+
+
+# --- projection reads (pycompactor.projection runs them, sync or async) -----------------
+
+#: One statement and its parameters, for either driver.
+Query = tuple[LiteralString, dict[str, Any]]
+
+#: The snapshot of a projection when the caller has no transaction: one read-only
+#: repeatable-read transaction (fine on a hot standby; transaction-scoped, so fine under
+#: PgBouncer transaction pooling).
+PROJECTION_SNAPSHOT_SQL: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+
+def projection_pairs_query(conversation_id: str) -> Query:
+    """Rows (pair_index, user_message_id, assistant_message_id, user_bytes,
+    assistant_bytes): every eligible pair's metadata, no text."""
+    return ("SELECT pair_index, user_message_id, assistant_message_id, user_bytes,"
+            " assistant_bytes FROM compaction.indexed_pairs(%(conversation_id)s::text)",
+            {"conversation_id": conversation_id})
+
+
+def projection_summaries_query(conversation_id: str, scope: str) -> Query:
+    """Rows (summary_id, from_pair, to_pair, source_message_ids, source_hash,
+    prompt_version, projectable, completed_at, summary_bytes, source_current): every
+    completed summary's metadata, no text."""
+    return ("SELECT summary_id, from_pair, to_pair, source_message_ids, source_hash,"
+            " prompt_version, projectable, completed_at, summary_bytes, source_current"
+            " FROM compaction.projection_summaries(%(conversation_id)s::text,"
+            " %(scope)s::text)",
+            {"conversation_id": conversation_id, "scope": scope})
+
+
+def projection_texts_query(conversation_id: str, message_ids: Sequence[str],
+                           summary_ids: Sequence[int]) -> Query:
+    """Rows (message_id, summary_id, content): the texts a plan includes."""
+    return ("SELECT message_id, summary_id, content FROM compaction.projection_texts("
+            "%(conversation_id)s::text, %(message_ids)s::text[], %(summary_ids)s::bigint[])",
+            {"conversation_id": conversation_id, "message_ids": list(message_ids),
+             "summary_ids": list(summary_ids)})
+
+
+# --- async callers (the SDK session wrappers) --------------------------------------------
+
+async def aenqueue(conn: psycopg.AsyncConnection[Any], conversation_id: str,
+                   scope: str = "default") -> None:
+    """`enqueue` on an async connection (its own statement, in the caller's transaction
+    if there is one)."""
+    with wrap_exceptions():
+        await conn.execute(_ENQUEUE_SQL, {"conversation_id": conversation_id, "scope": scope})

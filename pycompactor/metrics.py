@@ -32,11 +32,13 @@ from typing import TYPE_CHECKING, Final
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 
+from pycompactor import projection as _projection
+from pycompactor.projection import Projection
+
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from pycompactor.figures import FigureStats
-    from pycompactor.projection import Projection
 
 ATTEMPTS: Final = Counter(
     "pycompactor_worker_attempts",
@@ -148,12 +150,15 @@ def dequeued(count: int, oldest_age_seconds: float = 0.0) -> None:
 
 
 def projected(projection: Projection) -> None:
-    """Count one projection and the summaries it refused (called by project_history)."""
+    """Count one projection and the summaries it refused (observing project_history)."""
     PROJECTIONS.inc()
     # One labels() per reason, not per summary: a long conversation has many.
     for reason, count in collections.Counter(
             r.reason for r in projection.rejected_summaries).items():
         PROJECTION_REJECTED.labels(reason=reason).inc(count)
+
+
+_projection.observe(projected)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,15 @@ The rules, the marker line and the manifest shape are documented in docs/project
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,7 +43,7 @@ import psycopg
 from psycopg import pq
 from psycopg.rows import tuple_row
 
-from pycompactor import metrics
+from pycompactor import db
 from pycompactor.errors import PycompactorError, UsageError, wrap_exceptions
 from pycompactor.hashing import PAIRS_PER_RANGE, source_hash
 
@@ -548,28 +556,21 @@ def project_pairs(
 # --------------------------------------------------------------------------- database
 
 
-# Each is one statement; all run in one snapshot (see _snapshot).
-_PAIRS_SQL: Final = (  # the columns of PairMeta
-    "SELECT pair_index, user_message_id, assistant_message_id, user_bytes, assistant_bytes"
-    " FROM compaction.indexed_pairs(%(conversation_id)s::text)"
-)
-_SUMMARIES_SQL: Final = (  # the fields of SummaryCandidate
-    "SELECT summary_id, from_pair, to_pair, source_message_ids, source_hash, prompt_version,"
-    " projectable, completed_at, summary_bytes, source_current"
-    " FROM compaction.projection_summaries(%(conversation_id)s::text, %(scope)s::text)"
-)
-_TEXTS_SQL: Final = (
-    "SELECT message_id, summary_id, content FROM compaction.projection_texts("
-    "%(conversation_id)s::text, %(message_ids)s::text[], %(summary_ids)s::bigint[])"
-)
-#: The snapshot both drivers open when the caller has no transaction: one read-only
-#: repeatable-read transaction (fine on a hot standby; transaction-scoped, so fine under
-#: PgBouncer transaction pooling).
-_SNAPSHOT_SQL: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+# The statements are db's (db.projection_*_query); all run in one snapshot (_snapshot).
 
-#: One statement to run and its parameters; the driver sends back all its rows as tuples.
-Query = tuple[str, dict[str, Any]]
-Steps = Generator[Query, list[tuple[Any, ...]], Plan]
+#: Called with every projection this process makes. pycompactor.metrics registers its
+#: counter when it is imported, so the refusals are counted where they happen (the
+#: agent's process) while this module knows nothing of metrics.
+_observers: list[Callable[[Projection], None]] = []
+
+
+def observe(callback: Callable[[Projection], None]) -> None:
+    """Call `callback` with every projection made in this process from now on."""
+    _observers.append(callback)
+
+
+#: The driver runs each yielded statement and sends back all its rows as tuples.
+Steps = Generator[db.Query, list[tuple[Any, ...]], Plan]
 
 
 def _projection_steps(conversation_id: str, budget: int, scope: str) -> Steps:
@@ -581,26 +582,24 @@ def _projection_steps(conversation_id: str, budget: int, scope: str) -> Steps:
     current comes from the engine's derived state), the plan, then only the texts the
     plan includes. The texts are returned through `_texts_of` by the driver.
     """
-    params: dict[str, Any] = {"conversation_id": conversation_id, "scope": scope}
     # Plain tuples, then PairMeta._make: one per eligible pair, so per-row cost counts.
-    pairs = list(map(PairMeta._make, (yield (_PAIRS_SQL, params))))
+    pairs = list(map(PairMeta._make, (yield db.projection_pairs_query(conversation_id))))
     summaries = [SummaryCandidate(r[0], r[1], r[2], tuple(r[3]), r[4], r[5], r[6], r[7], r[8],
                                   r[9])
-                 for r in (yield (_SUMMARIES_SQL, params))]
+                 for r in (yield db.projection_summaries_query(conversation_id, scope))]
     return plan_projection(pairs, summaries, budget)
 
 
-def _texts_query(conversation_id: str, plan: Plan) -> Query | None:
+def _texts_query(conversation_id: str, plan: Plan) -> db.Query | None:
     """The one statement reading the texts a plan includes (None when it includes none)."""
     if not plan.items:
         return None
-    return (_TEXTS_SQL, {"conversation_id": conversation_id,
-                         "message_ids": list(plan.message_ids),
-                         "summary_ids": list(plan.summary_ids)})
+    return db.projection_texts_query(conversation_id, plan.message_ids, plan.summary_ids)
 
 
 def _finish(plan: Plan, text_rows: Iterable[tuple[Any, ...]]) -> Projection:
-    """Render the plan with the texts read (rows of _TEXTS_SQL) and count the refusals."""
+    """Render the plan with the texts read (rows of db.projection_texts_query) and tell
+    the observers (pycompactor.metrics counts the refusals)."""
     message_texts: dict[str, str] = {}
     summary_texts: dict[int, str] = {}
     for message_id, summary_id, content in text_rows:
@@ -609,8 +608,8 @@ def _finish(plan: Plan, text_rows: Iterable[tuple[Any, ...]]) -> Projection:
         elif summary_id is not None:
             summary_texts[summary_id] = content
     projection = render_projection(plan, message_texts, summary_texts)
-    # Counted where the refusal happens: in the agent's process (pycompactor.metrics).
-    metrics.projected(projection)
+    for observer in _observers:
+        observer(projection)
     return projection
 
 
@@ -624,7 +623,7 @@ def _snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
     """
     if conn.info.transaction_status == pq.TransactionStatus.IDLE:
         with conn.transaction():
-            conn.execute(_SNAPSHOT_SQL)
+            conn.execute(db.PROJECTION_SNAPSHOT_SQL)
             yield
     else:
         yield
@@ -635,7 +634,7 @@ async def _asnapshot(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
     """`_snapshot` on an async connection."""
     if conn.info.transaction_status == pq.TransactionStatus.IDLE:
         async with conn.transaction():
-            await conn.execute(_SNAPSHOT_SQL)
+            await conn.execute(db.PROJECTION_SNAPSHOT_SQL)
             yield
     else:
         yield

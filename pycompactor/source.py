@@ -13,17 +13,14 @@ lookup is a problem naming the view, the column and the index that would serve i
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import psycopg
 from psycopg import sql
 
 from pycompactor import db
-from pycompactor.errors import wrap_exceptions
 
 #: The source contract (DESIGN §2): view -> column -> type.
 CONTRACT: dict[str, dict[str, str]] = {
@@ -63,25 +60,18 @@ DERIVED_STATE_NOTES: dict[str, str] = {
 class Lookup:
     """One lookup the engine makes through a source view, as check-source probes it."""
 
-    name: str  # runs_by_conversation, messages_by_run, message_by_id
+    name: str  # a key of db.SOURCE_LOOKUPS
     view: str
     column: str
-    #: The statement, with {} for the looked-up value (a literal: EXPLAIN shows it).
-    query: str
 
 
-#: The engine's lookups through the views (sql/20_pairs.sql, sql/60_projection.sql): a
-#: conversation's runs, a run's user and assistant messages, texts by message id.
+#: The engine's lookups through the views, in probing order (db.SOURCE_LOOKUPS holds
+#: their statements): a conversation's runs, a run's user and assistant messages, texts
+#: by message id.
 LOOKUPS: Final = (
-    Lookup("runs_by_conversation", "compaction.source_runs", "conversation_id",
-           "SELECT r.run_id, r.status FROM compaction.source_runs AS r"
-           " WHERE r.conversation_id = {}"),
-    Lookup("messages_by_run", "compaction.source_messages", "run_id",
-           "SELECT m.message_id, m.role, m.status, pg_catalog.octet_length(m.content), m.seq"
-           " FROM compaction.source_messages AS m"
-           " WHERE m.run_id = {} AND m.role IN ('user', 'assistant')"),
-    Lookup("message_by_id", "compaction.source_messages", "message_id",
-           "SELECT m.content FROM compaction.source_messages AS m WHERE m.message_id = {}"),
+    Lookup("runs_by_conversation", "compaction.source_runs", "conversation_id"),
+    Lookup("messages_by_run", "compaction.source_messages", "run_id"),
+    Lookup("message_by_id", "compaction.source_messages", "message_id"),
 )
 
 #: How long one probe may run before check-source calls it slow and moves on.
@@ -161,40 +151,21 @@ class SourceReport:
 def contract_problems(conn: db.Connection) -> list[str]:
     """One sentence per missing view, missing column or mistyped column."""
     problems: list[str] = []
-    with wrap_exceptions(), conn.cursor() as cur:
-        for view, columns in CONTRACT.items():
-            cur.execute(
-                "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)"
-                " FROM pg_catalog.pg_attribute AS a"
-                " WHERE a.attrelid = pg_catalog.to_regclass(%s) AND a.attnum > 0"
-                " AND NOT a.attisdropped",
-                (f"compaction.{view}",),
-            )
-            found = dict(cur.fetchall())
-            if not found:
-                problems.append(f"view compaction.{view} is missing")
-                continue
-            for column, expected in columns.items():
-                actual = found.get(column)
-                if actual is None:
-                    problems.append(f"compaction.{view}.{column} is missing (expected {expected})")
-                elif actual != expected:
-                    problems.append(
-                        f"compaction.{view}.{column} is {actual}, expected {expected}"
-                        f" (cast it in the view: {column}::{expected})"
-                    )
+    for view, columns in CONTRACT.items():
+        found = db.view_columns(conn, f"compaction.{view}")
+        if not found:
+            problems.append(f"view compaction.{view} is missing")
+            continue
+        for column, expected in columns.items():
+            actual = found.get(column)
+            if actual is None:
+                problems.append(f"compaction.{view}.{column} is missing (expected {expected})")
+            elif actual != expected:
+                problems.append(
+                    f"compaction.{view}.{column} is {actual}, expected {expected}"
+                    f" (cast it in the view: {column}::{expected})"
+                )
     return problems
-
-
-def sample_conversations(conn: db.Connection, limit: int) -> list[str]:
-    with wrap_exceptions(), conn.cursor() as cur:
-        cur.execute(
-            sql.SQL(
-                "SELECT DISTINCT conversation_id FROM compaction.source_runs"
-                " WHERE conversation_id IS NOT NULL ORDER BY conversation_id LIMIT {}"
-            ).format(sql.Literal(limit))
-        )
-        return [row[0] for row in cur.fetchall()]
 
 
 def check_source(
@@ -203,7 +174,7 @@ def check_source(
     problems = contract_problems(conn)
     if problems:
         return SourceReport(problems=problems)
-    ids = conversation_ids if conversation_ids else sample_conversations(conn, sample)
+    ids = conversation_ids or db.conversations_after(conn, "", sample)
     # The lookups first: while one reads a table whole, judging a sample's runs through
     # it would cost that read once per run, so the samples are left out.
     lookups = check_lookups(conn, ids[0]) if ids else []
@@ -220,8 +191,8 @@ def check_source(
                 excluded=dict(sorted(excluded.items())),
             )
         )
-    return SourceReport(problems=problems, samples=samples, derived_state=derived_state(conn),
-                        lookups=lookups)
+    return SourceReport(problems=problems, samples=samples,
+                        derived_state=db.derived_state_status(conn), lookups=lookups)
 
 
 def check_lookups(conn: db.Connection, conversation_id: str) -> list[LookupReport]:
@@ -239,46 +210,16 @@ def check_lookups(conn: db.Connection, conversation_id: str) -> list[LookupRepor
 
 
 def _probe(conn: db.Connection, lookup: Lookup, value: str) -> tuple[LookupReport, str | None]:
-    """Time the lookup once (its wall time on this connection), then EXPLAIN it with
-    sequential scans disabled; returns the report and the first column of its first row
-    (the next lookup's value)."""
-    query = sql.SQL(lookup.query).format(sql.Literal(value))
-    explain = sql.SQL("EXPLAIN (VERBOSE, FORMAT JSON) {}").format(query)
-    milliseconds: float | None = None
-    first: str | None = None
-    plan: dict[str, Any] | None = None
-    # Read-only (fine on a hot standby) and rolled back, inside a caller's transaction
-    # as a savepoint, so the timeout and enable_seqscan set for it never outlive it.
-    own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    with wrap_exceptions():
-        try:
-            with conn.transaction(force_rollback=True), conn.cursor() as cur:
-                if own:
-                    cur.execute("SET TRANSACTION READ ONLY")
-                cur.execute("SELECT pg_catalog.set_config('statement_timeout', %s, true)",
-                            (str(LOOKUP_TIMEOUT_MS),))
-                started = time.perf_counter()
-                rows = cur.execute(query).fetchall()
-                milliseconds = (time.perf_counter() - started) * 1000
-                first = str(rows[0][0]) if rows else None
-                cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
-                plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
-        except psycopg.errors.QueryCanceled:
-            pass  # slow: judged from the plan alone, below
-        if plan is None:
-            with conn.transaction(force_rollback=True), conn.cursor() as cur:
-                if own:
-                    cur.execute("SET TRANSACTION READ ONLY")
-                cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
-                plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
-    assert plan is not None
-    whole = _whole_table_scan(plan)
+    """Probe one lookup (db.probe_lookup); returns the report and the first column of its
+    first row (the next lookup's value)."""
+    probe = db.probe_lookup(conn, lookup.name, value, LOOKUP_TIMEOUT_MS)
+    whole = _whole_table_scan(probe.plan)
     if whole is None:
-        return LookupReport(lookup.name, lookup.view, lookup.column, value, milliseconds,
-                            True), first
+        return LookupReport(lookup.name, lookup.view, lookup.column, value, probe.milliseconds,
+                            True), probe.first
     table, node = whole
-    return LookupReport(lookup.name, lookup.view, lookup.column, value, milliseconds, False,
-                        table, _advice(lookup, table, node, value)), first
+    return LookupReport(lookup.name, lookup.view, lookup.column, value, probe.milliseconds,
+                        False, table, _advice(lookup, table, node, value)), probe.first
 
 
 # Plan nodes that read a table: a Seq Scan reads it whole; an index scan without an Index
@@ -323,12 +264,3 @@ def _advice(lookup: Lookup, table: str, node: dict[str, Any], value: str) -> str
             f" filters (a window function or aggregate over the table?); derive it with"
             f" LATERAL lookups through indexes instead (docs/integrating.md,"
             f" \"Fast views\")")
-
-
-def derived_state(conn: db.Connection) -> str:
-    """in_use, not_rebuilt or untracked (compaction.derived_state_status())."""
-    with wrap_exceptions(), conn.cursor() as cur:
-        cur.execute("SELECT compaction.derived_state_status()")
-        row = cur.fetchone()
-    assert row is not None
-    return str(row[0])

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import psycopg
 
+from pycompactor import db
 from pycompactor.errors import wrap_exceptions
 from pycompactor.projection import Projection, aproject_history, check_budget
 
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
 
 #: Default budget of the projected history (UTF-8 bytes + 16 per message).
 DEFAULT_BUDGET_BYTES: Final = 64 * 1024
-
-_ENQUEUE: Final = "SELECT compaction.enqueue(%(c)s::text, %(scope)s::text)"
 
 
 class ProjectingSession:
@@ -137,9 +136,7 @@ class ProjectingSession:
         return conn
 
     async def _enqueue(self) -> None:
-        conn = await self._connection()
-        with wrap_exceptions():
-            await conn.execute(_ENQUEUE, {"c": self.session_id, "scope": self.scope})
+        await db.aenqueue(await self._connection(), self.session_id, self.scope)
 
 
 __all__ = ["DEFAULT_BUDGET_BYTES", "ProjectingSession"]

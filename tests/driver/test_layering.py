@@ -19,11 +19,12 @@ import pycompactor
 PACKAGE = Path(pycompactor.__file__).parent
 SQL_LAYER = {"pycompactor.db", "pycompactor.store", "pycompactor.schema",
              "pycompactor.recipes"}
-# A statement as the driver would send it: a keyword that starts SQL, in capitals,
-# followed by what such a statement has next.
-SQL = re.compile(r"\b(SELECT\s+[\w*(]|INSERT\s+INTO|UPDATE\s+\w+\.\w+\s+SET|DELETE\s+FROM|"
+# A statement as the driver would send it: a string that starts with a keyword that
+# starts SQL, in capitals, followed by what such a statement has next. (Prose that
+# mentions SQL, e.g. an error message telling the DBA what to run, does not start so.)
+SQL = re.compile(r"^\s*(SELECT\s+[\w*(]|INSERT\s+INTO|UPDATE\s+\w+\.\w+\s+SET|DELETE\s+FROM|"
                  r"CREATE\s+(OR\s+REPLACE\s+)?(TABLE|VIEW|FUNCTION|INDEX)|EXPLAIN\s*\(|"
-                 r"SET\s+TRANSACTION|CALL\s+\w+\.)")
+                 r"SET\s+TRANSACTION|CALL\s+\w+\.|WITH\s+\w+\s+AS\s*\()")
 
 
 def modules() -> dict[str, Path]:
@@ -118,5 +119,6 @@ def test_the_sql_check_sees_sql() -> None:
                       "UPDATE compaction_source.messages SET content = 'x'",
                       "CALL compaction.rebuild_derived_state()"):
         assert SQL.search(statement), statement
-    for prose in ("Select the newest", "grant it SELECT.", "an UPDATE of a row"):
+    for prose in ("Select the newest", "grant it SELECT.", "an UPDATE of a row",
+                  "not rebuilt (CALL compaction.rebuild_derived_state() when ready)"):
         assert not SQL.search(prose), prose
