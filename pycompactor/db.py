@@ -697,10 +697,11 @@ def projection_pairs_query(conversation_id: str) -> Query:
 
 def projection_summaries_query(conversation_id: str, scope: str) -> Query:
     """Rows (summary_id, from_pair, to_pair, source_message_ids, source_hash,
-    prompt_version, projectable, completed_at, summary_bytes, source_current): every
-    completed summary's metadata, no text."""
+    prompt_version, projectable, completed_at, summary_bytes, source_current,
+    version_rank): every completed summary's metadata, no text."""
     return ("SELECT summary_id, from_pair, to_pair, source_message_ids, source_hash,"
-            " prompt_version, projectable, completed_at, summary_bytes, source_current"
+            " prompt_version, projectable, completed_at, summary_bytes, source_current,"
+            " version_rank"
             " FROM compaction.projection_summaries(%(conversation_id)s::text,"
             " %(scope)s::text)",
             {"conversation_id": conversation_id, "scope": scope})

@@ -24,7 +24,6 @@ The rules, the marker line and the manifest shape are documented in docs/project
 
 from __future__ import annotations
 
-import re
 from collections.abc import (
     AsyncIterator,
     Callable,
@@ -128,6 +127,9 @@ class SummaryCandidate:
     summary_bytes: int
     #: The range exists now with exactly the stored 20 ids and source hash.
     source_current: bool
+    #: Preference among a range's summaries, higher first (the database's rank of the
+    #: prompt version: compaction.projection_summaries).
+    version_rank: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,8 @@ class StoredSummary:
     source_hash: str
     prompt_version: str
     projectable: bool
+    #: As compaction.projection_summaries ranks the version (higher is preferred).
+    version_rank: int
     completed_at: datetime
     summary: str
 
@@ -149,7 +153,7 @@ class StoredSummary:
         return SummaryCandidate(
             self.summary_id, self.from_pair, self.to_pair, tuple(self.source_message_ids),
             self.source_hash, self.prompt_version, self.projectable, self.completed_at,
-            utf8_len(self.summary), source_is_current(self, pairs),
+            utf8_len(self.summary), source_is_current(self, pairs), self.version_rank,
         )
 
 
@@ -280,21 +284,9 @@ def check_budget(budget_bytes: object) -> int:
     return budget_bytes
 
 
-_VERSION_NUMBER = re.compile(r"@(\d+)$")
-
-
-def version_rank(prompt_version: str) -> int:
-    """Preference among projectable versions: the number after '@', higher first (@3 > @2).
-
-    A version without such a number ranks below every numbered one.
-    """
-    match = _VERSION_NUMBER.search(prompt_version)
-    return int(match.group(1)) if match else -1
-
-
 def _preference(summary: SummaryCandidate) -> tuple[int, datetime, int]:
     # Sorted descending: newer prompt version, then latest completed_at, then higher id.
-    return (version_rank(summary.prompt_version), summary.completed_at, summary.summary_id)
+    return (summary.version_rank, summary.completed_at, summary.summary_id)
 
 
 def _range_ids(pairs: Sequence[PairMeta], start: int) -> tuple[str, ...]:
@@ -585,7 +577,7 @@ def _projection_steps(conversation_id: str, budget: int, scope: str) -> Steps:
     # Plain tuples, then PairMeta._make: one per eligible pair, so per-row cost counts.
     pairs = list(map(PairMeta._make, (yield db.projection_pairs_query(conversation_id))))
     summaries = [SummaryCandidate(r[0], r[1], r[2], tuple(r[3]), r[4], r[5], r[6], r[7], r[8],
-                                  r[9])
+                                  r[9], r[10])
                  for r in (yield db.projection_summaries_query(conversation_id, scope))]
     return plan_projection(pairs, summaries, budget)
 

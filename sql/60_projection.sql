@@ -19,7 +19,8 @@ RETURNS TABLE (
     projectable        boolean,
     completed_at       timestamptz,
     summary_bytes      int,
-    source_current     boolean
+    source_current     boolean,
+    version_rank       int
 )
 LANGUAGE plpgsql
 STABLE
@@ -63,7 +64,10 @@ BEGIN
            s.completed_at,
            s.bytes,
            coalesce(n.source_message_ids = s.source_message_ids
-                    AND n.source_hash = s.source_hash, false)
+                    AND n.source_hash = s.source_hash, false),
+           -- Preference among a range's projectable summaries (revision 0009): the
+           -- version's number after '@', higher first; -1 for a version without one.
+           coalesce(pg_catalog.substring(s.prompt_version, '@([0-9]{1,9})$')::int, -1)
     FROM summaries AS s
     LEFT JOIN compaction.prompt_versions AS v ON v.prompt_version = s.prompt_version
     LEFT JOIN now_ranges AS n ON n.from_pair = s.from_pair
@@ -71,7 +75,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.projection_summaries(text, text) IS
-    'Completed summaries of a conversation and scope without their text: source binding, version, whether it is projectable, completed_at, UTF-8 byte length, and whether its source is current';
+    'Completed summaries of a conversation and scope without their text: source binding, version, whether it is projectable, completed_at, UTF-8 byte length, whether its source is current, and the version''s rank (the number after @, -1 without one; higher is preferred)';
 
 CREATE FUNCTION compaction.projection_texts(
     p_conversation_id text, p_message_ids text[], p_summary_ids bigint[])

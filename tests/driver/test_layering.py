@@ -67,7 +67,7 @@ def cycles(graph: dict[str, set[str]]) -> Iterator[list[str]]:
         stack.append(node)
         for target in sorted(graph[node]):
             if state.get(target) == 1:
-                yield stack[stack.index(target):] + [target]
+                yield [*stack[stack.index(target):], target]
             elif target not in state:
                 yield from visit(target)
         stack.pop()

@@ -31,7 +31,10 @@ from pycompactor.projection import (
 )
 
 V1, V2, V3 = (f"conversation-compaction@{n}" for n in (1, 2, 3))
+# As compaction.prompt_versions and compaction.projection_summaries say (test data;
+# tests/sql/test_projection.py checks the database's own answers).
 PROJECTABLE = {V1: False, V2: True, V3: True}
+RANK = {V1: 1, V2: 2, V3: 3}
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 
@@ -60,6 +63,7 @@ def summary_of(
         source_hash=source_hash(block),
         prompt_version=version,
         projectable=PROJECTABLE[version],
+        version_rank=RANK[version],
         completed_at=completed_at,
         summary=text if text is not None else f"summary #{summary_id} of {from_pair}",
     )
@@ -331,7 +335,7 @@ def candidate(pairs: Sequence[PairMeta], from_pair: int, summary_id: int, *,
     ids = tuple(m for p in pairs[from_pair : from_pair + 10]
                 for m in (p.user_message_id, p.assistant_message_id))
     base = SummaryCandidate(summary_id, from_pair, from_pair + 9, ids, "0" * 64, V3,
-                            projectable, T0, 0, True)
+                            projectable, T0, 0, True, RANK[V3])
     summary = replace(base, summary_bytes=block - block_cost(base, pairs))
     assert block_cost(summary, pairs) == block
     return summary
@@ -341,7 +345,8 @@ def test_source_current_decides_stale_source_at_every_budget() -> None:
     pairs = metas(45)  # ranges 0-39 complete, pairs 40-44 raw only: 500 bytes
     summaries = [candidate(pairs, start, start + 1, block=700) for start in (0, 10, 20, 30)]
     stale = [replace(s, source_current=False) for s in summaries]
-    incomplete = SummaryCandidate(99, 40, 49, ("y",) * 20, "0" * 64, V3, True, T0, 10, True)
+    incomplete = SummaryCandidate(99, 40, 49, ("y",) * 20, "0" * 64, V3, True, T0, 10, True,
+                                  RANK[V3])
     wrong_ids = replace(candidate(pairs, 0, 50, block=700), source_message_ids=("x",) * 20)
     for budget in (0, 499, 500, 1_200, 10**6):
         plan = plan_projection(pairs, [*stale, incomplete, wrong_ids], budget)

@@ -140,6 +140,17 @@ def test_versions_one_never_two_used_three_wins(conn: Conn) -> None:
     assert not any(f"({V1}" in c for c in contents)
 
 
+def test_the_database_ranks_versions(conn: Conn) -> None:
+    """The preference among a range's summaries is the database's (projection_summaries'
+    version_rank); Python keeps no parser of version names."""
+    pairs = History(conn).pairs("r", 40)
+    ids = {version: import_summary(conn, "r", pairs, 0, version=version)
+           for version in (V1, V2, V3)}
+    ranks = dict(conn.execute("SELECT summary_id, version_rank"
+                              " FROM compaction.projection_summaries('r', 'default')").fetchall())
+    assert ranks == {ids[V1]: 1, ids[V2]: 2, ids[V3]: 3}
+
+
 def test_same_version_latest_completed_wins(conn: Conn) -> None:
     pairs = History(conn).pairs("w", 10)
     older = import_summary(conn, "w", pairs, 0, model="m1")

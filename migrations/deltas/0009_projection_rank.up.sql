@@ -1,0 +1,78 @@
+-- Revision 0009_projection_rank: the preference among a range's summaries comes from the
+-- database. projection_summaries returns each summary's version rank (the number after
+-- '@', higher first), so Python keeps no parser of version names.
+
+DROP FUNCTION compaction.projection_summaries(text, text);
+CREATE FUNCTION compaction.projection_summaries(p_conversation_id text, p_scope text)
+RETURNS TABLE (
+    summary_id         bigint,
+    from_pair          int,
+    to_pair            int,
+    source_message_ids text[],
+    source_hash        text,
+    prompt_version     text,
+    projectable        boolean,
+    completed_at       timestamptz,
+    summary_bytes      int,
+    source_current     boolean,
+    version_rank       int
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_derived boolean := compaction.derived_state_current();
+BEGIN
+    -- source_current: the range exists now with exactly the stored ids and hash. From the
+    -- derived state that is a comparison per summary; judged from the views it costs one
+    -- hash per distinct range that has summaries.
+    RETURN QUERY
+    WITH summaries AS (
+        SELECT s.summary_id, s.from_pair, s.to_pair, s.source_message_ids, s.source_hash,
+               s.prompt_version, s.completed_at, pg_catalog.octet_length(s.summary) AS bytes
+        FROM compaction.summaries AS s
+        WHERE s.conversation_id = p_conversation_id
+          AND s.scope = p_scope
+    ), now_ranges AS (
+        SELECT r.from_pair, r.source_message_ids, r.source_hash
+        FROM compaction.ranges AS r
+        WHERE v_derived AND r.conversation_id = p_conversation_id
+          AND r.from_pair IN (SELECT x.from_pair FROM summaries AS x)
+        UNION ALL
+        SELECT f.from_pair, c.source_message_ids, c.source_hash
+        FROM (SELECT DISTINCT x.from_pair FROM summaries AS x) AS f
+        CROSS JOIN LATERAL compaction.current_range(p_conversation_id, f.from_pair) AS c
+        WHERE NOT v_derived
+    )
+    SELECT s.summary_id,
+           s.from_pair,
+           s.to_pair,
+           s.source_message_ids,
+           s.source_hash,
+           s.prompt_version,
+           -- A version missing from prompt_versions is never projected.
+           COALESCE(v.projectable, false),
+           s.completed_at,
+           s.bytes,
+           coalesce(n.source_message_ids = s.source_message_ids
+                    AND n.source_hash = s.source_hash, false),
+           -- Preference among a range's projectable summaries (revision 0009): the
+           -- version's number after '@', higher first; -1 for a version without one.
+           coalesce(pg_catalog.substring(s.prompt_version, '@([0-9]{1,9})$')::int, -1)
+    FROM summaries AS s
+    LEFT JOIN compaction.prompt_versions AS v ON v.prompt_version = s.prompt_version
+    LEFT JOIN now_ranges AS n ON n.from_pair = s.from_pair
+    ORDER BY s.from_pair, s.summary_id;
+END
+$$;
+COMMENT ON FUNCTION compaction.projection_summaries(text, text) IS
+    'Completed summaries of a conversation and scope without their text: source binding, version, whether it is projectable, completed_at, UTF-8 byte length, whether its source is current, and the version''s rank (the number after @, -1 without one; higher is preferred)';
+
+CALL compaction.assign_ownership();
+
+GRANT EXECUTE ON FUNCTION compaction.projection_summaries(text, text)
+TO compaction_worker, compaction_reader;
