@@ -33,8 +33,9 @@ from bench.common import (
     text_pool,
     vacuum_analyze,
 )
+from pycompactor.eventlog import EventLog
 from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
-from pycompactor.worker import EventLog, Worker, WorkerConfig
+from pycompactor.worker import Worker, WorkerConfig
 
 _APP = "bench-finding-worker"
 

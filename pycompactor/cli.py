@@ -28,6 +28,7 @@ from pycompactor.argtypes import (
 )
 from pycompactor.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
 from pycompactor.errors import PycompactorError
+from pycompactor.eventlog import redact, secrets_of
 from pycompactor.render import placement_runs, print_json, render_table
 
 Handler = Callable[[argparse.Namespace], int]
@@ -150,8 +151,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from pycompactor.errors import UsageError
+    from pycompactor.eventlog import EventLog, secrets_of
     from pycompactor.summarizer import make_summarizer
-    from pycompactor.worker import EventLog, WorkerConfig, run_worker, secrets_of
+    from pycompactor.worker import WorkerConfig, run_worker
 
     parser: argparse.ArgumentParser = args.worker_parser
     model = args.model if args.model is not None else os.environ.get("PYCOMPACTOR_MODEL", "")
@@ -345,19 +347,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def error_secrets(args: argparse.Namespace) -> list[str]:
-    """What an error must never show: the DSN's password, PGPASSWORD, the API key."""
-    found = db.dsn_passwords(db.resolve_dsn(getattr(args, "dsn", None)))
-    found += [os.environ.get(name, "") for name in ("PGPASSWORD", "OPENAI_API_KEY")]
-    return sorted({s for s in found if len(s) >= 4}, key=len, reverse=True)
-
-
-def redact(text: str, secrets: Sequence[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, "***")
-    return text
-
-
 def quiet_driver_warnings() -> None:
     """Keep psycopg's own warnings off stderr (logging's last-resort handler).
 
@@ -386,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # one clear line, never a traceback unless asked
         # Drivers quote a malformed DSN, password and all (libpq, SQLAlchemy): mask it.
-        secrets = error_secrets(args)
+        secrets = secrets_of(getattr(args, "dsn", None))
         if args.debug:
             print(redact(traceback.format_exc(), secrets), file=sys.stderr, end="")
         message = str(exc) if isinstance(exc, PycompactorError) else f"{type(exc).__name__}: {exc}"

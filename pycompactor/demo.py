@@ -32,6 +32,7 @@ from rich.text import Text
 from pycompactor import db, schema, store
 from pycompactor.cluster import ThrowawayCluster, describe
 from pycompactor.errors import PycompactorError
+from pycompactor.eventlog import EventLog
 from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
 from pycompactor.hashing import source_hash
 from pycompactor.models import Pair
@@ -48,7 +49,7 @@ from pycompactor.projection import (
 from pycompactor.render import cell, placement_runs
 from pycompactor.sample import CONVERSATION_ID, load_sample
 from pycompactor.summarizer import PROMPT_VERSION
-from pycompactor.worker import EventLog, Worker, WorkerConfig
+from pycompactor.worker import Worker, WorkerConfig
 
 #: The pair whose user message the demo edits to make the summary of pairs 0-9 stale.
 EDITED_PAIR = 3

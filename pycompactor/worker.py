@@ -2,8 +2,9 @@
 
 This module owns the worker process: finding work (the queue, one conversation, or a slow
 sweep of every conversation), process-local admission (`--concurrency`), the
-claim -> model call -> complete/fail cycle with its heartbeats, graceful shutdown, and
-the worker's structured event log. The database owns every state transition; the worker
+claim -> model call -> complete/fail cycle with its heartbeats, and graceful shutdown
+(what it logs goes through `eventlog`, its connections through `connections`). The
+database owns every state transition; the worker
 only moves data between the database and the model (STYLE.md):
 
 * a claim commits on its own (autocommit: each `db.*` call is one statement) before the
@@ -44,37 +45,32 @@ after each settled Run, the session wrappers do it, or run with --sweep).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import FrameType
-from typing import Any, Final, Literal, TextIO
-
-import psycopg
+from typing import Any, Final
 
 from pycompactor import db, metrics
+from pycompactor.connections import Connections, is_transient
 from pycompactor.errors import (
     DatabaseTimeout,
-    DatabaseUnavailable,
     LockTimeout,
     PycompactorError,
 )
+from pycompactor.eventlog import EventLog, LogFormat, secrets_of
 from pycompactor.figures import FigureStats, figure_stats
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import QueuedConversation, RangeReply
 from pycompactor.outcomes import Failure, ModelOutcome, Reply
 from pycompactor.summarizer import DEFAULT_TIMEOUT_SECONDS, PROMPT_VERSION, Summarizer
-
-LogFormat = Literal["text", "json"]
 
 #: Failure reason when the shutdown drain ran out before the model answered.
 INTERRUPTED: Final = "interrupted"
@@ -101,9 +97,6 @@ _IDLE_START_SECONDS: Final = 0.05
 _HINT_PROBE_CONVERSATIONS: Final = 20
 _DB_BACKOFF_START: Final = 0.5
 _DB_BACKOFF_MAX: Final = 30.0
-# Connection-class SQLSTATEs (connection exception, rollback, resources, operator
-# intervention): the database may be back soon, so the loop reconnects and retries.
-_TRANSIENT_SQLSTATE_CLASSES: Final = frozenset({"08", "40", "53", "57"})
 
 
 def default_worker_id() -> str:
@@ -201,114 +194,6 @@ class WorkerReport:
     outcomes: dict[str, int]
 
 
-# --- the event log ---------------------------------------------------------------------
-
-
-class EventLog:
-    """One line per event on a stream: `key=value` text by default, or one JSON object.
-
-    Secrets (the API key, the DSN password) are replaced by `***` in every field, so no
-    driver or client message can leak them.
-    """
-
-    def __init__(self, log_format: LogFormat = "text", stream: TextIO | None = None,
-                 secrets: Sequence[str] = ()) -> None:
-        self._format = log_format
-        self._stream = stream
-        # Short strings would be masked all over the log; real secrets are longer.
-        self._secrets = [s for s in secrets if len(s) >= 4]
-        self._lock = threading.Lock()
-
-    def _redact(self, value: object) -> object:
-        if isinstance(value, str):
-            for secret in self._secrets:
-                value = value.replace(secret, "***")
-        return value
-
-    def emit(self, event: str, **fields: object) -> None:
-        record: dict[str, object] = {
-            "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
-            "event": event,
-        }
-        record.update((k, self._redact(v)) for k, v in fields.items() if v is not None)
-        if self._format == "json":
-            line = json.dumps(record, ensure_ascii=False, default=str)
-        else:
-            parts = [str(record.pop("ts")), str(record.pop("event"))]
-            parts += [f"{k}={_text_value(v)}" for k, v in record.items()]
-            line = " ".join(parts)
-        stream = self._stream if self._stream is not None else sys.stderr
-        with self._lock:
-            stream.write(line + "\n")
-            stream.flush()
-
-
-def _text_value(value: object) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    # Quote only what would break `key=value` splitting.
-    if text == "" or any(c.isspace() or c in "\"=" for c in text):
-        return json.dumps(text, ensure_ascii=False)
-    return text
-
-
-def secrets_of(dsn: str | None) -> list[str]:
-    """What must never be logged: the API key and any database password in use."""
-    found = [os.environ.get("OPENAI_API_KEY", ""), os.environ.get("PGPASSWORD", "")]
-    with contextlib.suppress(psycopg.ProgrammingError):
-        found.append(str(psycopg.conninfo.conninfo_to_dict(db.resolve_dsn(dsn))
-                         .get("password") or ""))
-    return [s for s in found if s]
-
-
-# --- connections -----------------------------------------------------------------------
-
-
-class _Connections:
-    """Idle autocommit connections shared by the worker's threads.
-
-    A psycopg connection runs one statement at a time, so each thread takes its own from
-    here for the duration of one call; broken ones are dropped and replaced on demand.
-    """
-
-    def __init__(self, connect: Callable[[], db.Connection]) -> None:
-        self._connect = connect
-        self._idle: list[db.Connection] = []
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def get(self) -> Iterator[db.Connection]:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = self._connect()
-        try:
-            yield conn
-        finally:
-            if conn.closed or conn.broken:
-                conn.close()
-            else:
-                with self._lock:
-                    self._idle.append(conn)
-
-    def close_all(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for database trouble that a reconnect may cure (in loop mode we retry)."""
-    if isinstance(exc, DatabaseUnavailable | DatabaseTimeout):
-        return True  # a timed-out lock or statement may well succeed on the next try
-    cause = exc.__cause__ if isinstance(exc, PycompactorError) else exc
-    if isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError):
-        return True
-    return isinstance(cause, psycopg.Error) and (
-        (cause.sqlstate or "")[:2] in _TRANSIENT_SQLSTATE_CLASSES
-    )
-
-
 # --- the worker ------------------------------------------------------------------------
 
 
@@ -334,7 +219,7 @@ class Worker:
             raise ValueError(f"summarizer is for {summarizer.model!r}, not {config.model!r}")
         self.config = config
         self._summarizer = summarizer
-        self._pool = _Connections(
+        self._pool = Connections(
             connect or (lambda: db.connect(config.dsn, timeouts=config.timeouts)))
         self._log = log or EventLog(config.log_format, secrets=secrets_of(config.dsn))
         self._slots = threading.BoundedSemaphore(config.concurrency)

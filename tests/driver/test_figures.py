@@ -14,10 +14,11 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pycompactor import db
+from pycompactor.eventlog import EventLog
 from pycompactor.extractive import ExtractiveSummarizer, extractive_summary
 from pycompactor.figures import FigureStats, figure_stats, figures
 from pycompactor.summarizer import OpenAISummarizer
-from pycompactor.worker import EventLog, Worker, WorkerConfig
+from pycompactor.worker import Worker, WorkerConfig
 from tests.driver.conftest import make_pairs
 from tests.history import History
 from tests.modelserver import ModelServer, stop

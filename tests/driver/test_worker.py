@@ -18,9 +18,10 @@ import psycopg
 import pytest
 
 from pycompactor import db
+from pycompactor.eventlog import EventLog
 from pycompactor.models import RangeReply, WorkerTarget
 from pycompactor.summarizer import OpenAISummarizer, Summarizer
-from pycompactor.worker import EventLog, Worker, WorkerConfig, WorkerReport
+from pycompactor.worker import Worker, WorkerConfig, WorkerReport
 from tests.history import History
 from tests.modelserver import (
     ModelServer,

@@ -1,0 +1,64 @@
+"""The worker's database connections: a small pool its threads share, and which database
+errors a reconnect may cure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import psycopg
+
+from pycompactor import db
+from pycompactor.errors import DatabaseTimeout, DatabaseUnavailable, PycompactorError
+
+# Connection-class SQLSTATEs (connection exception, rollback, resources, operator
+# intervention): the database may be back soon, so the loop reconnects and retries.
+_TRANSIENT_SQLSTATE_CLASSES: Final = frozenset({"08", "40", "53", "57"})
+
+class Connections:
+    """Idle autocommit connections shared by the worker's threads.
+
+    A psycopg connection runs one statement at a time, so each thread takes its own from
+    here for the duration of one call; broken ones are dropped and replaced on demand.
+    """
+
+    def __init__(self, connect: Callable[[], db.Connection]) -> None:
+        self._connect = connect
+        self._idle: list[db.Connection] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def get(self) -> Iterator[db.Connection]:
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            conn = self._connect()
+        try:
+            yield conn
+        finally:
+            if conn.closed or conn.broken:
+                conn.close()
+            else:
+                with self._lock:
+                    self._idle.append(conn)
+
+    def close_all(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for database trouble that a reconnect may cure (in loop mode we retry)."""
+    if isinstance(exc, DatabaseUnavailable | DatabaseTimeout):
+        return True  # a timed-out lock or statement may well succeed on the next try
+    cause = exc.__cause__ if isinstance(exc, PycompactorError) else exc
+    if isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError):
+        return True
+    return isinstance(cause, psycopg.Error) and (
+        (cause.sqlstate or "")[:2] in _TRANSIENT_SQLSTATE_CLASSES
+    )
