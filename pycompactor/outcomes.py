@@ -89,19 +89,20 @@ def _malformed(detail: str) -> Failure:
     return Failure(MALFORMED_RESPONSE, detail)
 
 
-def _json_object(body: bytes) -> dict[str, Any] | Failure:
-    """A response body as a JSON object, or the malformed_response failure saying why not."""
+class _Malformed(Exception):
+    """A response body or field of an unexpected shape; the parse answers
+    malformed_response."""
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    """A response body as a JSON object, else _Malformed saying why not."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
-        return _malformed(f"body is not JSON: {exc}")
+        raise _Malformed(f"body is not JSON: {exc}") from None
     if not isinstance(data, dict):
-        return _malformed("body is not a JSON object")
+        raise _Malformed("body is not a JSON object")
     return data
-
-
-class _Malformed(Exception):
-    """A response field of the wrong type; the parse answers malformed_response."""
 
 
 def _optional(obj: Mapping[str, Any], key: str, kind: type, what: str) -> Any:
@@ -131,8 +132,6 @@ def parse_completion(body: bytes) -> ModelOutcome:
     content, a list of tool calls, and so on. Anything unexpected is malformed_response.
     """
     data = _json_object(body)
-    if isinstance(data, Failure):
-        return data
     choices = data.get("choices")
     if not isinstance(choices, list):
         return _malformed("no choices list")
@@ -199,8 +198,6 @@ def parse_response(body: bytes) -> ModelOutcome:
     are failures judged here (refusal, multiple_messages, malformed_response).
     """
     data = _json_object(body)
-    if isinstance(data, Failure):
-        return data
     status = data.get("status")
     if not isinstance(status, str):
         return _malformed("no status string")

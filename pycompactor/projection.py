@@ -44,7 +44,7 @@ from psycopg.rows import tuple_row
 
 from pycompactor import db
 from pycompactor.errors import PycompactorError, UsageError, wrap_exceptions
-from pycompactor.hashing import PAIRS_PER_RANGE, source_hash
+from pycompactor.hashing import PAIRS_PER_RANGE, PairLike, source_hash
 
 #: Fixed cost added to the UTF-8 byte length of every message's content (role, framing).
 MESSAGE_OVERHEAD_BYTES: Final = 16
@@ -113,8 +113,8 @@ class PairMeta(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class SummaryCandidate:
-    """A stored completed summary of the conversation and scope, without its text."""
+class SummaryBinding:
+    """A stored completed summary's identity and source binding, without its text."""
 
     summary_id: int
     from_pair: int
@@ -123,53 +123,41 @@ class SummaryCandidate:
     source_hash: str
     prompt_version: str
     projectable: bool
-    completed_at: datetime
-    summary_bytes: int
-    #: The range exists now with exactly the stored 20 ids and source hash.
-    source_current: bool
     #: Preference among a range's summaries, higher first (the database's rank of the
     #: prompt version: compaction.projection_summaries).
     version_rank: int
+    completed_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
-class StoredSummary:
+class SummaryCandidate(SummaryBinding):
+    """A stored completed summary of the conversation and scope, as the plan sees it."""
+
+    summary_bytes: int
+    #: The range exists now with exactly the stored 20 ids and source hash.
+    source_current: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSummary(SummaryBinding):
     """A stored summary with its text, for the in-memory path (`project_pairs`)."""
 
-    summary_id: int
-    from_pair: int
-    to_pair: int
-    source_message_ids: tuple[str, ...]
-    source_hash: str
-    prompt_version: str
-    projectable: bool
-    #: As compaction.projection_summaries ranks the version (higher is preferred).
-    version_rank: int
-    completed_at: datetime
     summary: str
 
     def candidate(self, pairs: Sequence[SourcePair]) -> SummaryCandidate:
         """This summary's metadata, its source judged against `pairs` (all eligible pairs)."""
         return SummaryCandidate(
             self.summary_id, self.from_pair, self.to_pair, tuple(self.source_message_ids),
-            self.source_hash, self.prompt_version, self.projectable, self.completed_at,
-            utf8_len(self.summary), source_is_current(self, pairs), self.version_rank,
+            self.source_hash, self.prompt_version, self.projectable, self.version_rank,
+            self.completed_at, utf8_len(self.summary), source_is_current(self, pairs),
         )
 
 
-class SourcePair(Protocol):
+class SourcePair(PairLike, Protocol):
     """An eligible pair with its texts (pycompactor.models.Pair has these attributes)."""
 
     @property
     def pair_index(self) -> int: ...
-    @property
-    def user_message_id(self) -> str: ...
-    @property
-    def user_content(self) -> str: ...
-    @property
-    def assistant_message_id(self) -> str: ...
-    @property
-    def assistant_content(self) -> str: ...
 
 
 # --------------------------------------------------------------------------- outputs
@@ -297,7 +285,7 @@ def _range_ids(pairs: Sequence[PairMeta], start: int) -> tuple[str, ...]:
     )
 
 
-def _binds_range(summary: SummaryCandidate | StoredSummary, n_pairs: int) -> bool:
+def _binds_range(summary: SummaryBinding, n_pairs: int) -> bool:
     start = summary.from_pair
     return (
         start >= 0
@@ -576,8 +564,9 @@ def _projection_steps(conversation_id: str, budget: int, scope: str) -> Steps:
     """
     # Plain tuples, then PairMeta._make: one per eligible pair, so per-row cost counts.
     pairs = list(map(PairMeta._make, (yield db.projection_pairs_query(conversation_id))))
-    summaries = [SummaryCandidate(r[0], r[1], r[2], tuple(r[3]), r[4], r[5], r[6], r[7], r[8],
-                                  r[9], r[10])
+    # Rows of db.projection_summaries_query; version_rank comes last there.
+    summaries = [SummaryCandidate(r[0], r[1], r[2], tuple(r[3]), r[4], r[5], r[6], r[10], r[7],
+                                  r[8], r[9])
                  for r in (yield db.projection_summaries_query(conversation_id, scope))]
     return plan_projection(pairs, summaries, budget)
 

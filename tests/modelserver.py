@@ -20,7 +20,7 @@ import dataclasses
 import json
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -448,3 +448,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def serving(handler: Callable[[RecordedRequest], ScriptedResponse]) -> Iterator[ModelServer]:
+    """A fixture's body: a server answering with `handler`; the teardown fails the test on
+    a request the handler could not answer."""
+    with ModelServer(handler=handler) as server:
+        yield server
+    assert server.errors == [], server.errors

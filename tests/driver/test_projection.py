@@ -335,7 +335,7 @@ def candidate(pairs: Sequence[PairMeta], from_pair: int, summary_id: int, *,
     ids = tuple(m for p in pairs[from_pair : from_pair + 10]
                 for m in (p.user_message_id, p.assistant_message_id))
     base = SummaryCandidate(summary_id, from_pair, from_pair + 9, ids, "0" * 64, V3,
-                            projectable, T0, 0, True, RANK[V3])
+                            projectable, RANK[V3], T0, 0, True)
     summary = replace(base, summary_bytes=block - block_cost(base, pairs))
     assert block_cost(summary, pairs) == block
     return summary
@@ -345,8 +345,8 @@ def test_source_current_decides_stale_source_at_every_budget() -> None:
     pairs = metas(45)  # ranges 0-39 complete, pairs 40-44 raw only: 500 bytes
     summaries = [candidate(pairs, start, start + 1, block=700) for start in (0, 10, 20, 30)]
     stale = [replace(s, source_current=False) for s in summaries]
-    incomplete = SummaryCandidate(99, 40, 49, ("y",) * 20, "0" * 64, V3, True, T0, 10, True,
-                                  RANK[V3])
+    incomplete = SummaryCandidate(99, 40, 49, ("y",) * 20, "0" * 64, V3, True, RANK[V3], T0,
+                                  10, True)
     wrong_ids = replace(candidate(pairs, 0, 50, block=700), source_message_ids=("x",) * 20)
     for budget in (0, 499, 500, 1_200, 10**6):
         plan = plan_projection(pairs, [*stale, incomplete, wrong_ids], budget)

@@ -40,7 +40,14 @@ from pycompactor.integrations.sdk_storage import ProjectingSession
 from pycompactor.projection import marker_line
 from pycompactor.summarizer import load_prompt
 from tests.e2e.cli import run_cli
-from tests.modelserver import ModelServer, RecordedRequest, ScriptedResponse, stop, tool_call
+from tests.modelserver import (
+    ModelServer,
+    RecordedRequest,
+    ScriptedResponse,
+    serving,
+    stop,
+    tool_call,
+)
 from tests.workerkit import events_named, run_worker_cli, worker_env
 
 Conn = psycopg.Connection[Any]
@@ -95,9 +102,7 @@ def lookup_nav(fund: int) -> str:
 
 @pytest.fixture
 def server() -> Iterator[ModelServer]:
-    with ModelServer(handler=respond) as model_server:
-        yield model_server
-    assert model_server.errors == []
+    yield from serving(respond)
 
 
 @pytest.fixture(autouse=True)

@@ -41,6 +41,7 @@ from tests.modelserver import (
     ModelServer,
     RecordedRequest,
     ScriptedResponse,
+    serving,
     stop,
     tool_call,
 )
@@ -86,9 +87,7 @@ def respond(request: RecordedRequest) -> ScriptedResponse:
 
 @pytest.fixture
 def server() -> Iterator[ModelServer]:
-    with ModelServer(handler=respond) as model_server:
-        yield model_server
-    assert model_server.errors == []
+    yield from serving(respond)
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,3 +39,13 @@ def scalar(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any
     row = conn.execute(query, params).fetchone()
     assert row is not None
     return row[0]
+
+
+def wait_until_blocked(observer: psycopg.Connection[Any], pid: int) -> None:
+    """Return once backend `pid` waits for a lock (polls pg_locks; fails after 30 s)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if observer.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s"
+                            " AND NOT granted)", (pid,)).fetchone() == (True,):
+            return
+    raise AssertionError(f"backend {pid} never blocked")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
-import time
 from collections import Counter
 from typing import Any
 
@@ -32,7 +31,7 @@ from tests.recompute import (
     targets_of,
     verify,
 )
-from tests.sql.engine import GOOD, MODEL, V3
+from tests.sql.engine import GOOD, MODEL, V3, wait_until_blocked
 
 Conn = psycopg.Connection[Any]
 HOT = "hot"
@@ -184,15 +183,6 @@ def test_appends_claims_and_projections_of_one_conversation(conn: Conn, dsn: str
 # ---------------------------------------------------------------------------------------
 # Deterministic interleavings of two writers of one conversation
 # ---------------------------------------------------------------------------------------
-
-def wait_until_blocked(observer: Conn, pid: int) -> None:
-    """Return once backend `pid` waits for a lock (polls pg_locks; fails after 30 s)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if observer.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s"
-                            " AND NOT granted)", (pid,)).fetchone() == (True,):
-            return
-    raise AssertionError(f"backend {pid} never blocked")
 
 
 def settled_run(conn: Conn, run_id: str, seq: int) -> None:

@@ -7,7 +7,6 @@ through pg_locks (a condition, not a sleep).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 from pycompactor import db
 from pycompactor.models import ClaimResult, CompleteResult
 from tests.history import History
-from tests.sql.engine import GOOD, LEASE, T0, claim, scalar, target
+from tests.sql.engine import GOOD, LEASE, T0, claim, scalar, target, wait_until_blocked
 
 Conn = psycopg.Connection[Any]
 LOCK_CLASS = 1129316352
@@ -28,16 +27,6 @@ def tx(dsn: str) -> Iterator[Conn]:
     """A second connection in explicit-transaction mode (not autocommit)."""
     with psycopg.connect(dsn) as connection:
         yield connection
-
-
-def wait_until_blocked(observer: Conn, pid: int) -> None:
-    """Return once backend `pid` waits for a lock (polls pg_locks; fails after 30 s)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if observer.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s"
-                            " AND NOT granted)", (pid,)).fetchone() == (True,):
-            return
-    raise AssertionError(f"backend {pid} never blocked")
 
 
 class Background:

@@ -19,8 +19,7 @@ from pycompactor import db, errors
 from pycompactor.models import AckResult, QueuedConversation
 from tests.history import History
 from tests.sql.conftest import LoginRole, connect_as
-from tests.sql.engine import LEASE, T0, claim, scalar, target
-from tests.sql.test_interleavings import wait_until_blocked
+from tests.sql.engine import LEASE, T0, claim, scalar, target, wait_until_blocked
 from tests.workerkit import wait_for
 
 Conn = psycopg.Connection[Any]
