@@ -724,3 +724,22 @@ async def aenqueue(conn: psycopg.AsyncConnection[Any], conversation_id: str,
     if there is one)."""
     with wrap_exceptions():
         await conn.execute(_ENQUEUE_SQL, {"conversation_id": conversation_id, "scope": scope})
+
+
+async def awal_insert_lsn(conn: psycopg.AsyncConnection[Any]) -> str:
+    """`wal_insert_lsn` on an async connection."""
+    with wrap_exceptions():
+        cur = await conn.execute("SELECT pg_catalog.pg_current_wal_insert_lsn()::text")
+        row = await cur.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def areplayed(conn: psycopg.AsyncConnection[Any], lsn: str) -> bool:
+    """`replayed` on an async connection."""
+    with wrap_exceptions():
+        cur = await conn.execute(
+            "SELECT NOT pg_catalog.pg_is_in_recovery()"
+            " OR pg_catalog.pg_last_wal_replay_lsn() >= %(lsn)s::pg_lsn", {"lsn": lsn})
+        row = await cur.fetchone()
+    return bool(row and row[0])

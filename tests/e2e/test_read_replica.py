@@ -259,3 +259,50 @@ def test_history_written_after_the_standby_started_reaches_it(
     wait_for_replay(standby)
     with contextlib.closing(psycopg.connect(standby.dsn, autocommit=True)) as replica:
         assert len(db.eligible_pairs(replica, "conv-late")) == 12
+
+
+def test_projecting_session_reads_from_the_replica_and_writes_to_the_primary(
+        conn: Conn, dsn: str, standby: Standby) -> None:
+    """The wrapper that keeps the SDK's own tables (SQLAlchemySession behind the recipe):
+    get_items on the standby once it has replayed the session's last write; the SDK's
+    writes and the enqueue on the primary."""
+    from agents.extensions.memory import SQLAlchemySession
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from pycompactor.integrations.sdk_storage import ProjectingSession
+    from pycompactor.recipes import install_agents_sqlalchemy
+    from tests.e2e.test_agents_sqlalchemy import sqlalchemy_url
+
+    async def scenario() -> tuple[list[Any], list[Any], str, str]:
+        engine = create_async_engine(sqlalchemy_url(dsn))
+        try:
+            inner = SQLAlchemySession("conv-sdk", engine=engine, create_tables=True)
+            await inner.add_items([{"role": "user", "content": "QUESTION-1"},
+                                   {"role": "assistant", "content": "ANSWER-1"}])
+            install_agents_sqlalchemy(conn)
+            wait_for_replay(standby)
+            session = ProjectingSession(inner, dsn=dsn, read_dsn=standby.dsn,
+                                        budget_bytes=1_000_000)
+            try:
+                before = await session.get_items()
+                first = session.last_read_from
+                # The SDK writes to the primary; the next read waits for the standby to
+                # replay it (and the enqueue after it), so the session sees its own turn.
+                await session.add_items([{"role": "user", "content": "QUESTION-2"},
+                                         {"role": "assistant", "content": "ANSWER-2"}])
+                after = await session.get_items()
+                second = session.last_read_from
+            finally:
+                await session.aclose()
+            return before, after, first, second
+        finally:
+            await engine.dispose()
+
+    before, after, first, second = asyncio.run(scenario())
+    assert (first, second) == ("replica", "replica")
+    assert before == [{"role": "user", "content": "QUESTION-1"},
+                      {"role": "assistant", "content": "ANSWER-1"}]
+    assert after == [*before, {"role": "user", "content": "QUESTION-2"},
+                     {"role": "assistant", "content": "ANSWER-2"}]
+    assert conn.execute("SELECT conversation_id FROM compaction.queue").fetchall() == [
+        ("conv-sdk",)]
