@@ -395,10 +395,14 @@ DECLARE
     v_count               int;
     v_unchanged           boolean;
     v_touched             record;
+    v_message_ids         text[];
+    v_first_seq           bigint;
+    v_first_id            text;
+    v_runs_known          boolean := v_run_column IS NOT NULL;
 BEGIN
-    IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS <> 2
+    IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS NOT IN (2, 3)
        OR v_conversation_column IS NULL THEN
-        RAISE EXCEPTION 'track_source_changes must be an AFTER ... FOR EACH STATEMENT trigger with two arguments: the conversation id column and the run id column (or '''')'
+        RAISE EXCEPTION 'track_source_changes must be an AFTER ... FOR EACH STATEMENT trigger with two or three arguments: the conversation id column, the run id column (or ''''), and for a table without a run column optionally its message id column'
             USING ERRCODE = 'CP020';
     END IF;
     IF TG_OP = 'TRUNCATE' THEN
@@ -454,12 +458,46 @@ BEGIN
               SELECT pg_catalog.to_jsonb(o) FROM old_rows AS o) AS j;
     END IF;
 
+    v_conversation := v_conversations[1];
+
+    -- A table without a run column (its runs are derived by the views, as in the Agents
+    -- SDK recipe) that names its message id column: an INSERT into one conversation
+    -- touches the runs the view gives the new messages, and the run of the message just
+    -- before the earliest of them (an insert can cut that run short). An append then
+    -- re-derives its own run, not the whole conversation. Updates and deletes re-derive
+    -- the conversation: the run a message left cannot be known once it has left. When
+    -- the view shows none of the new messages, or one without a seq, the same.
+    IF NOT v_runs_known AND TG_NARGS = 3 AND TG_OP = 'INSERT'
+       AND v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
+        v_message_ids := ARRAY(SELECT j.fields ->> TG_ARGV[2]
+                               FROM new_rows AS n
+                               CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(n) AS fields) AS j);
+        SELECT sm.seq, sm.message_id INTO v_first_seq, v_first_id
+        FROM compaction.source_messages AS sm
+        WHERE sm.message_id = ANY (v_message_ids) AND sm.conversation_id = v_conversation
+        ORDER BY sm.seq NULLS FIRST, sm.message_id
+        LIMIT 1;
+        IF v_first_seq IS NOT NULL THEN
+            v_runs := ARRAY(
+                SELECT sm.run_id
+                FROM compaction.source_messages AS sm
+                WHERE sm.message_id = ANY (v_message_ids) AND sm.conversation_id = v_conversation
+                UNION
+                (SELECT sp.run_id
+                 FROM compaction.source_messages AS sp
+                 WHERE sp.conversation_id = v_conversation
+                   AND (sp.seq, sp.message_id) < (v_first_seq, v_first_id)
+                 ORDER BY sp.seq DESC, sp.message_id DESC
+                 LIMIT 1));
+            v_runs_known := true;
+        END IF;
+    END IF;
+
     -- The common statement (an agent's single-row writes): its rows name one conversation
     -- and every run they name belongs to it now. A lookup of those runs decides that,
     -- where the general grouping below costs several times as much to start.
-    v_conversation := v_conversations[1];
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
-        IF v_run_column IS NULL THEN
+        IF NOT v_runs_known THEN
             PERFORM compaction.rederive(v_conversation, NULL);
             RETURN NULL;
         END IF;
@@ -586,7 +624,8 @@ ALTER TABLE compaction_source.messages ENABLE ALWAYS TRIGGER messages_track_trun
 -- Runs with the caller's rights (the host table's owner creates triggers on its table);
 -- it needs EXECUTE on track_source_changes, which the engine's owner grants.
 CREATE FUNCTION compaction.attach_source_tracking(
-    p_table regclass, p_conversation_column text, p_run_column text)
+    p_table regclass, p_conversation_column text, p_run_column text,
+    p_message_column text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -600,7 +639,12 @@ BEGIN
         RAISE EXCEPTION 'attach_source_tracking needs a table, its conversation id column and its run id column ('''' when it has none)'
             USING ERRCODE = 'CP020';
     END IF;
-    FOREACH v_column IN ARRAY ARRAY[p_conversation_column, nullif(p_run_column, '')] LOOP
+    IF p_message_column IS NOT NULL AND p_run_column <> '' THEN
+        RAISE EXCEPTION 'attach_source_tracking: a message id column is for a table without a run column (its runs come from the views)'
+            USING ERRCODE = 'CP020';
+    END IF;
+    FOREACH v_column IN ARRAY ARRAY[p_conversation_column, nullif(p_run_column, ''),
+                                    p_message_column] LOOP
         IF v_column IS NOT NULL AND NOT EXISTS (
                SELECT 1 FROM pg_catalog.pg_attribute AS a
                WHERE a.attrelid = p_table AND a.attname = v_column
@@ -613,7 +657,7 @@ BEGIN
     FOREACH v_event IN ARRAY ARRAY['insert', 'update', 'delete', 'truncate'] LOOP
         EXECUTE pg_catalog.format(
             'CREATE TRIGGER %I AFTER %s ON %s %s FOR EACH STATEMENT'
-            ' EXECUTE FUNCTION compaction.track_source_changes(%L, %L)',
+            ' EXECUTE FUNCTION compaction.track_source_changes(%L, %L%s)',
             'compaction_track_' || v_event, pg_catalog.upper(v_event), p_table,
             CASE v_event
                 WHEN 'insert' THEN 'REFERENCING NEW TABLE AS new_rows'
@@ -621,15 +665,17 @@ BEGIN
                 WHEN 'delete' THEN 'REFERENCING OLD TABLE AS old_rows'
                 ELSE ''
             END,
-            p_conversation_column, p_run_column);
+            p_conversation_column, p_run_column,
+            CASE WHEN p_message_column IS NOT NULL
+                 THEN ', ' || pg_catalog.quote_literal(p_message_column) ELSE '' END);
         -- ALWAYS: logical replication's apply (session_replication_role = replica) too.
         EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %I',
                                   p_table, 'compaction_track_' || v_event);
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION compaction.attach_source_tracking(regclass, text, text) IS
-    'Attaches the change-tracking triggers (INSERT, UPDATE, DELETE, TRUNCATE) to a host table behind the source views, naming its conversation id and run id columns; then CALL compaction.rebuild_derived_state()';
+COMMENT ON FUNCTION compaction.attach_source_tracking(regclass, text, text, text) IS
+    'Attaches the change-tracking triggers (INSERT, UPDATE, DELETE, TRUNCATE) to a host table behind the source views, naming its conversation id and run id columns (or '''' and, optionally, its message id column, so an append re-derives only its run); then CALL compaction.rebuild_derived_state()';
 
 CREATE FUNCTION compaction.detach_source_tracking(p_table regclass)
 RETURNS void

@@ -168,5 +168,7 @@ COMMENT ON VIEW compaction.source_messages IS
     'Source contract: messages(message_id, conversation_id, run_id, role, status, content text; seq bigint); re-pointed by the pycompactor recipe for the Agents SDK SQLAlchemySession tables';
 
 -- Keep the engine's derived state exact in the writing transaction. The table has no run
--- column (runs are derived), so each write re-derives the sessions it touched whole.
-SELECT compaction.attach_source_tracking({messages_literal}::regclass, 'session_id', '');
+-- column (runs are derived); naming its message id column lets an append (the SDK's
+-- add_items) re-derive only the runs of its new items. pop_item and clear_session
+-- (deletes) re-derive the session.
+SELECT compaction.attach_source_tracking({messages_literal}::regclass, 'session_id', '', 'id');

@@ -13,6 +13,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bench.sdk_source import SDK_TABLES_DDL
 from pycompactor import db
@@ -198,3 +200,78 @@ def test_check_source_names_the_missing_index(sdk: Conn) -> None:
     assert slow.lookup == "message_by_id"
     assert slow.advice is not None
     assert "an index on public.agent_messages (((id)::text))" in slow.advice, slow.advice
+
+
+# --- tracking by message id (revision 0010): random writes stay exact -------------------
+
+ITEMS = {"user": user("Q 基金？"), "said": said("A: 净值 1.5"), "call": CALL,
+         "output": OUTPUT, "reasoning": REASONING, "interim": said("working on it")}
+KIND = st.sampled_from(sorted(ITEMS))
+WRITES = st.lists(st.one_of(
+    st.tuples(st.just("append"), st.lists(KIND, min_size=1, max_size=3)),
+    st.tuples(st.just("insert_between"), st.integers(0, 99), KIND),
+    st.tuples(st.just("update"), st.integers(0, 99), KIND),
+    st.tuples(st.just("delete"), st.integers(0, 99)),
+), min_size=1, max_size=14)
+_SESSIONS = iter(range(10**6))
+
+
+@settings(deadline=None, database=None, max_examples=40,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(start=st.lists(KIND, min_size=0, max_size=40), writes=WRITES)
+def test_tracking_by_message_id_stays_exact_under_any_write(
+        sdk: Conn, start: list[str], writes: list[Any]) -> None:
+    """Appends re-derive only their runs (and the run before them); inserts between old
+    items, role-changing updates and deletes must leave the derived state equal to the
+    views' judgement (verify_conversation) after every statement."""
+    session = f"p{next(_SESSIONS)}"
+    ids: list[int] = []
+
+    def insert(pairs: list[tuple[int, str]]) -> None:
+        sdk.execute("INSERT INTO public.agent_sessions (session_id) VALUES (%s)"
+                    " ON CONFLICT DO NOTHING", (session,))
+        with sdk.cursor() as cur:
+            cur.execute(
+                "INSERT INTO public.agent_messages (id, session_id, message_data)"
+                " SELECT i, %s, d FROM unnest(%s::int[], %s::text[]) AS x (i, d)",
+                (session, [i for i, _ in pairs], [json.dumps(ITEMS[k]) for _, k in pairs]))
+        ids.extend(i for i, _ in pairs)
+        ids.sort()
+
+    def check() -> None:
+        assert sdk.execute("SELECT * FROM compaction.verify_conversation(%s)",
+                           (session,)).fetchall() == []
+
+    base = 10**6 * (next(_SESSIONS) + 1)  # explicit ids, far apart per example
+    insert([(base + 1000 * n, kind) for n, kind in enumerate(start)] if start else [])
+    check()
+    for write in writes:
+        if write[0] == "append":
+            top = ids[-1] if ids else base
+            insert([(top + 1000 * (n + 1), kind) for n, kind in enumerate(write[1])])
+        elif write[0] == "insert_between" and len(ids) >= 2:
+            k = write[1] % (len(ids) - 1)
+            if ids[k + 1] - ids[k] > 1:
+                insert([((ids[k] + ids[k + 1]) // 2, write[2])])
+        elif write[0] == "update" and ids:
+            sdk.execute("UPDATE public.agent_messages SET message_data = %s WHERE id = %s",
+                        (json.dumps(ITEMS[write[2]]), ids[write[1] % len(ids)]))
+        elif write[0] == "delete" and ids:
+            gone = ids.pop(write[1] % len(ids))
+            sdk.execute("DELETE FROM public.agent_messages WHERE id = %s", (gone,))
+        check()
+
+
+def test_an_item_inserted_inside_a_run_rederives_the_run_it_cut(sdk: Conn) -> None:
+    """A user item inserted between a run's question and its answer starts a new run
+    that takes the answer: the run it cut (the run before the new item) loses its pair."""
+    sdk.execute("INSERT INTO public.agent_sessions (session_id) VALUES ('cut')")
+    for item_id, item in ((1000, user("Q1")), (3000, said("A1"))):
+        sdk.execute("INSERT INTO public.agent_messages (id, session_id, message_data)"
+                    " VALUES (%s, 'cut', %s)", (item_id, json.dumps(item)))
+    assert [p.user_message_id for p in db.eligible_pairs(sdk, "cut")] == ["1000"]
+    sdk.execute("INSERT INTO public.agent_messages (id, session_id, message_data)"
+                " VALUES (2000, 'cut', %s)", (json.dumps(user("Q2")),))
+    assert [p.user_message_id for p in db.eligible_pairs(sdk, "cut")] == ["2000"]
+    assert sdk.execute("SELECT * FROM compaction.verify_conversation('cut')").fetchall() == []
+    assert sdk.execute("SELECT compaction.derived_state_status()").fetchone() == ("in_use",)
