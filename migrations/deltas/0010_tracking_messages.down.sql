@@ -1,6 +1,7 @@
 -- Revision 0010_tracking_messages, down: tracking without a message id column. Tables
--- attached with one keep triggers with three arguments, which the restored function
--- refuses: re-attach them (compaction.attach_source_tracking) after the downgrade.
+-- attached with one are re-attached without it (their writes re-derive the touched
+-- conversation whole again); the derived state is then used after the next rebuild
+-- (CALL compaction.rebuild_derived_state()), exact from the views until then.
 
 CREATE OR REPLACE FUNCTION compaction.track_source_changes()
 RETURNS trigger
@@ -218,5 +219,25 @@ END
 $$;
 COMMENT ON FUNCTION compaction.attach_source_tracking(regclass, text, text) IS
     'Attaches the change-tracking triggers (INSERT, UPDATE, DELETE, TRUNCATE) to a host table behind the source views, naming its conversation id and run id columns; then CALL compaction.rebuild_derived_state()';
+
+DO $$
+DECLARE
+    v_trigger record;
+BEGIN
+    FOR v_trigger IN
+        SELECT DISTINCT t.tgrelid::regclass AS tab,
+               pg_catalog.encode(t.tgargs, 'escape') AS args
+        FROM pg_catalog.pg_trigger AS t
+        WHERE t.tgfoid = 'compaction.track_source_changes()'::regprocedure
+          AND t.tgnargs = 3
+    LOOP
+        -- tgargs holds the arguments NUL-terminated: conversation column, '' , message column.
+        PERFORM compaction.attach_source_tracking(
+            v_trigger.tab,
+            pg_catalog.split_part(v_trigger.args, '\000', 1),
+            pg_catalog.split_part(v_trigger.args, '\000', 2));
+    END LOOP;
+END
+$$;
 
 CALL compaction.assign_ownership();
