@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from pycompactor import db
+from pycompactor.extractive import MAX_SUMMARY_CHARS
 from pycompactor.models import AckResult
 from tests.history import History
 from tests.sql.engine import GOOD, LEASE, MODEL, T0, V3, claim, scalar, target
@@ -392,3 +393,11 @@ def test_reply_problem_is_completes_verdict(conn: Conn, text: str | None,
     assert c.job_id is not None
     done = db.complete(conn, c.job_id, 1, text, finish_reason, tools, now=T0)
     assert (done.ok, done.reason) == (verdict is None, verdict or "completed")
+
+
+def test_the_extractive_budget_is_the_limit_the_database_enforces(conn: Conn) -> None:
+    """pycompactor/extractive-1 writes within MAX_SUMMARY_CHARS; the database is what
+    enforces the limit (DESIGN §6, §8). One number: this fails if they drift apart."""
+    limit = MAX_SUMMARY_CHARS
+    assert db.reply_problem(conn, "界" * limit, "stop", 0) is None
+    assert db.reply_problem(conn, "界" * (limit + 1), "stop", 0) == "too_long"

@@ -13,13 +13,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from pycompactor import db
+from pycompactor import db, schema
 from pycompactor.models import ClaimResult, CompleteResult
 from tests.history import History
 from tests.sql.engine import GOOD, LEASE, T0, claim, scalar, target, wait_until_blocked
 
 Conn = psycopg.Connection[Any]
-LOCK_CLASS = 1129316352
 
 
 @pytest.fixture
@@ -149,7 +148,8 @@ def assert_narrow(locks: list[tuple[str, str | None, int | None, int | None, str
     seen_advisory = set()
     for locktype, relation, classid, objid, mode in locks:
         if locktype == "advisory":
-            assert classid == LOCK_CLASS
+            # the class the driver's migration lock uses too: one number, not two
+            assert classid == schema.LOCK_CLASS
             assert objid is not None
             seen_advisory.add(objid)
             assert mode == "ExclusiveLock"
