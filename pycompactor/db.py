@@ -307,7 +307,7 @@ def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
     `stats` is p_stats: any of input_tokens, output_tokens, figures_total, figures_kept
     (non-negative integers; the database refuses anything else with CP020).
     `conversation_id` must be the job's (else lease_lost); the worker always passes it.
-    `now` is honoured only for a superuser or compaction_owner (else CP021).
+    `now` is honoured only for a superuser or compaction_owner (else CP025).
     """
     return _row(
         conn, class_row(CompleteResult),

@@ -122,10 +122,17 @@ class InvalidArgument(EngineError):
     sqlstate = "CP020"
 
 
+class SourceNotTracked(EngineError):
+    """The source is not tracked (or changed during the rebuild); attach the tracking
+    triggers (docs/integrating.md) and run the rebuild again."""
+
+    sqlstate = "CP021"
+
+
 class ClockNotYours(EngineError):
     """p_now is honoured only for a superuser or compaction_owner; omit it."""
 
-    sqlstate = "CP021"
+    sqlstate = "CP025"
 
 
 class InvalidTime(EngineError):
@@ -173,6 +180,7 @@ _BY_SQLSTATE: dict[str, type[EngineError]] = {
         TruncateRefused,
         PromptVersionFrozen,
         InvalidArgument,
+        SourceNotTracked,
         ClockNotYours,
         InvalidTime,
         InvalidLease,

@@ -508,7 +508,7 @@ BEGIN
                    WHERE r.rolname = session_user AND r.rolsuper)
        AND NOT pg_catalog.pg_has_role(session_user, 'compaction_owner', 'MEMBER') THEN
         RAISE EXCEPTION 'p_now is honoured only for a superuser or a member of compaction_owner'
-            USING ERRCODE = 'CP021',
+            USING ERRCODE = 'CP025',
                   HINT = 'Omit p_now: the server''s clock decides leases and finish times.';
     END IF;
     IF NOT pg_catalog.isfinite(p_now) THEN
@@ -518,7 +518,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.caller_now(timestamptz) IS
-    'Internal: now(), or p_now when the session user is a superuser or a member of compaction_owner (else CP021; a non-finite p_now is CP022)';
+    'Internal: now(), or p_now when the session user is a superuser or a member of compaction_owner (else CP025; a non-finite p_now is CP022)';
 
 CREATE FUNCTION compaction.checked_lease(p_lease interval)
 RETURNS interval

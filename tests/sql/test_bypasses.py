@@ -99,10 +99,10 @@ def still_running_then_finishes(conn: Conn, r: Running) -> None:
 def test_worker_cannot_backdate_complete(conn: Conn, running: Running) -> None:
     before = state(conn)
     for now in (running.server_now - timedelta(hours=1), running.server_now):
-        refused("CP021", db.complete, running.worker, running.job_id, 1, GOOD, "stop", 0,
+        refused("CP025", db.complete, running.worker, running.job_id, 1, GOOD, "stop", 0,
                 now=now, conversation_id="c1")
-        refused("CP021", db.fail, running.worker, running.job_id, 1, "timeout", now=now)
-        refused("CP021", db.heartbeat, running.worker, running.job_id, 1, now=now)
+        refused("CP025", db.fail, running.worker, running.job_id, 1, "timeout", now=now)
+        refused("CP025", db.heartbeat, running.worker, running.job_id, 1, now=now)
     assert state(conn) == before
     still_running_then_finishes(conn, running)
 
@@ -116,7 +116,7 @@ def test_expired_lease_cannot_be_completed_with_an_earlier_clock(
     assert c.job_id is not None
     with connect_as(login_role("compaction_worker")) as worker:
         before = state(conn)
-        refused("CP021", db.complete, worker, c.job_id, 1, GOOD, "stop", 0,
+        refused("CP025", db.complete, worker, c.job_id, 1, GOOD, "stop", 0,
                 now=scalar(conn, "SELECT now()") - timedelta(hours=1), conversation_id="c1")
         assert state(conn) == before
         late = db.complete(worker, c.job_id, 1, GOOD, "stop", 0, conversation_id="c1")
@@ -149,7 +149,7 @@ def test_worker_cannot_claim_from_the_future_past_admission(conn: Conn,
     conn.execute("UPDATE compaction.settings SET max_running = 1")
     t2 = target(conn, "c2")
     before = state(conn)
-    refused("CP021", claim, running.worker, "c2", t2,
+    refused("CP025", claim, running.worker, "c2", t2,
             now=running.server_now + timedelta(days=1))
     assert claim(running.worker, "c2", t2, now=None).reason == "admission_full"
     assert state(conn) == before
@@ -189,7 +189,7 @@ def test_worker_cannot_reap_at_infinity(conn: Conn, running: Running) -> None:
     for now in ("infinity", "2999-01-01"):
         with pytest.raises(psycopg.Error) as info:
             running.worker.execute("SELECT compaction.reap(p_now => %s)", (now,))
-        assert info.value.sqlstate == "CP021"
+        assert info.value.sqlstate == "CP025"
     assert state(conn) == before
     assert db.reap(running.worker) == 0
     still_running_then_finishes(conn, running)

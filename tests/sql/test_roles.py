@@ -26,7 +26,7 @@ def test_worker_claims_and_completes_but_writes_nothing_directly(
         # plan, claim, heartbeat, complete, fail, reap, enqueue, dequeue: all through functions
         plan = db.plan_targets(worker, "c1")
         assert plan == [t]
-        # the worker role leaves time to the server (p_now is the owner's, CP021)
+        # the worker role leaves time to the server (p_now is the owner's, CP025)
         c = claim(worker, "c1", t, now=None)
         assert c.job_id is not None
         assert db.heartbeat(worker, c.job_id, 1, conversation_id="c1").ok
