@@ -122,3 +122,15 @@ def test_the_sql_check_sees_sql() -> None:
     for prose in ("Select the newest", "grant it SELECT.", "an UPDATE of a row",
                   "not rebuilt (CALL compaction.rebuild_derived_state() when ready)"):
         assert not SQL.search(prose), prose
+
+
+def test_every_project_sqlstate_has_its_exception_class() -> None:
+    """Each CP code the stored logic raises maps to one class of pycompactor.errors, so a
+    caller catches it by name (a code reused for another meaning shows up here as one
+    class whose docstring no longer fits: keep one meaning per code)."""
+    from pycompactor import errors
+    from pycompactor.schema import sql_files
+
+    raised = {code for path in sql_files()
+              for code in re.findall(r"ERRCODE = '(CP\d{3})'", path.read_text(encoding="utf-8"))}
+    assert raised - set(errors._BY_SQLSTATE) == set()
