@@ -77,13 +77,14 @@ INSERT INTO compaction.source_tracking (singleton, stamp, object_oids, stamped_a
 VALUES (true, NULL, NULL, NULL);
 
 -- What the derived state depends on, read from the catalogs: the rewrite rules of the two
--- source views and the tracking triggers of every table they read, each as oid:xmin. A
--- catalog row's xmin changes whenever the row is replaced (CREATE OR REPLACE VIEW,
--- ENABLE/DISABLE TRIGGER) and its oid when it is dropped and made again (DROP/CREATE
--- TRIGGER, a dump and restore), so any such change yields another stamp. NULL when some
--- table behind the views lacks an enabled-always (fires under any
+-- source views and of every view they read, through any depth (revision 0011: a host's
+-- views may read views of its own), and the tracking triggers of every table behind
+-- them, each as oid:xmin. A catalog row's xmin changes whenever the row is replaced
+-- (CREATE OR REPLACE VIEW, ENABLE/DISABLE TRIGGER) and its oid when it is dropped and
+-- made again (DROP/CREATE TRIGGER, a dump and restore), so any such change yields another
+-- stamp. NULL when some table behind the views lacks an enabled-always (fires under any
 -- session_replication_role) statement-level AFTER tracking trigger for INSERT, UPDATE,
--- DELETE and TRUNCATE, or the views read something other than tables.
+-- DELETE and TRUNCATE, or the views read something other than tables and views.
 CREATE FUNCTION compaction.source_stamp()
 RETURNS text
 LANGUAGE plpgsql
@@ -96,13 +97,26 @@ DECLARE
     v_tracker regprocedure := pg_catalog.to_regprocedure('compaction.track_source_changes()');
 BEGIN
     RETURN (
-        WITH rules AS (
+        WITH RECURSIVE rules AS (
             SELECT rw.oid, rw.ev_class, rw.xmin
             FROM pg_catalog.pg_rewrite AS rw
             WHERE rw.ev_class IN (pg_catalog.to_regclass('compaction.source_runs'),
                                   pg_catalog.to_regclass('compaction.source_messages'))
+            UNION
+            -- the rules of the (plain) views those rules read, and so on; a materialized
+            -- view stays a relation: REFRESH changes it without any trigger
+            SELECT rw.oid, rw.ev_class, rw.xmin
+            FROM rules AS ru
+            JOIN pg_catalog.pg_depend AS d
+              ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = ru.oid
+            JOIN pg_catalog.pg_class AS v ON v.oid = d.refobjid AND v.relkind = 'v'
+            JOIN pg_catalog.pg_rewrite AS rw ON rw.ev_class = v.oid
+            WHERE d.refclassid = 'pg_catalog.pg_class'::regclass
+              AND d.deptype = 'n'
+              AND d.refobjid <> ru.ev_class
         ),
         relations AS (
+            -- what the rules read that is not itself one of the views: the tables
             SELECT DISTINCT d.refobjid AS relid
             FROM rules AS ru
             JOIN pg_catalog.pg_depend AS d
@@ -110,6 +124,7 @@ BEGIN
             WHERE d.refclassid = 'pg_catalog.pg_class'::regclass
               AND d.deptype = 'n'
               AND d.refobjid <> ru.ev_class
+              AND d.refobjid NOT IN (SELECT r2.ev_class FROM rules AS r2)
         ),
         triggers AS (
             SELECT tg.oid, tg.xmin, tg.tgrelid, tg.tgtype::int AS tgtype
@@ -129,7 +144,9 @@ BEGIN
             LEFT JOIN triggers AS t ON t.tgrelid = rel.relid
             GROUP BY rel.relid, c.relkind
         )
-        SELECT CASE WHEN (SELECT count(*) FROM rules) = 2
+        SELECT CASE WHEN (SELECT count(*) FROM rules AS ru
+                          WHERE ru.ev_class IN (pg_catalog.to_regclass('compaction.source_runs'),
+                                                pg_catalog.to_regclass('compaction.source_messages'))) = 2
                      AND (SELECT pg_catalog.bool_and(t.complete) FROM tracked AS t) THEN
                    (SELECT pg_catalog.string_agg(o.oid::text || ':' || o.xmin::text, ','
                                                  ORDER BY o.oid)

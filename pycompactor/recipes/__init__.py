@@ -50,6 +50,7 @@ def agents_sqlalchemy_sql(*, schema: str = "public", sessions_table: str = "agen
             sql.Identifier(schema, messages_table).as_string(None)),
         role_fn=sql.Identifier(schema, f"{prefix}_role"),
         content_fn=sql.Identifier(schema, f"{prefix}_content"),
+        runs_view=sql.Identifier(schema, f"{prefix}_runs"),
         role_idx=sql.Identifier(f"{prefix}_role_idx"),
         session_idx=sql.Identifier(f"{prefix}_session_id_idx"),
         id_idx=sql.Identifier(f"{prefix}_id_text_idx"),
@@ -62,8 +63,8 @@ def install_agents_sqlalchemy(conn: psycopg.Connection[Any], *, schema: str = "p
                               rebuild: bool = True) -> RecipeResult:
     """Point the source views at the Agents SDK's SQLAlchemySession tables.
 
-    Creates two IMMUTABLE helper functions and three indexes on the messages table (in
-    `schema`, named `pycompactor_<messages_table>_*`), grants the engine's owner role
+    Creates two IMMUTABLE helper functions, a helper view of the runs and three indexes on
+    the messages table (in `schema`, named `pycompactor_<messages_table>_*`), grants the engine's owner role
     read access, re-points `compaction.source_runs` / `compaction.source_messages`, and
     attaches the change-tracking triggers to the messages table; then (`rebuild`) derives
     the existing history once. Idempotent. Run it as a superuser, or as the tables' owner

@@ -87,17 +87,13 @@ GRANT USAGE ON SCHEMA {schema} TO compaction_owner;
 GRANT SELECT ON {messages} TO compaction_owner;
 GRANT EXECUTE ON FUNCTION {role_fn}(text), {content_fn}(jsonb) TO compaction_owner;
 
--- A run per user item. Listing conversations in order (the worker's --sweep, the
--- derived-state rebuild, check-source's samples) walks the role index, where the role
--- is already computed: no item's JSON is parsed for it.
-CREATE OR REPLACE VIEW compaction.source_runs AS
-    SELECT u.id::text AS run_id,
-           u.session_id::text AS conversation_id,
-           CASE WHEN EXISTS (SELECT 1 FROM {messages} AS a
-                             WHERE a.session_id = u.session_id
-                               AND {role_fn}(a.message_data) = 'assistant'
-                               AND a.id > u.id AND a.id < nu.next_id)
-                THEN 'completed' ELSE 'in_progress' END AS status
+-- The runs: each user item with the id of the session's next user item, where its run
+-- ends. Both source views read runs here (a plain view: the planner inlines it, and the
+-- engine's tracking check follows it to the messages table). Listing conversations in
+-- order (the worker's --sweep, the derived-state rebuild, check-source's samples) walks
+-- the role index, where the role is already computed: no item's JSON is parsed for it.
+CREATE OR REPLACE VIEW {runs_view} AS
+    SELECT u.id, u.session_id, nu.next_id
     FROM {messages} AS u
     CROSS JOIN LATERAL (
         SELECT coalesce(min(n.id), 9223372036854775807) AS next_id
@@ -106,6 +102,20 @@ CREATE OR REPLACE VIEW compaction.source_runs AS
           AND n.id > u.id
     ) AS nu
     WHERE {role_fn}(u.message_data) = 'user';
+COMMENT ON VIEW {runs_view} IS
+    'pycompactor recipe (Agents SDK SQLAlchemySession): each user item (a run) with the id of the next user item of its session';
+GRANT SELECT ON {runs_view} TO compaction_owner;
+
+-- A run per user item, completed once it holds an assistant message item.
+CREATE OR REPLACE VIEW compaction.source_runs AS
+    SELECT u.id::text AS run_id,
+           u.session_id::text AS conversation_id,
+           CASE WHEN EXISTS (SELECT 1 FROM {messages} AS a
+                             WHERE a.session_id = u.session_id
+                               AND {role_fn}(a.message_data) = 'assistant'
+                               AND a.id > u.id AND a.id < u.next_id)
+                THEN 'completed' ELSE 'in_progress' END AS status
+    FROM {runs_view} AS u;
 
 -- Each item, with the run it belongs to: the last user item of its session at or before
 -- it (none for items before the session's first user item: a LEFT JOIN). The join keeps
@@ -133,17 +143,8 @@ CREATE OR REPLACE VIEW compaction.source_messages AS
         FROM (SELECT m.message_data::jsonb AS j OFFSET 0) AS x
         OFFSET 0
     ) AS d
-    LEFT JOIN (
-        {messages} AS u
-        CROSS JOIN LATERAL (
-            SELECT coalesce(min(n.id), 9223372036854775807) AS next_id
-            FROM {messages} AS n
-            WHERE n.session_id = u.session_id AND {role_fn}(n.message_data) = 'user'
-              AND n.id > u.id
-        ) AS nu
-    )
-      ON {role_fn}(u.message_data) = 'user'
-     AND u.session_id = m.session_id AND m.id >= u.id AND m.id < nu.next_id
+    LEFT JOIN {runs_view} AS u
+      ON u.session_id = m.session_id AND m.id >= u.id AND m.id < u.next_id
      AND u.id = (SELECT max(p.id) FROM {messages} AS p
                  WHERE p.session_id = m.session_id AND {role_fn}(p.message_data) = 'user'
                    AND p.id <= m.id)
@@ -155,7 +156,7 @@ CREATE OR REPLACE VIEW compaction.source_messages AS
                        CASE WHEN EXISTS (SELECT 1 FROM {messages} AS l
                                          WHERE l.session_id = m.session_id
                                            AND {role_fn}(l.message_data) = 'assistant'
-                                           AND l.id > m.id AND l.id < nu.next_id)
+                                           AND l.id > m.id AND l.id < u.next_id)
                             THEN 'assistant_interim' ELSE 'assistant' END
                    ELSE coalesce(d.item_role, 'sdk_item')
                END AS role

@@ -187,3 +187,32 @@ def test_roles_reach_only_what_they_need(conn: Conn, login_role: LoginRole) -> N
                           "CALL compaction.rebuild_derived_state()"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 worker.execute(statement)
+
+
+def test_source_views_may_read_views(conn: Conn) -> None:
+    """Revision 0011: a source view reading a view of the host's is tracked when the
+    tables behind both are; the inner view's rule is part of the stamp, so replacing it
+    takes the derived state out of use until a rebuild. A materialized view behind the
+    source is not tracked (REFRESH fires no trigger)."""
+    History(conn).pairs("c", 12)
+    conn.execute("CREATE VIEW public.host_runs AS"
+                 " SELECT run_id, conversation_id, status FROM compaction_source.runs")
+    conn.execute("CREATE OR REPLACE VIEW compaction.source_runs AS"
+                 " SELECT r.run_id, r.conversation_id, r.status FROM public.host_runs AS r")
+    conn.execute("GRANT SELECT ON public.host_runs TO compaction_owner")
+    assert state(conn) == "not_rebuilt"
+    conn.execute("CALL compaction.rebuild_derived_state()")
+    assert state(conn) == "in_use"
+    History(conn).pairs("c", 3)
+    assert pair_indexes(conn, "c") == list(range(15))
+    assert problems(conn, "c") == []
+    conn.execute("CREATE OR REPLACE VIEW public.host_runs AS"
+                 " SELECT run_id, conversation_id, status FROM compaction_source.runs")
+    assert state(conn) == "not_rebuilt"
+    conn.execute("CALL compaction.rebuild_derived_state()")
+    assert state(conn) == "in_use"
+    conn.execute("CREATE MATERIALIZED VIEW public.frozen_runs AS"
+                 " SELECT run_id, conversation_id, status FROM compaction_source.runs")
+    conn.execute("CREATE OR REPLACE VIEW public.host_runs AS"
+                 " SELECT run_id, conversation_id, status FROM public.frozen_runs")
+    assert state(conn) == "untracked"
