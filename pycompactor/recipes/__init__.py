@@ -67,8 +67,9 @@ def install_agents_sqlalchemy(conn: psycopg.Connection[Any], *, schema: str = "p
     the messages table (in `schema`, named `pycompactor_<messages_table>_*`), grants the
     engine's owner role read access, re-points `compaction.source_runs` /
     `compaction.source_messages`, and attaches the change-tracking triggers to the
-    messages table (by message id); then (`rebuild`) derives the existing history once. Idempotent. Run it as a superuser, or as the tables' owner
-    being a member of `compaction_owner` (docs/agents.md). `conn` must be in autocommit
+    messages table (by message id); then (`rebuild`) derives the existing history once.
+    Idempotent. Run it as a superuser, or as the tables' owner being a member of
+    `compaction_owner` (docs/agents.md). `conn` must be in autocommit
     mode with no transaction open: the rebuild commits in batches.
     """
     with wrap_exceptions():
