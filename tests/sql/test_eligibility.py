@@ -51,32 +51,25 @@ def test_user_message_status_is_not_considered(conn: Conn) -> None:
     assert run_ids(conn) == [run]
 
 
-def test_completed_plus_streaming_assistant_is_ambiguous(conn: Conn) -> None:
+@pytest.mark.parametrize(("messages", "reason"), [
+    pytest.param([("user", "q", "completed"), ("assistant", "done", "completed"),
+                  ("assistant", "still typ", "streaming")], "multiple_assistant_messages",
+                 id="completed_plus_streaming_assistant_is_ambiguous"),
+    pytest.param([("user", "q", "completed"), ("assistant", "a1", "completed"),
+                  ("assistant", "a2", "completed")], "multiple_assistant_messages",
+                 id="two_completed_assistant_messages"),
+    pytest.param([("user", "q1", "completed"), ("user", "q2", "completed"),
+                  ("assistant", "a", "completed")], "multiple_user_messages",
+                 id="two_user_messages"),
+])
+def test_a_run_with_these_messages_is_excluded(conn: Conn, messages: list[tuple[str, str, str]],
+                                               reason: str) -> None:
     h = History(conn)
     run = h.run("c")
-    h.message("c", run, "user", "q")
-    h.message("c", run, "assistant", "done")
-    h.message("c", run, "assistant", "still typ", status="streaming")
+    for role, content, status in messages:
+        h.message("c", run, role, content, status=status)
     assert run_ids(conn) == []
-    assert reasons(conn) == {run: "multiple_assistant_messages"}
-
-
-def test_two_completed_assistant_messages_exclude_the_run(conn: Conn) -> None:
-    h = History(conn)
-    run = h.run("c")
-    h.message("c", run, "user", "q")
-    h.message("c", run, "assistant", "a1")
-    h.message("c", run, "assistant", "a2")
-    assert reasons(conn) == {run: "multiple_assistant_messages"}
-
-
-def test_two_user_messages_exclude_the_run(conn: Conn) -> None:
-    h = History(conn)
-    run = h.run("c")
-    h.message("c", run, "user", "q1")
-    h.message("c", run, "user", "q2")
-    h.message("c", run, "assistant", "a")
-    assert reasons(conn) == {run: "multiple_user_messages"}
+    assert reasons(conn) == {run: reason}
 
 
 def test_run_without_user_or_assistant(conn: Conn) -> None:
