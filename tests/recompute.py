@@ -206,6 +206,18 @@ def assert_matches(conn: psycopg.Connection[Any], raw: Raw,
         probes = hash_probes(len(pairs))
         assert engine_hashes(conn, cid, probes) == [(f, hash_at(pairs, f)) for f in probes], (
             f"source_hash({cid!r}, ...)")
+        # explain_runs (which reads the derived state while it is current, 0012): its
+        # eligible runs are the recomputed pairs' runs, and every verdict is the one
+        # judging the runs from the views gives.
+        explained = conn.execute("SELECT run_id, run_status, eligible, reason"
+                                 " FROM compaction.explain_runs(%s)", (cid,)).fetchall()
+        assert {r[0] for r in explained if r[2]} == {p[1] for p in pairs}, (
+            f"explain_runs({cid!r}) eligible runs")
+        assert explained == conn.execute(
+            "SELECT j.run_id, j.run_status, j.reason IS NULL, j.reason"
+            " FROM compaction.judge_runs(%s) AS j"
+            " ORDER BY j.reason IS NULL, j.user_seq NULLS FIRST, j.run_id", (cid,)).fetchall(), (
+            f"explain_runs({cid!r}) verdicts")
         if verified:
             assert verify(conn, cid) == [], f"verify_conversation({cid!r})"
 
