@@ -367,19 +367,20 @@ def reply_problem(conn: Connection, text: str | None, finish_reason: str | None,
     return problem
 
 
+_WAL_INSERT_LSN_SQL: Final = "SELECT pg_catalog.pg_current_wal_insert_lsn()::text"
+_REPLAYED_SQL: Final = ("SELECT NOT pg_catalog.pg_is_in_recovery()"
+                        " OR pg_catalog.pg_last_wal_replay_lsn() >= %(lsn)s::pg_lsn")
+
+
 def wal_insert_lsn(conn: Connection) -> str:
     """The server's current WAL insert position (a write's LSN, to wait for on a replica)."""
-    lsn: str = _row(conn, tuple_row,
-                    "SELECT pg_catalog.pg_current_wal_insert_lsn()::text", {})[0]
+    lsn: str = _row(conn, tuple_row, _WAL_INSERT_LSN_SQL, {})[0]
     return lsn
 
 
 def replayed(conn: Connection, lsn: str) -> bool:
     """True on a primary, or on a hot standby that has replayed up to `lsn`."""
-    return bool(_row(conn, tuple_row,
-                     "SELECT NOT pg_catalog.pg_is_in_recovery()"
-                     " OR pg_catalog.pg_last_wal_replay_lsn() >= %(lsn)s::pg_lsn",
-                     {"lsn": lsn})[0])
+    return bool(_row(conn, tuple_row, _REPLAYED_SQL, {"lsn": lsn})[0])
 
 
 def summaries(conn: Connection, conversation_id: str) -> list[tuple[int, int, str]]:
@@ -729,7 +730,7 @@ async def aenqueue(conn: psycopg.AsyncConnection[Any], conversation_id: str,
 async def awal_insert_lsn(conn: psycopg.AsyncConnection[Any]) -> str:
     """`wal_insert_lsn` on an async connection."""
     with wrap_exceptions():
-        cur = await conn.execute("SELECT pg_catalog.pg_current_wal_insert_lsn()::text")
+        cur = await conn.execute(_WAL_INSERT_LSN_SQL)
         row = await cur.fetchone()
     assert row is not None
     return str(row[0])
@@ -738,8 +739,6 @@ async def awal_insert_lsn(conn: psycopg.AsyncConnection[Any]) -> str:
 async def areplayed(conn: psycopg.AsyncConnection[Any], lsn: str) -> bool:
     """`replayed` on an async connection."""
     with wrap_exceptions():
-        cur = await conn.execute(
-            "SELECT NOT pg_catalog.pg_is_in_recovery()"
-            " OR pg_catalog.pg_last_wal_replay_lsn() >= %(lsn)s::pg_lsn", {"lsn": lsn})
+        cur = await conn.execute(_REPLAYED_SQL, {"lsn": lsn})
         row = await cur.fetchone()
     return bool(row and row[0])
