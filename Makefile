@@ -12,7 +12,7 @@ PG ?= $(or $(PYCOMPACTOR_PG),auto)
 export PYCOMPACTOR_PG := $(PG)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test prepare-test lint typecheck pytest bench clean
+.PHONY: help venv demo test prepare-test lint typecheck pytest bench test-citus clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -49,6 +49,11 @@ typecheck: $(STAMP) ## mypy --strict
 
 pytest: prepare-test ## the test suite against a throwaway cluster (PG=... picks the server)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Not part of `make test`: it needs a Citus installation, named by its pg_config.
+test-citus: $(STAMP) ## the engine on a real Citus cluster (coordinator + 2 workers): PG_CONFIG=/path/to/pg_config
+	@test -n "$(PG_CONFIG)" || { echo "make test-citus: give PG_CONFIG=/path/to/pg_config of a PostgreSQL with Citus installed" >&2; exit 2; }
+	PYCOMPACTOR_CITUS_PG_CONFIG=$(PG_CONFIG) $(BIN)/pytest tests/citus $(PYTEST_ARGS)
 
 bench: $(STAMP) ## benchmarks vs plain SQL on a durable throwaway cluster (~15 min; docs/benchmarks.md)
 	@scripts/prepare $(BIN)/python

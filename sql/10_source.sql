@@ -16,15 +16,14 @@ CREATE TABLE compaction_source.runs (
     conversation_id text NOT NULL,
     status          text NOT NULL,
     created_at      timestamptz,
-    CONSTRAINT runs_pkey PRIMARY KEY (run_id),
+    -- conversation_id leads every key (DESIGN §11): under Citus these tables are
+    -- distributed by it, co-located with the engine's per-conversation tables.
+    CONSTRAINT runs_pkey PRIMARY KEY (conversation_id, run_id),
     CONSTRAINT runs_conversation_fkey FOREIGN KEY (conversation_id)
         REFERENCES compaction_source.conversations (conversation_id)
 );
 COMMENT ON TABLE compaction_source.runs IS
     'Reference history: one row per Run (execution of one request); status completed, partial or clarify_pending can form a pair';
-
--- eligible_pairs starts from one conversation's runs.
-CREATE INDEX runs_conversation_idx ON compaction_source.runs (conversation_id);
 
 CREATE TABLE compaction_source.messages (
     message_id      text NOT NULL,
@@ -35,15 +34,18 @@ CREATE TABLE compaction_source.messages (
     content         text NOT NULL,
     seq             bigint NOT NULL,
     created_at      timestamptz,
-    CONSTRAINT messages_pkey PRIMARY KEY (message_id),
-    CONSTRAINT messages_run_fkey FOREIGN KEY (run_id)
-        REFERENCES compaction_source.runs (run_id)
+    -- No foreign key to runs (revision 0013): one by run_id alone cannot exist once the
+    -- table is distributed by conversation_id, and one by (conversation_id, run_id) would
+    -- forbid what DESIGN §3 defines, a run's message filed under another conversation
+    -- (the run is then no pair). A dangling run_id forms no pair either.
+    CONSTRAINT messages_pkey PRIMARY KEY (conversation_id, message_id)
 );
 COMMENT ON TABLE compaction_source.messages IS
     'Reference history: messages of all roles; seq orders them within a conversation';
 
--- eligible_pairs gathers every message of a run, whatever conversation it was filed under.
-CREATE INDEX messages_run_idx ON compaction_source.messages (run_id);
+-- Judging a run reads its messages in its conversation (run_id, conversation_id), and
+-- asks by run_id alone whether any was filed under another conversation.
+CREATE INDEX messages_run_idx ON compaction_source.messages (run_id, conversation_id);
 -- Reading a conversation in order (newest-first projection, check-source samples).
 CREATE INDEX messages_conversation_seq_idx
     ON compaction_source.messages (conversation_id, seq, message_id);

@@ -68,7 +68,27 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_foreign text[];
 BEGIN
+    -- §3: a run with a user or assistant message filed under another conversation is no
+    -- pair. That is the one question that crosses conversations, so it is asked on its
+    -- own, by run id alone (a plain read of every shard under Citus); everything else
+    -- below addresses this conversation's rows only.
+    SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
+    FROM compaction.source_messages AS sm
+    -- Two arrays, one evaluated: a generic plan keeps an index scan for each form.
+    WHERE sm.run_id = ANY (CASE WHEN p_run_ids IS NULL
+                                THEN ARRAY(SELECT sr.run_id
+                                           FROM compaction.source_runs AS sr
+                                           WHERE sr.conversation_id = p_conversation_id)
+                                ELSE ARRAY(SELECT sr.run_id
+                                           FROM compaction.source_runs AS sr
+                                           WHERE sr.run_id = ANY (p_run_ids)
+                                             AND sr.conversation_id = p_conversation_id)
+                           END)
+      AND sm.role IN ('user', 'assistant')
+      AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
     RETURN QUERY
     -- A lateral aggregate per run: the messages of each run are fetched by the run_id
     -- index, so the cost follows this conversation's size, never the table's.
@@ -91,8 +111,6 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT count(*) FILTER (WHERE sm.role = 'user') AS n_user,
                    count(*) FILTER (WHERE sm.role = 'assistant') AS n_assistant,
-                   coalesce(bool_or(sm.conversation_id IS DISTINCT FROM p_conversation_id),
-                            false) AS foreign_message,
                    (array_agg(sm.message_id) FILTER (WHERE sm.role = 'user'))[1] AS user_message_id,
                    (array_agg(sm.seq) FILTER (WHERE sm.role = 'user'))[1] AS user_seq,
                    bool_and(compaction.has_content(sm.content)) FILTER (WHERE sm.role = 'user')
@@ -108,7 +126,7 @@ BEGIN
                    max(pg_catalog.octet_length(sm.content)) FILTER (WHERE sm.role = 'assistant')
                        AS assistant_bytes
             FROM compaction.source_messages AS sm
-            WHERE sm.run_id = r.run_id
+            WHERE sm.conversation_id = p_conversation_id AND sm.run_id = r.run_id
               AND sm.role IN ('user', 'assistant')
         ) AS m
     )
@@ -118,7 +136,7 @@ BEGIN
                WHEN p.run_status IS NULL
                  OR p.run_status NOT IN ('completed', 'partial', 'clarify_pending')
                    THEN 'run_status'
-               WHEN p.foreign_message THEN 'foreign_message'
+               WHEN p.run_id = ANY (v_foreign) THEN 'foreign_message'
                WHEN p.n_user = 0 THEN 'no_user_message'
                WHEN p.n_user > 1 THEN 'multiple_user_messages'
                WHEN p.n_assistant = 0 THEN 'no_assistant_message'
@@ -214,19 +232,39 @@ RETURNS TABLE (
     assistant_message_id text,
     assistant_content    text
 )
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
+#variable_conflict use_column
+DECLARE
+    v_indexes    int[];
+    v_runs       text[];
+    v_users      text[];
+    v_assistants text[];
+BEGIN
+    -- The pairs first, then their texts: one statement each (DESIGN §11).
+    SELECT pg_catalog.array_agg(i.pair_index ORDER BY i.pair_index),
+           pg_catalog.array_agg(i.run_id ORDER BY i.pair_index),
+           pg_catalog.array_agg(i.user_message_id ORDER BY i.pair_index),
+           pg_catalog.array_agg(i.assistant_message_id ORDER BY i.pair_index)
+    INTO v_indexes, v_runs, v_users, v_assistants
+    FROM compaction.indexed_pairs(p_conversation_id) AS i;
+    RETURN QUERY
     SELECT i.pair_index, i.run_id, i.user_message_id, u.content, i.assistant_message_id, a.content
-    FROM compaction.indexed_pairs(p_conversation_id) AS i
+    FROM ROWS FROM (pg_catalog.unnest(v_indexes), pg_catalog.unnest(v_runs),
+                    pg_catalog.unnest(v_users), pg_catalog.unnest(v_assistants))
+         AS i (pair_index, run_id, user_message_id, assistant_message_id)
     JOIN compaction.source_messages AS u
-      ON u.message_id = i.user_message_id AND u.run_id = i.run_id AND u.role = 'user'
+      ON u.conversation_id = p_conversation_id AND u.message_id = i.user_message_id
+     AND u.run_id = i.run_id AND u.role = 'user'
     JOIN compaction.source_messages AS a
-      ON a.message_id = i.assistant_message_id AND a.run_id = i.run_id AND a.role = 'assistant'
-    ORDER BY i.pair_index
+      ON a.conversation_id = p_conversation_id AND a.message_id = i.assistant_message_id
+     AND a.run_id = i.run_id AND a.role = 'assistant'
+    ORDER BY i.pair_index;
+END
 $$;
 COMMENT ON FUNCTION compaction.eligible_pairs(text) IS
     'Settled user/assistant pairs of a conversation, ordered by the user message (seq, message_id); pair_index is 0-based';
@@ -246,6 +284,12 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_unpaired text[];
+    v_runs     text[];
+    v_statuses text[];
+    v_reasons  text[];
+    v_seqs     bigint[];
 BEGIN
     IF NOT compaction.derived_state_current() THEN
         RETURN QUERY
@@ -254,29 +298,30 @@ BEGIN
         ORDER BY j.reason IS NULL, j.user_seq NULLS FIRST, j.run_id;
         RETURN;
     END IF;
+    -- The runs without a pair are judged, for their reasons. Each step is a statement of
+    -- its own, results passed on in arrays (DESIGN §11: no engine function nested in a
+    -- query on distributed tables).
+    SELECT pg_catalog.array_agg(sr.run_id) INTO v_unpaired
+    FROM compaction.source_runs AS sr
+    WHERE sr.conversation_id = p_conversation_id
+      AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
+                      WHERE p.conversation_id = p_conversation_id AND p.run_id = sr.run_id);
+    SELECT pg_catalog.array_agg(j.run_id), pg_catalog.array_agg(j.run_status),
+           pg_catalog.array_agg(j.reason), pg_catalog.array_agg(j.user_seq)
+    INTO v_runs, v_statuses, v_reasons, v_seqs
+    FROM compaction.judge_runs(p_conversation_id, coalesce(v_unpaired, '{}')) AS j;
     RETURN QUERY
-    WITH runs AS (
-        SELECT sr.run_id, sr.status
-        FROM compaction.source_runs AS sr
-        WHERE sr.conversation_id = p_conversation_id
-    ), paired AS (
-        SELECT r.run_id, r.status, p.user_seq
-        FROM runs AS r
-        JOIN compaction.pairs AS p
-          ON p.conversation_id = p_conversation_id AND p.run_id = r.run_id
-    ), judged AS (
-        SELECT j.run_id, j.run_status, j.reason, j.user_seq
-        FROM compaction.judge_runs(
-                 p_conversation_id,
-                 ARRAY(SELECT r.run_id FROM runs AS r
-                       WHERE r.run_id NOT IN (SELECT x.run_id FROM paired AS x))) AS j
-    )
     SELECT v.run_id, v.run_status, v.reason IS NULL, v.reason
-    FROM (SELECT x.run_id, x.status AS run_status, NULL::text AS reason, x.user_seq
-          FROM paired AS x
+    FROM (SELECT sr.run_id, sr.status AS run_status, NULL::text AS reason, p.user_seq
+          FROM compaction.source_runs AS sr
+          JOIN compaction.pairs AS p
+            ON p.conversation_id = p_conversation_id AND p.run_id = sr.run_id
+          WHERE sr.conversation_id = p_conversation_id
           UNION ALL
           SELECT j.run_id, j.run_status, j.reason, j.user_seq
-          FROM judged AS j) AS v
+          FROM ROWS FROM (pg_catalog.unnest(v_runs), pg_catalog.unnest(v_statuses),
+                          pg_catalog.unnest(v_reasons), pg_catalog.unnest(v_seqs))
+               AS j (run_id, run_status, reason, user_seq)) AS v
     ORDER BY v.reason IS NULL, v.user_seq NULLS FIRST, v.run_id;
 END
 $$;
@@ -286,7 +331,7 @@ COMMENT ON FUNCTION compaction.explain_runs(text) IS
 -- enc(s) = 4-byte big-endian length of UTF-8(s), then UTF-8(s); the database is UTF8,
 -- so convert_to(..., 'UTF8') is the text's own bytes. The hash of a range is the SHA-256
 -- of enc(u0 id) enc(u0 text) enc(a0 id) enc(a0 text) ... enc(a9 text).
-CREATE FUNCTION compaction.range_hash(p_message_ids text[])
+CREATE FUNCTION compaction.range_hash(p_conversation_id text, p_message_ids text[])
 RETURNS text
 LANGUAGE plpgsql
 STABLE
@@ -310,11 +355,12 @@ BEGIN
                        ''::bytea ORDER BY ids.ord)), 'hex')
                END
         FROM pg_catalog.unnest(p_message_ids) WITH ORDINALITY AS ids (id, ord)
-        JOIN compaction.source_messages AS m ON m.message_id = ids.id);
+        JOIN compaction.source_messages AS m
+          ON m.conversation_id = p_conversation_id AND m.message_id = ids.id);
 END
 $$;
-COMMENT ON FUNCTION compaction.range_hash(text[]) IS
-    'Source hash of a range given its 20 current source ids [u0, a0, ..., u9, a9], reading only those messages; NULL unless all 20 are found exactly once';
+COMMENT ON FUNCTION compaction.range_hash(text, text[]) IS
+    'Source hash of a range of one conversation given its 20 current source ids [u0, a0, ..., u9, a9], reading only those messages; NULL unless all 20 are found exactly once';
 
 -- One range of a conversation as it is now: how many pairs the conversation has, and
 -- the range's 20 source ids and hash when pairs from_pair .. from_pair+9 all exist.
@@ -354,7 +400,7 @@ BEGIN
        OR pg_catalog.cardinality(v_ids) <> 20 THEN
         RETURN QUERY SELECT v_pairs, NULL::text[], NULL::text;
     ELSE
-        RETURN QUERY SELECT v_pairs, v_ids, compaction.range_hash(v_ids);
+        RETURN QUERY SELECT v_pairs, v_ids, compaction.range_hash(p_conversation_id, v_ids);
     END IF;
 END
 $$;
@@ -401,7 +447,7 @@ BEGIN
         GROUP BY p.from_pair
     )
     SELECT r.from_pair::int, (r.from_pair + 9)::int, r.source_message_ids,
-           compaction.range_hash(r.source_message_ids)
+           compaction.range_hash(p_conversation_id, r.source_message_ids)
     FROM ranges AS r
     ORDER BY r.from_pair;
 END

@@ -166,7 +166,7 @@ BEGIN
         -- The ranges the new pairs complete, each hashed from its 20 messages.
         INSERT INTO compaction.ranges AS r
             (conversation_id, from_pair, source_message_ids, source_hash)
-        SELECT p_conversation_id, w.from_pair, w.ids, compaction.range_hash(w.ids)
+        SELECT p_conversation_id, w.from_pair, w.ids, compaction.range_hash(p_conversation_id, w.ids)
         FROM (SELECT g.from_pair,
                      ARRAY(SELECT u.id
                            FROM compaction.pairs AS p
@@ -345,7 +345,7 @@ BEGIN
         FROM wanted AS w
     )
     INSERT INTO compaction.ranges AS r (conversation_id, from_pair, source_message_ids, source_hash)
-    SELECT p_conversation_id, c.from_pair, c.ids, compaction.range_hash(c.ids)
+    SELECT p_conversation_id, c.from_pair, c.ids, compaction.range_hash(p_conversation_id, c.ids)
     FROM present AS c
     WHERE c.touched
        OR NOT EXISTS (SELECT 1 FROM compaction.ranges AS o
@@ -704,71 +704,75 @@ COMMENT ON FUNCTION compaction.detach_source_tracking(regclass) IS
 -- may run it.
 CREATE FUNCTION compaction.verify_conversation(p_conversation_id text)
 RETURNS TABLE (problem text, detail text)
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
-    WITH judged AS (
-        SELECT j.* FROM compaction.judged_pairs(p_conversation_id) AS j
-    ), stored AS (
-        SELECT p.* FROM compaction.pairs AS p WHERE p.conversation_id = p_conversation_id
-    ), judged_ranges AS (
-        SELECT g.from_pair, g.ids, compaction.range_hash(g.ids) AS hash
-        FROM (SELECT j.pair_index / 10 * 10 AS from_pair,
-                     ARRAY(SELECT pg_catalog.unnest(array_agg(
-                         ARRAY[j.user_message_id, j.assistant_message_id] ORDER BY j.pair_index)))
-                         AS ids
-              FROM judged AS j
-              GROUP BY j.pair_index / 10 * 10
-              HAVING count(*) = 10) AS g
-    ), stored_ranges AS (
-        SELECT r.* FROM compaction.ranges AS r WHERE r.conversation_id = p_conversation_id
-    ), counts AS (
-        SELECT (SELECT count(*) FROM judged) AS judged,
-               (SELECT cs.pair_count FROM compaction.conversation_state AS cs
-                WHERE cs.conversation_id = p_conversation_id) AS stored
-    )
-    SELECT 'pair_count'::text,
-           pg_catalog.format('judged %s pairs, derived state has %s', c.judged,
-                             coalesce(c.stored::text, 'no row'))
-    FROM counts AS c
-    WHERE c.judged <> coalesce(c.stored, 0)
-    UNION ALL
-    SELECT CASE WHEN s.run_id IS NULL THEN 'pair_missing'
-                WHEN j.run_id IS NULL THEN 'pair_extra'
-                ELSE 'pair_differs' END,
-           pg_catalog.format('run %s: judged %s, derived %s',
-                             coalesce(j.run_id, s.run_id),
-                             CASE WHEN j.run_id IS NULL THEN 'no pair' ELSE pg_catalog.format(
-                                 'pair %s (seq %s, user %s %s bytes, assistant %s %s bytes)',
-                                 j.pair_index, j.user_seq, j.user_message_id, j.user_bytes,
-                                 j.assistant_message_id, j.assistant_bytes) END,
-                             CASE WHEN s.run_id IS NULL THEN 'no pair' ELSE pg_catalog.format(
-                                 'pair %s (seq %s, user %s %s bytes, assistant %s %s bytes)',
-                                 s.pair_index, s.user_seq, s.user_message_id, s.user_bytes,
-                                 s.assistant_message_id, s.assistant_bytes) END)
-    FROM judged AS j
-    FULL JOIN stored AS s ON s.run_id = j.run_id
-    WHERE (j.pair_index, j.user_seq, j.user_message_id, j.user_bytes,
-           j.assistant_message_id, j.assistant_bytes)
-          IS DISTINCT FROM
-          (s.pair_index, s.user_seq, s.user_message_id, s.user_bytes,
-           s.assistant_message_id, s.assistant_bytes)
-    UNION ALL
-    SELECT CASE WHEN s.from_pair IS NULL THEN 'range_missing'
-                WHEN j.from_pair IS NULL THEN 'range_extra'
-                WHEN j.ids IS DISTINCT FROM s.source_message_ids THEN 'range_ids_differ'
-                ELSE 'range_hash_differs' END,
-           pg_catalog.format('pairs %s-%s: judged hash %s, derived hash %s',
-                             coalesce(j.from_pair, s.from_pair),
-                             coalesce(j.from_pair, s.from_pair) + 9,
-                             coalesce(j.hash, 'none'), coalesce(s.source_hash, 'none'))
-    FROM judged_ranges AS j
-    FULL JOIN stored_ranges AS s ON s.from_pair = j.from_pair
-    WHERE (j.ids, j.hash) IS DISTINCT FROM (s.source_message_ids, s.source_hash)
-    ORDER BY 1, 2
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+        WITH judged AS (
+            SELECT j.* FROM compaction.judged_pairs(p_conversation_id) AS j
+        ), stored AS (
+            SELECT p.* FROM compaction.pairs AS p WHERE p.conversation_id = p_conversation_id
+        ), judged_ranges AS (
+            SELECT g.from_pair, g.ids, compaction.range_hash(p_conversation_id, g.ids) AS hash
+            FROM (SELECT j.pair_index / 10 * 10 AS from_pair,
+                         ARRAY(SELECT pg_catalog.unnest(array_agg(
+                             ARRAY[j.user_message_id, j.assistant_message_id] ORDER BY j.pair_index)))
+                             AS ids
+                  FROM judged AS j
+                  GROUP BY j.pair_index / 10 * 10
+                  HAVING count(*) = 10) AS g
+        ), stored_ranges AS (
+            SELECT r.* FROM compaction.ranges AS r WHERE r.conversation_id = p_conversation_id
+        ), counts AS (
+            SELECT (SELECT count(*) FROM judged) AS judged,
+                   (SELECT cs.pair_count FROM compaction.conversation_state AS cs
+                    WHERE cs.conversation_id = p_conversation_id) AS stored
+        )
+        SELECT 'pair_count'::text,
+               pg_catalog.format('judged %s pairs, derived state has %s', c.judged,
+                                 coalesce(c.stored::text, 'no row'))
+        FROM counts AS c
+        WHERE c.judged <> coalesce(c.stored, 0)
+        UNION ALL
+        SELECT CASE WHEN s.run_id IS NULL THEN 'pair_missing'
+                    WHEN j.run_id IS NULL THEN 'pair_extra'
+                    ELSE 'pair_differs' END,
+               pg_catalog.format('run %s: judged %s, derived %s',
+                                 coalesce(j.run_id, s.run_id),
+                                 CASE WHEN j.run_id IS NULL THEN 'no pair' ELSE pg_catalog.format(
+                                     'pair %s (seq %s, user %s %s bytes, assistant %s %s bytes)',
+                                     j.pair_index, j.user_seq, j.user_message_id, j.user_bytes,
+                                     j.assistant_message_id, j.assistant_bytes) END,
+                                 CASE WHEN s.run_id IS NULL THEN 'no pair' ELSE pg_catalog.format(
+                                     'pair %s (seq %s, user %s %s bytes, assistant %s %s bytes)',
+                                     s.pair_index, s.user_seq, s.user_message_id, s.user_bytes,
+                                     s.assistant_message_id, s.assistant_bytes) END)
+        FROM judged AS j
+        FULL JOIN stored AS s ON s.run_id = j.run_id
+        WHERE (j.pair_index, j.user_seq, j.user_message_id, j.user_bytes,
+               j.assistant_message_id, j.assistant_bytes)
+              IS DISTINCT FROM
+              (s.pair_index, s.user_seq, s.user_message_id, s.user_bytes,
+               s.assistant_message_id, s.assistant_bytes)
+        UNION ALL
+        SELECT CASE WHEN s.from_pair IS NULL THEN 'range_missing'
+                    WHEN j.from_pair IS NULL THEN 'range_extra'
+                    WHEN j.ids IS DISTINCT FROM s.source_message_ids THEN 'range_ids_differ'
+                    ELSE 'range_hash_differs' END,
+               pg_catalog.format('pairs %s-%s: judged hash %s, derived hash %s',
+                                 coalesce(j.from_pair, s.from_pair),
+                                 coalesce(j.from_pair, s.from_pair) + 9,
+                                 coalesce(j.hash, 'none'), coalesce(s.source_hash, 'none'))
+        FROM judged_ranges AS j
+        FULL JOIN stored_ranges AS s ON s.from_pair = j.from_pair
+        WHERE (j.ids, j.hash) IS DISTINCT FROM (s.source_message_ids, s.source_hash)
+        ORDER BY 1, 2;
+END
 $$;
 COMMENT ON FUNCTION compaction.verify_conversation(text) IS
     'Recomputes one conversation from the source views and returns one row per difference from the derived state (no rows: consistent); ids, counts and hashes only';

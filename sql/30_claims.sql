@@ -23,8 +23,11 @@
 -- member of compaction_owner (caller_now); leases lie within 1 second..1 day
 -- (checked_lease); reasons that reach the auditor are codes (checked_reason).
 --
--- Citus: conversation_id leads every primary key and unique index of per-conversation
--- tables (jobs, attempts, job_summaries, queue, audit_events).
+-- Citus (DESIGN §11, revision 0013): conversation_id leads every primary key, unique index
+-- and foreign key between per-conversation tables (jobs, attempts, job_summaries, queue,
+-- audit_events); their ids come from plain sequences, which Citus gives each node a range
+-- of, and nothing orders by them; no trigger on them touches another row: the events and
+-- the admission slots are written by the functions below.
 
 -- ---------------------------------------------------------------------------------------
 -- Tables
@@ -126,9 +129,11 @@ $$;
 COMMENT ON FUNCTION compaction.reply_problem(text, text, int) IS
     'NULL when complete() would accept this reply, else its reason: not_stopped, tool_calls, empty or too_long (checked in that order)';
 
+-- Ids are unique, never ordered: under Citus each node draws from its own range.
+CREATE SEQUENCE compaction.jobs_job_id_seq AS bigint;
 CREATE TABLE compaction.jobs (
     conversation_id    text NOT NULL,
-    job_id             bigint GENERATED ALWAYS AS IDENTITY,
+    job_id             bigint NOT NULL DEFAULT pg_catalog.nextval('compaction.jobs_job_id_seq'),
     scope              text NOT NULL,
     from_pair          int NOT NULL,
     to_pair            int NOT NULL,
@@ -151,6 +156,7 @@ CREATE TABLE compaction.jobs (
 );
 COMMENT ON TABLE compaction.jobs IS
     'One row per compaction identity (conversation, scope, range, source hash, model, prompt version) with its 20 source ids; immutable';
+ALTER SEQUENCE compaction.jobs_job_id_seq OWNED BY compaction.jobs.job_id;
 -- complete/fail/heartbeat are addressed by job_id alone (the fencing token is
 -- (job_id, attempt)); this finds the job's conversation, then everything is keyed by it.
 CREATE INDEX jobs_job_id_idx ON compaction.jobs (job_id);
@@ -208,10 +214,11 @@ ALTER TABLE compaction.attempts
 CREATE UNIQUE INDEX attempts_one_running
     ON compaction.attempts (conversation_id, job_id) WHERE state = 'running';
 
--- Admission: a semaphore of rows, slots 1..settings.max_running (kept by the settings
--- trigger). A running attempt holds one slot with a copy of its lease; a free slot has no
--- holder, and a slot whose holder's lease ran out counts as free (expired attempts never
--- count against admission). Not per conversation: under Citus a reference table.
+-- Admission: a semaphore of rows. Slots 1..10000 always exist (the bound on max_running,
+-- revision 0013: no trigger resizes them); claims use slots 1..settings.max_running. A
+-- running attempt holds one slot with a copy of its lease; a free slot has no holder, and
+-- a slot whose holder's lease ran out counts as free (expired attempts never count
+-- against admission). Not per conversation: under Citus a reference table.
 CREATE TABLE compaction.admission (
     slot                   int NOT NULL,
     holder_conversation_id text,
@@ -226,18 +233,22 @@ CREATE TABLE compaction.admission (
         AND (holder_conversation_id IS NULL) = (lease_expires_at IS NULL))
 );
 COMMENT ON TABLE compaction.admission IS
-    'Internal: admission slots 1..settings.max_running; a running attempt holds one (with its lease), claim takes a free one or refuses admission_full';
--- One slot per identity; the attempts trigger finds a finished attempt's slot by it.
+    'Internal: admission slots 1..10000; a running attempt holds one (with its lease), claim takes a free one among 1..settings.max_running or refuses admission_full';
+-- One slot per identity; a finished attempt's slot is found by it.
 CREATE UNIQUE INDEX admission_holder_key
     ON compaction.admission (holder_conversation_id, holder_job_id)
     WHERE holder_conversation_id IS NOT NULL;
+-- The highest held slot, one step down an index: whether max_running was lowered below
+-- attempts that still hold slots above it.
+CREATE INDEX admission_held_idx ON compaction.admission (slot)
+    WHERE holder_conversation_id IS NOT NULL;
 INSERT INTO compaction.admission (slot)
-SELECT g.slot
-FROM compaction.settings AS s, pg_catalog.generate_series(1, s.max_running) AS g (slot);
+SELECT g.slot FROM pg_catalog.generate_series(1, 10000) AS g (slot);
 
+CREATE SEQUENCE compaction.job_summaries_summary_id_seq AS bigint;
 CREATE TABLE compaction.job_summaries (
     conversation_id text NOT NULL,
-    summary_id      bigint GENERATED ALWAYS AS IDENTITY,
+    summary_id      bigint NOT NULL DEFAULT pg_catalog.nextval('compaction.job_summaries_summary_id_seq'),
     job_id          bigint NOT NULL,
     attempt         int,
     summary         text NOT NULL,
@@ -254,13 +265,18 @@ CREATE TABLE compaction.job_summaries (
 );
 COMMENT ON TABLE compaction.job_summaries IS
     'Completed summaries, one per identity, immutable; attempt is NULL for imports (read them through compaction.summaries)';
+ALTER SEQUENCE compaction.job_summaries_summary_id_seq OWNED BY compaction.job_summaries.summary_id;
 
+CREATE SEQUENCE compaction.audit_events_event_id_seq AS bigint;
 CREATE TABLE compaction.audit_events (
     conversation_id  text NOT NULL,
-    event_id         bigint GENERATED ALWAYS AS IDENTITY,
+    event_id         bigint NOT NULL DEFAULT pg_catalog.nextval('compaction.audit_events_event_id_seq'),
     kind             text NOT NULL,
     occurred_at      timestamptz NOT NULL,
-    recorded_at      timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    -- The log's order (revision 0013): the clock when the event was written, which the
+    -- engine does only while it holds the conversation, so one conversation's events
+    -- follow each other exactly; event_id breaks ties and is unique, not an order.
+    recorded_at      timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     -- Identifies the writing transaction: erase_conversation's tombstone exempts exactly
     -- its own transaction's deletes (compaction.erasing).
     xact_id          xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
@@ -284,191 +300,15 @@ CREATE TABLE compaction.audit_events (
         kind IN ('claim', 'completion', 'failure', 'lease_expiry', 'import', 'erasure'))
 );
 COMMENT ON TABLE compaction.audit_events IS
-    'Append-only event log, one row per state change (claim, completion, failure, lease_expiry, import, erasure); metadata only, never text';
+    'Append-only event log, one row per state change (claim, completion, failure, lease_expiry, import, erasure), in (recorded_at, event_id) order; metadata only, never text';
+ALTER SEQUENCE compaction.audit_events_event_id_seq OWNED BY compaction.audit_events.event_id;
 -- Revision 0007, NOT VALID for the same reason as the attempts' checks: the log is
 -- append-only, earlier entries keep what they recorded.
 ALTER TABLE compaction.audit_events
     ADD CONSTRAINT audit_events_reason_is_code CHECK (reason ~ '^[a-z][a-z0-9_]{0,63}$') NOT VALID,
     ADD CONSTRAINT audit_events_times_finite CHECK (pg_catalog.isfinite(occurred_at)) NOT VALID;
 -- The DBA reads the log newest first across conversations.
-CREATE INDEX audit_events_event_id_idx ON compaction.audit_events (event_id);
-
--- ---------------------------------------------------------------------------------------
--- Triggers that keep derived state in the same transaction as each change
--- ---------------------------------------------------------------------------------------
-
--- claim puts an admitted attempt into its slot itself (it chose the slot); this keeps the
--- slot in step afterwards: a renewed lease is copied, a finished attempt frees its slot
--- (unless another claim already took it over after the lease ran out).
-CREATE FUNCTION compaction.attempts_track_admission()
-RETURNS trigger
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_slot int;
-BEGIN
-    IF NEW.state = 'running' THEN
-        UPDATE compaction.admission AS ad
-        SET lease_expires_at = NEW.lease_expires_at
-        WHERE ad.holder_conversation_id = NEW.conversation_id
-          AND ad.holder_job_id = NEW.job_id AND ad.holder_attempt = NEW.attempt;
-    ELSE
-        UPDATE compaction.admission AS ad
-        SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
-            lease_expires_at = NULL
-        WHERE ad.holder_conversation_id = NEW.conversation_id
-          AND ad.holder_job_id = NEW.job_id AND ad.holder_attempt = NEW.attempt
-        RETURNING ad.slot INTO v_slot;
-        -- A slot above a lowered max_running goes with its last holder.
-        IF v_slot > (SELECT s.max_running FROM compaction.settings AS s) THEN
-            DELETE FROM compaction.admission AS ad WHERE ad.slot = v_slot;
-        END IF;
-    END IF;
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION compaction.attempts_track_admission() IS
-    'Trigger: copies a running attempt''s renewed lease into its admission slot and frees the slot when the attempt ends (dropping it if above max_running)';
-
-CREATE TRIGGER attempts_track_admission
-    AFTER UPDATE ON compaction.attempts
-    FOR EACH ROW
-    WHEN (OLD.state = 'running')
-    EXECUTE FUNCTION compaction.attempts_track_admission();
-ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_track_admission;
-
--- Slots follow settings.max_running. Raising it adds slots; lowering it moves running
--- attempts from the slots above the new limit into free ones below and drops the free
--- slots above. Attempts that do not fit keep their slots above the limit until they end;
--- while any of them is live, claim counts every live holder. The table lock orders this
--- against concurrent claims.
-CREATE FUNCTION compaction.settings_resize_admission()
-RETURNS trigger
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_move   record;
-    v_holder compaction.admission;
-BEGIN
-    LOCK TABLE compaction.admission IN EXCLUSIVE MODE;
-    INSERT INTO compaction.admission (slot)
-    SELECT g.slot FROM pg_catalog.generate_series(1, NEW.max_running) AS g (slot)
-    ON CONFLICT (slot) DO NOTHING;
-    FOR v_move IN
-        WITH above AS (
-            SELECT ad.slot, pg_catalog.row_number() OVER (ORDER BY ad.slot) AS n
-            FROM compaction.admission AS ad
-            WHERE ad.slot > NEW.max_running AND ad.lease_expires_at > pg_catalog.now()
-        ), free AS (
-            SELECT ad.slot, pg_catalog.row_number() OVER (ORDER BY ad.slot) AS n
-            FROM compaction.admission AS ad
-            WHERE ad.slot <= NEW.max_running
-              AND (ad.lease_expires_at IS NULL OR ad.lease_expires_at <= pg_catalog.now())
-        )
-        SELECT above.slot AS from_slot, free.slot AS to_slot
-        FROM above JOIN free USING (n)
-    LOOP
-        -- Out of the old slot first: one slot per identity (admission_holder_key).
-        DELETE FROM compaction.admission AS ad WHERE ad.slot = v_move.from_slot
-        RETURNING ad.* INTO v_holder;
-        UPDATE compaction.admission AS ad
-        SET holder_conversation_id = v_holder.holder_conversation_id,
-            holder_job_id = v_holder.holder_job_id, holder_attempt = v_holder.holder_attempt,
-            lease_expires_at = v_holder.lease_expires_at
-        WHERE ad.slot = v_move.to_slot;
-    END LOOP;
-    DELETE FROM compaction.admission AS ad
-    WHERE ad.slot > NEW.max_running
-      AND (ad.lease_expires_at IS NULL OR ad.lease_expires_at <= pg_catalog.now());
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION compaction.settings_resize_admission() IS
-    'Trigger: keeps admission slots 1..max_running, moving running attempts below a lowered limit where they fit';
-
-CREATE TRIGGER settings_resize_admission
-    AFTER UPDATE OF max_running ON compaction.settings
-    FOR EACH ROW
-    WHEN (NEW.max_running IS DISTINCT FROM OLD.max_running)
-    EXECUTE FUNCTION compaction.settings_resize_admission();
-ALTER TABLE compaction.settings ENABLE ALWAYS TRIGGER settings_resize_admission;
-
-CREATE FUNCTION compaction.attempts_record_event()
-RETURNS trigger
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_kind        text;
-    v_occurred_at timestamptz;
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        v_kind := 'claim';
-        v_occurred_at := NEW.started_at;
-    ELSIF OLD.state = 'running' AND NEW.state <> 'running' THEN
-        v_kind := CASE
-                      WHEN NEW.state = 'completed' THEN 'completion'
-                      WHEN NEW.reason = 'lease_expired' THEN 'lease_expiry'
-                      ELSE 'failure'
-                  END;
-        v_occurred_at := NEW.finished_at;
-    ELSE
-        RETURN NULL;  -- a lease renewal is not a state change
-    END IF;
-    INSERT INTO compaction.audit_events
-        (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id, attempt,
-         reason, worker, model, prompt_version, source_hash, summary_id, summary_chars)
-    SELECT j.conversation_id, v_kind, v_occurred_at, j.scope, j.from_pair, j.to_pair,
-           j.job_id, NEW.attempt, NEW.reason, NEW.worker, j.model, j.prompt_version,
-           j.source_hash,
-           (SELECT s.summary_id FROM compaction.job_summaries AS s
-            WHERE v_kind = 'completion'
-              AND s.conversation_id = NEW.conversation_id AND s.job_id = NEW.job_id),
-           NEW.summary_chars
-    FROM compaction.jobs AS j
-    WHERE j.conversation_id = NEW.conversation_id AND j.job_id = NEW.job_id;
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION compaction.attempts_record_event() IS
-    'Trigger: writes the audit event of a claim, completion, failure or lease expiry';
-
-CREATE TRIGGER attempts_record_event
-    AFTER INSERT OR UPDATE ON compaction.attempts
-    FOR EACH ROW EXECUTE FUNCTION compaction.attempts_record_event();
-ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_record_event;
-
-CREATE FUNCTION compaction.job_summaries_record_import()
-RETURNS trigger
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    INSERT INTO compaction.audit_events
-        (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id,
-         model, prompt_version, source_hash, summary_id, summary_chars)
-    SELECT j.conversation_id, 'import', NEW.completed_at, j.scope, j.from_pair, j.to_pair,
-           j.job_id, j.model, j.prompt_version, j.source_hash, NEW.summary_id,
-           pg_catalog.char_length(NEW.summary)
-    FROM compaction.jobs AS j
-    WHERE j.conversation_id = NEW.conversation_id AND j.job_id = NEW.job_id;
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION compaction.job_summaries_record_import() IS
-    'Trigger: writes the audit event of an imported summary';
-
-CREATE TRIGGER job_summaries_record_import
-    AFTER INSERT ON compaction.job_summaries
-    FOR EACH ROW WHEN (NEW.attempt IS NULL)
-    EXECUTE FUNCTION compaction.job_summaries_record_import();
-ALTER TABLE compaction.job_summaries ENABLE ALWAYS TRIGGER job_summaries_record_import;
+CREATE INDEX audit_events_recorded_at_idx ON compaction.audit_events (recorded_at, event_id);
 
 -- ---------------------------------------------------------------------------------------
 -- Claims and completion
@@ -555,6 +395,65 @@ $$;
 COMMENT ON FUNCTION compaction.checked_reason(text) IS
     'Internal: p_reason if it is a code (^[a-z][a-z0-9_]{0,63}$), else CP024; the value is never echoed in the error';
 
+-- What follows each change of an attempt's state (DESIGN §11: written by the engine's
+-- functions, not by triggers on its tables, so that every statement addresses one
+-- conversation's rows or a global table): its audit event, by the state it is in now,
+-- and for an attempt that ended, its admission slot back (unless another claim took the
+-- slot over after the lease ran out). Called right after the write, under the
+-- conversation's lock.
+CREATE FUNCTION compaction.record_attempt_change(p_conversation_id text, p_job_id bigint,
+                                                 p_attempt int)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_attempt    compaction.attempts;
+    v_job        compaction.jobs;
+    v_summary_id bigint;
+BEGIN
+    -- Read first, then written: each statement addresses one table by its key.
+    SELECT a.* INTO v_attempt
+    FROM compaction.attempts AS a
+    WHERE a.conversation_id = p_conversation_id AND a.job_id = p_job_id
+      AND a.attempt = p_attempt;
+    SELECT j.* INTO v_job
+    FROM compaction.jobs AS j
+    WHERE j.conversation_id = p_conversation_id AND j.job_id = p_job_id;
+    IF v_attempt.state = 'completed' THEN
+        SELECT s.summary_id INTO v_summary_id
+        FROM compaction.job_summaries AS s
+        WHERE s.conversation_id = p_conversation_id AND s.job_id = p_job_id;
+    END IF;
+    INSERT INTO compaction.audit_events
+        (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id, attempt,
+         reason, worker, model, prompt_version, source_hash, summary_id, summary_chars)
+    VALUES (p_conversation_id,
+            CASE
+                WHEN v_attempt.state = 'running' THEN 'claim'
+                WHEN v_attempt.state = 'completed' THEN 'completion'
+                WHEN v_attempt.reason = 'lease_expired' THEN 'lease_expiry'
+                ELSE 'failure'
+            END,
+            CASE WHEN v_attempt.state = 'running' THEN v_attempt.started_at
+                 ELSE v_attempt.finished_at END,
+            v_job.scope, v_job.from_pair, v_job.to_pair, p_job_id, p_attempt,
+            v_attempt.reason, v_attempt.worker, v_job.model, v_job.prompt_version,
+            v_job.source_hash, v_summary_id, v_attempt.summary_chars);
+    IF v_attempt.state IS DISTINCT FROM 'running' THEN
+        UPDATE compaction.admission AS ad
+        SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
+            lease_expires_at = NULL
+        WHERE ad.holder_conversation_id = p_conversation_id
+          AND ad.holder_job_id = p_job_id AND ad.holder_attempt = p_attempt;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION compaction.record_attempt_change(text, bigint, int) IS
+    'Internal: writes the audit event of an attempt''s current state (claim, completion, failure, lease_expiry) and frees its admission slot once it ended';
+
 CREATE FUNCTION compaction.claim(
     p_conversation_id    text,
     p_scope              text,
@@ -587,6 +486,7 @@ DECLARE
     v_max_running int;
     v_slot        int;
     v_overflow    boolean := false;
+    v_expired     record;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
        OR p_model = '' OR p_worker IS NULL THEN
@@ -640,10 +540,15 @@ BEGIN
         v_attempt := 1;
     ELSE
         -- Reap this identity: an expired attempt is a failed attempt.
-        UPDATE compaction.attempts AS a
-        SET state = 'failed', reason = 'lease_expired', finished_at = v_now
-        WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id
-          AND a.state = 'running' AND a.lease_expires_at <= v_now;
+        FOR v_expired IN
+            UPDATE compaction.attempts AS a
+            SET state = 'failed', reason = 'lease_expired', finished_at = v_now
+            WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id
+              AND a.state = 'running' AND a.lease_expires_at <= v_now
+            RETURNING a.attempt
+        LOOP
+            PERFORM compaction.record_attempt_change(p_conversation_id, v_job_id, v_expired.attempt);
+        END LOOP;
 
         IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
                    WHERE s.conversation_id = p_conversation_id AND s.job_id = v_job_id) THEN
@@ -672,13 +577,13 @@ BEGIN
     -- uncommitted claim is as good as taken. Under REPEATABLE READ or SERIALIZABLE a
     -- slot another claim took after this snapshot raises a serialization failure.
     SELECT s.max_running INTO v_max_running FROM compaction.settings AS s;
-    -- Slots above max_running exist only while attempts admitted before it was lowered
-    -- still hold them (settings_resize_admission could not fit them below; a slot above
-    -- is dropped when its holder ends). Then the free slots below do not tell the count:
-    -- claims serialise on the live ones (the no-op update also makes a claim whose
-    -- snapshot missed another's fail at REPEATABLE READ) and count every live holder.
-    -- max(slot) is one step down the primary key, so the usual case costs nothing.
-    IF (SELECT max(ad.slot) FROM compaction.admission AS ad) > v_max_running THEN
+    -- Slots above max_running are held only by attempts admitted before it was lowered.
+    -- While any is, the free slots below do not tell the count: claims serialise on the
+    -- live holders above (the no-op update also makes a claim whose snapshot missed
+    -- another's fail at REPEATABLE READ) and count every live holder. The highest held
+    -- slot is one step down admission_held_idx, so the usual case costs nothing.
+    IF (SELECT max(ad.slot) FROM compaction.admission AS ad
+        WHERE ad.holder_conversation_id IS NOT NULL) > v_max_running THEN
         UPDATE compaction.admission AS ad
         SET lease_expires_at = ad.lease_expires_at
         WHERE ad.slot > v_max_running AND ad.lease_expires_at > v_now;
@@ -726,6 +631,7 @@ BEGIN
     SET holder_conversation_id = p_conversation_id, holder_job_id = v_job_id,
         holder_attempt = v_attempt, lease_expires_at = v_lease
     WHERE ad.slot = v_slot;
+    PERFORM compaction.record_attempt_change(p_conversation_id, v_job_id, v_attempt);
     RETURN QUERY SELECT true, 'claimed'::text, v_job_id, v_attempt, v_lease;
 END
 $$;
@@ -782,6 +688,7 @@ BEGIN
         WHERE a.conversation_id = v_conversation_id AND a.job_id = p_job_id
           AND a.attempt = p_attempt
         RETURNING a.* INTO v_attempt;
+        PERFORM compaction.record_attempt_change(v_conversation_id, p_job_id, p_attempt);
     END IF;
     RETURN v_attempt;
 END
@@ -905,6 +812,7 @@ BEGIN
             figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept
         WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
           AND a.attempt = p_attempt;
+        PERFORM compaction.record_attempt_change(v_attempt.conversation_id, p_job_id, p_attempt);
         RETURN QUERY SELECT false, v_problem, NULL::bigint;
         RETURN;
     END IF;
@@ -920,6 +828,7 @@ BEGIN
         figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt;
+    PERFORM compaction.record_attempt_change(v_attempt.conversation_id, p_job_id, p_attempt);
     RETURN QUERY SELECT true, 'completed'::text, v_summary_id;
 END
 $$;
@@ -957,6 +866,7 @@ BEGIN
     SET state = 'failed', reason = p_reason, finished_at = v_now
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt;
+    PERFORM compaction.record_attempt_change(v_attempt.conversation_id, p_job_id, p_attempt);
     RETURN QUERY SELECT true, 'failed'::text;
 END
 $$;
@@ -990,6 +900,11 @@ BEGIN
     SET lease_expires_at = v_lease
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt;
+    -- The slot carries a copy of the lease: a renewed attempt keeps counting.
+    UPDATE compaction.admission AS ad
+    SET lease_expires_at = v_lease
+    WHERE ad.holder_conversation_id = v_attempt.conversation_id
+      AND ad.holder_job_id = p_job_id AND ad.holder_attempt = p_attempt;
     RETURN QUERY SELECT true, v_lease;
 END
 $$;

@@ -79,6 +79,7 @@ DECLARE
     v_now       timestamptz := pg_catalog.now();
     v_until     timestamptz;
     v_candidate record;
+    v_token     uuid;
     v_taken     int := 0;
 BEGIN
     IF p_scope IS NULL OR p_scope = '' THEN
@@ -112,10 +113,12 @@ BEGIN
           AND (q.leased_until IS NULL OR q.leased_until <= v_now)
         FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
+        -- The token is drawn first: Citus takes no volatile function into an UPDATE of
+        -- a distributed table.
+        v_token := pg_catalog.gen_random_uuid();
         RETURN QUERY
         UPDATE compaction.queue AS q
-        SET leased_until = v_until, lease_token = pg_catalog.gen_random_uuid(),
-            requeued_at = NULL
+        SET leased_until = v_until, lease_token = v_token, requeued_at = NULL
         WHERE q.conversation_id = v_candidate.conversation_id AND q.scope = p_scope
         RETURNING q.conversation_id, q.scope, q.enqueued_at, q.lease_token, q.leased_until;
         v_taken := v_taken + 1;

@@ -4,6 +4,55 @@
 -- and puts their conversations back on the queue (31_queue.sql), so the one retry the
 -- contract allows happens without a sweep. claim and the fenced calls reap the identity
 -- they touch themselves (30_claims.sql).
+--
+-- DESIGN §11: no statement spans conversations with a row lock. reap finds the
+-- conversations with expired attempts by a plain read, then settles each one by
+-- statements that address that conversation alone (reap_conversation), under its lock.
+
+CREATE FUNCTION compaction.reap_conversation(p_conversation_id text, p_now timestamptz)
+RETURNS int
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_expired record;
+    v_jobs    bigint[] := '{}';
+BEGIN
+    PERFORM compaction.lock_conversation(p_conversation_id);
+    -- Under the lock, an attempt being completed, failed or renewed right now has
+    -- settled first; the state and lease are read again here, so nothing is reaped twice.
+    FOR v_expired IN
+        UPDATE compaction.attempts AS a
+        SET state = 'failed', reason = 'lease_expired', finished_at = p_now
+        WHERE a.conversation_id = p_conversation_id
+          AND a.state = 'running' AND a.lease_expires_at <= p_now
+        RETURNING a.job_id, a.attempt
+    LOOP
+        PERFORM compaction.record_attempt_change(p_conversation_id, v_expired.job_id,
+                                                 v_expired.attempt);
+        v_jobs := v_jobs || v_expired.job_id;
+    END LOOP;
+    IF pg_catalog.cardinality(v_jobs) > 0 THEN
+        -- The expired attempt's worker is gone and can no longer nudge anyone: put the
+        -- conversation back on the queue, so the one retry the contract allows happens
+        -- without a sweep and without workers re-queueing every claim just in case.
+        -- Like enqueue: an entry leased right now is marked requeued, so the
+        -- acknowledgement of a worker that examined it before this expiry keeps it.
+        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
+        SELECT DISTINCT j.conversation_id, j.scope, pg_catalog.now()
+        FROM compaction.jobs AS j
+        WHERE j.conversation_id = p_conversation_id AND j.job_id = ANY (v_jobs)
+        ORDER BY 1, 2
+        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
+            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
+    END IF;
+    RETURN pg_catalog.cardinality(v_jobs);
+END
+$$;
+COMMENT ON FUNCTION compaction.reap_conversation(text, timestamptz) IS
+    'Internal: reap for one conversation, under its lock; returns how many attempts it marked lease_expired';
 
 CREATE FUNCTION compaction.reap(p_now timestamptz DEFAULT NULL)
 RETURNS int
@@ -13,40 +62,20 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now   timestamptz := compaction.caller_now(p_now);
-    v_count int;
+    v_now          timestamptz := compaction.caller_now(p_now);
+    v_conversation text;
+    v_count        int := 0;
 BEGIN
-    -- SKIP LOCKED: an attempt locked right now is being completed, failed or renewed by
-    -- its own fenced call, which settles its expiry itself; two reapers never deadlock.
-    WITH expired AS (
-        SELECT a.conversation_id, a.job_id, a.attempt
+    -- In conversation order, so two reapers take the conversations' locks in the same
+    -- order and never deadlock.
+    FOR v_conversation IN
+        SELECT DISTINCT a.conversation_id
         FROM compaction.attempts AS a
         WHERE a.state = 'running' AND a.lease_expires_at <= v_now
-        ORDER BY a.conversation_id, a.job_id
-        FOR UPDATE SKIP LOCKED
-    )
-    , failed AS (
-        UPDATE compaction.attempts AS a
-        SET state = 'failed', reason = 'lease_expired', finished_at = v_now
-        FROM expired AS e
-        WHERE a.conversation_id = e.conversation_id AND a.job_id = e.job_id
-          AND a.attempt = e.attempt
-        RETURNING a.conversation_id, a.job_id
-    ), requeued AS (
-        -- The expired attempt's worker is gone and can no longer nudge anyone: put the
-        -- conversation back on the queue, so the one retry the contract allows happens
-        -- without a sweep and without workers re-queueing every claim just in case.
-        -- Like enqueue: an entry leased right now is marked requeued, so the
-        -- acknowledgement of a worker that examined it before this expiry keeps it.
-        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
-        SELECT DISTINCT f.conversation_id, j.scope, pg_catalog.now()
-        FROM failed AS f
-        JOIN compaction.jobs AS j ON j.conversation_id = f.conversation_id AND j.job_id = f.job_id
-        ORDER BY 1, 2
-        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
-            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL
-    )
-    SELECT count(*) INTO v_count FROM failed;
+        ORDER BY 1
+    LOOP
+        v_count := v_count + compaction.reap_conversation(v_conversation, v_now);
+    END LOOP;
     RETURN v_count;
 END
 $$;

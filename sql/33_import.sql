@@ -79,6 +79,13 @@ BEGIN
                 p_conversation_id, p_scope, p_from_pair, p_from_pair + 9
             USING ERRCODE = 'CP006';
     END;
+    -- Written here, not by a trigger on job_summaries (DESIGN §11).
+    INSERT INTO compaction.audit_events
+        (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id,
+         model, prompt_version, source_hash, summary_id, summary_chars)
+    VALUES (p_conversation_id, 'import', p_completed_at, p_scope, p_from_pair,
+            p_from_pair + 9, v_job_id, p_model, p_prompt_version, p_source_hash,
+            v_summary_id, pg_catalog.char_length(p_summary));
     RETURN v_summary_id;
 END
 $$;

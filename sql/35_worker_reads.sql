@@ -9,13 +9,28 @@ CREATE FUNCTION compaction.worker_targets(
     p_conversation_id text, p_scope text, p_model text, p_prompt_version text)
 RETURNS TABLE (from_pair int, to_pair int, source_message_ids text[], source_hash text,
                completed boolean)
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
-    SELECT t.from_pair, t.to_pair, t.source_message_ids, t.source_hash,
+#variable_conflict use_column
+DECLARE
+    v_from   int[];
+    v_ids    text[];
+    v_hashes text[];
+BEGIN
+    -- The targets first, then which of them hold a summary: one statement each (DESIGN
+    -- §11). The ids travel as one row of 20 per target.
+    SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
+           pg_catalog.array_agg(t.source_message_ids ORDER BY t.from_pair),
+           pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
+    INTO v_from, v_ids, v_hashes
+    FROM compaction.plan_targets(p_conversation_id) AS t;
+    RETURN QUERY
+    SELECT t.from_pair, t.from_pair + 9,
+           ARRAY(SELECT pg_catalog.unnest(v_ids[t.k::int:t.k::int][1:20])), t.source_hash,
            EXISTS (SELECT 1
                    FROM compaction.jobs AS j
                    JOIN compaction.job_summaries AS s
@@ -23,8 +38,10 @@ AS $$
                    WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
                      AND j.from_pair = t.from_pair AND j.source_hash = t.source_hash
                      AND j.model = p_model AND j.prompt_version = p_prompt_version)
-    FROM compaction.plan_targets(p_conversation_id) AS t
-    ORDER BY t.from_pair
+    FROM ROWS FROM (pg_catalog.unnest(v_from), pg_catalog.unnest(v_hashes))
+         WITH ORDINALITY AS t (from_pair, source_hash, k)
+    ORDER BY t.from_pair;
+END
 $$;
 COMMENT ON FUNCTION compaction.worker_targets(text, text, text, text) IS
     'The targets of plan_targets with whether that identity (scope, model, prompt version) already holds a completed summary, so a worker claims only what is left';
@@ -32,23 +49,35 @@ COMMENT ON FUNCTION compaction.worker_targets(text, text, text, text) IS
 CREATE FUNCTION compaction.range_replies(
     p_conversation_id text, p_from_pair int, p_source_hash text)
 RETURNS TABLE (pair_index int, assistant_message_id text, assistant_content text)
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids  text[];
+    v_hash text;
+BEGIN
     -- Only while the range is what the claim bound: a range edited after the claim
-    -- returns no rows, so the model never summarises text the hash does not cover.
+    -- returns no rows, so the model never summarises text the hash does not cover. The
+    -- range first, then the texts: one statement each (DESIGN §11).
+    SELECT r.source_message_ids, r.source_hash INTO v_ids, v_hash
+    FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+    IF v_hash IS DISTINCT FROM p_source_hash OR p_source_hash IS NULL THEN
+        RETURN;
+    END IF;
     -- source_message_ids is [u0, a0, ..., u9, a9]: the replies sit at the even positions.
+    RETURN QUERY
     SELECT (p_from_pair + u.ord / 2 - 1)::int, m.message_id, m.content
-    FROM compaction.current_range(p_conversation_id, p_from_pair) AS r
-    CROSS JOIN LATERAL pg_catalog.unnest(r.source_message_ids)
-        WITH ORDINALITY AS u (message_id, ord)
+    FROM pg_catalog.unnest(v_ids) WITH ORDINALITY AS u (message_id, ord)
     JOIN compaction.source_messages AS m
-      ON m.message_id = u.message_id AND m.role = 'assistant'
-    WHERE r.source_hash = p_source_hash AND u.ord % 2 = 0
-    ORDER BY u.ord
+      ON m.conversation_id = p_conversation_id AND m.message_id = u.message_id
+     AND m.role = 'assistant'
+    WHERE u.ord % 2 = 0
+    ORDER BY u.ord;
+END
 $$;
 COMMENT ON FUNCTION compaction.range_replies(text, int, text) IS
     'The 10 assistant replies of range from_pair (pair_index, message id, text), only while the range''s current source hash equals the one given; no user text';

@@ -5,28 +5,28 @@
 -- superuser and under session_replication_role = replica. TRUNCATE is refused by
 -- statement triggers (and the privilege is revoked in 90_roles.sql).
 --
--- The one sanctioned removal is compaction.erase_conversation. It first writes its
--- erasure tombstone to compaction.audit_events; the delete guards let a row go only when
--- an erasure event of that row's conversation was written by the current transaction
--- (compaction.erasing). An accidental DELETE has no such event and is refused; forging
--- one needs INSERT on the event log, i.e. the owner, and leaves the forgery on record.
+-- The one sanctioned removal is compaction.erase_conversation. It writes its erasure
+-- tombstone to compaction.audit_events, then marks its transaction as erasing that one
+-- conversation (the transaction-local setting compaction.erasing) for as long as its
+-- deletes run; the delete guards let a row go only while that mark names the row's
+-- conversation (compaction.erasing). Revision 0013: the guards read their own row and
+-- that setting, never another table (DESIGN §11), so they work where Citus runs them, on
+-- the node holding the shard; Citus carries the SET LOCAL there. An accidental DELETE
+-- carries no mark and is refused; setting one by hand is as deliberate as disabling a
+-- trigger, which the owner can do anyway (docs/security.md).
 
 CREATE FUNCTION compaction.erasing(p_conversation_id text)
 RETURNS boolean
-LANGUAGE sql
-VOLATILE
-SECURITY DEFINER
+LANGUAGE plpgsql
+STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT EXISTS (
-        SELECT 1
-        FROM compaction.audit_events AS e
-        WHERE e.conversation_id = p_conversation_id
-          AND e.kind = 'erasure'
-          AND e.xact_id = pg_catalog.pg_current_xact_id_if_assigned())
+BEGIN
+    RETURN pg_catalog.current_setting('compaction.erasing', true) = p_conversation_id;
+END
 $$;
 COMMENT ON FUNCTION compaction.erasing(text) IS
-    'Internal: true inside the transaction of erase_conversation(p_conversation_id), after its tombstone was written';
+    'Internal: true inside erase_conversation(p_conversation_id) while it deletes that conversation''s rows';
 
 CREATE FUNCTION compaction.jobs_guard()
 RETURNS trigger
@@ -37,20 +37,16 @@ BEGIN
     IF TG_OP = 'DELETE' AND compaction.erasing(OLD.conversation_id) THEN
         RETURN OLD;
     END IF;
-    IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
-               WHERE s.conversation_id = OLD.conversation_id AND s.job_id = OLD.job_id) THEN
-        RAISE EXCEPTION 'compaction.jobs: job % has a completed summary; its identity never changes (% refused)',
-                OLD.job_id, TG_OP
-            USING ERRCODE = 'CP010',
-                  HINT = 'Erasure requests go through compaction.erase_conversation.';
-    END IF;
-    RAISE EXCEPTION 'compaction.jobs: identities are append-only (% of job % refused)', TG_OP, OLD.job_id
-        USING ERRCODE = 'CP011',
+    -- Whether the job holds a summary would need another table (DESIGN §11): an identity
+    -- never changes, with or without one.
+    RAISE EXCEPTION 'compaction.jobs: job % is an identity and never changes (% refused)',
+            OLD.job_id, TG_OP
+        USING ERRCODE = 'CP010',
               HINT = 'Erasure requests go through compaction.erase_conversation.';
 END
 $$;
 COMMENT ON FUNCTION compaction.jobs_guard() IS
-    'Trigger: refuses UPDATE and DELETE of identities (CP010 with a completed summary, else CP011) except inside erase_conversation';
+    'Trigger: refuses UPDATE and DELETE of identities (CP010) except inside erase_conversation';
 
 CREATE FUNCTION compaction.job_summaries_guard()
 RETURNS trigger
@@ -261,23 +257,28 @@ BEGIN
     SELECT count(*) INTO v_summaries FROM compaction.job_summaries AS s
     WHERE s.conversation_id = p_conversation_id;
 
-    -- The tombstone comes first: it is what lets the guards pass these deletes. It holds
-    -- ids, counts, the reason and the time, never text of the erased rows.
+    -- The tombstone comes first. It holds ids, counts, the reason and the time, never
+    -- text of the erased rows.
     INSERT INTO compaction.audit_events
         (conversation_id, kind, occurred_at, reason, erased_jobs, erased_attempts, erased_summaries)
     VALUES (p_conversation_id, 'erasure', pg_catalog.now(), p_reason, v_jobs, v_attempts, v_summaries);
 
+    -- The mark the delete guards look for, as SET LOCAL statements: Citus carries those
+    -- (and only those) to the nodes that run the deletes, once told to.
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension AS e WHERE e.extname = 'citus') THEN
+        EXECUTE 'SET LOCAL citus.propagate_set_commands = local';
+    END IF;
+    EXECUTE pg_catalog.format('SET LOCAL compaction.erasing = %L', p_conversation_id);
     DELETE FROM compaction.job_summaries AS s WHERE s.conversation_id = p_conversation_id;
     UPDATE compaction.admission AS ad
     SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
         lease_expires_at = NULL
     WHERE ad.holder_conversation_id = p_conversation_id;
-    DELETE FROM compaction.admission AS ad
-    WHERE ad.slot > (SELECT s.max_running FROM compaction.settings AS s)
-      AND ad.holder_conversation_id IS NULL;
     DELETE FROM compaction.attempts AS a WHERE a.conversation_id = p_conversation_id;
     DELETE FROM compaction.jobs AS j WHERE j.conversation_id = p_conversation_id;
     DELETE FROM compaction.queue AS q WHERE q.conversation_id = p_conversation_id;
+    -- The rest of the caller's transaction is guarded again.
+    EXECUTE 'SET LOCAL compaction.erasing = ''''';
     RETURN v_summaries;
 END
 $$;

@@ -75,28 +75,68 @@ CREATE VIEW compaction.audit_jobs AS
 COMMENT ON VIEW compaction.audit_jobs IS
     'Audit: every job with each attempt (state, reason, worker, lease, duration, finish metadata, token usage and figures kept as reported to complete, NULL when not reported) and imported summaries as state imported; no text';
 
+-- Computed where the source views are (DESIGN §11, revision 0013). A view that called
+-- source_hash per row would, under Citus, be pushed down to the shards on the workers,
+-- which have no source views; this function reads the summaries' bindings, then asks
+-- source_hash once per range on the node it runs on.
+CREATE FUNCTION compaction.stale_summaries()
+RETURNS TABLE (summary_id bigint, conversation_id text, scope text, from_pair int,
+               to_pair int, job_id bigint, imported boolean, model text,
+               prompt_version text, completed_at timestamptz, stored_hash text,
+               current_hash text, staleness text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_summary record;
+    v_key     text;
+    v_hash    text;
+BEGIN
+    FOR v_summary IN
+        SELECT s.summary_id AS sid, j.conversation_id AS cid, j.scope AS sc,
+               j.from_pair AS fp, j.to_pair AS tp,
+               CASE WHEN s.attempt IS NOT NULL THEN j.job_id END AS jid,
+               s.attempt IS NULL AS imp, j.model AS mo, j.prompt_version AS pv,
+               s.completed_at AS ca, j.source_hash AS sh
+        FROM compaction.job_summaries AS s
+        JOIN compaction.jobs AS j
+          ON j.conversation_id = s.conversation_id AND j.job_id = s.job_id
+        ORDER BY j.conversation_id, j.from_pair, s.summary_id
+    LOOP
+        -- Summaries of one range share one hash.
+        IF v_key IS DISTINCT FROM v_summary.cid || ':' || v_summary.fp THEN
+            v_key := v_summary.cid || ':' || v_summary.fp;
+            v_hash := compaction.source_hash(v_summary.cid, v_summary.fp);
+        END IF;
+        CONTINUE WHEN v_hash IS NOT DISTINCT FROM v_summary.sh;
+        summary_id := v_summary.sid;
+        conversation_id := v_summary.cid;
+        scope := v_summary.sc;
+        from_pair := v_summary.fp;
+        to_pair := v_summary.tp;
+        job_id := v_summary.jid;
+        imported := v_summary.imp;
+        model := v_summary.mo;
+        prompt_version := v_summary.pv;
+        completed_at := v_summary.ca;
+        stored_hash := v_summary.sh;
+        current_hash := v_hash;
+        staleness := CASE WHEN v_hash IS NULL THEN 'range_incomplete' ELSE 'source_changed' END;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION compaction.stale_summaries() IS
+    'Internal: the rows of audit_stale_summaries (completed summaries whose range''s current hash differs from the stored one)';
+
 CREATE VIEW compaction.audit_stale_summaries AS
-    SELECT s.summary_id,
-           j.conversation_id,
-           j.scope,
-           j.from_pair,
-           j.to_pair,
-           CASE WHEN s.attempt IS NOT NULL THEN j.job_id END AS job_id,
-           s.attempt IS NULL AS imported,
-           j.model,
-           j.prompt_version,
-           s.completed_at,
-           j.source_hash AS stored_hash,
-           c.current_hash,
-           CASE WHEN c.current_hash IS NULL THEN 'range_incomplete' ELSE 'source_changed' END
-               AS staleness
-    FROM compaction.job_summaries AS s
-    JOIN compaction.jobs AS j
-      ON j.conversation_id = s.conversation_id AND j.job_id = s.job_id
-    CROSS JOIN LATERAL (
-        SELECT compaction.source_hash(j.conversation_id, j.from_pair) AS current_hash
-    ) AS c
-    WHERE c.current_hash IS DISTINCT FROM j.source_hash;
+    SELECT st.summary_id, st.conversation_id, st.scope, st.from_pair, st.to_pair, st.job_id,
+           st.imported, st.model, st.prompt_version, st.completed_at, st.stored_hash,
+           st.current_hash, st.staleness
+    FROM compaction.stale_summaries() AS st;
 COMMENT ON VIEW compaction.audit_stale_summaries IS
     'Audit: completed summaries whose source changed since (hash recomputed in SQL) or whose range no longer has 10 pairs';
 

@@ -31,10 +31,27 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_derived boolean := compaction.derived_state_current();
+    v_ranges  int[];
+    v_from    int[];
+    v_ids     text[];
+    v_hashes  text[];
 BEGIN
     -- source_current: the range exists now with exactly the stored ids and hash. From the
     -- derived state that is a comparison per summary; judged from the views it costs one
-    -- hash per distinct range that has summaries.
+    -- hash per distinct range that has summaries, computed first, in a statement of its
+    -- own (DESIGN §11: no engine function nested in a query on distributed tables).
+    IF NOT v_derived THEN
+        SELECT pg_catalog.array_agg(DISTINCT s.from_pair) INTO v_ranges
+        FROM compaction.summaries AS s
+        WHERE s.conversation_id = p_conversation_id AND s.scope = p_scope;
+        SELECT pg_catalog.array_agg(f.from_pair ORDER BY f.from_pair),
+               pg_catalog.array_agg(c.source_message_ids ORDER BY f.from_pair),
+               pg_catalog.array_agg(c.source_hash ORDER BY f.from_pair)
+        INTO v_from, v_ids, v_hashes
+        FROM pg_catalog.unnest(v_ranges) AS f (from_pair)
+        CROSS JOIN LATERAL compaction.current_range(p_conversation_id, f.from_pair) AS c
+        WHERE c.source_hash IS NOT NULL;
+    END IF;
     RETURN QUERY
     WITH summaries AS (
         SELECT s.summary_id, s.from_pair, s.to_pair, s.source_message_ids, s.source_hash,
@@ -48,9 +65,10 @@ BEGIN
         WHERE v_derived AND r.conversation_id = p_conversation_id
           AND r.from_pair IN (SELECT x.from_pair FROM summaries AS x)
         UNION ALL
-        SELECT f.from_pair, c.source_message_ids, c.source_hash
-        FROM (SELECT DISTINCT x.from_pair FROM summaries AS x) AS f
-        CROSS JOIN LATERAL compaction.current_range(p_conversation_id, f.from_pair) AS c
+        SELECT u.from_pair, ARRAY(SELECT pg_catalog.unnest(v_ids[u.k::int:u.k::int][1:20])),
+               u.source_hash
+        FROM ROWS FROM (pg_catalog.unnest(v_from), pg_catalog.unnest(v_hashes))
+             WITH ORDINALITY AS u (from_pair, source_hash, k)
         WHERE NOT v_derived
     )
     SELECT s.summary_id,
@@ -80,21 +98,25 @@ COMMENT ON FUNCTION compaction.projection_summaries(text, text) IS
 CREATE FUNCTION compaction.projection_texts(
     p_conversation_id text, p_message_ids text[], p_summary_ids bigint[])
 RETURNS TABLE (message_id text, summary_id bigint, content text)
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    -- By primary key: only the rows named are read, however long the conversation.
-    SELECT m.message_id, NULL::bigint, m.content
-    FROM compaction.source_messages AS m
-    WHERE m.message_id = ANY (p_message_ids)
-      AND m.conversation_id = p_conversation_id
-    UNION ALL
-    SELECT NULL::text, s.summary_id, s.summary
-    FROM compaction.summaries AS s
-    WHERE s.conversation_id = p_conversation_id
-      AND s.summary_id = ANY (p_summary_ids)
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+        -- By primary key: only the rows named are read, however long the conversation.
+        SELECT m.message_id, NULL::bigint, m.content
+        FROM compaction.source_messages AS m
+        WHERE m.message_id = ANY (p_message_ids)
+          AND m.conversation_id = p_conversation_id
+        UNION ALL
+        SELECT NULL::text, s.summary_id, s.summary
+        FROM compaction.summaries AS s
+        WHERE s.conversation_id = p_conversation_id
+          AND s.summary_id = ANY (p_summary_ids);
+END
 $$;
 COMMENT ON FUNCTION compaction.projection_texts(text, text[], bigint[]) IS
     'Texts of the named messages and summaries of one conversation (what a projection includes), one row each';

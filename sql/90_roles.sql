@@ -48,7 +48,7 @@ GRANT USAGE ON SCHEMA compaction TO compaction_worker, compaction_reader, compac
 GRANT EXECUTE ON FUNCTION
     compaction.indexed_pairs(text),
     compaction.eligible_pairs(text),
-    compaction.range_hash(text[]),
+    compaction.range_hash(text, text[]),
     compaction.plan_targets(text),
     compaction.source_hash(text, int),
     compaction.explain_runs(text)
@@ -75,12 +75,14 @@ TO compaction_worker;
 GRANT SELECT ON compaction.prompt_versions TO compaction_worker, compaction_reader;
 GRANT SELECT ON compaction.summaries TO compaction_reader;
 
--- Metadata only. audit_stale_summaries recomputes hashes, and a function inside a view
--- runs with the caller's EXECUTE privilege: source_hash returns a hash, never text.
+-- Metadata only. audit_stale_summaries reads stale_summaries(), and a function inside a
+-- view runs with the caller's EXECUTE privilege: it and source_hash return hashes and
+-- ids, never text.
 GRANT SELECT ON compaction.audit_jobs, compaction.audit_stale_summaries,
                 compaction.audit_exhausted, compaction.audit_events
 TO compaction_auditor;
-GRANT EXECUTE ON FUNCTION compaction.source_hash(text, int) TO compaction_auditor;
+GRANT EXECUTE ON FUNCTION compaction.source_hash(text, int), compaction.stale_summaries()
+TO compaction_auditor;
 
 -- TRUNCATE is refused by triggers as well; not even the owner holds the privilege.
 REVOKE TRUNCATE ON compaction.jobs, compaction.attempts, compaction.job_summaries,

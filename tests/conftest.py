@@ -32,6 +32,9 @@ from tests.modelserver import ModelServer
 
 TEMPLATE_DB = "pycompactor_template"
 
+# tests/citus needs a Citus installation and runs only under `make test-citus`.
+collect_ignore = [] if os.environ.get("PYCOMPACTOR_CITUS_PG_CONFIG") else ["citus"]
+
 
 def pytest_report_header() -> str:
     """Which server the run is on (PYCOMPACTOR_PG / PYCOMPACTOR_PG_BINDIR pick it)."""

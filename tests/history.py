@@ -22,7 +22,13 @@ class SeededPair:
 
 
 class History:
-    """Writes conversations, runs and messages with increasing seq per conversation."""
+    """Writes conversations, runs and messages with increasing seq per conversation.
+
+    With enqueue_writes (set by tests/citus, where the reference tables' queue triggers
+    are detached), every write also calls compaction.enqueue, as a host does.
+    """
+
+    enqueue_writes = False
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
@@ -48,7 +54,12 @@ class History:
             " VALUES (%s, %s, %s, now())",
             (run_id, conversation_id, status),
         )
+        self._enqueue(conversation_id)
         return run_id
+
+    def _enqueue(self, conversation_id: str) -> None:
+        if self.enqueue_writes:
+            self.conn.execute("SELECT compaction.enqueue(%s)", (conversation_id,))
 
     def message(self, conversation_id: str, run_id: str | None, role: str, content: str,
                 status: str = "completed", message_id: str | None = None,
@@ -61,6 +72,7 @@ class History:
             (message_id, conversation_id, run_id, role, status, content,
              seq if seq is not None else self.next_seq(conversation_id)),
         )
+        self._enqueue(conversation_id)
         return message_id
 
     def pair(self, conversation_id: str, user: str | None = None, assistant: str | None = None,
@@ -99,4 +111,5 @@ class History:
                           " role, status, content, seq) FROM STDIN") as copy:
                 for message in messages:
                     copy.write_row(message)
+        self._enqueue(conversation_id)
         return seeded

@@ -1,0 +1,111 @@
+-- pycompactor stored logic, section 8: scaling out with Citus (DESIGN §11).
+--
+-- The engine runs unchanged on Citus once its tables are distributed: every
+-- per-conversation table by conversation_id, co-located with the others, and the global
+-- tables as reference tables. compaction.citus_tables() is the one list of which is
+-- which; the static conformance test (tests/sql/test_citus_rules.py) checks the catalog
+-- against it, and compaction.distribute_on_citus() applies it (docs/operations.md,
+-- "Scaling out with Citus").
+
+CREATE FUNCTION compaction.citus_tables()
+RETURNS TABLE (table_name text, placement text, step int)
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- In distribution order: reference tables first (distributed tables refer to them),
+    -- then each distributed table after the tables its foreign keys name.
+    VALUES ('compaction.settings', 'reference', 1),
+           ('compaction.prompt_versions', 'reference', 2),
+           ('compaction.admission', 'reference', 3),
+           ('compaction.source_tracking', 'reference', 4),
+           ('compaction_source.conversations', 'distributed', 5),
+           ('compaction_source.runs', 'distributed', 6),
+           ('compaction_source.messages', 'distributed', 7),
+           ('compaction.jobs', 'distributed', 8),
+           ('compaction.attempts', 'distributed', 9),
+           ('compaction.job_summaries', 'distributed', 10),
+           ('compaction.audit_events', 'distributed', 11),
+           ('compaction.queue', 'distributed', 12),
+           ('compaction.conversation_state', 'distributed', 13),
+           ('compaction.pairs', 'distributed', 14),
+           ('compaction.ranges', 'distributed', 15)
+$$;
+COMMENT ON FUNCTION compaction.citus_tables() IS
+    'Every engine table with its Citus placement (distributed by conversation_id, co-located, or reference) in the order compaction.distribute_on_citus() applies them';
+
+-- Run once by a superuser on the coordinator, after `pycompactor migrate` and before any
+-- history is written (create_distributed_table moves existing rows, but a large table is
+-- better distributed empty). One transaction: all or nothing.
+CREATE PROCEDURE compaction.distribute_on_citus()
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_table   record;
+    v_trigger record;
+    v_first     text;
+    v_fk        record;
+    v_restore   text[] := '{}';
+    v_statement text;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension AS e WHERE e.extname = 'citus') THEN
+        RAISE EXCEPTION 'Citus is not installed in database %', pg_catalog.current_database()
+            USING ERRCODE = 'CP020', HINT = 'CREATE EXTENSION citus; on the coordinator first.';
+    END IF;
+    -- The guards and truncate triggers only read their own row: safe on shards, but Citus
+    -- wants to be told so.
+    IF pg_catalog.current_setting('citus.enable_unsafe_triggers', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'citus.enable_unsafe_triggers must be on for the engine''s row guards'
+            USING ERRCODE = 'CP020',
+                  HINT = 'ALTER SYSTEM SET citus.enable_unsafe_triggers = on on every node, then reload.';
+    END IF;
+    -- The source tables' statement triggers (change tracking, DESIGN §2, and the queue)
+    -- read transition tables, which Citus does not give triggers on shards: detached.
+    -- The engine then judges from the views on the node that holds each conversation
+    -- (exact, slower), and writers call compaction.enqueue (or workers run --sweep).
+    FOR v_trigger IN
+        SELECT t.tgname, t.tgrelid::regclass AS rel
+        FROM pg_catalog.pg_trigger AS t
+        WHERE t.tgrelid IN (pg_catalog.to_regclass('compaction_source.runs'),
+                            pg_catalog.to_regclass('compaction_source.messages'))
+          AND t.tgfoid IN ('compaction.track_source_changes()'::regprocedure,
+                           'compaction.source_enqueue()'::regprocedure)
+    LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', v_trigger.tgname, v_trigger.rel);
+    END LOOP;
+    -- Foreign keys go first and come back last: Citus distributes a table only when no
+    -- local table refers to it, and turns a local table that refers to a reference table
+    -- into a Citus-local one (dropping views on it) instead of leaving it for later.
+    -- Sequential mode lets the same transaction add them back on the shards.
+    EXECUTE 'SET LOCAL citus.multi_shard_modify_mode = sequential';
+    FOR v_fk IN
+        SELECT c.conrelid::regclass AS rel, c.conname, pg_catalog.pg_get_constraintdef(c.oid) AS def
+        FROM pg_catalog.pg_constraint AS c
+        WHERE c.contype = 'f'
+          AND c.conrelid IN (SELECT ct.table_name::regclass FROM compaction.citus_tables() AS ct)
+        ORDER BY c.conrelid, c.conname
+    LOOP
+        v_restore := v_restore || pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I %s',
+                                                    v_fk.rel, v_fk.conname, v_fk.def);
+        EXECUTE pg_catalog.format('ALTER TABLE %s DROP CONSTRAINT %I', v_fk.rel, v_fk.conname);
+    END LOOP;
+    FOR v_table IN SELECT ct.table_name, ct.placement FROM compaction.citus_tables() AS ct ORDER BY ct.step LOOP
+        IF v_table.placement = 'reference' THEN
+            EXECUTE 'SELECT create_reference_table($1)' USING v_table.table_name::regclass;
+        ELSE
+            EXECUTE 'SELECT create_distributed_table($1, ''conversation_id'', colocate_with => $2)'
+                USING v_table.table_name::regclass, coalesce(v_first, 'default');
+            v_first := coalesce(v_first, v_table.table_name);
+        END IF;
+    END LOOP;
+    FOREACH v_statement IN ARRAY v_restore LOOP
+        EXECUTE v_statement;
+    END LOOP;
+    -- judge_runs keeps one generic plan on a single node (planning per call costs more
+    -- than running); Citus can plan its queries only with the values bound.
+    ALTER FUNCTION compaction.judge_runs(text, text[]) RESET plan_cache_mode;
+END
+$$;
+COMMENT ON PROCEDURE compaction.distribute_on_citus() IS
+    'Citus: detaches the source tables'' statement triggers and distributes every engine table as compaction.citus_tables() says (run once, as a superuser, on the coordinator)';

@@ -1,0 +1,66 @@
+"""The engine on a real Citus cluster (make test-citus): distributed as documented, then
+the single-node suite's worker, storm, fencing, projection, erasure and audit tests, run
+unchanged against the distributed database (the fixtures in tests/citus/conftest.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+Conn = psycopg.Connection[Any]
+
+
+def test_tables_are_placed_as_citus_tables_says(conn: Conn) -> None:
+    placed = dict(conn.execute(
+        "SELECT logicalrelid::regclass::text,"
+        " CASE partmethod WHEN 'h' THEN 'distributed' WHEN 'n' THEN 'reference' END"
+        " FROM pg_dist_partition").fetchall())
+    wanted = dict(conn.execute(
+        "SELECT table_name, placement FROM compaction.citus_tables()").fetchall())
+    assert placed == wanted
+    colocations = conn.execute(
+        "SELECT count(DISTINCT colocationid) FROM pg_dist_partition WHERE partmethod = 'h'"
+    ).fetchone()
+    assert colocations == (1,)
+
+
+# The single-node suite's tests, unchanged, on the distributed database. Each gets a
+# database of its own on all three nodes (tests/citus/conftest.py).
+# Claims, refusals, retries, fencing and leases:
+# The worker process end to end, against the scripted model server:
+from tests.e2e.test_worker import (  # noqa: E402, F401
+    test_crashed_worker_is_recovered_by_another,
+    test_four_workers_fifty_conversations,
+    test_request_carries_only_the_ten_assistant_replies,
+)
+
+# The audit views:
+from tests.sql.test_audit import test_audit_views  # noqa: E402, F401
+from tests.sql.test_claims import (  # noqa: E402, F401
+    test_admission_full,
+    test_claim_then_complete,
+    test_expired_unreaped_attempt_is_failed_by_the_fenced_call,
+    test_heartbeat_extends_the_lease,
+    test_reaped_attempt_is_fenced_off,
+    test_refusal_order,
+    test_retry_keeps_job_id,
+    test_unknown_token_is_lease_lost,
+)
+
+# Imports and erasure:
+from tests.sql.test_import_erase import (  # noqa: E402, F401
+    test_claim_on_imported_identity_is_already_completed,
+    test_erase_conversation,
+    test_erasure_exempts_only_its_own_conversation_and_transaction,
+)
+
+# Projection: Case B (a changed source makes a summary stale), versions, reach:
+from tests.sql.test_projection import (  # noqa: E402, F401
+    test_case_b_changed_source_makes_the_summary_stale,
+    test_stale_summary_beyond_reach_is_stale_source,
+    test_versions_one_never_two_used_three_wins,
+)
+
+# Storms of real processes, exact outcomes; admission exact:
+from tests.sql.test_storm import storm32, test_admission_storm, test_claim_storm  # noqa: E402, F401
