@@ -133,7 +133,8 @@ def _sql(dsn: str, sizes: Sizes) -> list[dict[str, Any]]:
             ids = list(row[0])
             statements: dict[str, tuple[str, Any]] = {
                 "source_hash": ("SELECT compaction.source_hash(%s, 0)", (conversation,)),
-                "range_hash": ("SELECT compaction.range_hash(%s::text[])", (ids,)),
+                "range_hash": ("SELECT compaction.range_hash(%s, %s::text[])",
+                               (conversation, ids)),
                 "select_1": ("SELECT 1", None),
             }
             cell: dict[str, Any] = {"pairs": pairs}

@@ -19,7 +19,7 @@ import time
 import urllib.parse
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Generic, LiteralString, TypeVar
@@ -29,7 +29,7 @@ from psycopg import sql
 from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from pycompactor.errors import PermissionDenied, from_driver, wrap_exceptions
+from pycompactor.errors import PermissionDenied, ReadOnlyServer, from_driver, wrap_exceptions
 from pycompactor.models import (
     AckResult,
     AuditReport,
@@ -406,15 +406,21 @@ WORKER_FUNCTIONS: Final = (
 #: The worker's start-up check. A missing schema or function (an older revision) fails
 #: the regprocedure lookup (SchemaNotMigrated); a role without the grants gets false.
 WORKER_ACCESS_SQL: Final = (
-    "SELECT bool_and(pg_catalog.has_function_privilege(f, 'EXECUTE'))"
+    "SELECT bool_and(pg_catalog.has_function_privilege(f, 'EXECUTE')),"
+    " pg_catalog.pg_is_in_recovery()"
     " FROM unnest(%(functions)s::text[]) AS f"
 )
 
 
 def check_worker_access(conn: Connection) -> None:
-    """Raise SchemaNotMigrated or PermissionDenied unless this role can run a worker."""
-    if _row(conn, tuple_row, WORKER_ACCESS_SQL, {"functions": list(WORKER_FUNCTIONS)})[0] \
-            is not True:
+    """Raise PermissionDenied unless this role can run a worker, ReadOnlyServer on a
+    standby (a worker pass with nothing to do would write nothing and never notice)."""
+    granted, in_recovery = _row(conn, tuple_row, WORKER_ACCESS_SQL,
+                                {"functions": list(WORKER_FUNCTIONS)})
+    if in_recovery:
+        raise ReadOnlyServer("the server is read-only (a hot standby in recovery); "
+                             "point the worker at the primary")
+    if granted is not True:
         raise PermissionDenied(
             "this role may not run a worker (no EXECUTE on the engine's worker functions); "
             "connect as a member of compaction_worker")
@@ -510,9 +516,12 @@ def erase_conversation(conn: Connection, conversation_id: str, reason: str) -> i
     `reason` is a code (^[a-z][a-z0-9_]{0,63}$, e.g. `gdpr_request`), never free text:
     the tombstone outlives the erased rows and the auditor reads it (CP024 otherwise).
     """
-    # An explicit transaction block: on Citus, the mark that lets the delete guards pass
-    # reaches the nodes holding the rows only from inside one (docs/operations.md).
-    with wrap_exceptions(), conn.transaction():
+    # A transaction block (BEGIN): on Citus, the mark that lets the delete guards pass
+    # reaches the nodes holding the rows only from inside one (docs/operations.md). A
+    # caller without autocommit is in one already, and keeps its transaction.
+    block: AbstractContextManager[Any] = (conn.transaction() if conn.autocommit
+                                          else nullcontext())
+    with wrap_exceptions(), block:
         return int(_row(
             conn, tuple_row,
             "SELECT compaction.erase_conversation(p_conversation_id => %(conversation_id)s::text,"

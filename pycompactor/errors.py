@@ -44,6 +44,10 @@ class PermissionDenied(PycompactorError):
     """Permission denied; the connecting role lacks the engine role this task needs."""
 
 
+class ReadOnlyServer(PycompactorError):
+    """The server is read-only (a hot standby); point the worker at the primary."""
+
+
 class EngineError(PycompactorError):
     """The engine refused the operation."""
 

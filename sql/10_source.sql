@@ -25,6 +25,10 @@ CREATE TABLE compaction_source.runs (
 COMMENT ON TABLE compaction_source.runs IS
     'Reference history: one row per Run (execution of one request); status completed, partial or clarify_pending can form a pair';
 
+-- The tracking triggers find runs by id alone (which conversation a changed message's run
+-- is in); the primary key leads with conversation_id (DESIGN §11).
+CREATE INDEX runs_run_idx ON compaction_source.runs (run_id);
+
 CREATE TABLE compaction_source.messages (
     message_id      text NOT NULL,
     conversation_id text NOT NULL,

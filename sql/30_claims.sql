@@ -331,6 +331,21 @@ $$;
 COMMENT ON FUNCTION compaction.lock_conversation(text) IS
     'Internal: transaction-scoped advisory lock (1129316352, hashtext(conversation_id) moved off 0..15) serialising one conversation''s writers';
 
+-- The same lock, if free: reap passes over a conversation whose writer is at work (its
+-- fenced call settles any expiry of the attempt it holds) instead of queueing behind it.
+CREATE FUNCTION compaction.try_lock_conversation(p_conversation_id text)
+RETURNS boolean
+LANGUAGE sql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.pg_try_advisory_xact_lock(
+               1129316352, CASE WHEN k.h BETWEEN 0 AND 15 THEN -1 - k.h ELSE k.h END)
+    FROM (SELECT pg_catalog.hashtext(p_conversation_id) AS h) AS k
+$$;
+COMMENT ON FUNCTION compaction.try_lock_conversation(text) IS
+    'Internal: takes lock_conversation''s lock if it is free (true), else returns false at once';
+
 -- The server owns time (DESIGN §6): p_now exists for tests and repairs by a superuser or
 -- the owner. session_user, not current_user: inside these SECURITY DEFINER functions
 -- current_user is always the owner.

@@ -7,7 +7,8 @@
 --
 -- DESIGN §11: no statement spans conversations with a row lock. reap finds the
 -- conversations with expired attempts by a plain read, then settles each one by
--- statements that address that conversation alone (reap_conversation), under its lock.
+-- statements that address that conversation alone (reap_conversation), under its lock,
+-- passing over a conversation whose lock is taken (as the row locks' SKIP LOCKED did).
 
 CREATE FUNCTION compaction.reap_conversation(p_conversation_id text, p_now timestamptz)
 RETURNS int
@@ -20,9 +21,14 @@ DECLARE
     v_expired record;
     v_jobs    bigint[] := '{}';
 BEGIN
-    PERFORM compaction.lock_conversation(p_conversation_id);
-    -- Under the lock, an attempt being completed, failed or renewed right now has
-    -- settled first; the state and lease are read again here, so nothing is reaped twice.
+    -- A conversation whose writer holds its lock right now is passed over: a fenced call
+    -- settles the expiry of the attempt it holds itself, a claim reaps the identity it
+    -- touches, and the next reap comes back for the rest. Two reapers never wait on each
+    -- other either.
+    IF NOT compaction.try_lock_conversation(p_conversation_id) THEN
+        RETURN 0;
+    END IF;
+    -- Under the lock the state and lease are read again, so nothing is reaped twice.
     FOR v_expired IN
         UPDATE compaction.attempts AS a
         SET state = 'failed', reason = 'lease_expired', finished_at = p_now
@@ -66,8 +72,7 @@ DECLARE
     v_conversation text;
     v_count        int := 0;
 BEGIN
-    -- In conversation order, so two reapers take the conversations' locks in the same
-    -- order and never deadlock.
+    -- In conversation order (a reaper only ever tries a lock, so none waits anyway).
     FOR v_conversation IN
         SELECT DISTINCT a.conversation_id
         FROM compaction.attempts AS a

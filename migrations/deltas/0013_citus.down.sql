@@ -1592,6 +1592,7 @@ COMMENT ON FUNCTION compaction.verify_conversation(text) IS
 DROP FUNCTION compaction.reap_conversation(text, timestamptz);
 DROP FUNCTION compaction.range_hash(text, text[]);
 DROP FUNCTION compaction.record_attempt_change(text, bigint, int);
+DROP FUNCTION compaction.try_lock_conversation(text);
 
 CREATE TRIGGER attempts_track_admission
     AFTER UPDATE ON compaction.attempts
@@ -1652,6 +1653,7 @@ END
 $$;
 
 CREATE INDEX runs_conversation_idx ON compaction_source.runs (conversation_id);
+DROP INDEX compaction_source.runs_run_idx;
 DROP INDEX compaction_source.messages_run_idx;
 CREATE INDEX messages_run_idx ON compaction_source.messages (run_id);
 ALTER TABLE compaction_source.runs DROP CONSTRAINT runs_pkey;

@@ -16,6 +16,7 @@ ALTER TABLE compaction_source.messages
 ALTER TABLE compaction_source.runs DROP CONSTRAINT runs_pkey;
 ALTER TABLE compaction_source.runs ADD CONSTRAINT runs_pkey PRIMARY KEY (conversation_id, run_id);
 DROP INDEX compaction_source.runs_conversation_idx;
+CREATE INDEX runs_run_idx ON compaction_source.runs (run_id);
 DROP INDEX compaction_source.messages_run_idx;
 CREATE INDEX messages_run_idx ON compaction_source.messages (run_id, conversation_id);
 
@@ -104,6 +105,19 @@ END
 $$;
 COMMENT ON FUNCTION compaction.range_hash(text, text[]) IS
     'Source hash of a range of one conversation given its 20 current source ids [u0, a0, ..., u9, a9], reading only those messages; NULL unless all 20 are found exactly once';
+
+CREATE FUNCTION compaction.try_lock_conversation(p_conversation_id text)
+RETURNS boolean
+LANGUAGE sql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.pg_try_advisory_xact_lock(
+               1129316352, CASE WHEN k.h BETWEEN 0 AND 15 THEN -1 - k.h ELSE k.h END)
+    FROM (SELECT pg_catalog.hashtext(p_conversation_id) AS h) AS k
+$$;
+COMMENT ON FUNCTION compaction.try_lock_conversation(text) IS
+    'Internal: takes lock_conversation''s lock if it is free (true), else returns false at once';
 
 CREATE FUNCTION compaction.record_attempt_change(p_conversation_id text, p_job_id bigint,
                                                  p_attempt int)
@@ -1284,8 +1298,7 @@ DECLARE
     v_conversation text;
     v_count        int := 0;
 BEGIN
-    -- In conversation order, so two reapers take the conversations' locks in the same
-    -- order and never deadlock.
+    -- In conversation order (a reaper only ever tries a lock, so none waits anyway).
     FOR v_conversation IN
         SELECT DISTINCT a.conversation_id
         FROM compaction.attempts AS a
@@ -1663,9 +1676,14 @@ DECLARE
     v_expired record;
     v_jobs    bigint[] := '{}';
 BEGIN
-    PERFORM compaction.lock_conversation(p_conversation_id);
-    -- Under the lock, an attempt being completed, failed or renewed right now has
-    -- settled first; the state and lease are read again here, so nothing is reaped twice.
+    -- A conversation whose writer holds its lock right now is passed over: a fenced call
+    -- settles the expiry of the attempt it holds itself, a claim reaps the identity it
+    -- touches, and the next reap comes back for the rest. Two reapers never wait on each
+    -- other either.
+    IF NOT compaction.try_lock_conversation(p_conversation_id) THEN
+        RETURN 0;
+    END IF;
+    -- Under the lock the state and lease are read again, so nothing is reaped twice.
     FOR v_expired IN
         UPDATE compaction.attempts AS a
         SET state = 'failed', reason = 'lease_expired', finished_at = p_now

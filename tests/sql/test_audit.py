@@ -87,7 +87,7 @@ def test_audit_views(conn: Conn) -> None:
     assert exhausted == [("tired", ids["tired"], "http_error", "lease_expired", T0 + LEASE)]
     events = conn.execute(
         "SELECT conversation_id, kind, attempt, reason FROM compaction.audit_events"
-        " ORDER BY event_id").fetchall()
+        " ORDER BY recorded_at, event_id").fetchall()
     assert events == [
         ("done", "claim", 1, None), ("done", "completion", 1, "completed"),
         ("gone", "claim", 1, None), ("gone", "completion", 1, "completed"),

@@ -35,7 +35,7 @@ def state(conn: Conn) -> tuple[Any, ...]:
         "SELECT * FROM compaction.jobs ORDER BY job_id",
         "SELECT * FROM compaction.attempts ORDER BY job_id, attempt",
         "SELECT * FROM compaction.job_summaries ORDER BY summary_id",
-        "SELECT event_id, kind, reason FROM compaction.audit_events ORDER BY event_id",
+        "SELECT event_id, kind, reason FROM compaction.audit_events ORDER BY recorded_at, event_id",
         "SELECT * FROM compaction.admission ORDER BY slot",
         "SELECT * FROM compaction.prompt_versions ORDER BY prompt_version",
     ))
@@ -378,7 +378,11 @@ def test_lowering_max_running_keeps_the_running_and_counts_them(conn: Conn) -> N
     assert db.fail(conn, claimed[2].job_id, 1, "timeout", conversation_id="c2").ok
     assert claim(conn, "c9", t, now=None).claimed
     assert scalar(conn, held) == 1
+    # Raising it admits at once: the slots 1..10000 always exist (revision 0013).
     conn.execute("UPDATE compaction.settings SET max_running = 4")
-    assert scalar(conn, "SELECT count(*) FROM compaction.admission") == 4
+    more = [claim(conn, f"d{i}", target(conn, f"d{i}"), now=None) for i in range(4)]
+    assert [m.reason for m in more] == ["claimed"] * 3 + ["admission_full"]
+    assert scalar(conn, held) == 4
+    assert scalar(conn, "SELECT count(*) FROM compaction.admission") == 10000
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("UPDATE compaction.settings SET max_running = 1000000")

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import pytest
 
 Conn = psycopg.Connection[Any]
 
@@ -97,8 +96,10 @@ def calls(text: str, functions: list[Function]) -> set[str]:
     return {f.name for f in functions if re.search(rf"{re.escape(f.name)}\s*\(", text)}
 
 
-@pytest.fixture
-def catalog(conn: Conn) -> tuple[dict[str, str], list[Function], set[str]]:
+Catalog = tuple[dict[str, str], list[Function], set[str]]
+
+
+def read_catalog(conn: Conn) -> Catalog:
     placed = placements(conn)
     functions = engine_functions(conn)
     # Relations a body may read: the tables, and the views over them (the source views
@@ -127,7 +128,13 @@ def readers(functions: list[Function], relations: set[str]) -> set[str]:
         found |= more
 
 
-def test_every_engine_table_has_a_placement(conn: Conn) -> None:
+# ---------------------------------------------------------------------------------------
+# The rules, each returning what breaks it (empty: the rule holds)
+# ---------------------------------------------------------------------------------------
+
+def unplaced_tables(conn: Conn) -> list[str]:
+    """Tables missing from citus_tables(), or placed against their kind: per-conversation
+    tables (they hold a conversation_id) are distributed, the others reference tables."""
     placed = placements(conn)
     tables = dict(conn.execute("""
         SELECT c.oid::regclass::text,
@@ -137,17 +144,12 @@ def test_every_engine_table_has_a_placement(conn: Conn) -> None:
         WHERE c.relnamespace IN ('compaction'::regnamespace, 'compaction_source'::regnamespace)
           AND c.relkind IN ('r', 'p') AND c.relname <> 'alembic_version'
     """).fetchall())
-    assert set(placed) == set(tables)
-    # Per-conversation tables (they hold a conversation_id) are distributed; the global
-    # ones are reference tables.
-    assert {t: ("distributed" if per else "reference") for t, per in tables.items()} == placed
-    steps = [r[0] for r in conn.execute(
-        "SELECT placement FROM compaction.citus_tables() ORDER BY step").fetchall()]
-    assert steps == sorted(steps, key=lambda p: p != "reference")
+    kinds = {t: ("distributed" if per else "reference") for t, per in tables.items()}
+    return sorted(t for t in set(kinds) | set(placed) if kinds.get(t) != placed.get(t))
 
 
-def test_conversation_id_leads_every_unique_index(conn: Conn) -> None:
-    offenders = conn.execute("""
+def unique_indexes_not_led_by_conversation(conn: Conn) -> list[str]:
+    return [r[0] for r in conn.execute("""
         SELECT i.indexrelid::regclass::text
         FROM pg_index AS i
         JOIN compaction.citus_tables() AS ct ON ct.table_name::regclass = i.indrelid
@@ -155,11 +157,14 @@ def test_conversation_id_leads_every_unique_index(conn: Conn) -> None:
           AND (SELECT a.attname FROM pg_attribute AS a
                WHERE a.attrelid = i.indrelid AND a.attnum = i.indkey[0])
               IS DISTINCT FROM 'conversation_id'
-    """).fetchall()
-    assert offenders == []
+        ORDER BY 1
+    """).fetchall()]
 
 
-def test_foreign_keys_lead_with_conversation_id_or_name_a_reference_table(conn: Conn) -> None:
+def foreign_keys_across_shards(conn: Conn) -> list[str]:
+    """Keys into a distributed table must lead with conversation_id on both sides; a
+    reference table never refers to a distributed one; keys into reference tables are
+    fine (those are on every node)."""
     rows = conn.execute("""
         SELECT f.conname, src.placement, dst.placement,
                (SELECT a.attname FROM pg_attribute AS a
@@ -173,98 +178,166 @@ def test_foreign_keys_lead_with_conversation_id_or_name_a_reference_table(conn: 
         ORDER BY 1
     """).fetchall()
     assert rows, "no foreign keys found: the query is wrong"
-    bad = [name for name, src, dst, first, ref_first in rows
-           if (src, dst) == ("reference", "distributed")
-           or (dst == "distributed" and (first, ref_first) != ("conversation_id",
-                                                               "conversation_id"))]
-    assert bad == []
+    return [name for name, src, dst, first, ref_first in rows
+            if (src, dst) == ("reference", "distributed")
+            or (dst == "distributed"
+                and (first, ref_first) != ("conversation_id", "conversation_id"))]
 
 
-def test_no_identity_columns_and_sequences_are_bigint(conn: Conn) -> None:
+def node_bound_ids(conn: Conn) -> list[str]:
+    """Identity columns (Citus refuses to distribute them), and sequence defaults that are
+    not bigint (Citus gives each node its own range only of a bigint sequence)."""
     rows = conn.execute("""
         SELECT a.attrelid::regclass::text || '.' || a.attname, a.attidentity,
                a.atttypid::regtype::text,
-               pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%'
+               coalesce(pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%', false)
         FROM pg_attribute AS a
         JOIN compaction.citus_tables() AS ct ON ct.table_name::regclass = a.attrelid
         LEFT JOIN pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
         WHERE a.attnum > 0 AND NOT a.attisdropped
+        ORDER BY 1
     """).fetchall()
-    assert [c for c, identity, _, _ in rows if identity != ""] == []
-    # Citus gives each node its own range of a sequence only when it is bigint.
-    assert [c for c, _, kind, is_sequence in rows if is_sequence and kind != "bigint"] == []
+    return [c for c, identity, kind, is_sequence in rows
+            if identity != "" or (is_sequence and kind != "bigint")]
 
 
-def test_triggers_on_engine_tables_touch_only_their_own_row(
-        conn: Conn, catalog: tuple[dict[str, str], list[Function], set[str]]) -> None:
+def triggers_reaching_other_rows(conn: Conn, catalog: Catalog) -> list[str]:
     placed, functions, views = catalog
-    relations = set(placed) | views
-    touching = readers(functions, relations)
+    touching = readers(functions, set(placed) | views)
     triggers = conn.execute("""
         SELECT t.tgrelid::regclass::text, t.tgname,
                p.pronamespace::regnamespace || '.' || p.proname
         FROM pg_trigger AS t JOIN pg_proc AS p ON p.oid = t.tgfoid
         JOIN compaction.citus_tables() AS ct ON ct.table_name::regclass = t.tgrelid
         WHERE NOT t.tgisinternal
+        ORDER BY 1, 2
     """).fetchall()
     assert triggers, "no triggers found: the query is wrong"
-    bad = [(table, name, fn) for table, name, fn in triggers
-           if fn in touching and not (table.startswith("compaction_source.")
-                                      and fn in SOURCE_TRIGGER_FUNCTIONS)]
-    assert bad == []
+    return [f"{table}.{name}" for table, name, fn in triggers
+            if fn in touching and not (table.startswith("compaction_source.")
+                                       and fn in SOURCE_TRIGGER_FUNCTIONS)]
 
 
-def test_functions_on_per_conversation_rows_take_the_conversation(
-        catalog: tuple[dict[str, str], list[Function], set[str]]) -> None:
+def functions_without_their_conversation(catalog: Catalog) -> list[str]:
     placed, functions, views = catalog
     touching = readers(functions, distributed(placed, views))
-    bad = [f.signature for f in functions
-           if f.name in touching and "p_conversation_id" not in f.args
-           and f.name not in FAN_OUT and f.name not in SOURCE_TRIGGER_FUNCTIONS]
-    assert bad == []
+    return [f.signature for f in functions
+            if f.name in touching and "p_conversation_id" not in f.args
+            and f.name not in FAN_OUT | SOURCE_TRIGGER_FUNCTIONS | DERIVED_STATE]
 
 
-def test_row_locks_address_one_conversation(
-        catalog: tuple[dict[str, str], list[Function], set[str]]) -> None:
+def row_locks_across_conversations(catalog: Catalog) -> list[str]:
     placed, functions, views = catalog
     shards = distributed(placed, views)
-    bad = []
-    for f in functions:
-        for statement in statements(f.body):
-            if not ROW_LOCK.search(statement):
-                continue
-            if any(mentions(statement, r) for r in shards) and not re.search(
-                    r"conversation_id\s*=", statement):
-                bad.append((f.signature, " ".join(statement.split())[:120]))
-    assert bad == []
+    return [f.signature for f in functions for statement in statements(f.body)
+            if ROW_LOCK.search(statement)
+            and any(mentions(statement, r) for r in shards)
+            and not re.search(r"conversation_id\s*=", statement)]
 
 
-def test_no_sql_function_reads_shards(
-        catalog: tuple[dict[str, str], list[Function], set[str]]) -> None:
-    # Citus cannot plan a query with parameters inside a SQL-language function.
+def sql_functions_reading_shards(catalog: Catalog) -> list[str]:
     placed, functions, views = catalog
     shards = distributed(placed, views)
-    bad = [f.signature for f in functions
-           if f.language == "sql" and any(mentions(f.body, r) for r in shards)]
-    assert bad == []
+    return [f.signature for f in functions
+            if f.language == "sql" and any(mentions(f.body, r) for r in shards)]
 
 
-def test_no_statement_nests_an_engine_reader_in_a_read_of_shards(
-        catalog: tuple[dict[str, str], list[Function], set[str]]) -> None:
-    # Citus pushes a function called inside a query on distributed tables down to the
-    # shards, where a function that itself reads engine tables cannot run: such results
-    # are taken into variables first, then passed in.
+def nested_engine_readers(catalog: Catalog) -> list[str]:
     placed, functions, views = catalog
     shards = distributed(placed, views)
     engine_readers = readers(functions, set(placed) | views)
-    bad = []
-    for f in functions:
-        if f.name in DERIVED_STATE or f.name in SOURCE_TRIGGER_FUNCTIONS:
-            continue
-        for statement in statements(f.body):
-            if not any(mentions(statement, r) for r in shards):
-                continue
-            nested = calls(statement, functions) & engine_readers
-            if nested:
-                bad.append((f.signature, sorted(nested)))
-    assert bad == []
+    return [f"{f.signature}: {', '.join(sorted(nested))}"
+            for f in functions if f.name not in DERIVED_STATE | SOURCE_TRIGGER_FUNCTIONS
+            for statement in statements(f.body)
+            if any(mentions(statement, r) for r in shards)
+            and (nested := calls(statement, functions) & engine_readers)]
+
+
+# ---------------------------------------------------------------------------------------
+# The tests
+# ---------------------------------------------------------------------------------------
+
+def test_every_engine_table_has_its_placement(conn: Conn) -> None:
+    assert unplaced_tables(conn) == []
+    steps = [r[0] for r in conn.execute(
+        "SELECT placement FROM compaction.citus_tables() ORDER BY step").fetchall()]
+    assert steps == sorted(steps, key=lambda p: p != "reference")
+
+
+def test_conversation_id_leads_every_unique_index(conn: Conn) -> None:
+    assert unique_indexes_not_led_by_conversation(conn) == []
+
+
+def test_foreign_keys_lead_with_conversation_id_or_name_a_reference_table(conn: Conn) -> None:
+    assert foreign_keys_across_shards(conn) == []
+
+
+def test_no_identity_columns_and_sequences_are_bigint(conn: Conn) -> None:
+    assert node_bound_ids(conn) == []
+
+
+def test_triggers_on_engine_tables_touch_only_their_own_row(conn: Conn) -> None:
+    assert triggers_reaching_other_rows(conn, read_catalog(conn)) == []
+
+
+def test_functions_on_per_conversation_rows_take_the_conversation(conn: Conn) -> None:
+    assert functions_without_their_conversation(read_catalog(conn)) == []
+
+
+def test_row_locks_address_one_conversation(conn: Conn) -> None:
+    assert row_locks_across_conversations(read_catalog(conn)) == []
+
+
+def test_no_sql_function_reads_shards(conn: Conn) -> None:
+    # Citus cannot plan a query with parameters inside a SQL-language function.
+    assert sql_functions_reading_shards(read_catalog(conn)) == []
+
+
+def test_no_statement_nests_an_engine_reader_in_a_read_of_shards(conn: Conn) -> None:
+    # Citus pushes a function called inside a query on distributed tables down to the
+    # shards, where a function that itself reads engine tables cannot run: such results
+    # are taken into variables first, then passed in.
+    assert nested_engine_readers(read_catalog(conn)) == []
+
+
+def test_each_rule_catches_a_broken_copy(conn: Conn) -> None:
+    """The rules can fail: one breakage per rule, in this test's own database."""
+    conn.execute("""
+        CREATE TABLE compaction.stray (id int PRIMARY KEY);
+        CREATE UNIQUE INDEX bad_jobs_key ON compaction.jobs (job_id, conversation_id);
+        ALTER TABLE compaction.attempts
+            ADD CONSTRAINT bad_attempts_fkey FOREIGN KEY (job_id, conversation_id)
+            REFERENCES compaction.jobs (job_id, conversation_id);
+        ALTER TABLE compaction.queue ADD COLUMN bad_id int GENERATED ALWAYS AS IDENTITY;
+        CREATE FUNCTION compaction.bad_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO compaction.audit_events (conversation_id, kind, occurred_at)
+            VALUES (NEW.conversation_id, 'claim', now());
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER bad_trigger AFTER INSERT ON compaction.jobs
+            FOR EACH ROW EXECUTE FUNCTION compaction.bad_trigger();
+        CREATE FUNCTION compaction.bad_count(p_scope text) RETURNS bigint LANGUAGE sql AS $$
+            SELECT count(*) FROM compaction.jobs AS j WHERE j.scope = p_scope
+        $$;
+        CREATE FUNCTION compaction.bad_lock(p_conversation_id text) RETURNS void
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM 1 FROM compaction.queue AS q WHERE q.scope = 'default'
+            FOR UPDATE SKIP LOCKED;
+            PERFORM 1 FROM compaction.jobs AS j
+            JOIN compaction.indexed_pairs(p_conversation_id) AS i ON i.pair_index = j.from_pair
+            WHERE j.conversation_id = p_conversation_id;
+        END $$;
+    """)
+    catalog = read_catalog(conn)
+    assert unplaced_tables(conn) == ["compaction.stray"]
+    assert unique_indexes_not_led_by_conversation(conn) == ["compaction.bad_jobs_key"]
+    assert foreign_keys_across_shards(conn) == ["bad_attempts_fkey"]
+    assert node_bound_ids(conn) == ["compaction.queue.bad_id"]
+    assert triggers_reaching_other_rows(conn, catalog) == ["compaction.jobs.bad_trigger"]
+    assert functions_without_their_conversation(catalog) == [
+        "compaction.bad_count(text)", "compaction.bad_trigger()"]
+    assert row_locks_across_conversations(catalog) == ["compaction.bad_lock(text)"]
+    assert sql_functions_reading_shards(catalog) == ["compaction.bad_count(text)"]
+    assert nested_engine_readers(catalog) == ["compaction.bad_lock(text): compaction.indexed_pairs"]

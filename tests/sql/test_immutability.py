@@ -78,10 +78,11 @@ def test_completed_summary_and_identity_never_change(actor: Conn) -> None:
         "DELETE FROM compaction.jobs WHERE conversation_id = 'c1'",
     ]:
         refused(conn, statement, IMMUTABLE)
-    # identities without a summary are append-only too
+    # identities without a summary never change either (revision 0013: the guard reads
+    # only its own row, so it no longer tells the two apart)
     refused(conn, "UPDATE compaction.jobs SET model = 'other' WHERE conversation_id = 'c2'",
-            APPEND_ONLY)
-    refused(conn, "DELETE FROM compaction.jobs WHERE conversation_id = 'c3'", APPEND_ONLY)
+            IMMUTABLE)
+    refused(conn, "DELETE FROM compaction.jobs WHERE conversation_id = 'c3'", IMMUTABLE)
     # the owner lacks the TRUNCATE privilege; everyone else meets the trigger
     truncate_states = ("CP012", "42501") if role == ("compaction_owner", "origin") \
         else ("CP012",)
