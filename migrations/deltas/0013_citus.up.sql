@@ -1575,11 +1575,16 @@ AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-        -- By primary key: only the rows named are read, however long the conversation.
+        -- By primary key, one probe per id (OFFSET 0 keeps the probe a probe on a table
+        -- without statistics): only the rows named are read, however long the
+        -- conversation.
         SELECT m.message_id, NULL::bigint, m.content
-        FROM compaction.source_messages AS m
-        WHERE m.message_id = ANY (p_message_ids)
-          AND m.conversation_id = p_conversation_id
+        FROM pg_catalog.unnest(p_message_ids) AS i (message_id)
+        CROSS JOIN LATERAL (
+            SELECT sm.message_id, sm.content
+            FROM compaction.source_messages AS sm
+            WHERE sm.conversation_id = p_conversation_id AND sm.message_id = i.message_id
+            OFFSET 0) AS m
         UNION ALL
         SELECT NULL::text, s.summary_id, s.summary
         FROM compaction.summaries AS s

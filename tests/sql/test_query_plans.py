@@ -57,16 +57,25 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def explain_body(conn: Conn, function: str, argument: str,
-                 run_ids: str = "NULL::text[]") -> list[dict[str, Any]]:
-    """EXPLAIN ANALYZE the function's own statement, with the argument as a bind parameter."""
+                 run_ids: str = "NULL::text[]", *, foreign_check: bool = False
+                 ) -> list[dict[str, Any]]:
+    """EXPLAIN ANALYZE the function's own statement, with the argument as a bind parameter.
+
+    judge_runs has two: the question whether a run's messages were filed under another
+    conversation (foreign_check, into v_foreign), then the verdicts (RETURN QUERY)."""
     row = conn.execute(
         "SELECT prosrc FROM pg_proc WHERE oid = %s::regprocedure", (function,)
     ).fetchone()
     assert row is not None
     body = row[0]
-    if "RETURN QUERY" in body:  # a PL/pgSQL function: its one statement
+    if foreign_check:
+        head, tail = body.split("INTO v_foreign", 1)
+        body = "SELECT pg_catalog.array_agg(DISTINCT sm.run_id)" + tail.split(";", 1)[0]
+        assert "SELECT pg_catalog.array_agg(DISTINCT sm.run_id)" in head
+    elif "RETURN QUERY" in body:  # a PL/pgSQL function: its statement
         body = body.split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
-    body = body.replace("p_conversation_id", "$1").replace("p_run_ids", run_ids)
+    body = (body.replace("p_conversation_id", "$1").replace("p_run_ids", run_ids)
+            .replace("v_foreign", "NULL::text[]"))
     conn.execute(b"PREPARE body(text) AS " + body.encode())
     try:
         row = conn.execute(
@@ -85,10 +94,20 @@ def test_judging_runs_uses_indexes_and_reads_one_conversation(crowded: Conn) -> 
     scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
              if "Relation Name" in n or "Index Name" in n}
     assert not [s for s in scans if s[0] == "Seq Scan"], scans
-    assert {s[2] for s in scans} >= {"runs_conversation_idx", "messages_run_idx"}, scans
+    assert {s[2] for s in scans} >= {"runs_pkey", "messages_run_idx"}, scans
     # rows produced by the scans: this conversation's runs and messages, nothing else
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
     assert scanned == BIG_PAIRS * 3
+    # The question across conversations: this conversation's runs, then their messages by
+    # run id, none of which is filed elsewhere here.
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG,
+                        foreign_check=True)
+    scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
+             if "Relation Name" in n or "Index Name" in n}
+    assert not [s for s in scans if s[0] == "Seq Scan"], scans
+    assert {s[2] for s in scans} >= {"runs_pkey", "messages_run_idx"}, scans
+    scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
+    assert scanned == BIG_PAIRS
 
 
 def test_judging_named_runs_reads_only_those_runs(crowded: Conn) -> None:
@@ -100,6 +119,11 @@ def test_judging_named_runs_reads_only_those_runs(crowded: Conn) -> None:
     assert not [s for s in scans if s[0] == "Seq Scan"], scans
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
     assert scanned == 2 * 3  # two runs and their two messages each
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG, run_ids=runs,
+                        foreign_check=True)
+    assert not [n for n in plan if n["Node Type"] == "Seq Scan"], plan
+    scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
+    assert scanned == 2  # the two runs; no message of theirs is filed elsewhere
 
 
 def test_large_conversation_counts(crowded: Conn) -> None:

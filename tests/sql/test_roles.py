@@ -138,8 +138,10 @@ def test_auditor_sees_metadata_only(conn: Conn, login_role: LoginRole) -> None:
             " WHERE p.pronamespace = 'compaction'::regnamespace"
             "   AND has_function_privilege(%s, p.oid, 'EXECUTE')", (role,)).fetchall()
     }
-    # DESIGN §2: the auditor may prove the derived state (ids, counts, hashes only).
+    # DESIGN §2: the auditor may prove the derived state (ids, counts, hashes only);
+    # stale_summaries is what audit_stale_summaries reads (ids and hashes).
     assert callable_functions == {"compaction.source_hash(text,integer)",
+                                  "compaction.stale_summaries()",
                                   "compaction.explain_runs(text)",
                                   "compaction.verify_conversation(text)",
                                   "compaction.derived_state_status()"}
