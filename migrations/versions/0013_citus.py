@@ -1,4 +1,4 @@
-"""Citus: the schema follows DESIGN §11 (keys, sequences, events and admission written by functions).
+"""Citus: the schema follows DESIGN §11 (keys, sequences, events and admission by functions).
 
 Revision ID: 0013_citus
 Revises: 0012_explain_from_state

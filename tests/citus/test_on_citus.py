@@ -55,8 +55,10 @@ from tests.sql.test_import_erase import (  # noqa: E402, F401
     test_erasure_exempts_only_its_own_conversation_and_transaction,
 )
 
-# Projection: Case B (a changed source makes a summary stale), versions, reach:
+# Projection: Case B (a changed source makes a summary stale), Case C (a block that does
+# not fit falls back to raw pairs), versions, a stale summary beyond the budget's reach:
 from tests.sql.test_projection import (  # noqa: E402, F401
+    test_block_that_does_not_fit_falls_back_to_raw,
     test_case_b_changed_source_makes_the_summary_stale,
     test_stale_summary_beyond_reach_is_stale_source,
     test_versions_one_never_two_used_three_wins,
