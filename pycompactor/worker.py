@@ -402,8 +402,12 @@ class Worker:
                          " summary: nothing queued it. Call"
                          " compaction.enqueue(conversation_id) after each settled Run (the"
                          " SDK session wrappers do), or run the worker with --sweep")
-        except PycompactorError:
-            return  # only a hint: the next pass works (or fails) as usual
+        except PycompactorError as exc:
+            # A lost connection is reported like any other (the loop logs db_error and
+            # reconnects), not swallowed with the hint; anything else only costs the hint.
+            if is_transient(exc):
+                raise
+            return
 
     def _reap(self, conn: db.Connection) -> None:
         # Claims reap the identity they touch; this catches the rest (and re-queues a dead
