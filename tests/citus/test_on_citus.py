@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 
 Conn = psycopg.Connection[Any]
 
@@ -66,3 +67,28 @@ from tests.sql.test_projection import (  # noqa: E402, F401
 
 # Storms of real processes, exact outcomes; admission exact:
 from tests.sql.test_storm import storm32, test_admission_storm, test_claim_storm  # noqa: E402, F401
+
+
+def test_erasure_outside_a_transaction_block_is_refused_and_changes_nothing(
+        conn: Conn) -> None:
+    """On Citus the erasure mark reaches the shards only from inside a transaction block
+    (docs/operations.md): a bare autocommit call is refused by the guards, and nothing
+    changes. db.erase_conversation opens the block itself (test_erase_conversation)."""
+    from tests.sql.test_import_erase import populate
+
+    populate(conn, "c1")
+    tables = ("jobs", "attempts", "job_summaries", "audit_events", "queue")
+
+    def counts() -> list[Any]:
+        return [conn.execute(f"SELECT count(*) FROM compaction.{t}").fetchone()
+                for t in tables]
+
+    before = counts()
+    with pytest.raises(psycopg.Error) as refused:
+        conn.execute("SELECT compaction.erase_conversation('c1', 'gdpr_request')")
+    assert refused.value.sqlstate == "CP010"
+    assert counts() == before
+    with conn.transaction():
+        erased = conn.execute(
+            "SELECT compaction.erase_conversation('c1', 'gdpr_request')").fetchone()
+    assert erased == (2,)
