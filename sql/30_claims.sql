@@ -13,8 +13,8 @@
 -- a claim's checks and inserts see a settled state; the partial unique index attempts_one_running and the
 -- unique index job_summaries_one_per_identity remain the final word if a caller runs
 -- at REPEATABLE READ and the lock's guarantee weakens. Admission is a semaphore of rows:
--- compaction.admission holds one slot per unit of settings.max_running, and an admitting
--- claim takes a free slot with FOR UPDATE SKIP LOCKED, so claims admit in parallel, the
+-- compaction.admission holds slots 1..10000, of which claims use 1..settings.max_running,
+-- and an admitting claim takes a free slot with FOR UPDATE SKIP LOCKED, so claims admit in parallel, the
 -- count is exact at READ COMMITTED, and at REPEATABLE READ or SERIALIZABLE a claim whose
 -- snapshot missed another's slot update gets a serialization failure instead of a second
 -- admission. A small global table: a reference table under Citus.
@@ -277,8 +277,8 @@ CREATE TABLE compaction.audit_events (
     -- engine does only while it holds the conversation, so one conversation's events
     -- follow each other exactly; event_id breaks ties and is unique, not an order.
     recorded_at      timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
-    -- Identifies the writing transaction: erase_conversation's tombstone exempts exactly
-    -- its own transaction's deletes (compaction.erasing).
+    -- Identifies the writing transaction (until revision 0013 the erasure guard matched
+    -- the tombstone's against its own; kept for the record).
     xact_id          xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
     scope            text,
     from_pair        int,
