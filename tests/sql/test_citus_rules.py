@@ -31,15 +31,10 @@ DERIVED_STATE = {
 # Functions that work across conversations by design: each finds conversations with a
 # plain read and then addresses one conversation per statement (rule: row locks).
 FAN_OUT = {
-    "compaction.reap",            # settles each conversation by reap_conversation
-    "compaction.dequeue",         # leases each candidate by its own row
-    "compaction.stale_summaries",  # audit: source_hash per range
-    "compaction.rebuild_derived_state",  # batches of rederive_conversation
-    "compaction.source_stamp",    # catalogs and source_tracking (a reference table)
-    "compaction.derived_state_current",
-    "compaction.derived_state_status",
-    "compaction.stamp_derived_state",
-    "compaction.distribute_on_citus",
+    "compaction.reap",             # settles each conversation by reap_conversation
+    "compaction.dequeue",          # leases each candidate by its own row
+    "compaction.stale_summaries",  # audit: source_hash per range, on the coordinator
+    "compaction.distribute_on_citus",  # the placement itself (DDL)
 }
 
 
