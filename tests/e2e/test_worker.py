@@ -363,6 +363,11 @@ def test_four_workers_fifty_conversations(conn: Conn, dsn: str) -> None:
         workers = [WorkerProcess("--model", MODEL, "--concurrency", "4", "--poll-seconds",
                                  "0.2", env=env) for _ in range(4)]
         try:
+            # All four up (signal handlers installed) before any is told to stop: on a
+            # loaded machine the first two can finish every conversation while the others
+            # are still starting, and a SIGTERM before start-up ends is fatal.
+            for w in workers:
+                w.wait_event("started", timeout=60)
             wait_for(lambda: len(summaries(conn)) >= 100, timeout=60, what="100 summaries")
             # Nothing may still be running, and nothing more may be claimed.
             wait_for(lambda: all(a.state != "running" for a in attempts(conn)), timeout=30,
