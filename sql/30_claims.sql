@@ -314,6 +314,22 @@ CREATE INDEX audit_events_recorded_at_idx ON compaction.audit_events (recorded_a
 -- Claims and completion
 -- ---------------------------------------------------------------------------------------
 
+-- The second key of one conversation's lock: hashtext(conversation_id), moved off 0..15,
+-- which stay reserved for fixed locks (migrations, admission); a hash landing there moves
+-- to -1..-16, where it can only meet other conversations.
+CREATE FUNCTION compaction.conversation_lock_key(p_conversation_id text)
+RETURNS int
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN k.h BETWEEN 0 AND 15 THEN -1 - k.h ELSE k.h END
+    FROM (SELECT pg_catalog.hashtext(p_conversation_id) AS h) AS k
+$$;
+COMMENT ON FUNCTION compaction.conversation_lock_key(text) IS
+    'Internal: the second advisory-lock key of a conversation (hashtext moved off 0..15), shared by lock_conversation and try_lock_conversation';
+
 -- Serialises every writer of one conversation's engine rows (claim, complete, fail,
 -- heartbeat, import_summary, erase_conversation). Transaction-scoped: PgBouncer-safe.
 CREATE FUNCTION compaction.lock_conversation(p_conversation_id text)
@@ -322,11 +338,8 @@ LANGUAGE sql
 VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    -- Keys 0..15 of the class are reserved for fixed locks (migrations, admission): a
-    -- hash landing there moves to -1..-16, where it can only meet other conversations.
     SELECT pg_catalog.pg_advisory_xact_lock(
-               1129316352, CASE WHEN k.h BETWEEN 0 AND 15 THEN -1 - k.h ELSE k.h END)
-    FROM (SELECT pg_catalog.hashtext(p_conversation_id) AS h) AS k
+               1129316352, compaction.conversation_lock_key(p_conversation_id))
 $$;
 COMMENT ON FUNCTION compaction.lock_conversation(text) IS
     'Internal: transaction-scoped advisory lock (1129316352, hashtext(conversation_id) moved off 0..15) serialising one conversation''s writers';
@@ -340,8 +353,7 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.pg_try_advisory_xact_lock(
-               1129316352, CASE WHEN k.h BETWEEN 0 AND 15 THEN -1 - k.h ELSE k.h END)
-    FROM (SELECT pg_catalog.hashtext(p_conversation_id) AS h) AS k
+               1129316352, compaction.conversation_lock_key(p_conversation_id))
 $$;
 COMMENT ON FUNCTION compaction.try_lock_conversation(text) IS
     'Internal: takes lock_conversation''s lock if it is free (true), else returns false at once';

@@ -20,6 +20,7 @@ AS $$
 DECLARE
     v_expired record;
     v_jobs    bigint[] := '{}';
+    v_scope   text;
 BEGIN
     -- A conversation whose writer holds its lock right now is passed over: a fenced call
     -- settles the expiry of the attempt it holds itself, a claim reaps the identity it
@@ -42,17 +43,19 @@ BEGIN
     END LOOP;
     IF pg_catalog.cardinality(v_jobs) > 0 THEN
         -- The expired attempt's worker is gone and can no longer nudge anyone: put the
-        -- conversation back on the queue, so the one retry the contract allows happens
-        -- without a sweep and without workers re-queueing every claim just in case.
-        -- Like enqueue: an entry leased right now is marked requeued, so the
-        -- acknowledgement of a worker that examined it before this expiry keeps it.
-        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
-        SELECT DISTINCT j.conversation_id, j.scope, pg_catalog.now()
-        FROM compaction.jobs AS j
-        WHERE j.conversation_id = p_conversation_id AND j.job_id = ANY (v_jobs)
-        ORDER BY 1, 2
-        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
-            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
+        -- conversation back on the queue (enqueue's upsert: an entry leased right now is
+        -- marked requeued, so the acknowledgement of a worker that examined it before
+        -- this expiry keeps it), so the one retry the contract allows happens without a
+        -- sweep.
+        -- The scopes first, then enqueue: one statement each (DESIGN §11).
+        FOREACH v_scope IN ARRAY ARRAY(SELECT DISTINCT j.scope
+                                       FROM compaction.jobs AS j
+                                       WHERE j.conversation_id = p_conversation_id
+                                         AND j.job_id = ANY (v_jobs)
+                                       ORDER BY 1)
+        LOOP
+            PERFORM compaction.enqueue(p_conversation_id, v_scope);
+        END LOOP;
     END IF;
     RETURN pg_catalog.cardinality(v_jobs);
 END

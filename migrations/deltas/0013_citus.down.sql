@@ -1593,6 +1593,21 @@ DROP FUNCTION compaction.reap_conversation(text, timestamptz);
 DROP FUNCTION compaction.range_hash(text, text[]);
 DROP FUNCTION compaction.record_attempt_change(text, bigint, int);
 DROP FUNCTION compaction.try_lock_conversation(text);
+CREATE OR REPLACE FUNCTION compaction.lock_conversation(p_conversation_id text)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    -- Keys 0..15 of the class are reserved for fixed locks (migrations, admission): a
+    -- hash landing there moves to -1..-16, where it can only meet other conversations.
+    SELECT pg_catalog.pg_advisory_xact_lock(
+               1129316352, CASE WHEN k.h BETWEEN 0 AND 15 THEN -1 - k.h ELSE k.h END)
+    FROM (SELECT pg_catalog.hashtext(p_conversation_id) AS h) AS k
+$$;
+COMMENT ON FUNCTION compaction.lock_conversation(text) IS
+    'Internal: transaction-scoped advisory lock (1129316352, hashtext(conversation_id) moved off 0..15) serialising one conversation''s writers';
+DROP FUNCTION compaction.conversation_lock_key(text);
 
 CREATE TRIGGER attempts_track_admission
     AFTER UPDATE ON compaction.attempts

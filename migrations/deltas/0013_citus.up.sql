@@ -106,6 +106,31 @@ $$;
 COMMENT ON FUNCTION compaction.range_hash(text, text[]) IS
     'Source hash of a range of one conversation given its 20 current source ids [u0, a0, ..., u9, a9], reading only those messages; NULL unless all 20 are found exactly once';
 
+CREATE FUNCTION compaction.conversation_lock_key(p_conversation_id text)
+RETURNS int
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN k.h BETWEEN 0 AND 15 THEN -1 - k.h ELSE k.h END
+    FROM (SELECT pg_catalog.hashtext(p_conversation_id) AS h) AS k
+$$;
+COMMENT ON FUNCTION compaction.conversation_lock_key(text) IS
+    'Internal: the second advisory-lock key of a conversation (hashtext moved off 0..15), shared by lock_conversation and try_lock_conversation';
+
+CREATE OR REPLACE FUNCTION compaction.lock_conversation(p_conversation_id text)
+RETURNS void
+LANGUAGE sql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.pg_advisory_xact_lock(
+               1129316352, compaction.conversation_lock_key(p_conversation_id))
+$$;
+COMMENT ON FUNCTION compaction.lock_conversation(text) IS
+    'Internal: transaction-scoped advisory lock (1129316352, hashtext(conversation_id) moved off 0..15) serialising one conversation''s writers';
+
 CREATE FUNCTION compaction.try_lock_conversation(p_conversation_id text)
 RETURNS boolean
 LANGUAGE sql
@@ -113,8 +138,7 @@ VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.pg_try_advisory_xact_lock(
-               1129316352, CASE WHEN k.h BETWEEN 0 AND 15 THEN -1 - k.h ELSE k.h END)
-    FROM (SELECT pg_catalog.hashtext(p_conversation_id) AS h) AS k
+               1129316352, compaction.conversation_lock_key(p_conversation_id))
 $$;
 COMMENT ON FUNCTION compaction.try_lock_conversation(text) IS
     'Internal: takes lock_conversation''s lock if it is free (true), else returns false at once';
@@ -1680,6 +1704,7 @@ AS $$
 DECLARE
     v_expired record;
     v_jobs    bigint[] := '{}';
+    v_scope   text;
 BEGIN
     -- A conversation whose writer holds its lock right now is passed over: a fenced call
     -- settles the expiry of the attempt it holds itself, a claim reaps the identity it
@@ -1702,17 +1727,19 @@ BEGIN
     END LOOP;
     IF pg_catalog.cardinality(v_jobs) > 0 THEN
         -- The expired attempt's worker is gone and can no longer nudge anyone: put the
-        -- conversation back on the queue, so the one retry the contract allows happens
-        -- without a sweep and without workers re-queueing every claim just in case.
-        -- Like enqueue: an entry leased right now is marked requeued, so the
-        -- acknowledgement of a worker that examined it before this expiry keeps it.
-        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
-        SELECT DISTINCT j.conversation_id, j.scope, pg_catalog.now()
-        FROM compaction.jobs AS j
-        WHERE j.conversation_id = p_conversation_id AND j.job_id = ANY (v_jobs)
-        ORDER BY 1, 2
-        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
-            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
+        -- conversation back on the queue (enqueue's upsert: an entry leased right now is
+        -- marked requeued, so the acknowledgement of a worker that examined it before
+        -- this expiry keeps it), so the one retry the contract allows happens without a
+        -- sweep.
+        -- The scopes first, then enqueue: one statement each (DESIGN §11).
+        FOREACH v_scope IN ARRAY ARRAY(SELECT DISTINCT j.scope
+                                       FROM compaction.jobs AS j
+                                       WHERE j.conversation_id = p_conversation_id
+                                         AND j.job_id = ANY (v_jobs)
+                                       ORDER BY 1)
+        LOOP
+            PERFORM compaction.enqueue(p_conversation_id, v_scope);
+        END LOOP;
     END IF;
     RETURN pg_catalog.cardinality(v_jobs);
 END
