@@ -100,11 +100,14 @@ class _Call(Generic[Row]):
         # lock; a statement's timeout starts with that statement), and the Sync ends the
         # transaction they share unless the caller has one open: it commits if both
         # succeeded, else rolls back. Nothing waits for a result in between.
-        with self._conn.pipeline(), self._conn.cursor() as setup:
-            setup.execute(READ_ONLY_TIMEOUTS_SQL if self._conn.read_only else TIMEOUTS_SQL,
-                          {"lock_ms": _ms(timeouts.lock),
-                           "statement_ms": _ms(timeouts.statement)})
-            self._cursor.execute(query, params)
+        try:
+            with self._conn.pipeline(), self._conn.cursor() as setup:
+                setup.execute(READ_ONLY_TIMEOUTS_SQL if self._conn.read_only else TIMEOUTS_SQL,
+                              {"lock_ms": _ms(timeouts.lock),
+                               "statement_ms": _ms(timeouts.statement)})
+                self._cursor.execute(query, params)
+        except psycopg.OperationalError as exc:
+            raise _commit_error(self._conn, exc) from None
 
     def fetchone(self) -> Row | None:
         return self._cursor.fetchone()
@@ -115,6 +118,32 @@ class _Call(Generic[Row]):
     @property
     def description(self) -> list[psycopg.Column] | None:
         return self._cursor.description
+
+
+def _commit_error(conn: Connection, exc: psycopg.OperationalError) -> psycopg.Error:
+    """The error to raise for a pipeline that failed on leaving: the server's own, when
+    it refused the commit at the Sync, with the connection made usable again.
+
+    A transaction can fail at its commit after every statement in it succeeded: under
+    SERIALIZABLE (40001, "during commit attempt"), or at a deferred constraint. The
+    server then answers the Sync with that error before its ReadyForQuery. psycopg
+    raises the error but leaves libpq in pipeline mode with the Sync's result unread
+    ("cannot exit pipeline mode while busy"), and every later call on the connection
+    fails. Reading up to the Sync and leaving pipeline mode restores it: the transaction
+    has ended (rolled back), so the caller may retry on the same connection, as a
+    serialization failure asks it to.
+    """
+    cause = exc.__context__
+    pgconn = conn.pgconn
+    if (not isinstance(cause, psycopg.Error) or cause.sqlstate is None
+            or pgconn.status != psycopg.pq.ConnStatus.OK
+            or pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF):
+        return exc
+    while (result := pgconn.get_result()) is not None:
+        if result.status == psycopg.pq.ExecStatus.PIPELINE_SYNC:
+            break
+    pgconn.exit_pipeline_mode()
+    return cause
 
 
 @contextmanager

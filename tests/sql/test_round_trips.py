@@ -142,3 +142,26 @@ def test_a_read_only_connection_makes_each_call_read_only(conn: Conn, dsn: str) 
             db.enqueue(reader, "c")
         assert reader.info.transaction_status == pq.TransactionStatus.IDLE
         assert reader.execute("SHOW transaction_read_only").fetchone() == ("off",)
+
+
+def test_a_commit_refused_at_the_sync_raises_its_sqlstate_and_the_connection_goes_on(
+        conn: Conn, dsn: str) -> None:
+    """A transaction can fail at its commit after every statement in it succeeded (a
+    serialization failure under SERIALIZABLE, a deferred constraint): the server answers
+    the Sync with the error. The call raises that error, by its SQLSTATE, and the same
+    connection takes the next call, which is how an application retries a 40001."""
+    conn.execute("CREATE TABLE public.deferred_check (k int"
+                 " CONSTRAINT deferred_check_k_key UNIQUE DEFERRABLE INITIALLY DEFERRED)")
+    conn.execute("GRANT INSERT, SELECT ON public.deferred_check TO PUBLIC")
+    with db.connect(dsn) as c:
+        with pytest.raises(PycompactorError, match="23505") as refused, \
+                db._call(c, tuple_row) as cur:
+            cur.execute("INSERT INTO public.deferred_check VALUES (1), (1)", {})
+        assert isinstance(refused.value.__cause__, psycopg.errors.UniqueViolation)
+        assert c.info.transaction_status == pq.TransactionStatus.IDLE
+        assert c.pgconn.pipeline_status == pq.PipelineStatus.OFF
+        with db._call(c, tuple_row) as cur:
+            cur.execute("INSERT INTO public.deferred_check VALUES (2) RETURNING k", {})
+            assert cur.fetchone() == (2,)
+        assert c.execute("SHOW lock_timeout").fetchone() == ("0",)
+    assert conn.execute("SELECT k FROM public.deferred_check").fetchall() == [(2,)]
