@@ -750,6 +750,25 @@ def projection_summaries_query(conversation_id: str, scope: str) -> Query:
             {"conversation_id": conversation_id, "scope": scope})
 
 
+#: With the first read of a projection on an autocommit connection, in the same pipeline:
+#: the snapshot without a round trip of its own (ended by PROJECTION_END_SQL, sent with
+#: the texts).
+PROJECTION_BEGIN_SQL: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+PROJECTION_END_SQL: Final = "COMMIT"
+
+
+def projection_frame_query(conversation_id: str, scope: str, pairs: int) -> Query:
+    """One row (derived, pair_count, first_pair, user_message_ids, assistant_message_ids,
+    user_bytes, assistant_bytes, summary_ids, summary_from_pairs, summary_reasons,
+    summary_bytes): the newest `pairs` pairs' metadata and every summary's verdict, while
+    the derived state is in use (derived is false otherwise)."""
+    return ("SELECT derived, pair_count, first_pair, user_message_ids, assistant_message_ids,"
+            " user_bytes, assistant_bytes, summary_ids, summary_from_pairs, summary_reasons,"
+            " summary_bytes FROM compaction.projection_frame(%(conversation_id)s::text,"
+            " %(scope)s::text, %(pairs)s::int)",
+            {"conversation_id": conversation_id, "scope": scope, "pairs": pairs})
+
+
 def projection_texts_query(conversation_id: str, message_ids: Sequence[str],
                            summary_ids: Sequence[int]) -> Query:
     """Rows (message_id, summary_id, content): the texts a plan includes."""

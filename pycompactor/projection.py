@@ -24,6 +24,7 @@ The rules, the marker line and the manifest shape are documented in docs/project
 
 from __future__ import annotations
 
+import operator
 from collections.abc import (
     AsyncIterator,
     Callable,
@@ -33,10 +34,10 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Literal, NamedTuple, Protocol, TypedDict
+from typing import Any, Final, Literal, NamedTuple, Protocol, TypedDict, overload
 
 import psycopg
 from psycopg import pq
@@ -172,6 +173,73 @@ class PairPlacement:
     summary_id: int | None
 
 
+class Manifest(Sequence[PairPlacement]):
+    """`Projection.pairs`: one entry per eligible pair, in order (DESIGN §9).
+
+    The included history is a contiguous newest suffix, so every pair before it is
+    `omitted`; those entries are made when read rather than stored, and a projection of a
+    long conversation costs what it includes, not one object per pair. It is an immutable
+    sequence like a tuple: indexing, slicing (which gives a tuple), iteration, len, and
+    equality with another manifest or with a tuple or list of the same entries.
+    """
+
+    __slots__ = ("_included", "_omitted")
+
+    def __init__(self, omitted: int, included: Sequence[PairPlacement] = ()) -> None:
+        if omitted < 0:
+            raise ValueError("omitted must be 0 or more")
+        if any(p.placement == OMITTED or p.pair_index != omitted + i
+               for i, p in enumerate(included)):
+            raise ValueError("included must be the pairs after the omitted ones, in order,"
+                             " none of them omitted")
+        self._omitted = omitted
+        self._included = tuple(included)
+
+    @property
+    def omitted(self) -> int:
+        """How many pairs (the oldest) are omitted."""
+        return self._omitted
+
+    def __len__(self) -> int:
+        return self._omitted + len(self._included)
+
+    @overload
+    def __getitem__(self, index: int) -> PairPlacement: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[PairPlacement, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> PairPlacement | tuple[PairPlacement, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        position = operator.index(index)
+        if position < 0:
+            position += len(self)
+        if not 0 <= position < len(self):
+            raise IndexError("manifest index out of range")
+        if position < self._omitted:
+            return PairPlacement(position, OMITTED, None)
+        return self._included[position - self._omitted]
+
+    def __iter__(self) -> Iterator[PairPlacement]:
+        for position in range(self._omitted):
+            yield PairPlacement(position, OMITTED, None)
+        yield from self._included
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Manifest):
+            return self._omitted == other._omitted and self._included == other._included
+        if isinstance(other, tuple | list):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._omitted, self._included))
+
+    def __repr__(self) -> str:
+        return f"Manifest(omitted={self._omitted}, included={self._included!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class RejectedSummary:
     """A stored summary that is not in the projection, with the first reason that applies."""
@@ -208,7 +276,7 @@ class Plan:
     """What to project, decided from metadata; `items` are in chronological order."""
 
     items: tuple[PlanItem, ...]
-    pairs: tuple[PairPlacement, ...]
+    pairs: Manifest
     rejected_summaries: tuple[RejectedSummary, ...]
     used_bytes: int
     budget_bytes: int
@@ -234,7 +302,7 @@ class Projection:
     """History for the next Run and its manifest (DESIGN §9)."""
 
     messages: tuple[ChatMessage, ...]
-    pairs: tuple[PairPlacement, ...]
+    pairs: Manifest
     rejected_summaries: tuple[RejectedSummary, ...]
     used_bytes: int
     budget_bytes: int
@@ -338,9 +406,10 @@ def _flat_ids(pairs: Sequence[PairMeta]) -> list[str]:
     return flat
 
 
-def block_cost(summary: SummaryCandidate, pairs: Sequence[PairMeta]) -> int:
-    """Cost of a summary block: the range's 10 user messages plus the summary message."""
-    users = pairs[summary.from_pair : summary.to_pair + 1]
+def block_cost(summary: ChosenSummary, pairs: Sequence[PairMeta], first: int = 0) -> int:
+    """Cost of a summary block: the range's 10 user messages plus the summary message.
+    `pairs` start at pair `first`."""
+    users = pairs[summary.from_pair - first : summary.to_pair + 1 - first]
     summary_message = (
         utf8_len(marker_line(summary.from_pair, summary.to_pair)) + 1 + summary.summary_bytes
     )
@@ -384,6 +453,120 @@ def select_summaries(
     return Selection(chosen, rejected)
 
 
+class ChosenSummary(Protocol):
+    """What the walk needs of a range's chosen summary (SummaryCandidate has these)."""
+
+    @property
+    def summary_id(self) -> int: ...
+
+    @property
+    def from_pair(self) -> int: ...
+
+    @property
+    def to_pair(self) -> int: ...
+
+    @property
+    def summary_bytes(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Chosen:
+    """A chosen summary as the database's verdict gives it (projection_frame)."""
+
+    summary_id: int
+    from_pair: int
+    to_pair: int
+    summary_bytes: int
+
+
+class _Walk(NamedTuple):
+    """What the walk decided: newest first, and the first pair it included. Not
+    `finished` when it needed a pair before those it was given."""
+
+    items: list[PlanItem]
+    included: list[PairPlacement]
+    used: set[int]
+    remaining: int
+    start: int
+    finished: bool
+
+
+def _walk(pairs: Sequence[PairMeta], first: int, chosen: Mapping[int, ChosenSummary],
+          budget: int) -> _Walk:
+    """The budget walk over pairs `first`.. (all pairs after them; `first` a multiple of
+    10), newest first. Not finished when it would need a pair before `first` (the caller
+    reads further back and walks again); always finished for first = 0.
+
+    A pair outside any chosen summary's range is taken raw; at a range with a chosen
+    summary the whole block is tried, and if it does not fit, that range's raw pairs
+    newest first. The first thing that does not fit ends the walk, so the included
+    history is always a contiguous newest suffix.
+    """
+    remaining = budget
+    newest_first: list[PlanItem] = []
+    included: list[PairPlacement] = []
+    used: set[int] = set()
+    tried_ranges: set[int] = set()
+    index = first + len(pairs) - 1
+    while index >= 0:
+        if index < first:
+            return _Walk(newest_first, included, used, remaining, index + 1, False)
+        start = index - index % PAIRS_PER_RANGE
+        summary = chosen.get(start)
+        if summary is not None and start not in tried_ranges:
+            tried_ranges.add(start)
+            # A chosen summary's range is complete and the walk is contiguous, so the walk
+            # meets the range at its last pair.
+            assert index == summary.to_pair
+            cost = block_cost(summary, pairs, first)
+            if cost <= remaining:
+                remaining -= cost
+                block = pairs[start - first : summary.to_pair + 1 - first]
+                newest_first.append(SummaryItem(
+                    summary.summary_id, start, summary.to_pair,
+                    tuple(p.user_message_id for p in block),
+                ))
+                used.add(summary.summary_id)
+                included.extend(PairPlacement(p.pair_index, SUMMARIZED, summary.summary_id)
+                                for p in reversed(block))
+                index = start - 1
+                continue
+            # The block does not fit: fall back to this range's raw pairs, newest first.
+        pair = pairs[index - first]
+        if pair.cost > remaining:
+            break
+        remaining -= pair.cost
+        newest_first.append(RawItem(pair.pair_index, pair.user_message_id,
+                                    pair.assistant_message_id))
+        included.append(PairPlacement(pair.pair_index, RAW, None))
+        index -= 1
+    return _Walk(newest_first, included, used, remaining, index + 1, True)
+
+
+def _plan(walk: _Walk, verdicts: Iterable[tuple[int, int, Reason | None]],
+          budget: int) -> Plan:
+    """The plan from a finished walk and every summary's (summary_id, from_pair, reason),
+    ordered by (from_pair, summary_id), reason None for the one chosen per range.
+
+    A chosen summary not in the projection did not fit: its block was tried and dropped,
+    or the budget was spent before the walk reached its range.
+    """
+    rejected: list[RejectedSummary] = []
+    for summary_id, from_pair, reason in verdicts:
+        if reason is None:
+            if summary_id in walk.used:
+                continue
+            reason = DID_NOT_FIT
+        rejected.append(RejectedSummary(summary_id, from_pair, reason))
+    return Plan(
+        items=tuple(reversed(walk.items)),
+        pairs=Manifest(walk.start, walk.included[::-1]),
+        rejected_summaries=tuple(rejected),
+        used_bytes=budget - walk.remaining,
+        budget_bytes=budget,
+    )
+
+
 def plan_projection(
     pairs: Sequence[PairMeta], summaries: Sequence[SummaryCandidate], budget_bytes: int
 ) -> Plan:
@@ -392,79 +575,24 @@ def plan_projection(
     `pairs` are all eligible pairs, pair_index 0..N-1 in order; `summaries` are every
     stored summary of the conversation and scope, in any order, each knowing whether its
     source is current. Every summary gets its reason from metadata, wherever its range
-    lies; a chosen summary that is not in the projection is `did_not_fit` (its block was
-    tried and dropped, or the budget was spent before the walk reached its range).
-
-    The walk goes from the newest pair backwards: a pair outside any chosen summary's range
-    is taken raw; at a range with a chosen summary the whole block is tried, and if it does
-    not fit, that range's raw pairs newest first. The first thing that does not fit ends
-    the walk, so the included history is always a contiguous newest suffix.
+    lies (`select_summaries`); then the walk (`_walk`) decides what fits. A chosen
+    summary that is not in the projection is `did_not_fit` (its block was tried and
+    dropped, or the budget was spent before the walk reached its range).
     """
     budget = check_budget(budget_bytes)
     if any(p.pair_index != i for i, p in enumerate(pairs)):
         raise ValueError("pairs must be every eligible pair, ordered by pair_index from 0")
     selection = select_summaries(pairs, summaries)
-    chosen, rejected = selection.chosen, selection.rejected
-
-    remaining = budget
-    newest_first: list[PlanItem] = []
-    placement: dict[int, tuple[Placement, int | None]] = {}
-    used_summaries: set[int] = set()
-    tried_ranges: set[int] = set()
-    index = len(pairs) - 1
-    while index >= 0:
-        start = index - index % PAIRS_PER_RANGE
-        summary = chosen.get(start)
-        if summary is not None and start not in tried_ranges:
-            tried_ranges.add(start)
-            # A chosen summary's range is complete and the walk is contiguous, so the walk
-            # meets the range at its last pair.
-            assert index == summary.to_pair
-            cost = block_cost(summary, pairs)
-            if cost <= remaining:
-                remaining -= cost
-                block = pairs[start : summary.to_pair + 1]
-                newest_first.append(SummaryItem(
-                    summary.summary_id, start, summary.to_pair,
-                    tuple(p.user_message_id for p in block),
-                ))
-                used_summaries.add(summary.summary_id)
-                for p in block:
-                    placement[p.pair_index] = (SUMMARIZED, summary.summary_id)
-                index = start - 1
-                continue
-            # The block does not fit: fall back to this range's raw pairs, newest first.
-        pair = pairs[index]
-        if pair.cost > remaining:
-            break
-        remaining -= pair.cost
-        newest_first.append(RawItem(pair.pair_index, pair.user_message_id,
-                                    pair.assistant_message_id))
-        placement[pair.pair_index] = (RAW, None)
-        index -= 1
-
-    # A chosen summary not in the projection did not fit: its block was tried and dropped,
-    # or the budget was spent before the walk reached its range.
-    for summary in chosen.values():
-        if summary.summary_id not in used_summaries:
-            rejected[summary.summary_id] = DID_NOT_FIT
-    by_id = {s.summary_id: s for s in summaries}
-    rejected_list = sorted(
-        (RejectedSummary(sid, by_id[sid].from_pair, reason) for sid, reason in rejected.items()),
-        key=lambda r: (r.from_pair, r.summary_id),
+    walk = _walk(pairs, 0, selection.chosen, budget)
+    assert walk.finished  # it was given every pair
+    chosen_ids = {s.summary_id for s in selection.chosen.values()}
+    verdicts = sorted(
+        ((s.summary_id, s.from_pair,
+          None if s.summary_id in chosen_ids else selection.rejected[s.summary_id])
+         for s in summaries),
+        key=lambda v: (v[1], v[0]),
     )
-    # The included pairs are the newest suffix from `index + 1` on; all older are omitted.
-    manifest = (
-        *(PairPlacement(i, OMITTED, None) for i in range(index + 1)),
-        *(PairPlacement(i, *placement[i]) for i in range(index + 1, len(pairs))),
-    )
-    return Plan(
-        items=tuple(reversed(newest_first)),
-        pairs=manifest,
-        rejected_summaries=tuple(rejected_list),
-        used_bytes=budget - remaining,
-        budget_bytes=budget,
-    )
+    return _plan(walk, verdicts, budget)
 
 
 def render_projection(
@@ -553,22 +681,77 @@ def observe(callback: Callable[[Projection], None]) -> None:
 Steps = Generator[db.Query, list[tuple[Any, ...]], Plan]
 
 
+def _first_read(budget: int) -> int:
+    """How many of the newest pairs the first read asks for: enough for the budget when a
+    pair costs about 1 KiB, in whole ranges, at least two ranges. The walk asks for more
+    when it gets past them (rarely: summary blocks cost less than their raw pairs)."""
+    wanted = max(2 * PAIRS_PER_RANGE, budget // 1024)
+    return wanted + (-wanted) % PAIRS_PER_RANGE
+
+
+def _next_read(given: int, spent: int, budget: int) -> int:
+    """How many of the newest pairs to ask for when the walk spent `spent` bytes over the
+    `given` newest pairs and needs more: as many as the whole budget would take at the
+    rate it was spent, a quarter more, and never fewer than twice as many, in whole
+    ranges."""
+    wanted = max(2 * given, -(-given * budget * 5 // (4 * max(spent, 1))))
+    return wanted + (-wanted) % PAIRS_PER_RANGE
+
+
 def _projection_steps(conversation_id: str, budget: int, scope: str) -> Steps:
     """The reads of a projection, driver-free: yields each statement, receives its rows,
     and returns the plan. `project_history` (psycopg.Connection) and `aproject_history`
     (psycopg.AsyncConnection) run the same steps, so both give the same projection.
 
-    Pair metadata and every summary's metadata (no text; whether a summary's source is
-    current comes from the engine's derived state), the plan, then only the texts the
-    plan includes. The texts are returned through `_texts_of` by the driver.
+    While the derived state is in use, one statement (compaction.projection_frame) gives
+    the newest pairs' metadata and every summary's verdict; if the walk gets past those
+    pairs, it is asked again for as many as the rest of the budget may need. Otherwise
+    all pair metadata and every summary's metadata, judged from the views. No text is
+    read here: the texts the plan includes are read by the driver (`_texts_query`).
     """
+    wanted = _first_read(budget)
+    while True:
+        [frame] = yield db.projection_frame_query(conversation_id, scope, wanted)
+        (derived, count, first, users, assistants, user_sizes, assistant_sizes,
+         summary_ids, from_pairs, reasons, sizes) = frame
+        if not derived:
+            break
+        pairs = [PairMeta(first + i, u, a, ub, ab) for i, (u, a, ub, ab)
+                 in enumerate(zip(users, assistants, user_sizes, assistant_sizes, strict=True))]
+        chosen = {f: _Chosen(sid, f, f + PAIRS_PER_RANGE - 1, size)
+                  for sid, f, reason, size in zip(summary_ids, from_pairs, reasons, sizes,
+                                                  strict=True)
+                  if reason is None and size is not None}
+        walk = _walk(pairs, first, chosen, budget)
+        if walk.finished:
+            verdicts = zip(summary_ids, from_pairs, map(_reason, reasons), strict=True)
+            return _plan(walk, verdicts, budget)
+        wanted = _next_read(count - first, budget - walk.remaining, budget)
+
+    # Judged from the views: every pair, every summary.
     # Plain tuples, then PairMeta._make: one per eligible pair, so per-row cost counts.
-    pairs = list(map(PairMeta._make, (yield db.projection_pairs_query(conversation_id))))
+    all_pairs = list(map(PairMeta._make, (yield db.projection_pairs_query(conversation_id))))
     # Rows of db.projection_summaries_query; version_rank comes last there.
     summaries = [SummaryCandidate(r[0], r[1], r[2], tuple(r[3]), r[4], r[5], r[6], r[10], r[7],
                                   r[8], r[9])
                  for r in (yield db.projection_summaries_query(conversation_id, scope))]
-    return plan_projection(pairs, summaries, budget)
+    return plan_projection(all_pairs, summaries, budget)
+
+
+_REASONS: Final[dict[str | None, Reason | None]] = {
+    None: None, VERSION_NOT_PROJECTABLE: VERSION_NOT_PROJECTABLE, STALE_SOURCE: STALE_SOURCE,
+    SUPERSEDED: SUPERSEDED,
+}
+
+
+def _reason(value: str | None) -> Reason | None:
+    """A verdict from projection_frame, checked against the reasons this module knows."""
+    try:
+        return _REASONS[value]
+    except KeyError:
+        raise PycompactorError(
+            f"the engine gave an unknown summary verdict {value!r}; upgrade pycompactor "
+            "to the version of the migrations") from None
 
 
 def _texts_query(conversation_id: str, plan: Plan) -> db.Query | None:
@@ -594,31 +777,51 @@ def _finish(plan: Plan, text_rows: Iterable[tuple[Any, ...]]) -> Projection:
     return projection
 
 
+_OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+
+
 @contextmanager
-def _snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
+def _snapshot(conn: psycopg.Connection[Any]) -> Iterator[bool]:
     """One read-only repeatable-read transaction, unless the caller already has one.
 
     The plan is made from metadata and the texts are read afterwards; one snapshot keeps
     them consistent (render_projection still checks). Inside a caller's transaction its
     own isolation level applies. Transaction-scoped only, so PgBouncer pooling is fine.
+    Yields True on an autocommit connection: the reads then open the transaction
+    themselves (PROJECTION_BEGIN_SQL travels with the first read, PROJECTION_END_SQL with
+    the texts) and pay no round trip for it; it is rolled back here if they fail.
     """
-    if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        yield False
+    elif not conn.autocommit:
         with conn.transaction():
             conn.execute(db.PROJECTION_SNAPSHOT_SQL)
-            yield
+            yield False
     else:
-        yield
+        try:
+            yield True
+        finally:
+            if conn.info.transaction_status in _OPEN:
+                with suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
 
 
 @asynccontextmanager
-async def _asnapshot(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+async def _asnapshot(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[bool]:
     """`_snapshot` on an async connection."""
-    if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        yield False
+    elif not conn.autocommit:
         async with conn.transaction():
             await conn.execute(db.PROJECTION_SNAPSHOT_SQL)
-            yield
+            yield False
     else:
-        yield
+        try:
+            yield True
+        finally:
+            if conn.info.transaction_status in _OPEN:
+                with suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK")
 
 
 def project_history(
@@ -630,26 +833,42 @@ def project_history(
 ) -> Projection:
     """History for the next Run of a conversation under a UTF-8 byte budget (DESIGN §9).
 
-    Reads pair metadata and the metadata of every summary (no text; whether a summary's
-    source is current comes from the engine's derived state), plans, then reads only the
-    texts the plan includes: at most four statements in one snapshot, and text read in
-    proportion to the budget, whatever the conversation's length. Every summary gets its
-    reason (a stale one is `stale_source` whatever the budget).
+    Reads the newest pairs' metadata and every summary's verdict (no text; whether a
+    summary's source is current comes from the engine's derived state), plans, then
+    reads only the texts the plan includes: on an autocommit connection two round trips
+    in one snapshot, and text read in proportion to the budget, whatever the
+    conversation's length. Every summary gets its reason (a stale one is `stale_source`
+    whatever the budget).
     An unknown conversation gives an empty projection; a negative budget raises UsageError.
     """
     budget = check_budget(budget_bytes)
     steps = _projection_steps(conversation_id, budget, scope)
     text_rows: list[tuple[Any, ...]] = []
-    with wrap_exceptions(), _snapshot(conn), conn.cursor(row_factory=tuple_row) as cur:
+    with wrap_exceptions(), _snapshot(conn) as own, conn.cursor(row_factory=tuple_row) as cur:
+        begin = own
         try:
             query = next(steps)
             while True:
-                query = steps.send(cur.execute(*query).fetchall())
+                if begin:
+                    with conn.pipeline():
+                        conn.execute(db.PROJECTION_BEGIN_SQL)
+                        cur.execute(*query)
+                    begin = False
+                else:
+                    cur.execute(*query)
+                query = steps.send(cur.fetchall())
         except StopIteration as done:
             plan: Plan = done.value
         texts = _texts_query(conversation_id, plan)
+        if own:
+            with conn.pipeline():
+                if texts is not None:
+                    cur.execute(*texts)
+                conn.execute(db.PROJECTION_END_SQL)
+        elif texts is not None:
+            cur.execute(*texts)
         if texts is not None:
-            text_rows = cur.execute(*texts).fetchall()
+            text_rows = cur.fetchall()
     return _finish(plan, text_rows)
 
 
@@ -666,16 +885,29 @@ async def aproject_history(
     steps = _projection_steps(conversation_id, budget, scope)
     text_rows: list[tuple[Any, ...]] = []
     with wrap_exceptions():
-        async with _asnapshot(conn), conn.cursor(row_factory=tuple_row) as cur:
+        async with _asnapshot(conn) as own, conn.cursor(row_factory=tuple_row) as cur:
+            begin = own
             try:
                 query = next(steps)
                 while True:
-                    await cur.execute(*query)
+                    if begin:
+                        async with conn.pipeline():
+                            await conn.execute(db.PROJECTION_BEGIN_SQL)
+                            await cur.execute(*query)
+                        begin = False
+                    else:
+                        await cur.execute(*query)
                     query = steps.send(await cur.fetchall())
             except StopIteration as done:
                 plan: Plan = done.value
             texts = _texts_query(conversation_id, plan)
-            if texts is not None:
+            if own:
+                async with conn.pipeline():
+                    if texts is not None:
+                        await cur.execute(*texts)
+                    await conn.execute(db.PROJECTION_END_SQL)
+            elif texts is not None:
                 await cur.execute(*texts)
+            if texts is not None:
                 text_rows = await cur.fetchall()
     return _finish(plan, text_rows)

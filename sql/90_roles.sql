@@ -94,7 +94,8 @@ FROM compaction_owner;
 -- Pairs come from compaction.indexed_pairs, granted with the read functions of §3–5.
 GRANT EXECUTE ON FUNCTION
     compaction.projection_summaries(text, text),
-    compaction.projection_texts(text, text[], bigint[])
+    compaction.projection_texts(text, text[], bigint[]),
+    compaction.projection_frame(text, text, int)
 TO compaction_worker, compaction_reader;
 
 -- Derived state (revision 0005). The worker plans from it and reads a claimed range's

@@ -270,21 +270,25 @@ def test_source_current_equals_the_python_judgement(conn: Conn) -> None:
 
 
 class RecordingCursor(psycopg.Cursor[Any]):
-    """Records each statement, its parameters, and the rows and bytes of its result."""
+    """Records each statement whose rows are read, its parameters, and the rows and bytes
+    of its result (at fetch time: in a pipeline the result arrives after execute)."""
 
     log: ClassVar[list[tuple[str, Any, int, int]]] = []
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        result = super().execute(query, params, **kwargs)
+        self._recorded = (str(query), params)
+        return super().execute(query, params, **kwargs)
+
+    def fetchall(self) -> list[Any]:
+        rows = super().fetchall()
         res = self.pgresult
-        rows = res.ntuples if res is not None else 0
         size = 0
-        for r in range(rows):
+        for r in range(res.ntuples if res is not None else 0):
             for c in range(res.nfields if res is not None else 0):
                 value = res.get_value(r, c) if res is not None else None
                 size += len(value) if value is not None else 0
-        RecordingCursor.log.append((str(query), params, rows, size))
-        return result
+        RecordingCursor.log.append((*self._recorded, len(rows), size))
+        return rows
 
 
 def recorded(conn: Conn, conversation_id: str, budget: int
@@ -438,16 +442,18 @@ def test_ten_thousand_summarized_pairs_read_only_what_the_budget_reaches(conn: C
     assert len(projection.pairs) == n
     assert projection.used_bytes <= budget
     assert 10 < len(summarized) < 100
-    # SET TRANSACTION, pairs, summaries, texts: four statements, whatever n.
-    assert len(log) == 4
-    pairs_stmt, summaries_stmt, texts_stmt = (
-        required(log, f) for f in ("indexed_pairs", "projection_summaries", "projection_texts"))
+    # Two reads, whatever n: projection_frame (asked again, for twice as many pairs,
+    # while the walk gets past the pairs it gave), then the texts. The frame gives pair
+    # metadata only for the newest pairs and a verdict for every summary, but no text.
+    frames = [entry for entry in log if "compaction.projection_frame(" in entry[0]]
+    texts_stmt = required(log, "projection_texts")
+    assert len(log) == len(frames) + 1
+    assert 1 <= len(frames) <= 4
+    reached = n - projection.pairs.omitted
+    assert frames[-1][1]["pairs"] < 2 * reached + 20
     total_text = sum(len(p.user_content.encode()) + len(p.assistant_content.encode())
                      for p in pairs)
-    # Metadata for every pair and summary (the manifest lists them all), but no text.
-    assert pairs_stmt[2] == n
-    assert summaries_stmt[2] == n // 10
-    assert pairs_stmt[3] + summaries_stmt[3] < total_text / 20
+    assert sum(f[3] for f in frames) < total_text / 100
     # Every summary's source was judged (all current here: none is stale_source), none
     # by reading text: the reasons are all did_not_fit, one per range not used.
     assert {r.reason for r in projection.rejected_summaries} == {"did_not_fit"}
@@ -462,11 +468,11 @@ def test_ten_thousand_summarized_pairs_read_only_what_the_budget_reaches(conn: C
         (texts_stmt[1]["message_ids"], texts_stmt[1]["summary_ids"])) == (
         0, len(texts_stmt[1]["message_ids"]))
 
-    # TOAST: what the call read beyond the pair metadata is the included raw replies
-    # (a summary block carries user texts, short here, never its replies); judging every
+    # TOAST: what the call read is the included raw replies (a summary block carries user
+    # texts, short here, never its replies); the pair metadata and judging every
     # summary's source read none.
+    assert call_blocks <= len(raw) + 10
     eligibility = toast_blocks_of(conn, "SELECT count(*) FROM compaction.indexed_pairs('big')")
-    assert call_blocks - eligibility <= len(raw) + 10
     # Pair metadata comes from derived state (or, judged from the views, the first TOAST
     # chunk of each message at most): at most one block per reply.
     assert eligibility <= n
