@@ -64,22 +64,25 @@ _INDEXED_PAIRS_SQL = "SELECT count(*) FROM compaction.indexed_pairs(%(c)s::text)
 
 
 class TimingCursor(psycopg.Cursor[Any]):
-    """Adds each statement's wall time (execute includes fetching) to a shared dict."""
+    """Adds each read statement's wall time, from execute to its rows fetched, to a shared
+    dict (a statement sent in a pipeline gets its rows when the pipeline is synced)."""
 
     timings: ClassVar[dict[str, list[float]]] = {}
     recording: ClassVar[bool] = False
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return super().execute(query, params, **kwargs)
-        finally:
-            if TimingCursor.recording:
-                text = str(query)
-                name = text[text.index("compaction."):].split("(")[0] \
-                    if "compaction." in text else text.split()[0].lower()
-                TimingCursor.timings.setdefault(name, []).append(
-                    (time.perf_counter() - started) * 1000)
+        self._started = (str(query), time.perf_counter())
+        return super().execute(query, params, **kwargs)
+
+    def fetchall(self) -> list[Any]:
+        rows = super().fetchall()
+        if TimingCursor.recording:
+            text, started = self._started
+            name = text[text.index("compaction."):].split("(")[0] \
+                if "compaction." in text else text.split()[0].lower()
+            TimingCursor.timings.setdefault(name, []).append(
+                (time.perf_counter() - started) * 1000)
+        return rows
 
 
 @contextmanager

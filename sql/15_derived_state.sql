@@ -8,6 +8,7 @@
 --   compaction.ranges              one row per complete range of 10 pairs: 20 ids and hash
 --   compaction.conversation_state  pair count, and the row every writer of one
 --                                  conversation's derived state updates first
+--   compaction.summary_verdicts    every completed summary's verdict against the ranges
 --   compaction.source_tracking     under which source definition the derived state was built
 --
 -- The read functions (sql/20_pairs.sql) use the derived state only while
@@ -62,6 +63,31 @@ CREATE TABLE compaction.ranges (
 );
 COMMENT ON TABLE compaction.ranges IS
     'Derived state: every complete range of 10 pairs with its 20 current source ids [u0, a0, ..., u9, a9] and source hash (DESIGN §5)';
+
+-- Revision 0014: every completed summary's verdict as projection_frame reads it, kept
+-- with the ranges it depends on (re-judged whenever a range is written, and when a summary
+-- of its range completes or is imported), so a projection reads one index entry per
+-- summary instead of comparing every summary's 20 ids and hash with its range.
+CREATE TABLE compaction.summary_verdicts (
+    conversation_id text NOT NULL,
+    summary_id      bigint NOT NULL,
+    scope           text NOT NULL,
+    from_pair       int NOT NULL,
+    -- NULL: the summary its range uses in its scope (projectable, source current, and
+    -- preferred among such); else the first reason of DESIGN §9 that applies.
+    reason          text,
+    CONSTRAINT summary_verdicts_pkey PRIMARY KEY (conversation_id, summary_id),
+    CONSTRAINT summary_verdicts_reason_valid
+        CHECK (reason IN ('version_not_projectable', 'stale_source', 'superseded'))
+);
+COMMENT ON TABLE compaction.summary_verdicts IS
+    'Derived state: every completed summary''s verdict against the current ranges (reason NULL for the one each range uses in its scope, else version_not_projectable, stale_source or superseded)';
+-- A projection reads a conversation's verdicts in (from_pair, summary_id) order for one
+-- scope; re-judging finds a range's summaries by from_pair.
+CREATE INDEX summary_verdicts_range_idx
+    ON compaction.summary_verdicts (conversation_id, from_pair, scope, summary_id) INCLUDE (reason);
+CREATE UNIQUE INDEX summary_verdicts_one_chosen
+    ON compaction.summary_verdicts (conversation_id, scope, from_pair) WHERE reason IS NULL;
 
 CREATE TABLE compaction.source_tracking (
     singleton   boolean NOT NULL DEFAULT true,

@@ -181,6 +181,10 @@ BEGIN
         ON CONFLICT (conversation_id, from_pair) DO UPDATE
             SET source_message_ids = EXCLUDED.source_message_ids,
                 source_hash = EXCLUDED.source_hash;
+        -- A range completed again may make its summaries current again.
+        PERFORM compaction.rederive_summary_verdicts(
+            p_conversation_id,
+            ARRAY(SELECT pg_catalog.generate_series(p_pair_count / 10 * 10, v_new - 10, 10)));
     END IF;
 END
 $$;
@@ -355,8 +359,15 @@ BEGIN
     ON CONFLICT (conversation_id, from_pair) DO UPDATE
         SET source_message_ids = EXCLUDED.source_message_ids,
             source_hash = EXCLUDED.source_hash;
-    DELETE FROM compaction.ranges AS r
-    WHERE r.conversation_id = p_conversation_id AND r.from_pair > v_count - 10;
+    WITH gone AS (
+        DELETE FROM compaction.ranges AS r
+        WHERE r.conversation_id = p_conversation_id AND r.from_pair > v_count - 10
+        RETURNING r.from_pair
+    )
+    SELECT v_ranges || coalesce(pg_catalog.array_agg(g.from_pair), '{}') INTO v_ranges
+    FROM gone AS g;
+    -- The summaries of every range written or deleted above are judged again.
+    PERFORM compaction.rederive_summary_verdicts(p_conversation_id, v_ranges);
     UPDATE compaction.conversation_state AS cs
     SET pair_count = v_count
     WHERE cs.conversation_id = p_conversation_id AND cs.pair_count <> v_count;
@@ -711,7 +722,18 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_ids     bigint[];
+    v_scopes  text[];
+    v_froms   int[];
+    v_reasons text[];
 BEGIN
+    -- Every summary judged now against the derived ranges (checked against the views
+    -- below): the verdicts the derived state must hold.
+    SELECT pg_catalog.array_agg(j.summary_id), pg_catalog.array_agg(j.scope),
+           pg_catalog.array_agg(j.from_pair), pg_catalog.array_agg(j.reason)
+    INTO v_ids, v_scopes, v_froms, v_reasons
+    FROM compaction.judge_summaries(p_conversation_id, NULL) AS j;
     RETURN QUERY
         WITH judged AS (
             SELECT j.* FROM compaction.judged_pairs(p_conversation_id) AS j
@@ -771,11 +793,31 @@ BEGIN
         FROM judged_ranges AS j
         FULL JOIN stored_ranges AS s ON s.from_pair = j.from_pair
         WHERE (j.ids, j.hash) IS DISTINCT FROM (s.source_message_ids, s.source_hash)
+        UNION ALL
+        SELECT CASE WHEN s.summary_id IS NULL THEN 'verdict_missing'
+                    WHEN j.summary_id IS NULL THEN 'verdict_extra'
+                    ELSE 'verdict_differs' END,
+               pg_catalog.format('summary %s (scope %s, pairs %s-%s): judged %s, derived %s',
+                                 coalesce(j.summary_id, s.summary_id),
+                                 coalesce(j.scope, s.scope),
+                                 coalesce(j.from_pair, s.from_pair),
+                                 coalesce(j.from_pair, s.from_pair) + 9,
+                                 CASE WHEN j.summary_id IS NULL THEN 'no summary'
+                                      ELSE coalesce(j.reason, 'used') END,
+                                 CASE WHEN s.summary_id IS NULL THEN 'no verdict'
+                                      ELSE coalesce(s.reason, 'used') END)
+        FROM ROWS FROM (pg_catalog.unnest(v_ids), pg_catalog.unnest(v_scopes),
+                        pg_catalog.unnest(v_froms), pg_catalog.unnest(v_reasons))
+             AS j (summary_id, scope, from_pair, reason)
+        FULL JOIN (SELECT v.* FROM compaction.summary_verdicts AS v
+                   WHERE v.conversation_id = p_conversation_id) AS s
+          ON s.summary_id = j.summary_id
+        WHERE (j.scope, j.from_pair, j.reason) IS DISTINCT FROM (s.scope, s.from_pair, s.reason)
         ORDER BY 1, 2;
 END
 $$;
 COMMENT ON FUNCTION compaction.verify_conversation(text) IS
-    'Recomputes one conversation from the source views and returns one row per difference from the derived state (no rows: consistent); ids, counts and hashes only';
+    'Recomputes one conversation from the source views and returns one row per difference from the derived state: pairs, ranges and summary verdicts (no rows: consistent); ids, counts, hashes and reasons only';
 
 CREATE FUNCTION compaction.rederive_conversation(p_conversation_id text)
 RETURNS void
@@ -790,10 +832,11 @@ BEGIN
         RAISE EXCEPTION 'rederive_conversation needs a conversation id' USING ERRCODE = 'CP020';
     END IF;
     PERFORM compaction.rederive(p_conversation_id, NULL);
+    PERFORM compaction.rederive_summary_verdicts(p_conversation_id, NULL);
 END
 $$;
 COMMENT ON FUNCTION compaction.rederive_conversation(text) IS
-    'Repair: re-derives one conversation''s pairs and ranges from the source views (e.g. after writes with the tracking triggers disabled)';
+    'Repair: re-derives one conversation''s pairs, ranges and summary verdicts from the source views (e.g. after writes with the tracking triggers disabled)';
 
 -- Every conversation, in batches of one transaction each (no transaction holds every
 -- conversation, progress is reported as NOTICEs), then the stamp that puts the derived

@@ -847,6 +847,7 @@ BEGIN
     INSERT INTO compaction.job_summaries (conversation_id, job_id, attempt, summary, completed_at)
     VALUES (v_attempt.conversation_id, p_job_id, p_attempt, p_summary, v_now)
     RETURNING summary_id INTO v_summary_id;
+    PERFORM compaction.rederive_summary_verdicts(v_attempt.conversation_id, '{}', v_summary_id);
     UPDATE compaction.attempts AS a
     SET state = 'completed', reason = 'completed', finished_at = v_now,
         finish_reason = p_finish_reason, tool_call_count = p_tool_call_count,

@@ -79,6 +79,7 @@ BEGIN
                 p_conversation_id, p_scope, p_from_pair, p_from_pair + 9
             USING ERRCODE = 'CP006';
     END;
+    PERFORM compaction.rederive_summary_verdicts(p_conversation_id, '{}', v_summary_id);
     -- Written here, not by a trigger on job_summaries (DESIGN §11).
     INSERT INTO compaction.audit_events
         (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id,

@@ -223,12 +223,16 @@ CREATE TRIGGER pairs_truncate_guard
 CREATE TRIGGER ranges_truncate_guard
     BEFORE TRUNCATE ON compaction.ranges
     FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+CREATE TRIGGER summary_verdicts_truncate_guard
+    BEFORE TRUNCATE ON compaction.summary_verdicts
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
 CREATE TRIGGER source_tracking_truncate_guard
     BEFORE TRUNCATE ON compaction.source_tracking
     FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
 ALTER TABLE compaction.conversation_state ENABLE ALWAYS TRIGGER conversation_state_truncate_guard;
 ALTER TABLE compaction.pairs ENABLE ALWAYS TRIGGER pairs_truncate_guard;
 ALTER TABLE compaction.ranges ENABLE ALWAYS TRIGGER ranges_truncate_guard;
+ALTER TABLE compaction.summary_verdicts ENABLE ALWAYS TRIGGER summary_verdicts_truncate_guard;
 ALTER TABLE compaction.source_tracking ENABLE ALWAYS TRIGGER source_tracking_truncate_guard;
 
 CREATE FUNCTION compaction.erase_conversation(p_conversation_id text, p_reason text)
@@ -277,6 +281,7 @@ BEGIN
     DELETE FROM compaction.attempts AS a WHERE a.conversation_id = p_conversation_id;
     DELETE FROM compaction.jobs AS j WHERE j.conversation_id = p_conversation_id;
     DELETE FROM compaction.queue AS q WHERE q.conversation_id = p_conversation_id;
+    DELETE FROM compaction.summary_verdicts AS v WHERE v.conversation_id = p_conversation_id;
     -- The rest of the caller's transaction is guarded again.
     EXECUTE 'SET LOCAL compaction.erasing = ''''';
     RETURN v_summaries;

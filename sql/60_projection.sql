@@ -126,18 +126,125 @@ $$;
 COMMENT ON FUNCTION compaction.projection_texts(text, text[], bigint[]) IS
     'Texts of the named messages and summaries of one conversation (what a projection includes), one row each';
 
+-- Summary verdicts (revision 0014): the rules of DESIGN §9 that do not depend on the
+-- budget, in the order it gives. pycompactor.projection.select_summaries is the in-memory
+-- twin. Judged against the derived ranges; compaction.summary_verdicts keeps the result.
+CREATE FUNCTION compaction.judge_summaries(p_conversation_id text, p_summary_ids bigint[])
+RETURNS TABLE (summary_id bigint, scope text, from_pair int, reason text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH stored AS (
+        SELECT js.summary_id, j.scope, j.from_pair, js.completed_at,
+               coalesce(v.projectable, false) AS projectable,
+               -- The version's number after '@', higher preferred; -1 without one.
+               coalesce(pg_catalog.substring(j.prompt_version, '@([0-9]{1,9})$')::int, -1)
+                   AS version_rank,
+               -- Current: the range exists now with exactly the stored ids and hash.
+               coalesce(r.source_hash = j.source_hash
+                        AND r.source_message_ids = j.source_message_ids, false) AS current
+        FROM compaction.job_summaries AS js
+        JOIN compaction.jobs AS j
+          ON j.conversation_id = js.conversation_id AND j.job_id = js.job_id
+        LEFT JOIN compaction.prompt_versions AS v ON v.prompt_version = j.prompt_version
+        LEFT JOIN compaction.ranges AS r
+          ON r.conversation_id = p_conversation_id AND r.from_pair = j.from_pair
+        WHERE js.conversation_id = p_conversation_id
+          AND (p_summary_ids IS NULL OR js.summary_id = ANY (p_summary_ids))
+    ), judged AS (
+        SELECT s.summary_id, s.scope, s.from_pair, s.version_rank, s.completed_at,
+               CASE WHEN NOT s.projectable THEN 'version_not_projectable'
+                    WHEN NOT s.current THEN 'stale_source' END AS reason
+        FROM stored AS s
+    )
+    SELECT j.summary_id, j.scope, j.from_pair,
+           CASE WHEN j.reason IS NULL
+                     AND pg_catalog.row_number() OVER (
+                             PARTITION BY j.scope, j.from_pair, j.reason IS NULL
+                             ORDER BY j.version_rank DESC, j.completed_at DESC,
+                                      j.summary_id DESC) > 1
+                THEN 'superseded' ELSE j.reason END
+    FROM judged AS j;
+END
+$$;
+COMMENT ON FUNCTION compaction.judge_summaries(text, bigint[]) IS
+    'Internal: the verdict on each named summary of a conversation (every summary when NULL) against the derived ranges: NULL for the one its range uses in its scope, else version_not_projectable, stale_source or superseded (DESIGN §9, in that order); name every summary of a range together';
+
+-- Called wherever a range or a summary is written: the tracking paths (the ranges they
+-- wrote or deleted), complete and import_summary (the new summary, with the others of its
+-- range, which it may supersede), rederive_conversation (all).
+CREATE FUNCTION compaction.rederive_summary_verdicts(
+    p_conversation_id text, p_from_pairs int[], p_new_summary_id bigint DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_from_pairs int[] := p_from_pairs;
+    v_from       int;
+    v_ids        bigint[];
+    v_scopes     text[];
+    v_froms      int[];
+    v_reasons    text[];
+BEGIN
+    IF p_new_summary_id IS NOT NULL THEN
+        -- Provisional, so the judgment below finds it with its range's other summaries.
+        INSERT INTO compaction.summary_verdicts AS v
+            (conversation_id, summary_id, scope, from_pair, reason)
+        SELECT p_conversation_id, js.summary_id, j.scope, j.from_pair, 'stale_source'
+        FROM compaction.job_summaries AS js
+        JOIN compaction.jobs AS j
+          ON j.conversation_id = js.conversation_id AND j.job_id = js.job_id
+        WHERE js.conversation_id = p_conversation_id AND js.summary_id = p_new_summary_id
+        RETURNING v.from_pair INTO v_from;
+        v_from_pairs := coalesce(v_from_pairs, '{}') || v_from;
+    END IF;
+    IF v_from_pairs IS NULL THEN
+        DELETE FROM compaction.summary_verdicts AS v WHERE v.conversation_id = p_conversation_id;
+    ELSE
+        SELECT pg_catalog.array_agg(v.summary_id) INTO v_ids
+        FROM compaction.summary_verdicts AS v
+        WHERE v.conversation_id = p_conversation_id AND v.from_pair = ANY (v_from_pairs);
+        IF v_ids IS NULL THEN
+            RETURN;  -- no summary of those ranges: nothing to judge (the common case)
+        END IF;
+        DELETE FROM compaction.summary_verdicts AS v
+        WHERE v.conversation_id = p_conversation_id AND v.summary_id = ANY (v_ids);
+    END IF;
+    -- The judgment first, then the rows: one statement each (DESIGN §11).
+    SELECT pg_catalog.array_agg(j.summary_id), pg_catalog.array_agg(j.scope),
+           pg_catalog.array_agg(j.from_pair), pg_catalog.array_agg(j.reason)
+    INTO v_ids, v_scopes, v_froms, v_reasons
+    FROM compaction.judge_summaries(p_conversation_id, v_ids) AS j;
+    INSERT INTO compaction.summary_verdicts (conversation_id, summary_id, scope, from_pair, reason)
+    SELECT p_conversation_id, u.summary_id, u.scope, u.from_pair, u.reason
+    FROM ROWS FROM (pg_catalog.unnest(v_ids), pg_catalog.unnest(v_scopes),
+                    pg_catalog.unnest(v_froms), pg_catalog.unnest(v_reasons))
+         AS u (summary_id, scope, from_pair, reason);
+END
+$$;
+COMMENT ON FUNCTION compaction.rederive_summary_verdicts(text, int[], bigint) IS
+    'Internal: re-judges the summaries of the listed ranges of a conversation (every summary when NULL) into compaction.summary_verdicts, first adding p_new_summary_id''s row when given';
+
 -- The projection's one read while the derived state is in use (revision 0014): what the
 -- walk needs from the newest pairs back, and the verdict on every summary, in one
 -- statement, so a projection costs two round trips (this, then projection_texts) and
 -- grows with the budget rather than with the history. Pair metadata comes only for the
 -- newest p_pairs pairs (rounded to whole ranges); Python asks again for more when its walk
--- gets past them. Every summary of the conversation and scope is judged here, in the
--- order of DESIGN §9 (version_not_projectable, stale_source, superseded), and the one
--- chosen per range has reason NULL; pycompactor.projection.select_summaries is the
--- in-memory twin. summary_bytes is given for the chosen summaries the pairs reach only.
--- derived is false (and nothing else is returned) while the derived state is not in use:
--- the caller then reads through indexed_pairs and projection_summaries, which judge from
--- the views.
+-- gets past them. The verdicts come from compaction.summary_verdicts in (from_pair,
+-- summary_id) order; summary_bytes is given for the chosen summaries the pairs reach
+-- only. derived is false (and nothing else is returned) while the derived state is not in
+-- use: the caller then reads through indexed_pairs and projection_summaries, which judge
+-- from the views.
 CREATE FUNCTION compaction.projection_frame(p_conversation_id text, p_scope text, p_pairs int)
 RETURNS TABLE (
     derived               boolean,
@@ -186,48 +293,19 @@ BEGIN
                pg_catalog.array_agg(p.assistant_bytes ORDER BY p.pair_index) AS assistant_sizes
         FROM compaction.pairs AS p
         WHERE p.conversation_id = p_conversation_id AND p.pair_index >= v_first
-    ), stored AS (
-        SELECT js.summary_id, j.from_pair, js.completed_at,
-               coalesce(v.projectable, false) AS projectable,
-               -- The version's number after '@', higher preferred; -1 without one.
-               coalesce(pg_catalog.substring(j.prompt_version, '@([0-9]{1,9})$')::int, -1)
-                   AS version_rank,
-               -- Current: the range exists now with exactly the stored ids and hash.
-               coalesce(r.source_hash = j.source_hash
-                        AND r.source_message_ids = j.source_message_ids, false) AS current
-        FROM compaction.job_summaries AS js
-        JOIN compaction.jobs AS j
-          ON j.conversation_id = js.conversation_id AND j.job_id = js.job_id
-        LEFT JOIN compaction.prompt_versions AS v ON v.prompt_version = j.prompt_version
-        LEFT JOIN compaction.ranges AS r
-          ON r.conversation_id = p_conversation_id AND r.from_pair = j.from_pair
-        WHERE js.conversation_id = p_conversation_id AND j.scope = p_scope
-    ), judged AS (
-        SELECT s.summary_id, s.from_pair, s.version_rank, s.completed_at,
-               CASE WHEN NOT s.projectable THEN 'version_not_projectable'
-                    WHEN NOT s.current THEN 'stale_source' END AS reason
-        FROM stored AS s
-    ), chosen AS (
-        SELECT j.summary_id, j.from_pair,
-               CASE WHEN j.reason IS NULL
-                         AND pg_catalog.row_number() OVER (
-                                 PARTITION BY j.from_pair, j.reason IS NULL
-                                 ORDER BY j.version_rank DESC, j.completed_at DESC,
-                                          j.summary_id DESC) > 1
-                    THEN 'superseded' ELSE j.reason END AS reason
-        FROM judged AS j
     ), verdicts AS (
-        SELECT pg_catalog.array_agg(c.summary_id ORDER BY c.from_pair, c.summary_id) AS ids,
-               pg_catalog.array_agg(c.from_pair ORDER BY c.from_pair, c.summary_id) AS froms,
-               pg_catalog.array_agg(c.reason ORDER BY c.from_pair, c.summary_id) AS reasons,
+        SELECT pg_catalog.array_agg(v.summary_id ORDER BY v.from_pair, v.summary_id) AS ids,
+               pg_catalog.array_agg(v.from_pair ORDER BY v.from_pair, v.summary_id) AS froms,
+               pg_catalog.array_agg(v.reason ORDER BY v.from_pair, v.summary_id) AS reasons,
                pg_catalog.array_agg(
-                   CASE WHEN c.reason IS NULL AND c.from_pair >= v_first THEN
+                   CASE WHEN v.reason IS NULL AND v.from_pair >= v_first THEN
                        (SELECT pg_catalog.octet_length(js.summary)
                         FROM compaction.job_summaries AS js
                         WHERE js.conversation_id = p_conversation_id
-                          AND js.summary_id = c.summary_id) END
-                   ORDER BY c.from_pair, c.summary_id) AS sizes
-        FROM chosen AS c
+                          AND js.summary_id = v.summary_id) END
+                   ORDER BY v.from_pair, v.summary_id) AS sizes
+        FROM compaction.summary_verdicts AS v
+        WHERE v.conversation_id = p_conversation_id AND v.scope = p_scope
     )
     SELECT true, v_count, v_first,
            coalesce(x.users, '{}'), coalesce(x.assistants, '{}'),

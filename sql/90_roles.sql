@@ -111,7 +111,7 @@ GRANT EXECUTE ON FUNCTION compaction.verify_conversation(text) TO compaction_aud
 GRANT EXECUTE ON FUNCTION compaction.derived_state_status()
 TO compaction_worker, compaction_reader, compaction_auditor;
 REVOKE TRUNCATE ON compaction.conversation_state, compaction.pairs, compaction.ranges,
-                   compaction.source_tracking
+                   compaction.summary_verdicts, compaction.source_tracking
 FROM compaction_owner;
 
 -- Leased queue (revision 0006_queue_leases): the worker leases entries of its scope and
