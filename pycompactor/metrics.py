@@ -22,7 +22,6 @@ queue was empty). The auditor reads the exact figures per scope from
 
 from __future__ import annotations
 
-import collections
 import re
 import threading
 from collections.abc import Iterator
@@ -153,8 +152,7 @@ def projected(projection: Projection) -> None:
     """Count one projection and the summaries it refused (observing project_history)."""
     PROJECTIONS.inc()
     # One labels() per reason, not per summary: a long conversation has many.
-    for reason, count in collections.Counter(
-            r.reason for r in projection.rejected_summaries).items():
+    for reason, count in projection.rejected_summaries.reason_counts().items():
         PROJECTION_REJECTED.labels(reason=reason).inc(count)
 
 

@@ -25,6 +25,7 @@ The rules, the marker line and the manifest shape are documented in docs/project
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from collections.abc import (
     AsyncIterator,
     Callable,
@@ -37,6 +38,7 @@ from collections.abc import (
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import pairwise
 from typing import Any, Final, Literal, NamedTuple, Protocol, TypedDict, overload
 
 import psycopg
@@ -249,6 +251,68 @@ class RejectedSummary:
     reason: Reason
 
 
+class Rejections(Sequence[RejectedSummary]):
+    """`Projection.rejected_summaries`: every stored summary that is not in the projection
+    with its reason, ordered by (from_pair, summary_id) (DESIGN §9).
+
+    A long conversation has one entry per range beyond the walk's reach (`did_not_fit`);
+    they are kept as three columns and each entry is made when read. An immutable
+    sequence like a tuple (indexing, slicing, iteration, len, equality with another or
+    with a tuple or list of the same entries); `reason_counts` counts without making
+    any entry.
+    """
+
+    __slots__ = ("_from_pairs", "_reasons", "_summary_ids")
+
+    def __init__(self, summary_ids: Sequence[int] = (), from_pairs: Sequence[int] = (),
+                 reasons: Sequence[Reason] = ()) -> None:
+        if not len(summary_ids) == len(from_pairs) == len(reasons):
+            raise ValueError("summary_ids, from_pairs and reasons must have one entry each")
+        self._summary_ids = tuple(summary_ids)
+        self._from_pairs = tuple(from_pairs)
+        self._reasons = tuple(reasons)
+
+    def __len__(self) -> int:
+        return len(self._summary_ids)
+
+    @overload
+    def __getitem__(self, index: int) -> RejectedSummary: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[RejectedSummary, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> RejectedSummary | tuple[RejectedSummary, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        position = operator.index(index)
+        return RejectedSummary(self._summary_ids[position], self._from_pairs[position],
+                               self._reasons[position])
+
+    def __iter__(self) -> Iterator[RejectedSummary]:
+        for summary_id, from_pair, reason in zip(self._summary_ids, self._from_pairs,
+                                                 self._reasons, strict=True):
+            yield RejectedSummary(summary_id, from_pair, reason)
+
+    def reason_counts(self) -> dict[Reason, int]:
+        """How many entries have each reason (only reasons that occur)."""
+        return dict(Counter(self._reasons))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Rejections):
+            return (self._summary_ids, self._from_pairs, self._reasons) == (
+                other._summary_ids, other._from_pairs, other._reasons)
+        if isinstance(other, tuple | list):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other,
+                                                                          strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._summary_ids, self._from_pairs, self._reasons))
+
+    def __repr__(self) -> str:
+        return f"Rejections({list(self)!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class RawItem:
     """Plan item: a pair that travels as its original user and assistant messages."""
@@ -277,7 +341,7 @@ class Plan:
 
     items: tuple[PlanItem, ...]
     pairs: Manifest
-    rejected_summaries: tuple[RejectedSummary, ...]
+    rejected_summaries: Rejections
     used_bytes: int
     budget_bytes: int
 
@@ -303,7 +367,7 @@ class Projection:
 
     messages: tuple[ChatMessage, ...]
     pairs: Manifest
-    rejected_summaries: tuple[RejectedSummary, ...]
+    rejected_summaries: Rejections
     used_bytes: int
     budget_bytes: int
 
@@ -551,17 +615,22 @@ def _plan(walk: _Walk, verdicts: Iterable[tuple[int, int, Reason | None]],
     A chosen summary not in the projection did not fit: its block was tried and dropped,
     or the budget was spent before the walk reached its range.
     """
-    rejected: list[RejectedSummary] = []
+    ids: list[int] = []
+    from_pairs: list[int] = []
+    reasons: list[Reason] = []
+    used = walk.used
     for summary_id, from_pair, reason in verdicts:
         if reason is None:
-            if summary_id in walk.used:
+            if summary_id in used:
                 continue
             reason = DID_NOT_FIT
-        rejected.append(RejectedSummary(summary_id, from_pair, reason))
+        ids.append(summary_id)
+        from_pairs.append(from_pair)
+        reasons.append(reason)
     return Plan(
         items=tuple(reversed(walk.items)),
         pairs=Manifest(walk.start, walk.included[::-1]),
-        rejected_summaries=tuple(rejected),
+        rejected_summaries=Rejections(ids, from_pairs, reasons),
         used_bytes=budget - walk.remaining,
         budget_bytes=budget,
     )
@@ -724,7 +793,11 @@ def _projection_steps(conversation_id: str, budget: int, scope: str) -> Steps:
                   if reason is None and size is not None}
         walk = _walk(pairs, first, chosen, budget)
         if walk.finished:
-            verdicts = zip(summary_ids, from_pairs, map(_reason, reasons), strict=True)
+            verdicts: Iterable[tuple[int, int, Reason | None]] = zip(
+                summary_ids, from_pairs, map(_reason, reasons), strict=True)
+            keys = list(zip(from_pairs, summary_ids, strict=True))
+            if any(a > b for a, b in pairwise(keys)):
+                verdicts = sorted(verdicts, key=lambda v: (v[1], v[0]))
             return _plan(walk, verdicts, budget)
         wanted = _next_read(count - first, budget - walk.remaining, budget)
 

@@ -157,6 +157,9 @@ STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+-- One plan for every call: the statements are lookups by key whatever the conversation,
+-- and planning them afresh cost more than running them.
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -187,18 +190,22 @@ BEGIN
         FROM compaction.pairs AS p
         WHERE p.conversation_id = p_conversation_id AND p.pair_index >= v_first
     ), verdicts AS (
-        SELECT pg_catalog.array_agg(v.summary_id ORDER BY v.from_pair, v.summary_id) AS ids,
-               pg_catalog.array_agg(v.from_pair ORDER BY v.from_pair, v.summary_id) AS froms,
-               pg_catalog.array_agg(v.reason ORDER BY v.from_pair, v.summary_id) AS reasons,
-               pg_catalog.array_agg(
-                   CASE WHEN v.reason IS NULL AND v.from_pair >= v_first THEN
-                       (SELECT pg_catalog.octet_length(js.summary)
-                        FROM compaction.job_summaries AS js
-                        WHERE js.conversation_id = p_conversation_id
-                          AND js.summary_id = v.summary_id) END
-                   ORDER BY v.from_pair, v.summary_id) AS sizes
-        FROM compaction.summary_verdicts AS v
-        WHERE v.conversation_id = p_conversation_id AND v.scope = p_scope
+        -- One sort for the four arrays: they take the rows in the subquery's order (an
+        -- ORDER BY in each aggregate sorted them four times, the most costly part of the
+        -- call on a long conversation). The driver checks the order all the same.
+        SELECT pg_catalog.array_agg(o.summary_id) AS ids,
+               pg_catalog.array_agg(o.from_pair) AS froms,
+               pg_catalog.array_agg(o.reason) AS reasons,
+               pg_catalog.array_agg(o.bytes) AS sizes
+        FROM (SELECT v.summary_id, v.from_pair, v.reason,
+                     CASE WHEN v.reason IS NULL AND v.from_pair >= v_first THEN
+                         (SELECT pg_catalog.octet_length(js.summary)
+                          FROM compaction.job_summaries AS js
+                          WHERE js.conversation_id = p_conversation_id
+                            AND js.summary_id = v.summary_id) END AS bytes
+              FROM compaction.summary_verdicts AS v
+              WHERE v.conversation_id = p_conversation_id AND v.scope = p_scope
+              ORDER BY v.from_pair, v.summary_id) AS o
     )
     SELECT true, v_count, v_first,
            coalesce(x.users, '{}'), coalesce(x.assistants, '{}'),

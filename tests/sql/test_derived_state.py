@@ -35,6 +35,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from pycompactor import project_history
 from tests.recompute import (
     PairRow,
     Raw,
@@ -659,6 +660,78 @@ def test_untracked_host_source_is_judged_exactly_from_the_views(
     run_history(conn, untracked_source, sizes, history)
 
 
+# ---------------------------------------------------------------------------------------
+# Summary verdicts (revision 0014), recomputed independently
+# ---------------------------------------------------------------------------------------
+
+PROJECTABLE = {"conversation-compaction@1": False, "conversation-compaction@2": True,
+               "conversation-compaction@3": True}
+SummaryRow = tuple[int, str, int, list[str], str, str, Any]
+
+
+def seed_summaries(conn: Conn, raw: Raw, conversations: Sequence[str]) -> None:
+    """Summaries of every complete range as the history stands: @3, and for every other
+    range an @2 (superseded by the @3), an @1 (never projectable) and an @3 of another
+    scope; the first range also gets an @3 with a wrong hash (stale from the start). The
+    writes that follow make some stale and, by moving pairs back, some current again."""
+    for cid in conversations:
+        for start, (ids, digest) in sorted(ranges_of(pairs_of(raw, cid)).items()):
+            variants = [("default", "conversation-compaction@3", digest)]
+            if start % 20 == 0:
+                variants += [("default", "conversation-compaction@2", digest),
+                             ("default", "conversation-compaction@1", digest),
+                             ("other", "conversation-compaction@3", digest)]
+            if start == 0:
+                variants.append(("default", "conversation-compaction@3", "e" * 64))
+            for scope, version, hash_ in variants:
+                conn.execute(
+                    "SELECT compaction.import_summary(%s, %s, %s, %s, %s, 'prop-model', %s,"
+                    " 'a summary', '2026-11-01T00:00:00Z')",
+                    (cid, scope, start, ids, hash_, version))
+
+
+def expected_verdicts(pairs: Sequence[PairRow], summaries: Sequence[SummaryRow]
+                      ) -> dict[int, tuple[str, int, str | None]]:
+    """summary_id -> (scope, from_pair, reason), from the recomputed ranges (DESIGN §9:
+    version_not_projectable, stale_source, superseded; None for the one used)."""
+    ranges = ranges_of(pairs)
+    out: dict[int, tuple[str, int, str | None]] = {}
+    valid: dict[tuple[str, int], list[SummaryRow]] = {}
+    for row in summaries:
+        summary_id, scope, from_pair, ids, digest, version, _ = row
+        if not PROJECTABLE[version]:
+            out[summary_id] = (scope, from_pair, "version_not_projectable")
+        elif ranges.get(from_pair) != (list(ids), digest):
+            out[summary_id] = (scope, from_pair, "stale_source")
+        else:
+            valid.setdefault((scope, from_pair), []).append(row)
+    for (scope, from_pair), rows in valid.items():
+        rows.sort(key=lambda r: (int(r[5].rsplit("@", 1)[1]), r[6], r[0]), reverse=True)
+        out[rows[0][0]] = (scope, from_pair, None)
+        for other in rows[1:]:
+            out[other[0]] = (scope, from_pair, "superseded")
+    return out
+
+
+def assert_verdicts(conn: Conn, raw: Raw, conversations: Sequence[str], tracked: bool) -> None:
+    """The stored verdicts (tracked) and a projection's reasons equal the recomputation."""
+    for cid in conversations:
+        summaries: list[SummaryRow] = conn.execute(
+            "SELECT summary_id, scope, from_pair, source_message_ids, source_hash,"
+            " prompt_version, completed_at FROM compaction.summaries"
+            " WHERE conversation_id = %s", (cid,)).fetchall()
+        expected = expected_verdicts(pairs_of(raw, cid), summaries)
+        if tracked:
+            stored = {r[0]: (r[1], r[2], r[3]) for r in conn.execute(
+                "SELECT summary_id, scope, from_pair, reason FROM compaction.summary_verdicts"
+                " WHERE conversation_id = %s", (cid,))}
+            assert stored == expected, f"summary_verdicts({cid!r})"
+        projection = project_history(conn, cid, budget_bytes=10_000_000)
+        assert sorted((r.summary_id, r.reason) for r in projection.rejected_summaries) == sorted(
+            (sid, reason) for sid, (scope, _, reason) in expected.items()
+            if scope == "default" and reason is not None), f"project_history({cid!r})"
+
+
 def run_history(conn: Conn, source: Source, sizes: list[int], history: list[Any]) -> None:
     """Initial history, then each write, checking everything after each."""
     conversations = source.conversation_ids(next(_examples), len(sizes))
@@ -669,6 +742,7 @@ def run_history(conn: Conn, source: Source, sizes: list[int], history: list[Any]
         assert derived_state_in_use(conn) == tracked
         raw = writer.raw()
         assert_matches(conn, raw, conversations, verified=tracked)
+        assert_verdicts(conn, raw, conversations, tracked)
         for c in conversations:
             assert_claims_follow_the_source(conn, c, pairs_of(raw, c))
         most = max(len(pairs_of(raw, c)) for c in conversations)
@@ -690,6 +764,7 @@ def run_history(conn: Conn, source: Source, sizes: list[int], history: list[Any]
         if runs:
             source.insert_runs(conn, runs)
             source.insert_messages(conn, messages)
+    seed_summaries(conn, writer.raw(), conversations)
     check()
     for write in history:
         event(type(write).__name__)
