@@ -19,7 +19,11 @@ from pycompactor.models import Pair
 from pycompactor.projection import (
     SUMMARY_MARKER,
     HistoryChanged,
+    Manifest,
     PairMeta,
+    PairPlacement,
+    RejectedSummary,
+    Rejections,
     StoredSummary,
     SummaryCandidate,
     block_cost,
@@ -563,3 +567,77 @@ def test_docs_worked_example() -> None:
     tiny = project_pairs(pairs, summaries, budget_bytes=75)
     assert tiny.used_bytes == 38
     assert placements(tiny) == [("omitted", None)] * 11 + [("raw", None)]
+
+
+# --- the manifest and the rejections are sequences made on access -------------------------
+
+def test_manifest_is_a_tuple_of_its_entries() -> None:
+    included = (PairPlacement(3, "summarized", 9), PairPlacement(4, "raw", None))
+    manifest = Manifest(3, included)
+    entries = (PairPlacement(0, "omitted", None), PairPlacement(1, "omitted", None),
+               PairPlacement(2, "omitted", None), *included)
+    assert len(manifest) == 5
+    assert manifest.omitted == 3
+    assert tuple(manifest) == entries
+    assert list(manifest) == list(entries)
+    assert manifest == entries
+    assert manifest == list(entries)
+    assert entries == manifest
+    assert manifest[0] == entries[0]
+    assert manifest[-1] == entries[-1]
+    assert manifest[3] == included[0]
+    assert manifest[1:4] == entries[1:4]
+    assert manifest[::-2] == entries[::-2]
+    assert manifest == Manifest(3, included)
+    assert hash(manifest) == hash(Manifest(3, included))
+    assert manifest != Manifest(2, (PairPlacement(2, "raw", None), *included))
+    assert manifest != entries[:-1]
+    assert entries[2] in manifest
+    assert manifest.index(entries[3]) == 3
+    with pytest.raises(IndexError):
+        manifest[5]
+    with pytest.raises(IndexError):
+        manifest[-6]
+
+
+def test_manifest_refuses_entries_that_are_not_the_newest_included_suffix() -> None:
+    with pytest.raises(ValueError, match="omitted must be 0 or more"):
+        Manifest(-1)
+    with pytest.raises(ValueError, match="after the omitted ones"):
+        Manifest(2, (PairPlacement(3, "raw", None),))
+    with pytest.raises(ValueError, match="none of them omitted"):
+        Manifest(0, (PairPlacement(0, "omitted", None),))
+
+
+def test_rejections_are_a_tuple_of_their_entries() -> None:
+    rejections = Rejections([5, 6, 7], [0, 0, 10],
+                            ["superseded", "stale_source", "did_not_fit"])
+    entries = (RejectedSummary(5, 0, "superseded"), RejectedSummary(6, 0, "stale_source"),
+               RejectedSummary(7, 10, "did_not_fit"))
+    assert tuple(rejections) == entries
+    assert rejections == entries
+    assert rejections == list(entries)
+    assert rejections[2] == entries[2]
+    assert rejections[-1] == entries[-1]
+    assert rejections[:2] == entries[:2]
+    assert rejections.reason_counts() == {"superseded": 1, "stale_source": 1, "did_not_fit": 1}
+    assert Rejections() == ()
+    assert not Rejections()
+    assert Rejections().reason_counts() == {}
+    assert hash(rejections) == hash(Rejections([5, 6, 7], [0, 0, 10],
+                                               ["superseded", "stale_source", "did_not_fit"]))
+    with pytest.raises(ValueError, match="one entry each"):
+        Rejections([1], [], [])
+    with pytest.raises(IndexError):
+        rejections[3]
+
+
+def test_a_long_omitted_history_costs_no_entry_per_pair() -> None:
+    """Ten thousand pairs, a budget for the newest two: the plan holds two entries."""
+    metas = [PairMeta(i, f"u{i}", f"a{i}", 10, 10) for i in range(10_000)]
+    plan = plan_projection(metas, [], 2 * (20 + 2 * 16))
+    assert len(plan.pairs) == 10_000
+    assert plan.pairs.omitted == 9_998
+    assert plan.pairs._included == (PairPlacement(9_998, "raw", None),
+                                    PairPlacement(9_999, "raw", None))
+    assert plan.pairs[123] == PairPlacement(123, "omitted", None)

@@ -17,7 +17,7 @@ Conn = psycopg.Connection[Any]
 ENGINE_TABLES = ["jobs", "attempts", "job_summaries", "audit_events", "admission", "queue",
                  "settings", "prompt_versions"]
 # The derived state (a cache of the source) is guarded against TRUNCATE as well.
-DERIVED_TABLES = ["conversation_state", "pairs", "ranges", "source_tracking"]
+DERIVED_TABLES = ["conversation_state", "pairs", "ranges", "summary_verdicts", "source_tracking"]
 
 
 def snapshot(conn: Conn) -> dict[str, list[Any]]:
