@@ -197,6 +197,13 @@ DECLARE
     v_reasons    text[];
 BEGIN
     IF p_new_summary_id IS NOT NULL THEN
+        -- complete and import_summary write derived state here: like the tracking paths,
+        -- they take the conversation's conversation_state row first (sql/25_tracking.sql),
+        -- so a source write that re-judges the same range waits for this transaction and
+        -- then sees its summary, or this one waits and then judges the range as written.
+        INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
+        VALUES (p_conversation_id, 0, 1)
+        ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1;
         -- Provisional, so the judgment below finds it with its range's other summaries.
         INSERT INTO compaction.summary_verdicts AS v
             (conversation_id, summary_id, scope, from_pair, reason)

@@ -272,3 +272,75 @@ def test_repeatable_read_writer_fails_instead_of_numbering_from_a_stale_snapshot
     assert [p[1] for p in engine_pairs(conn, "c")][5:] == ["first", "second"]
     assert [p[0] for p in engine_pairs(conn, "c")] == list(range(7))
     assert_matches(conn, read_reference(conn, ["c"]), ["c"])
+
+
+class Writer:
+    """A write on its own thread and connection, its transaction committed at the end."""
+
+    def __init__(self, dsn: str, write: Any) -> None:
+        self.conn = psycopg.connect(dsn)
+        pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert pid is not None
+        self.pid: int = pid[0]
+        self.conn.commit()
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                write(self.conn)
+                self.conn.commit()
+            except BaseException as exc:  # handed to the test thread
+                self.error = exc
+                self.conn.rollback()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+
+    def join(self) -> BaseException | None:
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+        return self.error
+
+
+@pytest.mark.parametrize("first_writer", ["source", "summary"])
+def test_a_summary_and_a_source_write_of_its_range_judge_after_each_other(
+    conn: Conn, dsn: str, first_writer: str
+) -> None:
+    """An edit inside range 0 and the import of a summary of range 0, in two transactions
+    at once: whichever comes second waits for the first (observed in pg_locks) and then
+    judges what it committed. The summary ends `stale_source` (its hash is the one before
+    the edit) and verify_conversation is empty, in either order."""
+    History(conn).pairs("c", 30)
+    [target] = [t for t in db.plan_targets(conn, "c") if t.from_pair == 0]
+    reply = conn.execute(
+        "SELECT assistant_message_id FROM compaction.eligible_pairs('c') WHERE pair_index = 3"
+    ).fetchone()
+    assert reply is not None
+
+    def edit(c: Conn) -> None:
+        c.execute("UPDATE compaction_source.messages SET content = content || ' (edited)'"
+                  " WHERE message_id = %s", reply)
+
+    def summarize(c: Conn) -> None:
+        c.execute("SELECT compaction.import_summary('c', 'default', 0, %s, %s, %s, %s,"
+                  " 'a summary', now())",
+                  (list(target.source_message_ids), target.source_hash, MODEL, V3))
+
+    writes = {"source": edit, "summary": summarize}
+    later = "summary" if first_writer == "source" else "source"
+    first = psycopg.connect(dsn)
+    second = Writer(dsn, writes[later])
+    try:
+        writes[first_writer](first)  # holds its transaction open
+        second.thread.start()
+        wait_until_blocked(conn, second.pid)
+        first.commit()
+        assert second.join() is None
+    finally:
+        first.close()
+        second.conn.close()
+    assert conn.execute("SELECT reason FROM compaction.summary_verdicts"
+                        " WHERE conversation_id = 'c'").fetchall() == [("stale_source",)]
+    assert verify(conn, "c") == []
+    projection = project_history(conn, "c", budget_bytes=10_000_000)
+    assert [(r.from_pair, r.reason) for r in projection.rejected_summaries] == [
+        (0, "stale_source")]

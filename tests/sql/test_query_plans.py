@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor import db
+from tests.conftest import create_database, drop_database, make_dsn
 
 Conn = psycopg.Connection[Any]
 
@@ -22,15 +25,29 @@ OTHER_CONVERSATIONS = 100
 OTHER_PAIRS = 1_000
 
 
+@pytest.fixture(scope="module")
+def crowded_dsn(postgresql_proc: PostgreSQLExecutor, admin_dsn: str,
+                template_db: str) -> Iterator[str]:
+    """One database for the module: seeding 110,000 pairs is most of its time, and the
+    tests only read (EXPLAIN ANALYZE of read functions, counts)."""
+    name = f"t_crowded_{uuid.uuid4().hex[:12]}"
+    create_database(admin_dsn, name, template=template_db)
+    dsn = make_dsn(postgresql_proc, name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.transaction():
+            for k in range(OTHER_CONVERSATIONS):
+                seed_plain(conn, f"other{k}", OTHER_PAIRS)
+            seed_plain(conn, BIG, BIG_PAIRS)
+        conn.execute("ANALYZE compaction_source.runs")
+        conn.execute("ANALYZE compaction_source.messages")
+    yield dsn
+    drop_database(admin_dsn, name)
+
+
 @pytest.fixture
-def crowded(conn: Conn) -> Conn:
-    with conn.transaction():
-        for k in range(OTHER_CONVERSATIONS):
-            seed_plain(conn, f"other{k}", OTHER_PAIRS)
-        seed_plain(conn, BIG, BIG_PAIRS)
-    conn.execute("ANALYZE compaction_source.runs")
-    conn.execute("ANALYZE compaction_source.messages")
-    return conn
+def crowded(crowded_dsn: str) -> Iterator[Conn]:
+    with psycopg.connect(crowded_dsn, autocommit=True) as conn:
+        yield conn
 
 
 def seed_plain(conn: Conn, conversation_id: str, n_pairs: int) -> None:
