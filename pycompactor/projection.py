@@ -2,22 +2,26 @@
 
 Two layers:
 
-* a pure, deterministic core over frozen dataclasses. `plan_projection` decides, from pair
-  *metadata* (ids and byte lengths) and every stored summary's metadata (binding,
-  version, whether its source is current), which summaries are valid, which one each
-  range uses, and which newest suffix of history fits the budget; `render_projection`
-  turns that plan plus the few texts it names into chat messages. `project_pairs` runs
-  both over in-memory pairs (judging each summary's source with
-  `pycompactor.source_hash`); tests drive it without a database.
+* a pure, deterministic core over frozen dataclasses. `select_summaries` judges every
+  stored summary from metadata (binding, version, whether its source is current): which
+  one each range uses, and why each other one is not used; `_walk` decides, from pair
+  *metadata* (ids and byte lengths), which newest suffix of history fits the budget;
+  `plan_projection` runs both; `render_projection` turns the plan plus the few texts it
+  names into chat messages. `project_pairs` runs them over in-memory pairs (judging each
+  summary's source with `pycompactor.source_hash`); tests drive it without a database.
+  The manifest (`Manifest`) and the rejections (`Rejections`) are sequences whose
+  entries are made when read: a long conversation costs no object per pair or summary.
 * a thin reading layer that feeds the core from PostgreSQL in one read-only
-  repeatable-read transaction (so metadata and texts come from one snapshot): pair
-  metadata without text, every summary's metadata without text (whether its source is
-  current comes from the engine's derived state: nothing is hashed at read time), then
-  only the texts the plan includes. The text read and shipped grows with the budget,
-  not with the conversation (docs/projection.md, "Cost"). The reads are written once,
-  driver-free (`_projection_steps` yields statements and receives rows); two small
-  drivers run them: `project_history` on a `psycopg.Connection`, `aproject_history` on
-  a `psycopg.AsyncConnection`.
+  repeatable-read snapshot (so metadata and texts agree): while the engine keeps its
+  derived state, one statement gives the newest pairs' metadata and every summary's
+  verdict (`compaction.projection_frame`; the database judged them when their ranges or
+  they were written), otherwise every pair's and every summary's metadata, judged from
+  the views; then only the texts the plan includes. The text read and shipped grows with
+  the budget, not with the conversation (docs/projection.md, "Cost"). The reads are
+  written once, driver-free (`_projection_steps` yields statements and receives rows);
+  two small drivers run them, two round trips on an autocommit connection:
+  `project_history` on a `psycopg.Connection`, `aproject_history` on a
+  `psycopg.AsyncConnection`.
 
 The rules, the marker line and the manifest shape are documented in docs/projection.md.
 """

@@ -19,8 +19,9 @@ import pytest
 from psycopg import pq
 from psycopg.rows import tuple_row
 
-from pycompactor import db
+from pycompactor import db, project_history
 from pycompactor.errors import InvalidLease, PycompactorError, StatementCanceled
+from pycompactor.projection import Projection
 from pycompactor.summarizer import PROMPT_VERSION
 from tests.history import History
 
@@ -165,3 +166,29 @@ def test_a_commit_refused_at_the_sync_raises_its_sqlstate_and_the_connection_goe
             assert cur.fetchone() == (2,)
         assert c.execute("SHOW lock_timeout").fetchone() == ("0",)
     assert conn.execute("SELECT k FROM public.deferred_check").fetchall() == [(2,)]
+
+
+def test_a_projection_is_two_round_trips(conn: Conn, dsn: str) -> None:
+    """project_history on an autocommit connection: BEGIN with the frame, then the texts
+    with COMMIT; each batch leaves whole before its answers come back."""
+    History(conn).pairs("c", 40)
+    with db.connect(dsn) as reader:
+        results: list[Projection] = []
+        messages = wire(reader, lambda: results.append(
+            project_history(reader, "c", budget_bytes=64 * 1024)))
+        assert reader.info.transaction_status == pq.TransactionStatus.IDLE
+    [projection] = results
+    assert len(projection.messages) == 80
+    sent = [kind for direction, kind in messages if direction == "F"]
+    assert "Query" not in sent
+    assert sent.count("Sync") == 2
+    assert [kind for direction, kind in messages if direction == "B"].count(
+        "ReadyForQuery") == 2
+    # Two batches: everything the client sends before the first answer, then everything
+    # it sends between the first ReadyForQuery and the next answer.
+    first_answer = next(i for i, (d, _) in enumerate(messages) if d == "B")
+    first_ready = next(i for i, (d, k) in enumerate(messages) if (d, k) == ("B", "ReadyForQuery"))
+    second_batch = [k for d, k in messages[first_ready + 1:] if d == "F"]
+    assert all(d == "B" for d, _ in messages[first_answer:first_ready + 1]), messages
+    assert sent[: sent.index("Sync")].count("Execute") == 2  # BEGIN, frame
+    assert second_batch.count("Execute") == 2  # texts, COMMIT
