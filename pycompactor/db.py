@@ -107,7 +107,10 @@ class _Call(Generic[Row]):
                                "statement_ms": _ms(timeouts.statement)})
                 self._cursor.execute(query, params)
         except psycopg.OperationalError as exc:
-            raise _commit_error(self._conn, exc) from None
+            refused = _commit_refusal(self._conn, exc)
+            if refused is None:
+                raise
+            raise refused from None
 
     def fetchone(self) -> Row | None:
         return self._cursor.fetchone()
@@ -120,9 +123,10 @@ class _Call(Generic[Row]):
         return self._cursor.description
 
 
-def _commit_error(conn: Connection, exc: psycopg.OperationalError) -> psycopg.Error:
-    """The error to raise for a pipeline that failed on leaving: the server's own, when
-    it refused the commit at the Sync, with the connection made usable again.
+def _commit_refusal(conn: Connection, exc: psycopg.OperationalError) -> psycopg.Error | None:
+    """The server's own error when `exc` is a pipeline that failed on leaving because the
+    server refused the commit at the Sync, with the connection made usable again; None
+    for any other error.
 
     A transaction can fail at its commit after every statement in it succeeded: under
     SERIALIZABLE (40001, "during commit attempt"), or at a deferred constraint. The
@@ -138,7 +142,7 @@ def _commit_error(conn: Connection, exc: psycopg.OperationalError) -> psycopg.Er
     if (not isinstance(cause, psycopg.Error) or cause.sqlstate is None
             or pgconn.status != psycopg.pq.ConnStatus.OK
             or pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF):
-        return exc
+        return None
     while (result := pgconn.get_result()) is not None:
         if result.status == psycopg.pq.ExecStatus.PIPELINE_SYNC:
             break
