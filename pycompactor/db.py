@@ -759,6 +759,8 @@ def projection_summaries_query(conversation_id: str, scope: str) -> Query:
 #: the texts).
 PROJECTION_BEGIN_SQL: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 PROJECTION_END_SQL: Final = "COMMIT"
+#: Ends that snapshot when a read failed.
+PROJECTION_ABORT_SQL: Final = "ROLLBACK"
 
 
 def projection_frame_query(conversation_id: str, scope: str, pairs: int) -> Query:

@@ -880,7 +880,7 @@ def _snapshot(conn: psycopg.Connection[Any]) -> Iterator[bool]:
         finally:
             if conn.info.transaction_status in _OPEN:
                 with suppress(psycopg.Error):
-                    conn.execute("ROLLBACK")
+                    conn.execute(db.PROJECTION_ABORT_SQL)
 
 
 @asynccontextmanager
@@ -898,7 +898,7 @@ async def _asnapshot(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[bool]:
         finally:
             if conn.info.transaction_status in _OPEN:
                 with suppress(psycopg.Error):
-                    await conn.execute("ROLLBACK")
+                    await conn.execute(db.PROJECTION_ABORT_SQL)
 
 
 def project_history(

@@ -493,3 +493,7 @@ def test_reader_role_can_project_and_auditor_cannot(conn: Conn) -> None:
     conn.execute("SET ROLE compaction_auditor")
     with pytest.raises(PycompactorError, match="permission denied"):
         project_history(conn, "r", budget_bytes=BIG)
+    # The snapshot the refused read had opened is rolled back: the connection goes on.
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    conn.execute("RESET ROLE")
+    assert len(project_history(conn, "r", budget_bytes=BIG).messages) == 11 + 4
