@@ -43,7 +43,7 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
-from typing import Any, Final, Literal, NamedTuple, Protocol, TypedDict, overload
+from typing import Any, Final, Literal, NamedTuple, Protocol, TypedDict, TypeVar, overload
 
 import psycopg
 from psycopg import pq
@@ -52,6 +52,8 @@ from psycopg.rows import tuple_row
 from pycompactor import db
 from pycompactor.errors import PycompactorError, UsageError, wrap_exceptions
 from pycompactor.hashing import PAIRS_PER_RANGE, PairLike, source_hash
+
+EntryT = TypeVar("EntryT")
 
 #: Fixed cost added to the UTF-8 byte length of every message's content (role, framing).
 MESSAGE_OVERHEAD_BYTES: Final = 16
@@ -179,14 +181,54 @@ class PairPlacement:
     summary_id: int | None
 
 
-class Manifest(Sequence[PairPlacement]):
+class _Entries(Sequence[EntryT]):
+    """An immutable sequence whose entries are made when read (`Manifest`, `Rejections`):
+    indexing, slicing (which gives a tuple), and equality with another of its kind (by
+    `_key`) or with a tuple or list of the same entries, like a tuple."""
+
+    __slots__ = ()
+
+    def _entry(self, position: int) -> EntryT:
+        raise NotImplementedError
+
+    def _key(self) -> tuple[object, ...]:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> EntryT: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[EntryT, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> EntryT | tuple[EntryT, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        position = operator.index(index)
+        if position < 0:
+            position += len(self)
+        if not 0 <= position < len(self):
+            raise IndexError(f"{type(self).__name__} index out of range")
+        return self._entry(position)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is type(self):
+            return self._key() == other._key()
+        if isinstance(other, tuple | list):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other,
+                                                                          strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+class Manifest(_Entries[PairPlacement]):
     """`Projection.pairs`: one entry per eligible pair, in order (DESIGN §9).
 
     The included history is a contiguous newest suffix, so every pair before it is
     `omitted`; those entries are made when read rather than stored, and a projection of a
-    long conversation costs what it includes, not one object per pair. It is an immutable
-    sequence like a tuple: indexing, slicing (which gives a tuple), iteration, len, and
-    equality with another manifest or with a tuple or list of the same entries.
+    long conversation costs what it includes, not one object per pair. It behaves like a
+    tuple of its entries (`_Entries`).
     """
 
     __slots__ = ("_included", "_omitted")
@@ -209,38 +251,18 @@ class Manifest(Sequence[PairPlacement]):
     def __len__(self) -> int:
         return self._omitted + len(self._included)
 
-    @overload
-    def __getitem__(self, index: int) -> PairPlacement: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[PairPlacement, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> PairPlacement | tuple[PairPlacement, ...]:
-        if isinstance(index, slice):
-            return tuple(self[i] for i in range(*index.indices(len(self))))
-        position = operator.index(index)
-        if position < 0:
-            position += len(self)
-        if not 0 <= position < len(self):
-            raise IndexError("manifest index out of range")
+    def _entry(self, position: int) -> PairPlacement:
         if position < self._omitted:
             return PairPlacement(position, OMITTED, None)
         return self._included[position - self._omitted]
+
+    def _key(self) -> tuple[object, ...]:
+        return (self._omitted, self._included)
 
     def __iter__(self) -> Iterator[PairPlacement]:
         for position in range(self._omitted):
             yield PairPlacement(position, OMITTED, None)
         yield from self._included
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Manifest):
-            return self._omitted == other._omitted and self._included == other._included
-        if isinstance(other, tuple | list):
-            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((self._omitted, self._included))
 
     def __repr__(self) -> str:
         return f"Manifest(omitted={self._omitted}, included={self._included!r})"
@@ -255,15 +277,13 @@ class RejectedSummary:
     reason: Reason
 
 
-class Rejections(Sequence[RejectedSummary]):
+class Rejections(_Entries[RejectedSummary]):
     """`Projection.rejected_summaries`: every stored summary that is not in the projection
     with its reason, ordered by (from_pair, summary_id) (DESIGN §9).
 
     A long conversation has one entry per range beyond the walk's reach (`did_not_fit`);
-    they are kept as three columns and each entry is made when read. An immutable
-    sequence like a tuple (indexing, slicing, iteration, len, equality with another or
-    with a tuple or list of the same entries); `reason_counts` counts without making
-    any entry.
+    they are kept as three columns and each entry is made when read; it behaves like a
+    tuple of its entries (`_Entries`). `reason_counts` counts without making any entry.
     """
 
     __slots__ = ("_from_pairs", "_reasons", "_summary_ids")
@@ -279,18 +299,12 @@ class Rejections(Sequence[RejectedSummary]):
     def __len__(self) -> int:
         return len(self._summary_ids)
 
-    @overload
-    def __getitem__(self, index: int) -> RejectedSummary: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[RejectedSummary, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> RejectedSummary | tuple[RejectedSummary, ...]:
-        if isinstance(index, slice):
-            return tuple(self[i] for i in range(*index.indices(len(self))))
-        position = operator.index(index)
+    def _entry(self, position: int) -> RejectedSummary:
         return RejectedSummary(self._summary_ids[position], self._from_pairs[position],
                                self._reasons[position])
+
+    def _key(self) -> tuple[object, ...]:
+        return (self._summary_ids, self._from_pairs, self._reasons)
 
     def __iter__(self) -> Iterator[RejectedSummary]:
         for summary_id, from_pair, reason in zip(self._summary_ids, self._from_pairs,
@@ -300,18 +314,6 @@ class Rejections(Sequence[RejectedSummary]):
     def reason_counts(self) -> dict[Reason, int]:
         """How many entries have each reason (only reasons that occur)."""
         return dict(Counter(self._reasons))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Rejections):
-            return (self._summary_ids, self._from_pairs, self._reasons) == (
-                other._summary_ids, other._from_pairs, other._reasons)
-        if isinstance(other, tuple | list):
-            return len(other) == len(self) and all(a == b for a, b in zip(self, other,
-                                                                          strict=True))
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((self._summary_ids, self._from_pairs, self._reasons))
 
     def __repr__(self) -> str:
         return f"Rejections({list(self)!r})"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -199,10 +200,13 @@ def settled_run(conn: Conn, run_id: str, seq: int) -> None:
                  (run_id,))
 
 
-class Second:
-    """The second writer, on its own thread and connection."""
+class Writer:
+    """A second writer: `write` on its own thread and connection, at `isolation`, its
+    transaction committed at the end (an error is handed to the test thread)."""
 
-    def __init__(self, dsn: str, seq: int, isolation: psycopg.IsolationLevel) -> None:
+    def __init__(self, dsn: str, write: Callable[[Conn], None],
+                 isolation: psycopg.IsolationLevel = psycopg.IsolationLevel.READ_COMMITTED
+                 ) -> None:
         self.conn = psycopg.connect(dsn)
         self.conn.isolation_level = isolation
         pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()
@@ -213,7 +217,7 @@ class Second:
 
         def run() -> None:
             try:
-                settled_run(self.conn, "second", seq)
+                write(self.conn)
                 self.conn.commit()
             except BaseException as exc:  # handed to the test thread
                 self.error = exc
@@ -233,7 +237,8 @@ def test_second_writer_waits_and_numbers_after_the_first_commits(
 ) -> None:
     History(conn).pairs("c", 5)  # seqs 1..10
     first = psycopg.connect(dsn)
-    second = Second(dsn, second_seq, psycopg.IsolationLevel.READ_COMMITTED)
+    second = Writer(dsn, lambda c: settled_run(c, "second", second_seq),
+                    psycopg.IsolationLevel.READ_COMMITTED)
     try:
         settled_run(first, "first", 100)  # holds its transaction open
         second.thread.start()
@@ -255,7 +260,8 @@ def test_repeatable_read_writer_fails_instead_of_numbering_from_a_stale_snapshot
 ) -> None:
     History(conn).pairs("c", 5)
     first = psycopg.connect(dsn)
-    second = Second(dsn, 1000, psycopg.IsolationLevel.REPEATABLE_READ)
+    second = Writer(dsn, lambda c: settled_run(c, "second", 1000),
+                    psycopg.IsolationLevel.REPEATABLE_READ)
     try:
         settled_run(first, "first", 100)
         second.thread.start()
@@ -272,33 +278,6 @@ def test_repeatable_read_writer_fails_instead_of_numbering_from_a_stale_snapshot
     assert [p[1] for p in engine_pairs(conn, "c")][5:] == ["first", "second"]
     assert [p[0] for p in engine_pairs(conn, "c")] == list(range(7))
     assert_matches(conn, read_reference(conn, ["c"]), ["c"])
-
-
-class Writer:
-    """A write on its own thread and connection, its transaction committed at the end."""
-
-    def __init__(self, dsn: str, write: Any) -> None:
-        self.conn = psycopg.connect(dsn)
-        pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert pid is not None
-        self.pid: int = pid[0]
-        self.conn.commit()
-        self.error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                write(self.conn)
-                self.conn.commit()
-            except BaseException as exc:  # handed to the test thread
-                self.error = exc
-                self.conn.rollback()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-
-    def join(self) -> BaseException | None:
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive()
-        return self.error
 
 
 @pytest.mark.parametrize("first_writer", ["source", "summary"])
