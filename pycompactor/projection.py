@@ -278,12 +278,13 @@ class RejectedSummary:
 
 
 class Rejections(_Entries[RejectedSummary]):
-    """`Projection.rejected_summaries`: every stored summary that is not in the projection
-    with its reason, ordered by (from_pair, summary_id) (DESIGN §9).
+    """`Projection.rejected_summaries`: every stored summary rejected by a rule, and the
+    chosen one whose block was tried and dropped, with its reason, ordered by
+    (from_pair, summary_id) (DESIGN §9).
 
-    A long conversation has one entry per range beyond the walk's reach (`did_not_fit`);
-    they are kept as three columns and each entry is made when read; it behaves like a
-    tuple of its entries (`_Entries`). `reason_counts` counts without making any entry.
+    A long conversation may hold many stale or superseded summaries: they are kept as
+    three columns and each entry is made when read; it behaves like a tuple of its
+    entries (`_Entries`). `reason_counts` counts without making any entry.
     """
 
     __slots__ = ("_from_pairs", "_reasons", "_summary_ids")
@@ -556,6 +557,7 @@ class _Walk(NamedTuple):
     items: list[PlanItem]
     included: list[PairPlacement]
     used: set[int]
+    dropped: set[int]
     remaining: int
     start: int
     finished: bool
@@ -568,19 +570,20 @@ def _walk(pairs: Sequence[PairMeta], first: int, chosen: Mapping[int, ChosenSumm
     reads further back and walks again); always finished for first = 0.
 
     A pair outside any chosen summary's range is taken raw; at a range with a chosen
-    summary the whole block is tried, and if it does not fit, that range's raw pairs
-    newest first. The first thing that does not fit ends the walk, so the included
-    history is always a contiguous newest suffix.
+    summary the whole block is tried, and if it does not fit (`dropped`: `did_not_fit`),
+    that range's raw pairs newest first. The first thing that does not fit ends the
+    walk, so the included history is always a contiguous newest suffix.
     """
     remaining = budget
     newest_first: list[PlanItem] = []
     included: list[PairPlacement] = []
     used: set[int] = set()
+    dropped: set[int] = set()
     tried_ranges: set[int] = set()
     index = first + len(pairs) - 1
     while index >= 0:
         if index < first:
-            return _Walk(newest_first, included, used, remaining, index + 1, False)
+            return _Walk(newest_first, included, used, dropped, remaining, index + 1, False)
         start = index - index % PAIRS_PER_RANGE
         summary = chosen.get(start)
         if summary is not None and start not in tried_ranges:
@@ -602,6 +605,7 @@ def _walk(pairs: Sequence[PairMeta], first: int, chosen: Mapping[int, ChosenSumm
                 index = start - 1
                 continue
             # The block does not fit: fall back to this range's raw pairs, newest first.
+            dropped.add(summary.summary_id)
         pair = pairs[index - first]
         if pair.cost > remaining:
             break
@@ -610,24 +614,27 @@ def _walk(pairs: Sequence[PairMeta], first: int, chosen: Mapping[int, ChosenSumm
                                     pair.assistant_message_id))
         included.append(PairPlacement(pair.pair_index, RAW, None))
         index -= 1
-    return _Walk(newest_first, included, used, remaining, index + 1, True)
+    return _Walk(newest_first, included, used, dropped, remaining, index + 1, True)
 
 
 def _plan(walk: _Walk, verdicts: Iterable[tuple[int, int, Reason | None]],
           budget: int) -> Plan:
-    """The plan from a finished walk and every summary's (summary_id, from_pair, reason),
-    ordered by (from_pair, summary_id), reason None for the one chosen per range.
+    """The plan from a finished walk and the summaries' (summary_id, from_pair, reason),
+    ordered by (from_pair, summary_id), reason None for the one chosen per range: every
+    rejected summary, and at least the chosen ones the walk reached.
 
-    A chosen summary not in the projection did not fit: its block was tried and dropped,
-    or the budget was spent before the walk reached its range.
+    A chosen summary is `did_not_fit` only when the walk tried its block and dropped it
+    (DESIGN §9); one beyond the walk's reach was not tried and is not listed (its pairs
+    are `omitted`), so the rejections do not grow with the summaries the budget cannot
+    reach.
     """
     ids: list[int] = []
     from_pairs: list[int] = []
     reasons: list[Reason] = []
-    used = walk.used
+    dropped = walk.dropped
     for summary_id, from_pair, reason in verdicts:
         if reason is None:
-            if summary_id in used:
+            if summary_id not in dropped:
                 continue
             reason = DID_NOT_FIT
         ids.append(summary_id)
@@ -651,8 +658,8 @@ def plan_projection(
     stored summary of the conversation and scope, in any order, each knowing whether its
     source is current. Every summary gets its reason from metadata, wherever its range
     lies (`select_summaries`); then the walk (`_walk`) decides what fits. A chosen
-    summary that is not in the projection is `did_not_fit` (its block was tried and
-    dropped, or the budget was spent before the walk reached its range).
+    summary whose block the walk tried and dropped is `did_not_fit`; one beyond the
+    walk's reach is not listed.
     """
     budget = check_budget(budget_bytes)
     if any(p.pair_index != i for i, p in enumerate(pairs)):

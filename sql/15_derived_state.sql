@@ -82,12 +82,17 @@ CREATE TABLE compaction.summary_verdicts (
 );
 COMMENT ON TABLE compaction.summary_verdicts IS
     'Derived state: every completed summary''s verdict against the current ranges (reason NULL for the one each range uses in its scope, else version_not_projectable, stale_source or superseded)';
--- A projection reads a conversation's verdicts in (from_pair, summary_id) order for one
--- scope; re-judging finds a range's summaries by from_pair.
+-- Re-judging finds a range's summaries by from_pair. A projection reads, for one scope,
+-- the chosen summaries of the ranges its budget may reach (summary_verdicts_one_chosen)
+-- and every rejected one (summary_verdicts_rejected_idx, revision 0015): none of the
+-- chosen summaries beyond the reach, the many in a long conversation's steady state.
 CREATE INDEX summary_verdicts_range_idx
     ON compaction.summary_verdicts (conversation_id, from_pair, scope, summary_id) INCLUDE (reason);
 CREATE UNIQUE INDEX summary_verdicts_one_chosen
     ON compaction.summary_verdicts (conversation_id, scope, from_pair) WHERE reason IS NULL;
+CREATE INDEX summary_verdicts_rejected_idx
+    ON compaction.summary_verdicts (conversation_id, scope, from_pair, summary_id) INCLUDE (reason)
+    WHERE reason IS NOT NULL;
 
 CREATE TABLE compaction.source_tracking (
     singleton   boolean NOT NULL DEFAULT true,

@@ -267,16 +267,18 @@ COMMENT ON FUNCTION compaction.rederive_summary_verdicts(text, int[], bigint) IS
     'Internal: re-judges the summaries of the listed ranges of a conversation (every summary when NULL) into compaction.summary_verdicts, first adding p_new_summary_id''s row when given';
 
 -- The projection's one read while the derived state is in use (revision 0014): what the
--- walk needs from the newest pairs back, and the verdict on every summary, in one
--- statement, so a projection costs two round trips (this, then projection_texts) and
--- grows with the budget rather than with the history. Pair metadata comes only for the
--- newest p_pairs pairs (rounded to whole ranges); Python asks again for more when its walk
--- gets past them. The verdicts come from compaction.summary_verdicts in (from_pair,
--- summary_id) order (the aggregates follow the sorted subquery; the driver checks it and
--- sorts if not); summary_bytes is given for the chosen summaries the pairs reach
--- only. derived is false (and nothing else is returned) while the derived state is not in
--- use: the caller then reads through indexed_pairs and projection_summaries, which judge
--- from the views.
+-- walk needs from the newest pairs back, and the verdicts it needs, in one statement, so
+-- a projection costs two round trips (this, then projection_texts) and grows with the
+-- budget rather than with the history. Pair metadata comes only for the newest p_pairs
+-- pairs (rounded to whole ranges); Python asks again for more when its walk gets past
+-- them. The verdicts (revision 0015) are every rejected summary's, wherever its range lies
+-- (DESIGN §9: only did_not_fit depends on the budget), and the chosen summaries' of the
+-- ranges those pairs cover, with their byte length: a chosen summary beyond the walk's
+-- reach is not tried, so not listed. They come in (from_pair, summary_id) order (the
+-- aggregates follow the sorted subquery; the driver checks it and sorts if not). derived
+-- is false (and nothing else is returned) while the derived state is not in use: the
+-- caller then reads through indexed_pairs and projection_summaries, which judge from the
+-- views.
 CREATE FUNCTION compaction.projection_frame(p_conversation_id text, p_scope text, p_pairs int)
 RETURNS TABLE (
     derived               boolean,
@@ -330,21 +332,26 @@ BEGIN
         WHERE p.conversation_id = p_conversation_id AND p.pair_index >= v_first
     ), verdicts AS (
         -- One sort for the four arrays: they take the rows in the subquery's order (an
-        -- ORDER BY in each aggregate sorted them four times, the most costly part of the
-        -- call on a long conversation). The driver checks the order all the same.
+        -- ORDER BY in each aggregate sorted them four times). The driver checks the order
+        -- all the same.
         SELECT pg_catalog.array_agg(o.summary_id) AS ids,
                pg_catalog.array_agg(o.from_pair) AS froms,
                pg_catalog.array_agg(o.reason) AS reasons,
                pg_catalog.array_agg(o.bytes) AS sizes
-        FROM (SELECT v.summary_id, v.from_pair, v.reason,
-                     CASE WHEN v.reason IS NULL AND v.from_pair >= v_first THEN
-                         (SELECT pg_catalog.octet_length(js.summary)
-                          FROM compaction.job_summaries AS js
-                          WHERE js.conversation_id = p_conversation_id
-                            AND js.summary_id = v.summary_id) END AS bytes
+        FROM (SELECT v.summary_id, v.from_pair, v.reason, NULL::int AS bytes
               FROM compaction.summary_verdicts AS v
               WHERE v.conversation_id = p_conversation_id AND v.scope = p_scope
-              ORDER BY v.from_pair, v.summary_id) AS o
+                AND v.reason IS NOT NULL
+              UNION ALL
+              SELECT v.summary_id, v.from_pair, NULL::text,
+                     (SELECT pg_catalog.octet_length(js.summary)
+                      FROM compaction.job_summaries AS js
+                      WHERE js.conversation_id = p_conversation_id
+                        AND js.summary_id = v.summary_id)
+              FROM compaction.summary_verdicts AS v
+              WHERE v.conversation_id = p_conversation_id AND v.scope = p_scope
+                AND v.reason IS NULL AND v.from_pair >= v_first
+              ORDER BY 2, 1) AS o
     )
     SELECT true, v_count, v_first,
            coalesce(x.users, '{}'), coalesce(x.assistants, '{}'),
@@ -355,4 +362,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.projection_frame(text, text, int) IS
-    'What a projection plans from while the derived state is in use, in one row: the pair count, the metadata of the newest p_pairs pairs (from first_pair, whole ranges; no text), and every summary of the conversation and scope with its reason (version_not_projectable, stale_source, superseded; NULL for the one chosen per range) and, for the chosen ones the pairs reach, its UTF-8 byte length; derived = false (nothing else) when the derived state is not in use';
+    'What a projection plans from while the derived state is in use, in one row: the pair count, the metadata of the newest p_pairs pairs (from first_pair, whole ranges; no text), every rejected summary of the conversation and scope with its reason (version_not_projectable, stale_source, superseded), and the chosen summary (reason NULL) of each range those pairs cover with its UTF-8 byte length; derived = false (nothing else) when the derived state is not in use';

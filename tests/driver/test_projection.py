@@ -139,7 +139,14 @@ def test_zero_budget_and_empty_conversation() -> None:
     projection = project_pairs(pairs, [summary], budget_bytes=0)
     assert projection.messages == ()
     assert placements(projection) == [("omitted", None)] * 12
-    assert reasons(projection) == {1: "did_not_fit"}
+    # Pair 11 does not fit, so the walk never reaches range 0: its summary was not tried.
+    assert reasons(projection) == {}
+    # With the two newest pairs in, the walk tries the block and drops it.
+    tail = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
+               for p in pairs[10:])
+    reached = project_pairs(pairs, [summary], budget_bytes=tail)
+    assert placements(reached) == [("omitted", None)] * 10 + [("raw", None)] * 2
+    assert reasons(reached) == {1: "did_not_fit"}
     empty = project_pairs([], [], budget_bytes=0)
     assert empty.to_dict() == {
         "messages": [],
@@ -292,7 +299,8 @@ def test_walk_stops_at_the_first_thing_that_does_not_fit() -> None:
 def test_unreached_summaries_get_every_reason_but_did_not_fit_from_metadata() -> None:
     # Budget 100 holds about two of the newest pairs: the walk cannot reach ranges 0-29,
     # yet every stale summary there is named stale_source (DESIGN §9: only did_not_fit
-    # depends on the budget).
+    # depends on the budget). The valid summary range 0 would use was not tried: it is
+    # not listed, and the one it is preferred to is superseded.
     pairs = make_pairs(40)
     valid = summary_of(pairs, 0, 1)
     older = summary_of(pairs, 0, 5, completed_at=T0 - timedelta(days=1))
@@ -303,13 +311,12 @@ def test_unreached_summaries_get_every_reason_but_did_not_fit_from_metadata() ->
     projection = project_pairs(pairs, [valid, older, stale_hash, stale_ids, v1],
                                budget_bytes=100)
     assert reasons(projection) == {
-        1: "did_not_fit",
         5: "superseded",
         2: "stale_source",
         4: "stale_source",
         3: "version_not_projectable",
     }
-    assert [r.from_pair for r in projection.rejected_summaries] == [0, 0, 10, 10, 20]
+    assert [r.from_pair for r in projection.rejected_summaries] == [0, 10, 10, 20]
 
 
 def test_stale_summary_is_stale_source_whatever_the_budget() -> None:
@@ -322,10 +329,11 @@ def test_stale_summary_is_stale_source_whatever_the_budget() -> None:
     # Just enough to pass pairs 30-39 raw: the walk reaches range 20.
     projection = project_pairs(pairs, [stale, valid], budget_bytes=raw_30_39)
     assert reasons(projection) == {2: "stale_source", 3: "did_not_fit"}
-    # One byte less and range 20 is out of reach: the same reasons.
+    # One byte less and range 20 is out of reach: still stale_source; the valid summary
+    # was not tried, so it is not did_not_fit (nor listed).
     for budget in (raw_30_39 - 1, 0):
         projection = project_pairs(pairs, [stale, valid], budget_bytes=budget)
-        assert reasons(projection) == {2: "stale_source", 3: "did_not_fit"}
+        assert reasons(projection) == {2: "stale_source"}
 
 
 def metas(n: int, user_bytes: int = 34, assistant_bytes: int = 34) -> list[PairMeta]:
@@ -458,12 +466,24 @@ def test_projection_properties(case: tuple[list[Pair], list[StoredSummary], int]
             > budget - projection.used_bytes
         )
 
-    # Every stored summary is either used or rejected with a reason, never both.
+    # Every stored summary is used, or rejected with a reason, never both; or it is the
+    # summary its range would use, beyond the walk's reach, and is not listed (DESIGN §9:
+    # did_not_fit is for a block that was tried and dropped).
     used = {p.summary_id for p in projection.pairs if p.summary_id is not None}
     rejected = {r.summary_id: r.reason for r in projection.rejected_summaries}
     assert used.isdisjoint(rejected)
-    assert used | set(rejected) == {s.summary_id for s in summaries}
     by_id = {s.summary_id: s for s in summaries}
+    unlisted = {s.summary_id for s in summaries} - used - set(rejected)
+    if unlisted:
+        assert omitted
+        unlimited = project_pairs(pairs, summaries, budget_bytes=everything(pairs, summaries))
+        used_unlimited = {p.summary_id for p in unlimited.pairs if p.summary_id is not None}
+        for summary_id in unlisted:
+            assert by_id[summary_id].to_pair < omitted[-1]
+            assert summary_id in used_unlimited
+    for summary_id, reason in rejected.items():
+        if reason == "did_not_fit":
+            assert not omitted or by_id[summary_id].to_pair >= omitted[-1]
     for summary_id in used:
         summary = by_id[summary_id]
         assert summary.projectable

@@ -16,6 +16,7 @@ import pytest
 
 from pycompactor import aproject_history, project_history
 from pycompactor.errors import UsageError
+from pycompactor.projection import message_cost
 from tests.history import History
 from tests.sql.test_projection import V1, V2, complete_summary, import_summary
 
@@ -23,10 +24,11 @@ Conn = psycopg.Connection[Any]
 BUDGETS = (0, 600, 3_000, 9_000, 40_000, 10_000_000)
 
 
-async def _async_projections(dsn: str, conversation_id: str) -> list[dict[str, Any]]:
+async def _async_projections(dsn: str, conversation_id: str,
+                             budgets: tuple[int, ...] = BUDGETS) -> list[dict[str, Any]]:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
         return [(await aproject_history(aconn, conversation_id, budget_bytes=b)).to_dict()
-                for b in BUDGETS]
+                for b in budgets]
 
 
 def test_async_projection_equals_sync_on_every_placement_and_reason(
@@ -39,8 +41,13 @@ def test_async_projection_equals_sync_on_every_placement_and_reason(
     conn.execute("UPDATE compaction_source.messages SET content = content || ' (edited)'"
                  " WHERE message_id = %s", (pairs[23].assistant_message_id,))
 
-    expected = [project_history(conn, "a", budget_bytes=b).to_dict() for b in BUDGETS]
-    got = asyncio.run(_async_projections(dsn, "a"))
+    # And one budget that reaches range 10 (pairs 20-54 raw, one reply edited) but not
+    # its block: the walk tries it and drops it (did_not_fit).
+    reach_10 = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
+                   for p in pairs[20:]) + len(" (edited)") + 1
+    budgets = (*BUDGETS, reach_10)
+    expected = [project_history(conn, "a", budget_bytes=b).to_dict() for b in budgets]
+    got = asyncio.run(_async_projections(dsn, "a", budgets))
     assert got == expected
     reasons = {r["reason"] for p in expected for r in p["rejected_summaries"]}
     assert reasons == {"version_not_projectable", "superseded", "stale_source", "did_not_fit"}

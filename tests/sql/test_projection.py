@@ -454,10 +454,18 @@ def test_ten_thousand_summarized_pairs_read_only_what_the_budget_reaches(conn: C
     total_text = sum(len(p.user_content.encode()) + len(p.assistant_content.encode())
                      for p in pairs)
     assert sum(f[3] for f in frames) < total_text / 100
-    # Every summary's source was judged (all current here: none is stale_source), none
-    # by reading text: the reasons are all did_not_fit, one per range not used.
-    assert {r.reason for r in projection.rejected_summaries} == {"did_not_fit"}
-    assert len(projection.rejected_summaries) == n // 10 - len(summarized)
+    # Every summary's source was judged when it was written (all current here: none is
+    # stale_source). The frame names the chosen summaries of the pairs it gave only; the
+    # walk tried one block it could not fit (did_not_fit, DESIGN §9) and never reached
+    # the 900-odd ranges older than it, whose summaries are not listed.
+    oldest_used = min(p.pair_index for p in projection.pairs if p.placement == "summarized")
+    assert [(r.from_pair, r.reason) for r in projection.rejected_summaries] == [
+        (oldest_used - 10, "did_not_fit")]
+    frame = conn.execute("SELECT * FROM compaction.projection_frame('big', 'default', %s)",
+                         (frames[-1][1]["pairs"],)).fetchone()
+    assert frame is not None
+    assert frame[2] == n - frames[-1][1]["pairs"]
+    assert len(frame[7]) == frames[-1][1]["pairs"] // 10
     # Texts: one row per projected message (a summary's text is its assistant message).
     assert texts_stmt[2] == len(projection.messages)
     assert texts_stmt[3] <= projection.used_bytes
