@@ -587,6 +587,10 @@ def test_docs_worked_example() -> None:
     tiny = project_pairs(pairs, summaries, budget_bytes=75)
     assert tiny.used_bytes == 38
     assert placements(tiny) == [("omitted", None)] * 11 + [("raw", None)]
+    assert [(r.summary_id, r.reason) for r in tiny.rejected_summaries] == [
+        (5, "superseded"),
+        (6, "version_not_projectable"),
+    ]
 
 
 # --- the manifest and the rejections are sequences made on access -------------------------
