@@ -551,12 +551,12 @@ class _Chosen:
 
 
 class _Walk(NamedTuple):
-    """What the walk decided: newest first, and the first pair it included. Not
-    `finished` when it needed a pair before those it was given."""
+    """What the walk decided: newest first, the chosen summaries whose blocks it tried
+    and dropped, and the first pair it included. Not `finished` when it needed a pair
+    before those it was given."""
 
     items: list[PlanItem]
     included: list[PairPlacement]
-    used: set[int]
     dropped: set[int]
     remaining: int
     start: int
@@ -577,13 +577,12 @@ def _walk(pairs: Sequence[PairMeta], first: int, chosen: Mapping[int, ChosenSumm
     remaining = budget
     newest_first: list[PlanItem] = []
     included: list[PairPlacement] = []
-    used: set[int] = set()
     dropped: set[int] = set()
     tried_ranges: set[int] = set()
     index = first + len(pairs) - 1
     while index >= 0:
         if index < first:
-            return _Walk(newest_first, included, used, dropped, remaining, index + 1, False)
+            return _Walk(newest_first, included, dropped, remaining, index + 1, False)
         start = index - index % PAIRS_PER_RANGE
         summary = chosen.get(start)
         if summary is not None and start not in tried_ranges:
@@ -599,7 +598,6 @@ def _walk(pairs: Sequence[PairMeta], first: int, chosen: Mapping[int, ChosenSumm
                     summary.summary_id, start, summary.to_pair,
                     tuple(p.user_message_id for p in block),
                 ))
-                used.add(summary.summary_id)
                 included.extend(PairPlacement(p.pair_index, SUMMARIZED, summary.summary_id)
                                 for p in reversed(block))
                 index = start - 1
@@ -614,7 +612,7 @@ def _walk(pairs: Sequence[PairMeta], first: int, chosen: Mapping[int, ChosenSumm
                                     pair.assistant_message_id))
         included.append(PairPlacement(pair.pair_index, RAW, None))
         index -= 1
-    return _Walk(newest_first, included, used, dropped, remaining, index + 1, True)
+    return _Walk(newest_first, included, dropped, remaining, index + 1, True)
 
 
 def _plan(walk: _Walk, verdicts: Iterable[tuple[int, int, Reason | None]],
