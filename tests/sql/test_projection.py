@@ -315,6 +315,31 @@ def required(log: list[tuple[str, Any, int, int]], function: str) -> tuple[str, 
     return found
 
 
+def test_the_summary_a_range_beyond_reach_would_use_is_not_listed(conn: Conn) -> None:
+    pairs = History(conn).pairs("reach", 40)
+    preferred = import_summary(conn, "reach", pairs, 0, text="x" * 5_000)
+    other = import_summary(conn, "reach", pairs, 0, version=V2)
+
+    # Two pairs' worth of budget: range 0 is out of reach. The preferred summary was not
+    # tried, so it is not listed (DESIGN §9: did_not_fit is a block tried and dropped);
+    # the other is superseded whatever the budget.
+    newest = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
+                 for p in pairs[38:])
+    projection, _ = recorded(conn, "reach", newest)
+    assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
+        (other, "superseded")]
+    assert [p.placement for p in projection.pairs] == ["omitted"] * 38 + ["raw"] * 2
+
+    # Enough to pass pairs 10-39 raw: the walk reaches range 0 and tries the block, which
+    # does not fit (5,000 bytes of summary): did_not_fit, then pairs 9, 8, ... raw.
+    within = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
+                 for p in pairs[9:])
+    projection, _ = recorded(conn, "reach", within)
+    assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
+        (preferred, "did_not_fit"), (other, "superseded")]
+    assert [p.placement for p in projection.pairs] == ["omitted"] * 9 + ["raw"] * 31
+
+
 def test_stale_summary_beyond_reach_is_stale_source(conn: Conn) -> None:
     pairs = History(conn).pairs("far", 40)
     preferred = import_summary(conn, "far", pairs, 0)
@@ -461,6 +486,8 @@ def test_ten_thousand_summarized_pairs_read_only_what_the_budget_reaches(conn: C
     oldest_used = min(p.pair_index for p in projection.pairs if p.placement == "summarized")
     assert [(r.from_pair, r.reason) for r in projection.rejected_summaries] == [
         (oldest_used - 10, "did_not_fit")]
+    # The frame names the verdicts of the ranges its pairs cover and the rejected ones
+    # (none here), not one per summary.
     frame = conn.execute("SELECT * FROM compaction.projection_frame('big', 'default', %s)",
                          (frames[-1][1]["pairs"],)).fetchone()
     assert frame is not None
