@@ -578,15 +578,15 @@ def _walk(pairs: Sequence[PairMeta], first: int, chosen: Mapping[int, ChosenSumm
     newest_first: list[PlanItem] = []
     included: list[PairPlacement] = []
     dropped: set[int] = set()
-    tried_ranges: set[int] = set()
     index = first + len(pairs) - 1
     while index >= 0:
         if index < first:
             return _Walk(newest_first, included, dropped, remaining, index + 1, False)
         start = index - index % PAIRS_PER_RANGE
         summary = chosen.get(start)
-        if summary is not None and start not in tried_ranges:
-            tried_ranges.add(start)
+        # A range's block is tried once: if it fits the walk moves past the range, and if
+        # it is dropped the walk goes on over the range's raw pairs.
+        if summary is not None and summary.summary_id not in dropped:
             # A chosen summary's range is complete and the walk is contiguous, so the walk
             # meets the range at its last pair.
             assert index == summary.to_pair

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+
+from pycompactor.hashing import PairLike
+from pycompactor.projection import message_cost
 
 _ids = itertools.count()
 
@@ -19,6 +23,12 @@ class SeededPair:
     assistant_message_id: str
     user_content: str
     assistant_content: str
+
+
+def raw_cost(pairs: Iterable[PairLike]) -> int:
+    """What the pairs cost in a projection as raw pairs (DESIGN §9: UTF-8 bytes + 16 per
+    message), the budget that takes exactly them."""
+    return sum(message_cost(p.user_content) + message_cost(p.assistant_content) for p in pairs)
 
 
 class History:

@@ -33,6 +33,7 @@ from pycompactor.projection import (
     project_pairs,
     render_projection,
 )
+from tests.history import raw_cost
 
 V1, V2, V3 = (f"conversation-compaction@{n}" for n in (1, 2, 3))
 # As compaction.prompt_versions and compaction.projection_summaries say (test data;
@@ -75,7 +76,7 @@ def summary_of(
 
 def everything(pairs: Sequence[Pair], summaries: Sequence[StoredSummary] = ()) -> int:
     """A budget large enough for every pair raw and every summary block."""
-    raw = sum(message_cost(p.user_content) + message_cost(p.assistant_content) for p in pairs)
+    raw = raw_cost(pairs)
     return raw + sum(message_cost(marker_line(0, 9) + "\n" + s.summary) + 64 for s in summaries)
 
 
@@ -142,8 +143,7 @@ def test_zero_budget_and_empty_conversation() -> None:
     # Pair 11 does not fit, so the walk never reaches range 0: its summary was not tried.
     assert reasons(projection) == {}
     # With the two newest pairs in, the walk tries the block and drops it.
-    tail = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
-               for p in pairs[10:])
+    tail = raw_cost(pairs[10:])
     reached = project_pairs(pairs, [summary], budget_bytes=tail)
     assert placements(reached) == [("omitted", None)] * 10 + [("raw", None)] * 2
     assert reasons(reached) == {1: "did_not_fit"}
@@ -266,7 +266,7 @@ def test_stale_preferred_summary_lets_the_valid_one_through() -> None:
 def test_block_too_big_falls_back_to_raw_pairs_newest_first() -> None:
     pairs = make_pairs(12)
     summary = summary_of(pairs, 0, 1, text="x" * 2000)
-    tail = sum(message_cost(p.user_content) + message_cost(p.assistant_content) for p in pairs[8:])
+    tail = raw_cost(pairs[8:])
     projection = project_pairs(pairs, [summary], budget_bytes=tail)
     assert reasons(projection) == {1: "did_not_fit"}
     assert placements(projection) == [("omitted", None)] * 8 + [("raw", None)] * 4
@@ -277,7 +277,7 @@ def test_block_too_big_falls_back_to_raw_pairs_newest_first() -> None:
 def test_block_too_big_but_all_raw_pairs_fit_continues_older() -> None:
     pairs = make_pairs(20, user="q{i}", assistant="a{i}")
     summary = summary_of(pairs, 10, 1, text="y" * 500)
-    raw_all = sum(message_cost(p.user_content) + message_cost(p.assistant_content) for p in pairs)
+    raw_all = raw_cost(pairs)
     projection = project_pairs(pairs, [summary], budget_bytes=raw_all)
     assert reasons(projection) == {1: "did_not_fit"}
     assert placements(projection) == [("raw", None)] * 20
@@ -324,8 +324,7 @@ def test_stale_summary_is_stale_source_whatever_the_budget() -> None:
     stale = replace(summary_of(pairs, 20, 2), source_hash="a" * 64)
     valid = summary_of(pairs, 20, 3, version=V2)
     newest = pairs[30:]
-    raw_30_39 = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
-                    for p in newest)
+    raw_30_39 = raw_cost(newest)
     # Just enough to pass pairs 30-39 raw: the walk reaches range 20.
     projection = project_pairs(pairs, [stale, valid], budget_bytes=raw_30_39)
     assert reasons(projection) == {2: "stale_source", 3: "did_not_fit"}

@@ -16,8 +16,7 @@ import pytest
 
 from pycompactor import aproject_history, project_history
 from pycompactor.errors import UsageError
-from pycompactor.projection import message_cost
-from tests.history import History
+from tests.history import History, raw_cost
 from tests.sql.test_projection import V1, V2, complete_summary, import_summary
 
 Conn = psycopg.Connection[Any]
@@ -43,8 +42,7 @@ def test_async_projection_equals_sync_on_every_placement_and_reason(
 
     # And one budget that reaches range 10 (pairs 20-54 raw, one reply edited) but not
     # its block: the walk tries it and drops it (did_not_fit).
-    reach_10 = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
-                   for p in pairs[20:]) + len(" (edited)") + 1
+    reach_10 = raw_cost(pairs[20:]) + len(" (edited)") + 1
     budgets = (*BUDGETS, reach_10)
     expected = [project_history(conn, "a", budget_bytes=b).to_dict() for b in budgets]
     got = asyncio.run(_async_projections(dsn, "a", budgets))

@@ -17,7 +17,7 @@ from pycompactor import Projection, db, project_history, source_hash
 from pycompactor.errors import PycompactorError, UsageError
 from pycompactor.hashing import source_message_ids
 from pycompactor.projection import marker_line, message_cost
-from tests.history import History, SeededPair
+from tests.history import History, SeededPair, raw_cost
 
 Conn = psycopg.Connection[Any]
 V1, V2, V3 = (f"conversation-compaction@{n}" for n in (1, 2, 3))
@@ -323,8 +323,7 @@ def test_the_summary_a_range_beyond_reach_would_use_is_not_listed(conn: Conn) ->
     # Two pairs' worth of budget: range 0 is out of reach. The preferred summary was not
     # tried, so it is not listed (DESIGN §9: did_not_fit is a block tried and dropped);
     # the other is superseded whatever the budget.
-    newest = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
-                 for p in pairs[38:])
+    newest = raw_cost(pairs[38:])
     projection, _ = recorded(conn, "reach", newest)
     assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
         (other, "superseded")]
@@ -332,8 +331,7 @@ def test_the_summary_a_range_beyond_reach_would_use_is_not_listed(conn: Conn) ->
 
     # Enough to pass pairs 10-39 raw: the walk reaches range 0 and tries the block, which
     # does not fit (5,000 bytes of summary): did_not_fit, then pairs 9, 8, ... raw.
-    within = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
-                 for p in pairs[9:])
+    within = raw_cost(pairs[9:])
     projection, _ = recorded(conn, "reach", within)
     assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
         (preferred, "did_not_fit"), (other, "superseded")]
@@ -349,8 +347,7 @@ def test_stale_summary_beyond_reach_is_stale_source(conn: Conn) -> None:
     # Two pairs' worth of budget: the walk cannot reach pairs 0-9, yet both summaries are
     # named stale_source (DESIGN §9: only did_not_fit depends on the budget), and no text
     # of their range is read.
-    newest = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
-                 for p in pairs[38:])
+    newest = raw_cost(pairs[38:])
     projection, log = recorded(conn, "far", newest)
     assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
         (preferred, "stale_source"), (other, "stale_source")]
@@ -360,8 +357,7 @@ def test_stale_summary_beyond_reach_is_stale_source(conn: Conn) -> None:
                                        for m in (p.user_message_id, p.assistant_message_id)]
 
     # Enough to pass pairs 10-39 raw: the walk reaches range 0; the same reasons.
-    within = sum(message_cost(p.user_content) + message_cost(p.assistant_content)
-                 for p in pairs[10:])
+    within = raw_cost(pairs[10:])
     projection, log = recorded(conn, "far", within)
     assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
         (preferred, "stale_source"), (other, "stale_source")]
