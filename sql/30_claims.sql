@@ -64,18 +64,28 @@ VALUES ('conversation-compaction@1', 'mixed', false, false),
 
 -- Shape rules shared by claim (refusal reasons), import_summary (errors) and the tables'
 -- CHECK constraints (last line of defence against direct writes by the owner).
+--
+-- The small rules below run on every claim and completion, in both the functions and the
+-- CHECK constraints. Revision 0016: they carry no SET clause, so that the planner inlines
+-- the SQL ones into their callers' expressions (as has_content and is_target, sql/
+-- 20_pairs.sql), instead of planning each body again in every transaction; every name,
+-- operators included, is schema-qualified, so no search_path can change what they mean.
+-- valid_source_ids needs a subquery, which rules inlining out: PL/pgSQL keeps its plan
+-- for the session instead.
 CREATE FUNCTION compaction.valid_source_ids(p_source_message_ids text[])
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT p_source_message_ids IS NOT NULL
-       AND pg_catalog.array_ndims(p_source_message_ids) = 1
-       AND pg_catalog.cardinality(p_source_message_ids) = 20
-       AND pg_catalog.array_position(p_source_message_ids, NULL) IS NULL
-       AND (SELECT count(DISTINCT i.id) FROM pg_catalog.unnest(p_source_message_ids) AS i (id)) = 20
+BEGIN
+    RETURN p_source_message_ids IS NOT NULL
+       AND pg_catalog.array_ndims(p_source_message_ids) OPERATOR(pg_catalog.=) 1
+       AND pg_catalog.cardinality(p_source_message_ids) OPERATOR(pg_catalog.=) 20
+       AND pg_catalog.array_position(p_source_message_ids, NULL::pg_catalog.text) IS NULL
+       AND (SELECT pg_catalog.count(DISTINCT i.id)
+            FROM pg_catalog.unnest(p_source_message_ids) AS i (id)) OPERATOR(pg_catalog.=) 20;
+END
 $$;
 COMMENT ON FUNCTION compaction.valid_source_ids(text[]) IS
     'Internal: true when the array holds exactly 20 distinct non-null ids (one dimension)';
@@ -85,7 +95,6 @@ RETURNS boolean
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT p_source_hash IS NOT NULL AND p_source_hash OPERATOR(pg_catalog.~) '^[0-9a-f]{64}$'
 $$;
@@ -98,12 +107,11 @@ RETURNS text
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE
                WHEN NOT compaction.has_content(p_summary) THEN 'empty'
                -- characters, not bytes: 6,000 four-byte emoji are a valid summary
-               WHEN pg_catalog.char_length(p_summary) > 6000 THEN 'too_long'
+               WHEN pg_catalog.char_length(p_summary) OPERATOR(pg_catalog.>) 6000 THEN 'too_long'
            END
 $$;
 COMMENT ON FUNCTION compaction.summary_problem(text) IS
@@ -118,11 +126,13 @@ RETURNS text
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
+    -- IS DISTINCT FROM, with the operator named: a NULL is neither 'stop' nor 0.
     SELECT CASE
-               WHEN p_finish_reason IS DISTINCT FROM 'stop' THEN 'not_stopped'
-               WHEN p_tool_call_count IS DISTINCT FROM 0 THEN 'tool_calls'
+               WHEN NOT coalesce(p_finish_reason OPERATOR(pg_catalog.=) 'stop', false)
+                   THEN 'not_stopped'
+               WHEN NOT coalesce(p_tool_call_count OPERATOR(pg_catalog.=) 0, false)
+                   THEN 'tool_calls'
                ELSE compaction.summary_problem(p_summary)
            END
 $$;
@@ -316,16 +326,19 @@ CREATE INDEX audit_events_recorded_at_idx ON compaction.audit_events (recorded_a
 
 -- The second key of one conversation's lock: hashtext(conversation_id), moved off 0..15,
 -- which stay reserved for fixed locks (migrations, admission); a hash landing there moves
--- to -1..-16, where it can only meet other conversations.
+-- to -1..-16, where it can only meet other conversations. Like the lock functions below,
+-- one expression with no SET clause (revision 0016), so every lock inlines to
+-- pg_advisory_xact_lock itself.
 CREATE FUNCTION compaction.conversation_lock_key(p_conversation_id text)
 RETURNS int
 LANGUAGE sql
 IMMUTABLE
 PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT CASE WHEN k.h BETWEEN 0 AND 15 THEN -1 - k.h ELSE k.h END
-    FROM (SELECT pg_catalog.hashtext(p_conversation_id) AS h) AS k
+    SELECT CASE WHEN pg_catalog.hashtext(p_conversation_id) OPERATOR(pg_catalog.>=) 0
+                 AND pg_catalog.hashtext(p_conversation_id) OPERATOR(pg_catalog.<=) 15
+                THEN -1 OPERATOR(pg_catalog.-) pg_catalog.hashtext(p_conversation_id)
+                ELSE pg_catalog.hashtext(p_conversation_id) END
 $$;
 COMMENT ON FUNCTION compaction.conversation_lock_key(text) IS
     'Internal: the second advisory-lock key of a conversation (hashtext moved off 0..15), shared by lock_conversation and try_lock_conversation';
@@ -336,7 +349,6 @@ CREATE FUNCTION compaction.lock_conversation(p_conversation_id text)
 RETURNS void
 LANGUAGE sql
 VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.pg_advisory_xact_lock(
                1129316352, compaction.conversation_lock_key(p_conversation_id))
@@ -350,7 +362,6 @@ CREATE FUNCTION compaction.try_lock_conversation(p_conversation_id text)
 RETURNS boolean
 LANGUAGE sql
 VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.pg_try_advisory_xact_lock(
                1129316352, compaction.conversation_lock_key(p_conversation_id))

@@ -71,6 +71,12 @@ GRANT EXECUTE ON FUNCTION
     compaction.enqueue(text, text),
     compaction.reply_problem(text, text, int)
 TO compaction_worker;
+-- reply_problem is no definer: the worker runs its body with its own rights, and that
+-- body calls these two (revision 0016; until then the worker's own check of a stopped
+-- reply, --min-figure-retention, was refused EXECUTE on summary_problem). Pure functions
+-- of their argument: they read nothing.
+GRANT EXECUTE ON FUNCTION compaction.summary_problem(text), compaction.has_content(text)
+TO compaction_worker;
 
 GRANT SELECT ON compaction.prompt_versions TO compaction_worker, compaction_reader;
 GRANT SELECT ON compaction.summaries TO compaction_reader;

@@ -186,6 +186,17 @@ def test_search_path_hijack_is_ignored(conn: Conn, login_role: LoginRole) -> Non
         "CREATE FUNCTION public.textne(text, text) RETURNS boolean LANGUAGE sql"
         " AS $$ SELECT false $$",
         "CREATE OPERATOR public.<> (LEFTARG = text, RIGHTARG = text, FUNCTION = public.textne)",
+        # Revision 0016 inlines the small rules into the caller's statement, parsed under
+        # the caller's search_path: only their qualified names keep these out.
+        "CREATE FUNCTION public.texteq(text, text) RETURNS boolean LANGUAGE sql"
+        " AS $$ SELECT true $$",
+        "CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.texteq)",
+        "CREATE FUNCTION public.int4eq(int, int) RETURNS boolean LANGUAGE sql"
+        " AS $$ SELECT true $$",
+        "CREATE OPERATOR public.= (LEFTARG = int, RIGHTARG = int, FUNCTION = public.int4eq)",
+        "CREATE FUNCTION public.int4gt(int, int) RETURNS boolean LANGUAGE sql"
+        " AS $$ SELECT false $$",
+        "CREATE OPERATOR public.> (LEFTARG = int, RIGHTARG = int, FUNCTION = public.int4gt)",
         "CREATE TABLE public.jobs (LIKE compaction.jobs)",
         "GRANT ALL ON ALL FUNCTIONS IN SCHEMA public TO PUBLIC",
     ]:
@@ -207,6 +218,12 @@ def test_search_path_hijack_is_ignored(conn: Conn, login_role: LoginRole) -> Non
         assert c2.job_id is not None
         assert db.complete(worker, c2.job_id, 2, "x" * 6001, "stop", 0).reason == "too_long"
         assert claim(worker, "c1", t, now=None).reason == "attempts_exhausted"
+        # The worker asks reply_problem itself, under its own search_path.
+        assert db.reply_problem(worker, "fine", "length", 0) == "not_stopped"
+        assert db.reply_problem(worker, "fine", "stop", 2) == "tool_calls"
+        assert db.reply_problem(worker, "x" * 6001, "stop", 0) == "too_long"
+        assert db.reply_problem(worker, " \t", "stop", 0) == "empty"
+        assert db.reply_problem(worker, "fine", "stop", 0) is None
     assert scalar(conn, "SELECT count(*) FROM public.jobs") == 0
     assert scalar(conn, "SELECT count(*) FROM compaction.jobs") == 1
 
