@@ -56,6 +56,8 @@ class Sizes:
     # 5. writing: pairs of the bulk-loaded conversation, Runs appended to it per repetition
     write_pairs: int
     write_appends: int
+    # 6. profile: operations of each kind measured under pg_stat_statements
+    profile_ops: int
 
 
 FULL = Sizes(
@@ -67,6 +69,7 @@ FULL = Sizes(
     finding_new_pairs=10, finding_idle_passes=20,
     hash_calls=20_000, hash_sql_calls=300,
     write_pairs=10_000, write_appends=100,
+    profile_ops=300,
 )
 
 SMOKE = Sizes(
@@ -78,6 +81,7 @@ SMOKE = Sizes(
     finding_new_pairs=10, finding_idle_passes=2,
     hash_calls=50, hash_sql_calls=5,
     write_pairs=100, write_appends=5,
+    profile_ops=5,
 )
 
 
@@ -89,8 +93,8 @@ class BenchCluster:
 
     TEMPLATE = "bench_template"
 
-    def __init__(self) -> None:
-        self.cluster = ThrowawayCluster(durable=True)
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
+        self.cluster = ThrowawayCluster(durable=True, settings=settings)
 
     def __enter__(self) -> BenchCluster:
         self.cluster.__enter__()

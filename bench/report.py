@@ -199,8 +199,40 @@ def markdown_table(results: dict[str, Any]) -> str:
         lines.append(f"| append a settled turn (durable commit; no goal) |"
                      f" {_fmt(ap['sdk_p50_ms'])} | | {_fmt(ap['reference_p50_ms'])} | |"
                      f" {_fmt(ap['ratio_p50'])} |")
+    if "statements" in results:
+        lines += _statements_lines(results["statements"])
     lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _statements_lines(profile: dict[str, Any]) -> list[str]:
+    """Where each profiled operation's time goes (bench/statements.py)."""
+    proj = profile["projection"]
+    parts = [
+        ("claim -> complete cycle", profile["claim_cycle"]),
+        (f"project_history, {_budget(proj['budget_bytes'])}, {proj['pairs']:,} pairs",
+         proj["pycompactor"]),
+        (f"bare query, {_budget(proj['budget_bytes'])}, {proj['pairs']:,} pairs", proj["bare"]),
+        (f"append a Run to a {profile['append']['pairs']:,}-pair conversation",
+         profile["append"]),
+    ]
+    lines = ["", "Where the time goes (a second cluster with pg_stat_statements, one"
+             " connection, mean ms per operation; a nested statement's time is part of the"
+             " statement that ran it; the rest is network, the commit of an autocommit call,"
+             " the driver and Python):", ""]
+    for label, part in parts:
+        lines += [f"{label}: client {_fmt(part['client_ms'])} = statements sent"
+                  f" {_fmt(part['top_level_exec_ms'])} (+ planning"
+                  f" {_fmt(part['top_level_plan_ms'])}) + rest {_fmt(part['rest_ms'])}"
+                  f" ({part['operations']:,} operations)", "",
+                  "| statement | sent by the client | calls per op | ms per op |",
+                  "| --- | --- | --- | --- |"]
+        for st in part["statements"]:
+            query = st["query"].replace("|", "\\|")
+            lines.append(f"| `{query}` | {'yes' if st['toplevel'] else ''} |"
+                         f" {_fmt(st['calls_per_op'])} | {_fmt(st['exec_ms_per_op'], 3)} |")
+        lines.append("")
+    return lines
 
 
 def _by_function(entry: dict[str, Any]) -> str:

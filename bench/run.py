@@ -3,8 +3,10 @@
 Starts a throwaway durable PostgreSQL (fsync, synchronous_commit and full_page_writes on),
 migrates a template, runs the benchmarks (issue 6's, the derived state's writes, and
 issue 13's SDK recipe against the reference tables) each in its own database (a
-fixed number of operations after a warm-up, 3 repetitions, medians), writes
-`bench/results/latest.json` and appends a markdown table to `docs/benchmarks.md`.
+fixed number of operations after a warm-up, 3 repetitions, medians), then profiles the
+operations whose goals are ratios statement by statement in a second cluster with
+pg_stat_statements (bench/statements.py), writes `bench/results/latest.json` and appends a
+markdown table to `docs/benchmarks.md`.
 
     python -m bench.run                 # the full run (under ~15 minutes on 2 cores)
     python -m bench.run --smoke         # tiny sizes, seconds: checks that everything runs
@@ -27,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-from bench import claims, finding, hashing, projecting, sdk_source, writing
+from bench import claims, finding, hashing, projecting, sdk_source, statements, writing
 from bench.common import FULL, REPETITIONS, SMOKE, BenchCluster, Sizes, cpu_model
 from bench.report import markdown_table, targets
 
@@ -40,6 +42,10 @@ BENCHMARKS: dict[str, Callable[[str, Sizes], dict[str, Any]]] = {
     "writing": writing.run,
     "sdk_source": sdk_source.run,
 }
+#: Run last, in a cluster of its own: pg_stat_statements would tax the measured ones.
+PROFILES: dict[str, Callable[[Sizes], dict[str, Any]]] = {
+    "statements": statements.run,
+}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -49,7 +55,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="write latest.json and benchmarks.md into this directory instead of"
                              " bench/results/ and docs/")
-    parser.add_argument("--only", action="append", choices=sorted(BENCHMARKS), default=None,
+    parser.add_argument("--only", action="append", choices=sorted([*BENCHMARKS, *PROFILES]),
+                        default=None,
                         help="run only this benchmark (repeatable)")
     return parser.parse_args(argv)
 
@@ -66,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = SMOKE if args.smoke else FULL
     json_path = (args.out or ROOT / "bench" / "results") / "latest.json"
     md_path = args.out / "benchmarks.md" if args.out else ROOT / "docs" / "benchmarks.md"
-    chosen = args.only or list(BENCHMARKS)
+    chosen = args.only or [*BENCHMARKS, *PROFILES]
     started = time.perf_counter()
     results: dict[str, Any] = {
         "meta": {
@@ -83,13 +90,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             row = conn.execute("SELECT version()").fetchone()
         results["meta"]["postgresql"] = str(row[0]) if row else "unknown"
         results["meta"]["settings"] = cluster.settings()
-        for name in chosen:
+        for name in (n for n in chosen if n in BENCHMARKS):
             print(f"bench: {name} ...", file=sys.stderr, flush=True)
             began = time.perf_counter()
             results[name] = BENCHMARKS[name](cluster.new_database(name), sizes)
             results["seconds"][name] = round(time.perf_counter() - began, 1)
             print(f"bench: {name} done in {results['seconds'][name]} s", file=sys.stderr,
                   flush=True)
+    for name in (n for n in chosen if n in PROFILES):
+        print(f"bench: {name} (its own cluster) ...", file=sys.stderr, flush=True)
+        began = time.perf_counter()
+        results[name] = PROFILES[name](sizes)
+        results["seconds"][name] = round(time.perf_counter() - began, 1)
+        print(f"bench: {name} done in {results['seconds'][name]} s", file=sys.stderr,
+              flush=True)
     results["seconds"]["total"] = round(time.perf_counter() - started, 1)
     results["targets"] = targets(results)
     json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -205,12 +206,15 @@ def free_port() -> int:
 class ThrowawayCluster:
     """initdb + pg_ctl start on loopback in a temp directory; stop() removes every trace."""
 
-    def __init__(self, bindir: Path | None = None, *, durable: bool = False) -> None:
+    def __init__(self, bindir: Path | None = None, *, durable: bool = False,
+                 settings: Mapping[str, str] | None = None) -> None:
         self.source_bindir = bindir or find_bindir()
         self.bindir = self.source_bindir
         # The demo and tests trade crash safety for speed (fsync off); benchmarks need the
         # production settings, where every commit waits for its WAL flush.
         self.durable = durable
+        # More server settings, given at start (e.g. shared_preload_libraries).
+        self.settings = dict(settings or {})
         self.user = server_user()
         self.port = 0
         self.root: Path | None = None
@@ -253,9 +257,11 @@ class ThrowawayCluster:
         )
         self._run("initdb", "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
                   "--locale=C.UTF-8", "--no-sync")
+        extra = "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self._run(
             "pg_ctl", "start", "-w", "-D", str(data), "-l", str(self.root / "server.log"),
-            "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 {durability}",
+            "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 {durability}"
+                  f"{extra}",
         )
         return self.dsn
 

@@ -27,7 +27,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
 
     data = json.loads((tmp_path / "latest.json").read_text(encoding="utf-8"))
     assert set(data) == {"meta", "seconds", "targets", "claim_cycle", "projection",
-                         "finding_work", "hashing", "writing", "sdk_source"}
+                         "finding_work", "hashing", "writing", "sdk_source", "statements"}
     assert data["meta"]["mode"] == "smoke"
     assert data["meta"]["settings"]["fsync"] == "on"
     assert data["meta"]["settings"]["synchronous_commit"] == "on"
@@ -47,9 +47,20 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert set(data["sdk_source"]["ratio_p50"]) == {"plan", "project_64k", "check_source"}
     assert data["sdk_source"]["sdk"]["check_source_ok"] is True
     assert data["sdk_source"]["sdk"]["derived_state"] == "in_use"
+    # The statement profile: each operation's time split by pg_stat_statements, the
+    # engine's own statements nested under the calls the client sent.
+    profile = data["statements"]
+    for part in (profile["claim_cycle"], profile["projection"]["pycompactor"],
+                 profile["projection"]["bare"], profile["append"]):
+        assert part["operations"] == 5
+        assert part["client_ms"] >= part["top_level_exec_ms"] > 0
+        assert any(s["toplevel"] for s in part["statements"])
+    nested = {s["query"] for s in profile["claim_cycle"]["statements"] if not s["toplevel"]}
+    assert any("INSERT INTO compaction.jobs" in q for q in nested)
     assert len(data["targets"]) == 12
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 
     table = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")
     assert "(smoke run)" in table
     assert "| target | measured | goal | met |" in table
+    assert "Where the time goes" in table
