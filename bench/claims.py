@@ -70,7 +70,7 @@ class Range:
     source_hash: str
 
 
-def _pycompactor_cycle(conn: Conn, item: Range, worker: str) -> None:
+def pycompactor_cycle(conn: Conn, item: Range, worker: str) -> None:
     claimed = db.claim(conn, item.conversation_id, "default", item.from_pair,
                        item.source_message_ids, item.source_hash, MODEL, PROMPT_VERSION,
                        worker)
@@ -160,7 +160,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                        for _ in range(k)]
         try:
             # Warm-up: caches, plans and connections, for both cycles.
-            _run_parallel(connections, _split(mine[:sizes.claim_warmup], k), _pycompactor_cycle)
+            _run_parallel(connections, _split(mine[:sizes.claim_warmup], k), pycompactor_cycle)
             _run_parallel(connections,
                           _split([f"warm-{next(keys)}" for _ in range(sizes.claim_warmup)], k),
                           _baseline_cycle)
@@ -172,7 +172,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                 # Alternate which side goes first, so drift favours neither.
                 sides: list[tuple[list[float], Sequence[Any], Callable[[Conn, Any, str], None]]]
                 sides = [
-                    (ours, batch, _pycompactor_cycle),
+                    (ours, batch, pycompactor_cycle),
                     (plain, [f"job-{next(keys)}" for _ in range(sizes.claim_cycles)],
                      _baseline_cycle),
                 ]

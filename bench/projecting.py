@@ -36,7 +36,7 @@ from pycompactor.projection import MESSAGE_OVERHEAD_BYTES
 # The baseline, in the benchmark's own schema: a plpgsql FOR loop reads through a cursor,
 # so only the rows up to the budget are fetched, exactly as project_history's budget rule
 # counts them (UTF-8 bytes + 16 per message).
-_BARE_DDL = f"""
+BARE_DDL = f"""
 CREATE SCHEMA IF NOT EXISTS bench;
 CREATE FUNCTION bench.newest_messages(p_conversation_id text, p_budget bigint)
 RETURNS TABLE (role text, content text)
@@ -59,7 +59,7 @@ BEGIN
 END
 $$;
 """
-_BARE_SQL = "SELECT role, content FROM bench.newest_messages(%(c)s::text, %(b)s::bigint)"
+BARE_SQL = "SELECT role, content FROM bench.newest_messages(%(c)s::text, %(b)s::bigint)"
 _INDEXED_PAIRS_SQL = "SELECT count(*) FROM compaction.indexed_pairs(%(c)s::text)"
 
 
@@ -101,7 +101,7 @@ def _label(pairs: int) -> str:
 
 def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(_BARE_DDL)
+        conn.execute(BARE_DDL)
         users = text_pool(21, 32, 240)
         replies = text_pool(22, 64, sizes.reply_bytes)
         for pairs in sizes.projection_pairs:
@@ -143,10 +143,10 @@ def _measure_cell(conn: Conn, conversation: str, pairs: int, budget: int,
         project_history(conn, conversation, budget_bytes=budget)
 
     def bare() -> None:
-        conn.execute(_BARE_SQL, {"c": conversation, "b": budget}).fetchall()
+        conn.execute(BARE_SQL, {"c": conversation, "b": budget}).fetchall()
 
     check = project_history(conn, conversation, budget_bytes=budget)
-    bare_rows = conn.execute(_BARE_SQL, {"c": conversation, "b": budget}).fetchall()
+    bare_rows = conn.execute(BARE_SQL, {"c": conversation, "b": budget}).fetchall()
     latencies(ours, sizes.projection_warmup)
     latencies(bare, sizes.projection_warmup)
     ours_p50: list[float] = []

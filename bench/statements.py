@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from bench import writing
-from bench.claims import Range, _pycompactor_cycle
+from bench.claims import Range, pycompactor_cycle
 from bench.common import (
     BenchCluster,
     Conn,
@@ -40,7 +40,7 @@ from bench.common import (
     text_pool,
     vacuum_analyze,
 )
-from bench.projecting import _BARE_DDL, _BARE_SQL
+from bench.projecting import BARE_DDL, BARE_SQL
 from pycompactor.projection import project_history
 
 #: The server settings of this benchmark's cluster.
@@ -116,7 +116,7 @@ def _claim_cycle(dsn: str, sizes: Sizes, warmup: int) -> dict[str, Any]:
                 " ORDER BY c.conversation_id").fetchall()
         ]
         operations: list[Callable[[], object]] = [
-            partial(_pycompactor_cycle, conn, item, "bench-statements") for item in targets
+            partial(pycompactor_cycle, conn, item, "bench-statements") for item in targets
         ]
         return _measure(conn, operations, warmup)
 
@@ -125,7 +125,7 @@ def _projection(dsn: str, sizes: Sizes, warmup: int) -> dict[str, Any]:
     pairs = max(sizes.projection_pairs)
     conversation = "profile0"
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(_BARE_DDL)
+        conn.execute(BARE_DDL)
         seed_conversations(conn, "profile", 0, 1, pairs, user_pool=text_pool(21, 32, 240),
                            assistant_pool=text_pool(22, 64, sizes.reply_bytes))
         drain_queue(conn)
@@ -139,7 +139,7 @@ def _projection(dsn: str, sizes: Sizes, warmup: int) -> dict[str, Any]:
             project_history(conn, conversation, budget_bytes=BUDGET)
 
         def bare() -> None:
-            conn.execute(_BARE_SQL, {"c": conversation, "b": BUDGET}).fetchall()
+            conn.execute(BARE_SQL, {"c": conversation, "b": BUDGET}).fetchall()
 
         return {"pairs": pairs, "budget_bytes": BUDGET,
                 "pycompactor": _measure(conn, [ours] * count, warmup),
@@ -152,11 +152,11 @@ def _append(dsn: str, sizes: Sizes, warmup: int) -> dict[str, Any]:
     conversation = "appends0"
     with psycopg.connect(dsn, autocommit=True) as conn:
         with conn.transaction():
-            writing._seed(conn, writing.ENGINE, conversation, sizes.write_pairs, 0, users,
+            writing.seed(conn, writing.ENGINE, conversation, sizes.write_pairs, 0, users,
                           assistants)
         conn.execute("VACUUM (ANALYZE) compaction_source.runs, compaction_source.messages")
         operations: list[Callable[[], object]] = [
-            partial(writing._append_run, conn, writing.ENGINE, conversation,
+            partial(writing.append_run, conn, writing.ENGINE, conversation,
                     1_000_000 + 2 * op, users[op % 50], assistants[op % 50])
             for op in range(warmup + sizes.profile_ops)
         ]

@@ -39,7 +39,7 @@ def _make_plain(conn: Conn) -> None:
                  " INCLUDING ALL)")
 
 
-def _seed(conn: Conn, tables: tuple[str, str, str], conversation: str, pairs: int,
+def seed(conn: Conn, tables: tuple[str, str, str], conversation: str, pairs: int,
           first_pair: int, users: list[str], assistants: list[str]) -> None:
     """`pairs` pairs of one conversation in two statements (runs, then messages)."""
     conversations, runs, messages = tables
@@ -63,7 +63,7 @@ def _seed(conn: Conn, tables: tuple[str, str, str], conversation: str, pairs: in
         "      unnest(ARRAY['user', 'assistant']) role", params)
 
 
-def _append_run(conn: Conn, tables: tuple[str, str, str], conversation: str, seq: int,
+def append_run(conn: Conn, tables: tuple[str, str, str], conversation: str, seq: int,
                 user: str, assistant: str) -> float:
     """One Run as an agent writes it; milliseconds until the commit returned."""
     _, runs, messages = tables
@@ -98,7 +98,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                 conversation = f"bulk{rep}"
                 started = time.perf_counter()
                 with conn.transaction():
-                    _seed(conn, tables, conversation, pairs, 0, users, assistants)
+                    seed(conn, tables, conversation, pairs, 0, users, assistants)
                 bulk[label].append(time.perf_counter() - started)
             conn.execute("VACUUM (ANALYZE) compaction_source.runs, compaction_source.messages,"
                          " bench_plain.runs, bench_plain.messages")
@@ -107,7 +107,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             for op in range(sizes.write_appends):
                 seq = 1_000_000 + 2 * (rep * sizes.write_appends + op)
                 for label, tables in (("engine", ENGINE), ("plain", PLAIN)):
-                    appends[label].append(_append_run(
+                    appends[label].append(append_run(
                         conn, tables, f"bulk{rep}", seq, users[op % 50],
                         assistants[op % 50]))
             # A Run before every other one: all pairs after it move.

@@ -213,8 +213,13 @@ class ThrowawayCluster:
         # The demo and tests trade crash safety for speed (fsync off); benchmarks need the
         # production settings, where every commit waits for its WAL flush.
         self.durable = durable
-        # More server settings, given at start (e.g. shared_preload_libraries).
+        # More server settings, given at start (e.g. shared_preload_libraries); they
+        # travel in pg_ctl's one option string, so a value may not hold a space.
         self.settings = dict(settings or {})
+        if any(not name.replace(".", "_").isidentifier() or " " in value or not value
+               for name, value in self.settings.items()):
+            raise ValueError(f"server settings must be name=value without spaces: "
+                             f"{self.settings!r}")
         self.user = server_user()
         self.port = 0
         self.root: Path | None = None
