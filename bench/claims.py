@@ -123,19 +123,15 @@ def _split(items: Sequence[Any], k: int) -> list[list[Any]]:
     return [list(items[i::k]) for i in range(k)]
 
 
-def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
-    ks = sizes.claim_connections
-    per_k = sizes.claim_warmup + REPETITIONS * sizes.claim_cycles
-    n_breakdown = max(2, sizes.claim_cycles // 4)
-    n_conversations = per_k * len(ks) + n_breakdown
+def prepare_ranges(dsn: str, sizes: Sizes, count: int) -> list[Range]:
+    """`count` conversations, each with one claimable range, and those ranges."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(_BASELINE_DDL)
         # Admission is not what is measured: K connections never exceed K running
         # attempts, but leave headroom so a slow commit never turns into a refusal.
         conn.execute("UPDATE compaction.settings SET max_running = 1000")
         # Many conversations of 35 pairs: each has exactly one target (range 0), and K
         # connections never meet on one conversation's advisory lock.
-        seed_conversations(conn, "claim-", 0, n_conversations, sizes.claim_pairs,
+        seed_conversations(conn, "claim-", 0, count, sizes.claim_pairs,
                            user_pool=text_pool(1, 16, 200),
                            assistant_pool=text_pool(2, 32, 600))
         drain_queue(conn)
@@ -149,8 +145,18 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                 "      compaction.plan_targets(c.conversation_id) t"
                 " ORDER BY c.conversation_id").fetchall()
         ]
-    if len(targets) != n_conversations:
-        raise RuntimeError(f"expected {n_conversations} targets, planned {len(targets)}")
+    if len(targets) != count:
+        raise RuntimeError(f"expected {count} targets, planned {len(targets)}")
+    return targets
+
+
+def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
+    ks = sizes.claim_connections
+    per_k = sizes.claim_warmup + REPETITIONS * sizes.claim_cycles
+    n_breakdown = max(2, sizes.claim_cycles // 4)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(_BASELINE_DDL)
+    targets = prepare_ranges(dsn, sizes, per_k * len(ks) + n_breakdown)
 
     results: list[dict[str, Any]] = []
     keys = iter(range(10**9))

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from bench import writing
-from bench.claims import Range, pycompactor_cycle
+from bench.claims import prepare_ranges, pycompactor_cycle
 from bench.common import (
     BenchCluster,
     Conn,
@@ -99,22 +99,8 @@ def _measure(conn: Conn, operations: list[Callable[[], object]], warmup: int) ->
 
 
 def _claim_cycle(dsn: str, sizes: Sizes, warmup: int) -> dict[str, Any]:
-    count = warmup + sizes.profile_ops
+    targets = prepare_ranges(dsn, sizes, warmup + sizes.profile_ops)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE compaction.settings SET max_running = 1000")
-        seed_conversations(conn, "claim-", 0, count, sizes.claim_pairs,
-                           user_pool=text_pool(1, 16, 200), assistant_pool=text_pool(2, 32, 600))
-        drain_queue(conn)
-    vacuum_analyze(dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        targets = [
-            Range(str(c), int(f), list(ids), str(h))
-            for c, f, ids, h in conn.execute(
-                "SELECT c.conversation_id, t.from_pair, t.source_message_ids, t.source_hash"
-                " FROM compaction_source.conversations c,"
-                "      compaction.plan_targets(c.conversation_id) t"
-                " ORDER BY c.conversation_id").fetchall()
-        ]
         operations: list[Callable[[], object]] = [
             partial(pycompactor_cycle, conn, item, "bench-statements") for item in targets
         ]
