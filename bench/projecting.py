@@ -10,7 +10,7 @@ statement. The per-statement breakdown and `indexed_pairs` alone show where the 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
@@ -95,24 +95,31 @@ def _recording() -> Iterator[dict[str, list[float]]]:
         TimingCursor.recording = False
 
 
-def _label(pairs: int) -> str:
-    return f"proj-{pairs}"
+def conversation_of(pairs: int) -> str:
+    """The conversation `prepare_conversations` made with `pairs` pairs."""
+    return f"proj-{pairs}0"
 
 
-def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
+def prepare_conversations(dsn: str, sizes: Sizes, pair_counts: Sequence[int]) -> int:
+    """The bare query's function, and one conversation per pair count (conversation_of)
+    with every target summarized; returns how many summaries were imported."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(BARE_DDL)
         users = text_pool(21, 32, 240)
         replies = text_pool(22, 64, sizes.reply_bytes)
-        for pairs in sizes.projection_pairs:
-            seed_conversations(conn, _label(pairs), 0, 1, pairs,
+        for pairs in pair_counts:
+            seed_conversations(conn, f"proj-{pairs}", 0, 1, pairs,
                                user_pool=users, assistant_pool=replies)
         drain_queue(conn)
         vacuum_analyze(dsn)
         summary = text_pool(23, 1, 1500)[0]
-        imported = import_all_targets(
-            conn, [f"{_label(p)}0" for p in sizes.projection_pairs], summary)
+        imported = import_all_targets(conn, [conversation_of(p) for p in pair_counts], summary)
     vacuum_analyze(dsn)
+    return imported
+
+
+def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
+    imported = prepare_conversations(dsn, sizes, sizes.projection_pairs)
 
     cells: list[dict[str, Any]] = []
     judging: list[dict[str, Any]] = []
@@ -120,7 +127,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True, cursor_factory=TimingCursor,
                          application_name="bench-projection") as conn:
         for pairs in sizes.projection_pairs:
-            conversation = f"{_label(pairs)}0"
+            conversation = conversation_of(pairs)
             for budget in sizes.projection_budgets:
                 cells.append(_measure_cell(conn, conversation, pairs, budget, sizes))
             judging.append(_measure_judging(conn, conversation, pairs, sizes))

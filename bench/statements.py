@@ -30,17 +30,8 @@ import psycopg
 
 from bench import writing
 from bench.claims import prepare_ranges, pycompactor_cycle
-from bench.common import (
-    BenchCluster,
-    Conn,
-    Sizes,
-    drain_queue,
-    import_all_targets,
-    seed_conversations,
-    text_pool,
-    vacuum_analyze,
-)
-from bench.projecting import BARE_DDL, BARE_SQL
+from bench.common import BenchCluster, Conn, Sizes, text_pool
+from bench.projecting import BARE_SQL, conversation_of, prepare_conversations
 from pycompactor.projection import project_history
 
 #: The server settings of this benchmark's cluster.
@@ -75,13 +66,13 @@ def _measure(conn: Conn, operations: list[Callable[[], object]], warmup: int) ->
     for operation in operations[:warmup]:
         operation()
     measured = operations[warmup:]
+    n = len(measured)
     conn.execute(_RESET_SQL)
     started = time.perf_counter()
     for operation in measured:
         operation()
-    client_ms = (time.perf_counter() - started) * 1000 / len(measured)
+    client_ms = (time.perf_counter() - started) * 1000 / n
     rows = conn.execute(_READ_SQL).fetchall()
-    n = len(measured)
     top_exec = sum(r[2] for r in rows if r[0]) / n
     top_plan = sum(r[3] for r in rows if r[0]) / n
     return {
@@ -109,15 +100,8 @@ def _claim_cycle(dsn: str, sizes: Sizes, warmup: int) -> dict[str, Any]:
 
 def _projection(dsn: str, sizes: Sizes, warmup: int) -> dict[str, Any]:
     pairs = max(sizes.projection_pairs)
-    conversation = "profile0"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(BARE_DDL)
-        seed_conversations(conn, "profile", 0, 1, pairs, user_pool=text_pool(21, 32, 240),
-                           assistant_pool=text_pool(22, 64, sizes.reply_bytes))
-        drain_queue(conn)
-        vacuum_analyze(dsn)
-        import_all_targets(conn, [conversation], text_pool(23, 1, 1500)[0])
-    vacuum_analyze(dsn)
+    conversation = conversation_of(pairs)
+    prepare_conversations(dsn, sizes, [pairs])
     with psycopg.connect(dsn, autocommit=True) as conn:
         count = warmup + sizes.profile_ops
 
