@@ -438,59 +438,52 @@ COMMENT ON FUNCTION compaction.checked_reason(text) IS
 -- conversation's rows or a global table): its audit event, by the state it is in now,
 -- and for an attempt that ended, its admission slot back (unless another claim took the
 -- slot over after the lease ran out). Called right after the write, under the
--- conversation's lock.
-CREATE FUNCTION compaction.record_attempt_change(p_conversation_id text, p_job_id bigint,
-                                                 p_attempt int)
+-- conversation's lock, with the rows the caller holds (revision 0017): the attempt as
+-- that write returned it, its job (a jobs row never changes) and, for a completion, the
+-- summary it wrote. Nothing is read again.
+CREATE FUNCTION compaction.record_attempt_change(p_attempt compaction.attempts,
+                                                 p_job compaction.jobs,
+                                                 p_summary_id bigint DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_attempt    compaction.attempts;
-    v_job        compaction.jobs;
-    v_summary_id bigint;
 BEGIN
-    -- Read first, then written: each statement addresses one table by its key.
-    SELECT a.* INTO v_attempt
-    FROM compaction.attempts AS a
-    WHERE a.conversation_id = p_conversation_id AND a.job_id = p_job_id
-      AND a.attempt = p_attempt;
-    SELECT j.* INTO v_job
-    FROM compaction.jobs AS j
-    WHERE j.conversation_id = p_conversation_id AND j.job_id = p_job_id;
-    IF v_attempt.state = 'completed' THEN
-        SELECT s.summary_id INTO v_summary_id
-        FROM compaction.job_summaries AS s
-        WHERE s.conversation_id = p_conversation_id AND s.job_id = p_job_id;
+    -- An engine bug, never a caller's: the event would name another job's identity.
+    IF p_attempt.conversation_id IS DISTINCT FROM p_job.conversation_id
+       OR p_attempt.job_id IS DISTINCT FROM p_job.job_id THEN
+        RAISE EXCEPTION 'record_attempt_change: attempt % of job % is not of job %',
+                p_attempt.attempt, p_attempt.job_id, p_job.job_id
+            USING ERRCODE = 'XX000';
     END IF;
     INSERT INTO compaction.audit_events
         (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id, attempt,
          reason, worker, model, prompt_version, source_hash, summary_id, summary_chars)
-    VALUES (p_conversation_id,
+    VALUES (p_attempt.conversation_id,
             CASE
-                WHEN v_attempt.state = 'running' THEN 'claim'
-                WHEN v_attempt.state = 'completed' THEN 'completion'
-                WHEN v_attempt.reason = 'lease_expired' THEN 'lease_expiry'
+                WHEN p_attempt.state = 'running' THEN 'claim'
+                WHEN p_attempt.state = 'completed' THEN 'completion'
+                WHEN p_attempt.reason = 'lease_expired' THEN 'lease_expiry'
                 ELSE 'failure'
             END,
-            CASE WHEN v_attempt.state = 'running' THEN v_attempt.started_at
-                 ELSE v_attempt.finished_at END,
-            v_job.scope, v_job.from_pair, v_job.to_pair, p_job_id, p_attempt,
-            v_attempt.reason, v_attempt.worker, v_job.model, v_job.prompt_version,
-            v_job.source_hash, v_summary_id, v_attempt.summary_chars);
-    IF v_attempt.state IS DISTINCT FROM 'running' THEN
+            CASE WHEN p_attempt.state = 'running' THEN p_attempt.started_at
+                 ELSE p_attempt.finished_at END,
+            p_job.scope, p_job.from_pair, p_job.to_pair, p_attempt.job_id, p_attempt.attempt,
+            p_attempt.reason, p_attempt.worker, p_job.model, p_job.prompt_version,
+            p_job.source_hash, p_summary_id, p_attempt.summary_chars);
+    IF p_attempt.state IS DISTINCT FROM 'running' THEN
         UPDATE compaction.admission AS ad
         SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
             lease_expires_at = NULL
-        WHERE ad.holder_conversation_id = p_conversation_id
-          AND ad.holder_job_id = p_job_id AND ad.holder_attempt = p_attempt;
+        WHERE ad.holder_conversation_id = p_attempt.conversation_id
+          AND ad.holder_job_id = p_attempt.job_id AND ad.holder_attempt = p_attempt.attempt;
     END IF;
 END
 $$;
-COMMENT ON FUNCTION compaction.record_attempt_change(text, bigint, int) IS
-    'Internal: writes the audit event of an attempt''s current state (claim, completion, failure, lease_expiry) and frees its admission slot once it ended';
+COMMENT ON FUNCTION compaction.record_attempt_change(compaction.attempts, compaction.jobs, bigint) IS
+    'Internal: given an attempt row as just written and its job, writes the audit event of the attempt''s state (claim, completion with p_summary_id, failure, lease_expiry) and frees its admission slot once it ended';
 
 CREATE FUNCTION compaction.claim(
     p_conversation_id    text,
@@ -518,13 +511,15 @@ DECLARE
     v_pairs       bigint;
     v_target_ids  text[];
     v_target_hash text;
+    v_job         compaction.jobs;
     v_job_id      bigint;
+    v_attempt_row compaction.attempts;
     v_failed      int;
     v_attempt     int;
     v_max_running int;
     v_slot        int;
     v_overflow    boolean := false;
-    v_expired     record;
+    v_expired     compaction.attempts;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
        OR p_model = '' OR p_worker IS NULL THEN
@@ -568,11 +563,12 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT j.job_id INTO v_job_id
+    SELECT j.* INTO v_job
     FROM compaction.jobs AS j
     WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
       AND j.from_pair = p_from_pair AND j.source_hash = p_source_hash
       AND j.model = p_model AND j.prompt_version = p_prompt_version;
+    v_job_id := v_job.job_id;
 
     IF v_job_id IS NULL THEN
         v_attempt := 1;
@@ -583,9 +579,9 @@ BEGIN
             SET state = 'failed', reason = 'lease_expired', finished_at = v_now
             WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id
               AND a.state = 'running' AND a.lease_expires_at <= v_now
-            RETURNING a.attempt
+            RETURNING a.*
         LOOP
-            PERFORM compaction.record_attempt_change(p_conversation_id, v_job_id, v_expired.attempt);
+            PERFORM compaction.record_attempt_change(v_expired, v_job);
         END LOOP;
 
         IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
@@ -653,13 +649,15 @@ BEGIN
         VALUES (p_conversation_id, p_scope, p_from_pair, p_from_pair + 9,
                 p_source_message_ids, p_source_hash, p_model, p_prompt_version, v_now)
         ON CONFLICT DO NOTHING
-        RETURNING job_id INTO v_job_id;
+        RETURNING * INTO v_job;
+        v_job_id := v_job.job_id;
     END IF;
     IF v_job_id IS NOT NULL THEN
         INSERT INTO compaction.attempts
             (conversation_id, job_id, attempt, state, worker, started_at, lease_expires_at)
         VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, v_now, v_lease)
-        ON CONFLICT DO NOTHING;
+        ON CONFLICT DO NOTHING
+        RETURNING * INTO v_attempt_row;
     END IF;
     IF v_job_id IS NULL OR NOT FOUND THEN
         RETURN QUERY SELECT false, 'already_running'::text, v_job_id, NULL::int, NULL::timestamptz;
@@ -669,7 +667,7 @@ BEGIN
     SET holder_conversation_id = p_conversation_id, holder_job_id = v_job_id,
         holder_attempt = v_attempt, lease_expires_at = v_lease
     WHERE ad.slot = v_slot;
-    PERFORM compaction.record_attempt_change(p_conversation_id, v_job_id, v_attempt);
+    PERFORM compaction.record_attempt_change(v_attempt_row, v_job);
     RETURN QUERY SELECT true, 'claimed'::text, v_job_id, v_attempt, v_lease;
 END
 $$;
@@ -680,59 +678,59 @@ COMMENT ON FUNCTION compaction.claim(text, text, int, text[], text, text, text, 
 -- attempt row, and answers whether (job_id, attempt) is still running with a live lease.
 -- An expired, unreaped attempt is marked failed (lease_expired) on the way. A given
 -- p_conversation_id must name the job's conversation (else the job is not found: the
--- caller answers lease_lost); it lets a distributed database route the call.
+-- caller answers lease_lost); it lets a distributed database route the call. The job's
+-- row comes back with the attempt's (revision 0017), so the caller records the attempt's
+-- change without reading either again.
 CREATE FUNCTION compaction.fence(p_job_id bigint, p_attempt int, p_now timestamptz,
-                                 p_conversation_id text)
-RETURNS compaction.attempts
+                                 p_conversation_id text,
+                                 OUT attempt_row compaction.attempts,
+                                 OUT job_row compaction.jobs)
+RETURNS record
 LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_conversation_id text;
-    v_attempt         compaction.attempts;
 BEGIN
     IF p_conversation_id IS NULL THEN
-        SELECT j.conversation_id INTO v_conversation_id
+        SELECT j.* INTO job_row
         FROM compaction.jobs AS j
         WHERE j.job_id = p_job_id;
     ELSE
-        SELECT j.conversation_id INTO v_conversation_id
+        SELECT j.* INTO job_row
         FROM compaction.jobs AS j
         WHERE j.conversation_id = p_conversation_id AND j.job_id = p_job_id;
     END IF;
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN;
     END IF;
-    PERFORM compaction.lock_conversation(v_conversation_id);
-    SELECT a.* INTO v_attempt
+    PERFORM compaction.lock_conversation(job_row.conversation_id);
+    SELECT a.* INTO attempt_row
     FROM compaction.attempts AS a
-    WHERE a.conversation_id = v_conversation_id AND a.job_id = p_job_id
+    WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN;
     END IF;
     -- Only a superuser's or the owner's p_now can be this early (caller_now).
-    IF v_attempt.state = 'running' AND p_now < v_attempt.started_at THEN
+    IF attempt_row.state = 'running' AND p_now < attempt_row.started_at THEN
         RAISE EXCEPTION 'p_now % is before attempt % of job % started (%)',
-                p_now, p_attempt, p_job_id, v_attempt.started_at
+                p_now, p_attempt, p_job_id, attempt_row.started_at
             USING ERRCODE = 'CP022';
     END IF;
-    IF v_attempt.state = 'running' AND v_attempt.lease_expires_at <= p_now THEN
+    IF attempt_row.state = 'running' AND attempt_row.lease_expires_at <= p_now THEN
         UPDATE compaction.attempts AS a
         SET state = 'failed', reason = 'lease_expired', finished_at = p_now
-        WHERE a.conversation_id = v_conversation_id AND a.job_id = p_job_id
+        WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
           AND a.attempt = p_attempt
-        RETURNING a.* INTO v_attempt;
-        PERFORM compaction.record_attempt_change(v_conversation_id, p_job_id, p_attempt);
+        RETURNING a.* INTO attempt_row;
+        PERFORM compaction.record_attempt_change(attempt_row, job_row);
     END IF;
-    RETURN v_attempt;
 END
 $$;
 COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz, text) IS
-    'Internal: locks attempt (job_id, attempt) of the given conversation (or the job''s) and returns it, first failing it (lease_expired) if its lease ran out; NULL if unknown';
+    'Internal: locks attempt (job_id, attempt) of the given conversation (or the job''s) and returns it with its job, first failing it (lease_expired) if its lease ran out; attempt_row NULL if unknown';
 
 -- complete()'s p_stats (DESIGN.md §6): NULL, or an object whose keys are among
 -- input_tokens, output_tokens, figures_total, figures_kept, each a non-negative integer
@@ -807,14 +805,18 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now        timestamptz := compaction.caller_now(p_now);
+    v_fenced     record;
     v_attempt    compaction.attempts;
+    v_job        compaction.jobs;
     v_summary_id bigint;
     v_problem    text;
     v_stats      compaction.attempts;
 BEGIN
     -- p_stats first: a bad one is an error that changes nothing (not even an expiry).
     v_stats := compaction.attempt_stats(p_stats);
-    v_attempt := compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id);
+    v_fenced := compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id);
+    v_attempt := v_fenced.attempt_row;
+    v_job := v_fenced.job_row;
     IF v_attempt.state = 'completed' THEN
         -- Idempotent for the same token and the same text (a lost reply re-sent); any
         -- other text for a completed attempt is a stale writer: lease_lost.
@@ -849,8 +851,9 @@ BEGIN
             input_tokens = v_stats.input_tokens, output_tokens = v_stats.output_tokens,
             figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept
         WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
-          AND a.attempt = p_attempt;
-        PERFORM compaction.record_attempt_change(v_attempt.conversation_id, p_job_id, p_attempt);
+          AND a.attempt = p_attempt
+        RETURNING a.* INTO v_attempt;
+        PERFORM compaction.record_attempt_change(v_attempt, v_job);
         RETURN QUERY SELECT false, v_problem, NULL::bigint;
         RETURN;
     END IF;
@@ -866,8 +869,9 @@ BEGIN
         input_tokens = v_stats.input_tokens, output_tokens = v_stats.output_tokens,
         figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
-      AND a.attempt = p_attempt;
-    PERFORM compaction.record_attempt_change(v_attempt.conversation_id, p_job_id, p_attempt);
+      AND a.attempt = p_attempt
+    RETURNING a.* INTO v_attempt;
+    PERFORM compaction.record_attempt_change(v_attempt, v_job, v_summary_id);
     RETURN QUERY SELECT true, 'completed'::text, v_summary_id;
 END
 $$;
@@ -889,6 +893,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now     timestamptz := compaction.caller_now(p_now);
+    v_fenced  record;
     v_attempt compaction.attempts;
 BEGIN
     PERFORM compaction.checked_reason(p_reason);
@@ -896,7 +901,8 @@ BEGIN
         RAISE EXCEPTION 'fail needs a reason other than completed or lease_expired'
             USING ERRCODE = 'CP020';
     END IF;
-    v_attempt := compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id);
+    v_fenced := compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id);
+    v_attempt := v_fenced.attempt_row;
     IF v_attempt.state IS DISTINCT FROM 'running' THEN
         RETURN QUERY SELECT false, 'lease_lost'::text;
         RETURN;
@@ -904,8 +910,9 @@ BEGIN
     UPDATE compaction.attempts AS a
     SET state = 'failed', reason = p_reason, finished_at = v_now
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
-      AND a.attempt = p_attempt;
-    PERFORM compaction.record_attempt_change(v_attempt.conversation_id, p_job_id, p_attempt);
+      AND a.attempt = p_attempt
+    RETURNING a.* INTO v_attempt;
+    PERFORM compaction.record_attempt_change(v_attempt, v_fenced.job_row);
     RETURN QUERY SELECT true, 'failed'::text;
 END
 $$;
@@ -930,7 +937,7 @@ DECLARE
     v_lease   timestamptz := v_now + compaction.checked_lease(p_lease);
     v_attempt compaction.attempts;
 BEGIN
-    v_attempt := compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id);
+    v_attempt := (compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id)).attempt_row;
     IF v_attempt.state IS DISTINCT FROM 'running' THEN
         RETURN QUERY SELECT false, NULL::timestamptz;
         RETURN;

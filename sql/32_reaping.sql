@@ -18,7 +18,8 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_expired record;
+    v_expired compaction.attempts;
+    v_job     compaction.jobs;
     v_jobs    bigint[] := '{}';
     v_scope   text;
 BEGIN
@@ -35,10 +36,12 @@ BEGIN
         SET state = 'failed', reason = 'lease_expired', finished_at = p_now
         WHERE a.conversation_id = p_conversation_id
           AND a.state = 'running' AND a.lease_expires_at <= p_now
-        RETURNING a.job_id, a.attempt
+        RETURNING a.*
     LOOP
-        PERFORM compaction.record_attempt_change(p_conversation_id, v_expired.job_id,
-                                                 v_expired.attempt);
+        SELECT j.* INTO v_job
+        FROM compaction.jobs AS j
+        WHERE j.conversation_id = p_conversation_id AND j.job_id = v_expired.job_id;
+        PERFORM compaction.record_attempt_change(v_expired, v_job);
         v_jobs := v_jobs || v_expired.job_id;
     END LOOP;
     IF pg_catalog.cardinality(v_jobs) > 0 THEN
