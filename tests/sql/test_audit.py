@@ -98,6 +98,78 @@ def test_audit_views(conn: Conn) -> None:
     ]
 
 
+def test_every_event_carries_its_job_attempt_and_summary(conn: Conn) -> None:
+    """Each writer of an attempt's change records its event from the rows it holds
+    (revision 0017): claim, complete (a summary, and a refused reply), fail, a fenced
+    call that finds the lease expired, claim reaping the identity it touches, and reap.
+    Every event carries its job's identity, its attempt's worker, reason and time, and a
+    completion its summary; each is checked against the jobs, attempts and summaries."""
+    t1, t2 = T0 + timedelta(seconds=1), T0 + timedelta(seconds=2)
+    # refused reply, then a summary
+    ta = target(conn, "ev-a")
+    a1 = claim(conn, "ev-a", ta, worker="wa1")
+    assert a1.job_id is not None
+    assert db.complete(conn, a1.job_id, 1, GOOD, "length", 0, now=t1).reason == "not_stopped"
+    assert claim(conn, "ev-a", ta, worker="wa2", now=t1).attempt == 2
+    done = db.complete(conn, a1.job_id, 2, GOOD, "stop", 0, now=t2)
+    assert done.ok
+    assert done.summary_id is not None
+    # the fenced call finds the lease expired; then a retry that fails
+    tb = target(conn, "ev-b")
+    b1 = claim(conn, "ev-b", tb, worker="wb1")
+    assert b1.job_id is not None
+    assert db.complete(conn, b1.job_id, 1, GOOD, "stop", 0, now=T0 + LEASE).reason == "lease_lost"
+    assert claim(conn, "ev-b", tb, worker="wb2", now=T0 + LEASE).attempt == 2
+    assert db.fail(conn, b1.job_id, 2, "http_error", now=T0 + LEASE + timedelta(seconds=3)).ok
+    # claim reaps the identity it touches before claiming it again
+    tc = target(conn, "ev-c")
+    assert claim(conn, "ev-c", tc, worker="wc1").claimed
+    assert claim(conn, "ev-c", tc, worker="wc2", now=T0 + LEASE).attempt == 2
+    # reap
+    td = target(conn, "ev-d")
+    assert claim(conn, "ev-d", td, worker="wd1").claimed
+    assert db.reap(conn, now=T0 + LEASE + timedelta(seconds=9)) == 1
+
+    events = conn.execute(
+        "SELECT conversation_id, kind, attempt, worker, reason, occurred_at,"
+        "       summary_id, summary_chars"
+        " FROM compaction.audit_events ORDER BY recorded_at, event_id").fetchall()
+    expire, reaped = T0 + LEASE, T0 + LEASE + timedelta(seconds=9)
+    chars = len(GOOD)
+    assert events == [
+        ("ev-a", "claim", 1, "wa1", None, T0, None, None),
+        ("ev-a", "failure", 1, "wa1", "not_stopped", t1, None, chars),
+        ("ev-a", "claim", 2, "wa2", None, t1, None, None),
+        ("ev-a", "completion", 2, "wa2", "completed", t2, done.summary_id, chars),
+        ("ev-b", "claim", 1, "wb1", None, T0, None, None),
+        ("ev-b", "lease_expiry", 1, "wb1", "lease_expired", expire, None, None),
+        ("ev-b", "claim", 2, "wb2", None, expire, None, None),
+        ("ev-b", "failure", 2, "wb2", "http_error", expire + timedelta(seconds=3), None, None),
+        ("ev-c", "claim", 1, "wc1", None, T0, None, None),
+        ("ev-c", "lease_expiry", 1, "wc1", "lease_expired", expire, None, None),
+        ("ev-c", "claim", 2, "wc2", None, expire, None, None),
+        ("ev-d", "claim", 1, "wd1", None, T0, None, None),
+        ("ev-d", "lease_expiry", 1, "wd1", "lease_expired", reaped, None, None),
+    ]
+    # The identity in every event is its job's, and every attempt's state is in the log.
+    mismatched = conn.execute(
+        "SELECT e.event_id FROM compaction.audit_events AS e"
+        " JOIN compaction.jobs AS j USING (conversation_id, job_id)"
+        " WHERE (e.scope, e.from_pair, e.to_pair, e.model, e.prompt_version, e.source_hash)"
+        "       IS DISTINCT FROM"
+        "       (j.scope, j.from_pair, j.to_pair, j.model, j.prompt_version, j.source_hash)"
+        " UNION ALL"
+        " SELECT -1 FROM compaction.audit_events AS e"
+        " WHERE NOT EXISTS (SELECT 1 FROM compaction.jobs AS j"
+        "                   WHERE j.conversation_id = e.conversation_id AND j.job_id = e.job_id)"
+    ).fetchall()
+    assert mismatched == []
+    # Every ended attempt gave its slot back; the one still running holds one.
+    slots = conn.execute("SELECT holder_conversation_id, holder_attempt FROM compaction.admission"
+                         " WHERE holder_conversation_id IS NOT NULL").fetchall()
+    assert slots == [("ev-c", 2)]
+
+
 def test_audit_cli(conn: Conn, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     scenario(conn)
     assert cli.main(["audit", "--dsn", dsn]) == 0
