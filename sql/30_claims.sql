@@ -441,7 +441,8 @@ COMMENT ON FUNCTION compaction.checked_reason(text) IS
 -- conversation's lock, with the rows the caller holds (revision 0017): the attempt as
 -- that write returned it, its job (a jobs row never changes) and, for a completion, the
 -- summary it wrote. Nothing is read again.
-CREATE FUNCTION compaction.record_attempt_change(p_attempt compaction.attempts,
+CREATE FUNCTION compaction.record_attempt_change(p_conversation_id text,
+                                                 p_attempt compaction.attempts,
                                                  p_job compaction.jobs,
                                                  p_summary_id bigint DEFAULT NULL)
 RETURNS void
@@ -452,16 +453,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     -- An engine bug, never a caller's: the event would name another job's identity.
-    IF p_attempt.conversation_id IS DISTINCT FROM p_job.conversation_id
+    IF p_attempt.conversation_id IS DISTINCT FROM p_conversation_id
+       OR p_job.conversation_id IS DISTINCT FROM p_conversation_id
        OR p_attempt.job_id IS DISTINCT FROM p_job.job_id THEN
-        RAISE EXCEPTION 'record_attempt_change: attempt % of job % is not of job %',
-                p_attempt.attempt, p_attempt.job_id, p_job.job_id
+        RAISE EXCEPTION 'record_attempt_change: attempt % of job % is not of job % of conversation %',
+                p_attempt.attempt, p_attempt.job_id, p_job.job_id, p_conversation_id
             USING ERRCODE = 'XX000';
     END IF;
     INSERT INTO compaction.audit_events
         (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id, attempt,
          reason, worker, model, prompt_version, source_hash, summary_id, summary_chars)
-    VALUES (p_attempt.conversation_id,
+    VALUES (p_conversation_id,
             CASE
                 WHEN p_attempt.state = 'running' THEN 'claim'
                 WHEN p_attempt.state = 'completed' THEN 'completion'
@@ -477,13 +479,13 @@ BEGIN
         UPDATE compaction.admission AS ad
         SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
             lease_expires_at = NULL
-        WHERE ad.holder_conversation_id = p_attempt.conversation_id
+        WHERE ad.holder_conversation_id = p_conversation_id
           AND ad.holder_job_id = p_attempt.job_id AND ad.holder_attempt = p_attempt.attempt;
     END IF;
 END
 $$;
-COMMENT ON FUNCTION compaction.record_attempt_change(compaction.attempts, compaction.jobs, bigint) IS
-    'Internal: given an attempt row as just written and its job, writes the audit event of the attempt''s state (claim, completion with p_summary_id, failure, lease_expiry) and frees its admission slot once it ended';
+COMMENT ON FUNCTION compaction.record_attempt_change(text, compaction.attempts, compaction.jobs, bigint) IS
+    'Internal: given an attempt row of a conversation as just written and its job, writes the audit event of the attempt''s state (claim, completion with p_summary_id, failure, lease_expiry) and frees its admission slot once it ended';
 
 CREATE FUNCTION compaction.claim(
     p_conversation_id    text,
@@ -581,7 +583,7 @@ BEGIN
               AND a.state = 'running' AND a.lease_expires_at <= v_now
             RETURNING a.*
         LOOP
-            PERFORM compaction.record_attempt_change(v_expired, v_job);
+            PERFORM compaction.record_attempt_change(p_conversation_id, v_expired, v_job);
         END LOOP;
 
         IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
@@ -667,7 +669,7 @@ BEGIN
     SET holder_conversation_id = p_conversation_id, holder_job_id = v_job_id,
         holder_attempt = v_attempt, lease_expires_at = v_lease
     WHERE ad.slot = v_slot;
-    PERFORM compaction.record_attempt_change(v_attempt_row, v_job);
+    PERFORM compaction.record_attempt_change(p_conversation_id, v_attempt_row, v_job);
     RETURN QUERY SELECT true, 'claimed'::text, v_job_id, v_attempt, v_lease;
 END
 $$;
@@ -725,7 +727,7 @@ BEGIN
         WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
           AND a.attempt = p_attempt
         RETURNING a.* INTO attempt_row;
-        PERFORM compaction.record_attempt_change(attempt_row, job_row);
+        PERFORM compaction.record_attempt_change(job_row.conversation_id, attempt_row, job_row);
     END IF;
 END
 $$;
@@ -853,7 +855,7 @@ BEGIN
         WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
           AND a.attempt = p_attempt
         RETURNING a.* INTO v_attempt;
-        PERFORM compaction.record_attempt_change(v_attempt, v_job);
+        PERFORM compaction.record_attempt_change(v_attempt.conversation_id, v_attempt, v_job);
         RETURN QUERY SELECT false, v_problem, NULL::bigint;
         RETURN;
     END IF;
@@ -871,7 +873,8 @@ BEGIN
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     RETURNING a.* INTO v_attempt;
-    PERFORM compaction.record_attempt_change(v_attempt, v_job, v_summary_id);
+    PERFORM compaction.record_attempt_change(v_attempt.conversation_id, v_attempt, v_job,
+                                             v_summary_id);
     RETURN QUERY SELECT true, 'completed'::text, v_summary_id;
 END
 $$;
@@ -912,7 +915,8 @@ BEGIN
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     RETURNING a.* INTO v_attempt;
-    PERFORM compaction.record_attempt_change(v_attempt, v_fenced.job_row);
+    PERFORM compaction.record_attempt_change(v_attempt.conversation_id, v_attempt,
+                                             v_fenced.job_row);
     RETURN QUERY SELECT true, 'failed'::text;
 END
 $$;

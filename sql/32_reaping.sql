@@ -41,7 +41,7 @@ BEGIN
         SELECT j.* INTO v_job
         FROM compaction.jobs AS j
         WHERE j.conversation_id = p_conversation_id AND j.job_id = v_expired.job_id;
-        PERFORM compaction.record_attempt_change(v_expired, v_job);
+        PERFORM compaction.record_attempt_change(p_conversation_id, v_expired, v_job);
         v_jobs := v_jobs || v_expired.job_id;
     END LOOP;
     IF pg_catalog.cardinality(v_jobs) > 0 THEN

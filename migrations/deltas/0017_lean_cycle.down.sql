@@ -2,7 +2,7 @@
 -- summary again, and fence returns the attempt alone (as revision 0016 left them).
 
 DROP FUNCTION compaction.fence(bigint, int, timestamptz, text);
-DROP FUNCTION compaction.record_attempt_change(compaction.attempts, compaction.jobs, bigint);
+DROP FUNCTION compaction.record_attempt_change(text, compaction.attempts, compaction.jobs, bigint);
 
 
 -- What follows each change of an attempt's state (DESIGN §11: written by the engine's
