@@ -72,6 +72,9 @@ LANGUAGE plpgsql
 VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- Key lookups only: plans that outlive a young table keep using the indexes (as claim).
+SET jit = off
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_now          timestamptz := compaction.caller_now(p_now);

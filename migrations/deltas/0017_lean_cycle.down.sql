@@ -1,5 +1,6 @@
 -- 0017_lean_cycle, undone: record_attempt_change reads the attempt, its job and its
--- summary again, and fence returns the attempt alone (as revision 0016 left them).
+-- summary again, fence returns the attempt alone, and the worker's write calls plan
+-- with the session's settings (as revision 0016 left them).
 
 DROP FUNCTION compaction.fence(bigint, int, timestamptz, text);
 DROP FUNCTION compaction.record_attempt_change(text, compaction.attempts, compaction.jobs, bigint);
@@ -520,5 +521,12 @@ END
 $$;
 COMMENT ON FUNCTION compaction.reap_conversation(text, timestamptz) IS
     'Internal: reap for one conversation, under its lock; returns how many attempts it marked lease_expired';
+
+ALTER FUNCTION compaction.reap(timestamptz) RESET jit;
+ALTER FUNCTION compaction.reap(timestamptz) RESET enable_seqscan;
+ALTER FUNCTION compaction.import_summary(text, text, int, text[], text, text, text, text, timestamptz)
+    RESET jit;
+ALTER FUNCTION compaction.import_summary(text, text, int, text[], text, text, text, text, timestamptz)
+    RESET enable_seqscan;
 
 CALL compaction.assign_ownership();

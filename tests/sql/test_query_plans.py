@@ -16,6 +16,7 @@ from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor import db
 from tests.conftest import create_database, drop_database, make_dsn
+from tests.sql.engine import GOOD, claim, target
 
 Conn = psycopg.Connection[Any]
 
@@ -155,3 +156,45 @@ def test_large_conversation_counts(crowded: Conn) -> None:
     # Reported, not asserted: speed goals live in the benchmarks.
     print(f"eligible_pairs {pairs_seconds:.3f}s, plan_targets {plan_seconds:.3f}s "
           f"for {BIG_PAIRS} pairs")
+
+
+#: The tables every claim -> complete cycle looks rows up in by key.
+CYCLE_TABLES = ("compaction.jobs", "compaction.attempts", "compaction.job_summaries",
+                "compaction.summary_verdicts", "compaction.audit_events")
+
+
+def seq_scans(reader: Conn, worker: Conn) -> dict[str, int]:
+    """Sequential scans of the cycle's tables so far, the worker's included: its counters
+    are flushed before its next ReadyForQuery (pg_stat_force_next_flush), then read."""
+    worker.execute("SELECT pg_stat_force_next_flush()")
+    reader.execute("SELECT pg_stat_clear_snapshot()")
+    rows = reader.execute(
+        "SELECT relid::regclass::text, seq_scan FROM pg_stat_user_tables"
+        " WHERE relid::regclass::text = ANY(%s)", (list(CYCLE_TABLES),)).fetchall()
+    return {str(name): int(count) for name, count in rows}
+
+
+def test_a_long_lived_worker_connection_keeps_index_plans(conn: Conn, dsn: str) -> None:
+    """Revision 0017: the worker's write calls plan every lookup on an index, so plans a
+    connection caches while the engine's tables are still small (analyzed while nearly
+    empty, as autovacuum does early) never scan them later, as they grow. Counted, not
+    timed: after the first cycles have planned everything, further cycles on the same
+    connection run no sequential scan of the tables they look rows up in."""
+    targets = [target(conn, f"grow{i}") for i in range(12)]
+    for table in CYCLE_TABLES:
+        conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(*table.split("."))))
+    with psycopg.connect(dsn, autocommit=True) as worker:
+        def cycle(index: int) -> None:
+            claimed = claim(worker, f"grow{index}", targets[index], now=None)
+            assert claimed.claimed, claimed.reason
+            assert claimed.job_id is not None
+            assert db.complete(worker, claimed.job_id, 1, GOOD, "stop", 0).ok
+        # Past plpgsql's first five custom plans: from here on the cached plans are used.
+        for index in range(6):
+            cycle(index)
+        before = seq_scans(conn, worker)
+        for index in range(6, 12):
+            cycle(index)
+        after = seq_scans(conn, worker)
+    assert sorted(before) == sorted(CYCLE_TABLES)
+    assert {t: after[t] - before[t] for t in CYCLE_TABLES} == dict.fromkeys(CYCLE_TABLES, 0)
