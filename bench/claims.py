@@ -7,6 +7,14 @@ guarantees would write: INSERT a job row with a unique key (commit), then UPDATE
 INSERT a result row (one statement, one commit). Same connections, same number of
 statements and commits, so the ratio is the server-side cost of the checks, the locks
 and the audit trail.
+
+A third cycle measures the floor the contract sets: the rows a claim and a completion
+must write (a job with its 20 ids, an attempt and its transition, an admission slot taken
+and given back, a summary, its verdict, two audit events), read against the range's
+current ids and hash, each call one plain statement of writable CTEs into copies of the
+engine's tables (their keys, indexes and CHECKs; no foreign keys, triggers, refusal paths,
+fencing or timeouts). No implementation of the contract writes less, so its ratio to the
+baseline bounds what any claim cycle can reach here.
 """
 
 from __future__ import annotations
@@ -51,6 +59,77 @@ CREATE TABLE bench.plain_results (
     summary text NOT NULL
 );
 """
+# The contract's rows (see the module docstring), in copies of the engine's tables.
+_FLOOR_TABLES = ("jobs", "attempts", "admission", "job_summaries", "summary_verdicts",
+                 "audit_events")
+_FLOOR_DDL = "".join(
+    f"CREATE TABLE bench.floor_{t} (LIKE compaction.{t} INCLUDING ALL);\n"
+    for t in _FLOOR_TABLES
+) + "INSERT INTO bench.floor_admission (slot) SELECT pg_catalog.generate_series(1, 10000);\n"
+_FLOOR_CLAIM = """
+WITH job AS (
+    INSERT INTO bench.floor_jobs (conversation_id, scope, from_pair, to_pair,
+                                  source_message_ids, source_hash, model, prompt_version,
+                                  created_at)
+    SELECT r.conversation_id, 'default', r.from_pair, r.from_pair + 9, r.source_message_ids,
+           r.source_hash, %(model)s, %(prompt_version)s, now()
+    FROM compaction.ranges AS r
+    WHERE r.conversation_id = %(c)s AND r.from_pair = %(f)s
+      AND r.source_hash = %(h)s AND r.source_message_ids = %(ids)s::text[]
+    RETURNING *),
+attempt AS (
+    INSERT INTO bench.floor_attempts (conversation_id, job_id, attempt, state, worker,
+                                      started_at, lease_expires_at)
+    SELECT job.conversation_id, job.job_id, 1, 'running', %(w)s, now(),
+           now() + interval '5 minutes'
+    FROM job RETURNING *),
+slot AS (
+    UPDATE bench.floor_admission AS ad
+    SET holder_conversation_id = a.conversation_id, holder_job_id = a.job_id,
+        holder_attempt = a.attempt, lease_expires_at = a.lease_expires_at
+    FROM attempt AS a
+    WHERE ad.slot = (SELECT f.slot FROM bench.floor_admission AS f
+                     WHERE f.slot <= 1000 AND f.lease_expires_at IS NULL
+                     ORDER BY f.slot LIMIT 1 FOR UPDATE SKIP LOCKED)),
+event AS (
+    INSERT INTO bench.floor_audit_events (conversation_id, kind, occurred_at, scope,
+                                          from_pair, to_pair, job_id, attempt, worker,
+                                          model, prompt_version, source_hash)
+    SELECT a.conversation_id, 'claim', a.started_at, job.scope, job.from_pair, job.to_pair,
+           a.job_id, a.attempt, a.worker, job.model, job.prompt_version, job.source_hash
+    FROM attempt AS a, job)
+SELECT job.job_id, pg_advisory_xact_lock(1129316352, hashtext(%(c)s)) FROM job
+"""
+_FLOOR_COMPLETE = """
+WITH attempt AS (
+    UPDATE bench.floor_attempts AS a
+    SET state = 'completed', reason = 'completed', finished_at = now(),
+        summary_chars = length(%(s)s)
+    WHERE a.conversation_id = %(c)s AND a.job_id = %(j)s AND a.attempt = 1
+      AND a.state = 'running' AND a.lease_expires_at > now()
+    RETURNING *),
+summary AS (
+    INSERT INTO bench.floor_job_summaries (conversation_id, job_id, attempt, summary,
+                                           completed_at)
+    SELECT a.conversation_id, a.job_id, a.attempt, %(s)s, a.finished_at FROM attempt AS a
+    RETURNING *),
+verdict AS (
+    INSERT INTO bench.floor_summary_verdicts (conversation_id, summary_id, scope,
+                                              from_pair, reason)
+    SELECT s.conversation_id, s.summary_id, 'default', %(f)s, NULL FROM summary AS s),
+event AS (
+    INSERT INTO bench.floor_audit_events (conversation_id, kind, occurred_at, job_id,
+                                          attempt, worker, summary_id, summary_chars)
+    SELECT a.conversation_id, 'completion', a.finished_at, a.job_id, a.attempt, a.worker,
+           s.summary_id, a.summary_chars
+    FROM attempt AS a, summary AS s),
+freed AS (
+    UPDATE bench.floor_admission AS ad
+    SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
+        lease_expires_at = NULL
+    WHERE ad.holder_conversation_id = %(c)s AND ad.holder_job_id = %(j)s)
+SELECT s.summary_id, pg_advisory_xact_lock(1129316352, hashtext(%(c)s)) FROM summary AS s
+"""
 _BASELINE_START = (
     "INSERT INTO bench.plain_jobs (job_key, state, worker, started_at)"
     " VALUES (%(key)s, 'running', %(worker)s, now())"
@@ -80,6 +159,19 @@ def pycompactor_cycle(conn: Conn, item: Range, worker: str) -> None:
     done = db.complete(conn, claimed.job_id, claimed.attempt, SUMMARY, "stop", 0)
     if not done.ok:
         raise RuntimeError(f"complete refused: {done.reason}")
+
+
+def _floor_cycle(conn: Conn, item: Range, worker: str) -> None:
+    job = conn.execute(_FLOOR_CLAIM, {"c": item.conversation_id, "f": item.from_pair,
+                                      "h": item.source_hash, "ids": item.source_message_ids,
+                                      "model": MODEL, "prompt_version": PROMPT_VERSION,
+                                      "w": worker}).fetchone()
+    if job is None:
+        raise RuntimeError("floor cycle: the prepared range is not current")
+    done = conn.execute(_FLOOR_COMPLETE, {"c": item.conversation_id, "j": job[0],
+                                          "f": item.from_pair, "s": SUMMARY}).fetchone()
+    if done is None:
+        raise RuntimeError("floor cycle: the attempt was not running")
 
 
 def _baseline_cycle(conn: Conn, key: str, worker: str) -> None:
@@ -156,12 +248,15 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
     n_breakdown = max(2, sizes.claim_cycles // 4)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(_BASELINE_DDL)
-    targets = prepare_ranges(dsn, sizes, per_k * len(ks) + n_breakdown)
+        conn.execute(_FLOOR_DDL)
+    # Each K takes per_k ranges for pycompactor and per_k for the floor.
+    targets = prepare_ranges(dsn, sizes, 2 * per_k * len(ks) + n_breakdown)
 
     results: list[dict[str, Any]] = []
     keys = iter(range(10**9))
     for index, k in enumerate(ks):
-        mine = targets[index * per_k:(index + 1) * per_k]
+        mine = targets[2 * index * per_k:(2 * index + 1) * per_k]
+        floors = targets[(2 * index + 1) * per_k:(2 * index + 2) * per_k]
         connections = [psycopg.connect(dsn, autocommit=True, application_name="bench-claims")
                        for _ in range(k)]
         try:
@@ -170,20 +265,22 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             _run_parallel(connections,
                           _split([f"warm-{next(keys)}" for _ in range(sizes.claim_warmup)], k),
                           _baseline_cycle)
+            _run_parallel(connections, _split(floors[:sizes.claim_warmup], k), _floor_cycle)
             ours: list[float] = []
             plain: list[float] = []
+            floor: list[float] = []
             for rep in range(REPETITIONS):
                 start = sizes.claim_warmup + rep * sizes.claim_cycles
                 batch = mine[start:start + sizes.claim_cycles]
-                # Alternate which side goes first, so drift favours neither.
                 sides: list[tuple[list[float], Sequence[Any], Callable[[Conn, Any, str], None]]]
                 sides = [
                     (ours, batch, pycompactor_cycle),
                     (plain, [f"job-{next(keys)}" for _ in range(sizes.claim_cycles)],
                      _baseline_cycle),
+                    (floor, floors[start:start + sizes.claim_cycles], _floor_cycle),
                 ]
-                if rep % 2:
-                    sides.reverse()
+                # Rotate which side goes first, so drift favours none.
+                sides = sides[rep % 3:] + sides[:rep % 3]
                 for sink, items, cycle in sides:
                     seconds = _run_parallel(connections, _split(items, k), cycle)
                     sink.append(len(items) / seconds)
@@ -198,6 +295,10 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             "pycompactor_median": median(ours),
             "baseline_median": median(plain),
             "ratio": ratio(median(ours), median(plain)),
+            "floor_cycles_per_s": floor,
+            "floor_median": median(floor),
+            "floor_ratio": ratio(median(floor), median(plain)),
+            "ratio_to_floor": ratio(median(ours), median(floor)),
         })
     return {"runs": results, "breakdown": _breakdown(dsn, targets[-n_breakdown:])}
 

@@ -5,6 +5,11 @@ with every eligible range summarized, three budgets. The bare query is the least
 application must do: walk the conversation's messages newest first (the
 (conversation_id, seq) index) and stop once the same byte budget is spent, in one
 statement. The per-statement breakdown and `indexed_pairs` alone show where the rest goes.
+
+Each cell also times the engine statements of that projection alone (the frame and the
+texts, as project_history sent them, replayed as plain autocommit statements with their
+rows fetched: no snapshot, no planning, no rendering). That is the floor of a projection
+that reads metadata first and then only the texts it includes.
 """
 
 from __future__ import annotations
@@ -69,9 +74,13 @@ class TimingCursor(psycopg.Cursor[Any]):
 
     timings: ClassVar[dict[str, list[float]]] = {}
     recording: ClassVar[bool] = False
+    #: While not None, every engine statement executed, with its parameters.
+    captured: ClassVar[list[tuple[str, Any]] | None] = None
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         self._started = (str(query), time.perf_counter())
+        if TimingCursor.captured is not None and "compaction." in str(query):
+            TimingCursor.captured.append((str(query), params))
         return super().execute(query, params, **kwargs)
 
     def fetchall(self) -> list[Any]:
@@ -93,6 +102,17 @@ def _recording() -> Iterator[dict[str, list[float]]]:
         yield TimingCursor.timings
     finally:
         TimingCursor.recording = False
+
+
+def engine_statements(conn: Conn, conversation: str, budget: int) -> list[tuple[str, Any]]:
+    """The engine statements one project_history call sends (conn's cursors must be
+    TimingCursor), in order, with their parameters."""
+    TimingCursor.captured = []
+    try:
+        project_history(conn, conversation, budget_bytes=budget)
+        return TimingCursor.captured
+    finally:
+        TimingCursor.captured = None
 
 
 def conversation_of(pairs: int) -> str:
@@ -152,18 +172,28 @@ def _measure_cell(conn: Conn, conversation: str, pairs: int, budget: int,
     def bare() -> None:
         conn.execute(BARE_SQL, {"c": conversation, "b": budget}).fetchall()
 
+    statements = engine_statements(conn, conversation, budget)
+
+    def alone() -> None:
+        for query, params in statements:
+            conn.execute(query, params).fetchall()
+
     check = project_history(conn, conversation, budget_bytes=budget)
     bare_rows = conn.execute(BARE_SQL, {"c": conversation, "b": budget}).fetchall()
     latencies(ours, sizes.projection_warmup)
     latencies(bare, sizes.projection_warmup)
+    latencies(alone, sizes.projection_warmup)
     ours_p50: list[float] = []
     ours_p95: list[float] = []
     bare_p50: list[float] = []
     bare_p95: list[float] = []
+    alone_p50: list[float] = []
+    alone_p95: list[float] = []
     for rep in range(REPETITIONS):
-        order = [(ours, ours_p50, ours_p95), (bare, bare_p50, bare_p95)]
-        if rep % 2:
-            order.reverse()
+        order = [(ours, ours_p50, ours_p95), (bare, bare_p50, bare_p95),
+                 (alone, alone_p50, alone_p95)]
+        # Rotate which side goes first, so drift favours none.
+        order = order[rep % 3:] + order[:rep % 3]
         for operation, p50s, p95s in order:
             sample = latencies(operation, sizes.projection_ops)
             p50s.append(percentile(sample, 50))
@@ -183,6 +213,9 @@ def _measure_cell(conn: Conn, conversation: str, pairs: int, budget: int,
         "bare_p50_ms": median(bare_p50),
         "bare_p95_ms": median(bare_p95),
         "ratio_p50": ratio(median(ours_p50), median(bare_p50)),
+        "engine_statements": len(statements),
+        "statements_alone_p50_ms": median(alone_p50),
+        "statements_alone_ratio_p50": ratio(median(alone_p50), median(bare_p50)),
     }
 
 

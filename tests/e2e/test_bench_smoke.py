@@ -34,14 +34,18 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert data["meta"]["settings"]["full_page_writes"] == "on"
     assert [r["connections"] for r in data["claim_cycle"]["runs"]] == [1, 2, 8]
     for run in data["claim_cycle"]["runs"]:
-        assert {"pycompactor_median", "baseline_median", "ratio"} <= set(run)
+        assert {"pycompactor_median", "baseline_median", "ratio", "floor_median",
+                "floor_ratio", "ratio_to_floor"} <= set(run)
+        assert len(run["floor_cycles_per_s"]) == 3
     assert data["writing"]["verify_problems"] == 0
     assert {"engine_p50_ms", "plain_p50_ms", "ratio_p50"} <= set(data["writing"]["append"])
     cells = data["projection"]["cells"]
     assert len(cells) == 9
     assert all(c["used_bytes"] <= c["budget_bytes"] for c in cells)
-    assert {"pycompactor_p50_ms", "pycompactor_p95_ms", "bare_p50_ms", "ratio_p50"} <= set(
-        cells[0])
+    assert {"pycompactor_p50_ms", "pycompactor_p95_ms", "bare_p50_ms", "ratio_p50",
+            "statements_alone_p50_ms", "statements_alone_ratio_p50"} <= set(cells[0])
+    # The replayed statements are the frame (once or more) and the texts.
+    assert all(c["engine_statements"] >= 2 for c in cells if c["messages"])
     assert {"idle", "busy", "after_busy"} <= set(data["finding_work"])
     assert {"python", "python_ascii", "sql"} <= set(data["hashing"])
     assert set(data["sdk_source"]["ratio_p50"]) == {"plan", "project_64k", "check_source"}
