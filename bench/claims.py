@@ -101,17 +101,20 @@ event AS (
 SELECT job.job_id, pg_advisory_xact_lock(1129316352, hashtext(%(c)s)) FROM job
 """
 _FLOOR_COMPLETE = """
-WITH attempt AS (
+WITH reply AS (SELECT %(s)s::text AS summary),
+attempt AS (
     UPDATE bench.floor_attempts AS a
     SET state = 'completed', reason = 'completed', finished_at = now(),
-        summary_chars = length(%(s)s)
+        summary_chars = length(reply.summary)
+    FROM reply
     WHERE a.conversation_id = %(c)s AND a.job_id = %(j)s AND a.attempt = 1
       AND a.state = 'running' AND a.lease_expires_at > now()
     RETURNING *),
 summary AS (
     INSERT INTO bench.floor_job_summaries (conversation_id, job_id, attempt, summary,
                                            completed_at)
-    SELECT a.conversation_id, a.job_id, a.attempt, %(s)s, a.finished_at FROM attempt AS a
+    SELECT a.conversation_id, a.job_id, a.attempt, reply.summary, a.finished_at
+    FROM attempt AS a, reply
     RETURNING *),
 verdict AS (
     INSERT INTO bench.floor_summary_verdicts (conversation_id, summary_id, scope,
