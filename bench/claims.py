@@ -34,6 +34,7 @@ from bench.common import (
     drain_queue,
     median,
     ratio,
+    rotated,
     seed_conversations,
     text_pool,
     vacuum_analyze,
@@ -98,6 +99,7 @@ event AS (
     SELECT a.conversation_id, 'claim', a.started_at, job.scope, job.from_pair, job.to_pair,
            a.job_id, a.attempt, a.worker, job.model, job.prompt_version, job.source_hash
     FROM attempt AS a, job)
+-- The conversation's lock is taken for its cost; the engine takes it before the reads.
 SELECT job.job_id, pg_advisory_xact_lock(1129316352, hashtext(%(c)s)) FROM job
 """
 _FLOOR_COMPLETE = """
@@ -282,9 +284,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                      _baseline_cycle),
                     (floor, floors[start:start + sizes.claim_cycles], _floor_cycle),
                 ]
-                # Rotate which side goes first, so drift favours none.
-                sides = sides[rep % 3:] + sides[:rep % 3]
-                for sink, items, cycle in sides:
+                for sink, items, cycle in rotated(sides, rep):
                     seconds = _run_parallel(connections, _split(items, k), cycle)
                     sink.append(len(items) / seconds)
         finally:

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -283,6 +283,16 @@ def latencies(operation: Callable[[], object], ops: int) -> list[float]:
 
 def ratio(numerator: float, denominator: float) -> float | None:
     return None if denominator == 0 else numerator / denominator
+
+
+T = TypeVar("T")
+
+
+def rotated(sides: Sequence[T], rep: int) -> list[T]:
+    """The sides of a comparison, starting with a different one in each repetition, so
+    drift between them favours none."""
+    k = rep % len(sides)
+    return [*sides[k:], *sides[:k]]
 
 
 # --------------------------------------------------------------------------- machine

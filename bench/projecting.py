@@ -31,11 +31,12 @@ from bench.common import (
     median,
     percentile,
     ratio,
+    rotated,
     seed_conversations,
     text_pool,
     vacuum_analyze,
 )
-from pycompactor import project_history
+from pycompactor import Projection, project_history
 from pycompactor.projection import MESSAGE_OVERHEAD_BYTES
 
 # The baseline, in the benchmark's own schema: a plpgsql FOR loop reads through a cursor,
@@ -104,13 +105,14 @@ def _recording() -> Iterator[dict[str, list[float]]]:
         TimingCursor.recording = False
 
 
-def engine_statements(conn: Conn, conversation: str, budget: int) -> list[tuple[str, Any]]:
-    """The engine statements one project_history call sends (conn's cursors must be
-    TimingCursor), in order, with their parameters."""
-    TimingCursor.captured = []
+def project_recorded(conn: Conn, conversation: str,
+                     budget: int) -> tuple[Projection, list[tuple[str, Any]]]:
+    """One project_history call, and the engine statements it sent (conn's cursors must
+    be TimingCursor), in order, with their parameters."""
+    statements: list[tuple[str, Any]] = []
+    TimingCursor.captured = statements
     try:
-        project_history(conn, conversation, budget_bytes=budget)
-        return TimingCursor.captured
+        return project_history(conn, conversation, budget_bytes=budget), statements
     finally:
         TimingCursor.captured = None
 
@@ -172,13 +174,12 @@ def _measure_cell(conn: Conn, conversation: str, pairs: int, budget: int,
     def bare() -> None:
         conn.execute(BARE_SQL, {"c": conversation, "b": budget}).fetchall()
 
-    statements = engine_statements(conn, conversation, budget)
+    check, statements = project_recorded(conn, conversation, budget)
 
     def alone() -> None:
         for query, params in statements:
             conn.execute(query, params).fetchall()
 
-    check = project_history(conn, conversation, budget_bytes=budget)
     bare_rows = conn.execute(BARE_SQL, {"c": conversation, "b": budget}).fetchall()
     latencies(ours, sizes.projection_warmup)
     latencies(bare, sizes.projection_warmup)
@@ -190,11 +191,9 @@ def _measure_cell(conn: Conn, conversation: str, pairs: int, budget: int,
     alone_p50: list[float] = []
     alone_p95: list[float] = []
     for rep in range(REPETITIONS):
-        order = [(ours, ours_p50, ours_p95), (bare, bare_p50, bare_p95),
-                 (alone, alone_p50, alone_p95)]
-        # Rotate which side goes first, so drift favours none.
-        order = order[rep % 3:] + order[:rep % 3]
-        for operation, p50s, p95s in order:
+        for operation, p50s, p95s in rotated([(ours, ours_p50, ours_p95),
+                                              (bare, bare_p50, bare_p95),
+                                              (alone, alone_p50, alone_p95)], rep):
             sample = latencies(operation, sizes.projection_ops)
             p50s.append(percentile(sample, 50))
             p95s.append(percentile(sample, 95))
