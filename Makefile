@@ -12,7 +12,7 @@ PG ?= $(or $(PYCOMPACTOR_PG),auto)
 export PYCOMPACTOR_PG := $(PG)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test prepare-test lint typecheck pytest bench test-citus clean
+.PHONY: help venv demo wheel test prepare-test lint typecheck pytest bench test-citus clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -34,6 +34,16 @@ venv: $(STAMP) ## create .venv and install pycompactor with test extras
 demo: $(DEMO_STAMP) ## run the demo on a throwaway local PostgreSQL (no API key needed)
 	@scripts/prepare $(BIN)/python
 	$(BIN)/pycompactor demo
+
+# Where `make wheel` writes; the packaging test builds into a temporary directory.
+DIST ?= dist
+
+# pip (from the virtualenv, so no system pip is needed) builds the wheel in an isolated
+# environment; nothing is installed into .venv.
+wheel: ## build dist/pycompactor-VERSION-py3-none-any.whl from this checkout (README)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir $(DIST) .
+	@ls $(DIST)/pycompactor-*.whl
 
 test: prepare-test lint typecheck pytest ## ruff, mypy --strict and the whole test suite
 

@@ -1,18 +1,21 @@
-"""Packaging: `python -m build` makes a wheel and an sdist that `twine check` accepts, and the
-wheel installed into a clean virtualenv migrates (the SQL ships in it) and runs the demo, on
-the machine's PostgreSQL and on the `embedded` extra's PostgreSQL 18."""
+"""Packaging: `python -m build` makes a wheel and an sdist that `twine check` accepts; README's
+third way (`make wheel`, then its pip line) installs the same wheel into the clean virtualenv
+`make wheel` made, and it migrates (the SQL ships in it) and runs the demo, on the machine's
+PostgreSQL and on the `embedded` extra's PostgreSQL 18."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tarfile
-import venv
 from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
+
+from tests.e2e.test_readme import README, documented_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,13 +44,24 @@ def test_build_check_install_migrate_and_demo(
     assert {"sql/30_claims.sql", "migrations/env.py", "docs/cli.md", "README.md",
             "pycompactor/prompts/conversation-compaction@3.txt"} <= names
 
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    # README's third way as written: `make wheel` (into a copy's dist/, with a fresh
+    # virtualenv, as a fresh checkout has none), then its line `pip install '….whl[embedded]'
+    # && pycompactor demo` by the shell from where dist/ is, that virtualenv first on PATH.
+    # The demo it runs is on the server the machine has (auto).
+    env_dir, site = tmp_path / "venv", tmp_path / "site"
     python = env_dir / "bin" / "python"
-    # The documented third way: pip install 'pycompactor[embedded]' && pycompactor demo.
-    install = run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                  f"{wheel}[embedded]", cwd=tmp_path)
-    assert install.returncode == 0, install.stderr[-3000:]
+    made = run("make", "-C", REPO, "wheel", f"DIST={site / 'dist'}", f"VENV={env_dir}",
+               f"PYTHON={sys.executable}", cwd=tmp_path, timeout=300)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    assert [p.name for p in (site / "dist").iterdir()] == [wheel.name]
+    assert (site / documented_wheel()).is_file(), f"README names {documented_wheel()}"
+    [line] = [command for command in README.read_text("utf-8").splitlines()
+              if re.fullmatch(r"\$ pip install '\S+\[embedded\]' && pycompactor demo", command)]
+    path_env = {**os.environ, "PATH": f"{env_dir / 'bin'}:{os.environ.get('PATH', '')}",
+                "PYCOMPACTOR_PG_BINDIR": ""}
+    demos = {"auto": run("sh", "-c", line[2:], cwd=site, timeout=600,
+                         env={**path_env, "PYCOMPACTOR_PG": "auto"})}
+    assert demos["auto"].returncode == 0, demos["auto"].stdout[-3000:] + demos["auto"].stderr
 
     # Run from an unrelated directory, so nothing can be found through the checkout.
     where = run(python, "-c", "from pycompactor import schema; print(schema.data_dir())",
@@ -70,11 +84,11 @@ def test_build_check_install_migrate_and_demo(
             "SELECT to_regprocedure('compaction.plan_targets(text)') IS NOT NULL"
         ).fetchone() == (True,)
 
-    # The server the machine has (auto), then the wheel's PostgreSQL 18 as on a machine
-    # without one.
+    # Then the wheel's PostgreSQL 18, as on a machine without server binaries.
+    demos["embedded"] = run(env_dir / "bin" / "pycompactor", "demo", cwd=site, timeout=300,
+                            env={**path_env, "PYCOMPACTOR_PG": "embedded"})
     for choice, server in (("auto", "PostgreSQL 1"), ("embedded", "PostgreSQL 18.")):
-        demo = run(env_dir / "bin" / "pycompactor", "demo", cwd=tmp_path, timeout=300,
-                   env={**os.environ, "PYCOMPACTOR_PG": choice, "PYCOMPACTOR_PG_BINDIR": ""})
+        demo = demos[choice]
         assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr
         assert f"starting a throwaway PostgreSQL cluster: {server}" in demo.stdout
         assert "stale_source" in demo.stdout
