@@ -763,18 +763,25 @@ def engine_schema_present(conn: Connection) -> bool:
 
 #: Tables shaped as the OpenAI Agents SDK's SQLAlchemySession creates its messages table
 #: (a session_id and a message_data column), with the tables beside them that have a
-#: session_id but no message_data (its sessions table) - when the source views still read
-#: the reference tables, which hold no run. The recipe's views read the messages table,
-#: so once it is installed nothing is found. Catalog reads only: any role may run it.
+#: session_id but no message_data (its sessions table) - when compaction.source_messages
+#: still reads the reference table. The recipe's views read the messages table, so once
+#: it is installed nothing is found. Catalog reads only, by name rather than regclass (a
+#: reader has no USAGE on compaction_source): any role may run it.
 SDK_TABLES_SQL: Final = """
-WITH unmapped AS (
+WITH relation AS (
+    SELECT c.oid, n.nspname, c.relname
+    FROM pg_catalog.pg_class AS c
+    JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE (n.nspname, c.relname) IN (('compaction', 'source_messages'),
+                                     ('compaction_source', 'messages'))
+), unmapped AS (
     SELECT EXISTS (
                SELECT FROM pg_catalog.pg_depend AS d
                JOIN pg_catalog.pg_rewrite AS r
                  ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
-               WHERE r.ev_class = pg_catalog.to_regclass('compaction.source_messages')
-                 AND d.refobjid = pg_catalog.to_regclass('compaction_source.messages'))
-           AND NOT EXISTS (SELECT FROM compaction.source_runs) AS yes
+               JOIN relation AS v ON v.oid = r.ev_class AND v.nspname = 'compaction'
+               JOIN relation AS t ON t.oid = d.refobjid AND t.nspname = 'compaction_source')
+           AS yes
 ), tables AS (
     SELECT n.nspname AS schema_name, c.relname AS table_name,
            EXISTS (SELECT FROM pg_catalog.pg_attribute AS a
@@ -801,8 +808,14 @@ ORDER BY m.schema_name, m.table_name
 
 def unmapped_sdk_tables(conn: Connection) -> list[tuple[str, str, list[str]]]:
     """(schema, messages table, candidate sessions tables) of each table that looks like
-    the Agents SDK's messages table while the source views read empty reference tables."""
+    the Agents SDK's messages table while the source views read the reference tables."""
     return _rows(conn, tuple_row, SDK_TABLES_SQL, {})
+
+
+def source_has_runs(conn: Connection) -> bool:
+    """Whether compaction.source_runs has any row."""
+    return bool(_row(conn, tuple_row,
+                     "SELECT EXISTS (SELECT FROM compaction.source_runs)", {})[0])
 
 
 def derived_state_status(conn: Connection) -> str:

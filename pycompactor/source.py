@@ -13,6 +13,7 @@ lookup is a problem naming the view, the column and the index that would serve i
 from __future__ import annotations
 
 import re
+import shlex
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -173,15 +174,19 @@ def unmapped_sdk_tables(conn: db.Connection) -> list[str]:
     """One sentence per table that looks like the Agents SDK's SQLAlchemySession
     messages table while the source views read the reference tables, which hold no run:
     the engine sees none of that history until the recipe re-points the views."""
-    hints = []
-    for schema, table, sessions in db.unmapped_sdk_tables(conn):
+    hints: list[str] = []
+    found = db.unmapped_sdk_tables(conn)
+    # Asked only then: the views read the reference tables, so this is one index probe.
+    if not found or db.source_has_runs(conn):
+        return hints
+    for schema, table, sessions in found:
         command = "pycompactor install-recipe agents-sqlalchemy"
         if schema != "public":
-            command += f" --schema {schema}"
+            command += f" --schema {shlex.quote(schema)}"
         if table != "agent_messages":
-            command += f" --messages-table {table}"
+            command += f" --messages-table {shlex.quote(table)}"
         if "agent_sessions" not in sessions and len(sessions) == 1:
-            command += f" --sessions-table {sessions[0]}"
+            command += f" --sessions-table {shlex.quote(sessions[0])}"
         hints.append(f"{schema}.{table} looks like the OpenAI Agents SDK's SQLAlchemySession"
                      " table, but the source views read the empty reference tables of"
                      f" compaction_source: run `{command}` (docs/agents.md)")
