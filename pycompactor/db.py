@@ -220,8 +220,13 @@ def describe_target(dsn: str | None) -> str | None:
     elif setting("service"):
         place = f"service {setting('service')!r}"
     else:
-        place = "the local socket (libpq's default directory)"
-    return f'database "{dbname}" on {place}, port {setting("port") or "5432"}'
+        place = "the default local socket"
+    target = f'database "{dbname}" on {place}, port {setting("port") or "5432"}'
+    if not given and not any(os.environ.get(f"PG{name}")
+                             for name in ("HOST", "HOSTADDR", "PORT", "DATABASE", "SERVICE")):
+        # The case that surprises: nothing the user set chose this database.
+        target += ", libpq's defaults: no --dsn, PYCOMPACTOR_DSN or PG* variable names one"
+    return target
 
 
 def _malformed_dsn(conninfo: str) -> DatabaseUnavailable | None:

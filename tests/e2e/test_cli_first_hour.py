@@ -109,6 +109,12 @@ def test_unreachable_database_is_named_even_on_the_default_socket() -> None:
     assert (f'database "someone" on the local socket in {nothing_listens}, port 5432'
             in result.stderr), result.stderr
     assert result.stderr.count("\n") == 1
+    # Nothing set at all: whatever libpq's default socket leads to, the error says so.
+    bare = run_bare("project", "c", "--budget-bytes", "10", env=no_connection_env())
+    if bare.returncode != 0:
+        assert bare.stderr.endswith(
+            ", port 5432, libpq's defaults: no --dsn, PYCOMPACTOR_DSN or PG* variable names"
+            " one)\n"), bare.stderr
 
 
 # --- item 8: unmigrated databases, migrate's wording, a bad DSN -------------------------
