@@ -4,7 +4,8 @@ Argument types live in `argtypes`, tables and JSON in `render`; the audit comman
 `audit`.
 
 Exit codes: 0 success, 1 runtime failure (one line on stderr; --debug adds the
-traceback), 2 bad argument (argparse's usage line plus one error line).
+traceback), 2 bad argument (argparse's usage line plus one error line), 141 stdout's
+reader went away (nothing on stderr, as a Unix tool ends on SIGPIPE).
 """
 
 from __future__ import annotations
