@@ -438,7 +438,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc) if isinstance(exc, PycompactorError) else f"{type(exc).__name__}: {exc}"
         message = redact(message, secrets)
         line = message.splitlines()[0] if message else type(exc).__name__
-        target = db.describe_target(args.dsn) if args.command != "demo" else None
+        target = (db.describe_target(getattr(args, "dsn", None)) if args.command != "demo"
+                  else None)
         if target is not None and about_database(exc):
             # Name the database: without --dsn, libpq's defaults chose one the user may
             # never have meant (the local socket, a database named after the user).
