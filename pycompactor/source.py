@@ -13,6 +13,7 @@ lookup is a problem naming the view, the column and the index that would serve i
 from __future__ import annotations
 
 import re
+import shlex
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any, Final
 from psycopg import sql
 
 from pycompactor import db
+from pycompactor.errors import SchemaNotMigrated
 
 #: The source contract (DESIGN §2): view -> column -> type.
 CONTRACT: dict[str, dict[str, str]] = {
@@ -168,12 +170,40 @@ def contract_problems(conn: db.Connection) -> list[str]:
     return problems
 
 
+def unmapped_sdk_tables(conn: db.Connection) -> list[str]:
+    """One sentence per table that looks like the Agents SDK's SQLAlchemySession
+    messages table while the source views read the reference tables, which hold no run:
+    the engine sees none of that history until the recipe re-points the views."""
+    hints: list[str] = []
+    found = db.unmapped_sdk_tables(conn)
+    # Asked only then: the views read the reference tables, so this is one index probe.
+    if not found or db.source_has_runs(conn):
+        return hints
+    for schema, table, sessions in found:
+        command = "pycompactor install-recipe agents-sqlalchemy"
+        if schema != "public":
+            command += f" --schema {shlex.quote(schema)}"
+        if table != "agent_messages":
+            command += f" --messages-table {shlex.quote(table)}"
+        if "agent_sessions" not in sessions and len(sessions) == 1:
+            command += f" --sessions-table {shlex.quote(sessions[0])}"
+        hints.append(f"{schema}.{table} looks like the OpenAI Agents SDK's SQLAlchemySession"
+                     " table, but the source views read the empty reference tables of"
+                     f" compaction_source: run `{command}` (docs/agents.md)")
+    return hints
+
+
 def check_source(
     conn: db.Connection, conversation_ids: list[str] | None = None, sample: int = 5
 ) -> SourceReport:
+    if not db.engine_schema_present(conn):
+        raise SchemaNotMigrated()  # every view would be missing; the fix is one command
     problems = contract_problems(conn)
     if problems:
         return SourceReport(problems=problems)
+    problems = unmapped_sdk_tables(conn)
+    if problems:
+        return SourceReport(problems=problems, derived_state=db.derived_state_status(conn))
     ids = conversation_ids or db.conversations_after(conn, "", sample)
     # The lookups first: while one reads a table whole, judging a sample's runs through
     # it would cost that read once per run, so the samples are left out.
