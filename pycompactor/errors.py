@@ -163,6 +163,11 @@ class TransactionConflict(PycompactorError):
     failure or a deadlock); nothing of it was kept, so retrying the call is safe."""
 
 
+class LogLost(PycompactorError):
+    """The worker's log stream (stderr) broke, so the worker stopped; keep its stderr open
+    for as long as it runs (e.g. do not pipe it into a command that exits early)."""
+
+
 class DatabaseTimeout(PycompactorError):
     """A database call gave up waiting; the work is left for a later pass."""
 

@@ -64,6 +64,7 @@ from pycompactor.connections import Connections, is_transient
 from pycompactor.errors import (
     DatabaseTimeout,
     LockTimeout,
+    LogLost,
     PycompactorError,
     TransactionConflict,
 )
@@ -258,7 +259,8 @@ class Worker:
     # -- stopping ------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Stop claiming and drain (what SIGTERM/SIGINT do); a second request skips the drain.
+        """Stop claiming and drain (what SIGTERM/SIGINT do, and a broken log); a second
+        request skips the drain.
 
         Safe to call from a signal handler: it only bumps a counter.
         """
@@ -269,14 +271,19 @@ class Worker:
 
     @property
     def stopping(self) -> bool:
-        if self._signals and not self._stop_noticed:
+        # A log that can no longer be written stops the worker as SIGTERM does: it claims
+        # nothing more, drains what it holds (recorded `interrupted` if the drain runs
+        # out), gives back its queue entries, and `run` then raises LogLost. Working on
+        # unlogged, e.g. under `worker 2>&1 | head -1`, would leave an operator blind.
+        requested = self._signals > 0 or self._log.broken
+        if requested and not self._stop_noticed:
             self._stop_noticed = True
             self._drain_deadline = time.monotonic() + self.config.drain_seconds
             self._log.emit("stopping", in_flight=len(self._running),
                            drain_seconds=self.config.drain_seconds)
         if self._signals > 1:
             self._drain_deadline = time.monotonic()
-        return self._signals > 0
+        return requested
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -290,13 +297,18 @@ class Worker:
         """Wait for a free local slot (process-local admission); False when stopping."""
         while not self.stopping:
             if self._slots.acquire(timeout=_TICK):
-                return True
+                if not self.stopping:
+                    return True
+                # The attempt that freed the slot may also have stopped us (its result's
+                # log line found the log broken): claim nothing more.
+                self._slots.release()
         return False
 
     # -- running ---------------------------------------------------------------------
 
     def run(self) -> WorkerReport:
-        """One pass (`once`) or passes until stopped; then drain. Returns the totals."""
+        """One pass (`once`) or passes until stopped; then drain. Returns the totals, or
+        raises LogLost (after the same orderly stop) when the log could not be written."""
         cfg = self.config
         # Connected, migrated and permitted before the start is announced: a worker that
         # cannot start says exactly one thing (why), not "started" and then why.
@@ -335,6 +347,8 @@ class Worker:
         report = self.report()
         self._log.emit("stopped", passes=report.passes, claimed=report.claimed,
                        refused=report.refused, outcomes=report.outcomes)
+        if self._log.broken:
+            raise LogLost()
         return report
 
     def report(self) -> WorkerReport:
