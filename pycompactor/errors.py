@@ -160,7 +160,8 @@ class ReasonNotACode(EngineError):
 
 class TransactionConflict(PycompactorError):
     """A concurrent transaction made the server roll this call back (a serialization
-    failure or a deadlock); nothing of it was kept, so retrying the call is safe."""
+    failure or a deadlock): nothing of it was kept, so retry the call (inside a
+    transaction of your own, retry that transaction)."""
 
 
 class LogLost(PycompactorError):
