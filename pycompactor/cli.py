@@ -181,7 +181,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import os
     from datetime import timedelta
 
-    from pycompactor.errors import UsageError
+    from pycompactor.errors import LogLost, UsageError
     from pycompactor.eventlog import EventLog, secrets_of
     from pycompactor.summarizer import make_summarizer
     from pycompactor.worker import WorkerConfig, run_worker
@@ -213,6 +213,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             server = metrics.serve(args.metrics_port, args.metrics_address)
             log.emit("metrics_listening", address=server.address, port=server.port)
         run_worker(config, summarizer, log=log)
+    except LogLost:
+        return 1  # the log was stderr: nothing is left to say it on
     finally:
         if server is not None:
             server.close()

@@ -16,6 +16,9 @@ import psycopg.errors
 class PycompactorError(Exception):
     """pycompactor failed; run with --debug for details."""
 
+    #: The SQLSTATE of the database error this one wraps ("" when none did).
+    sqlstate: str = ""
+
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
 
@@ -50,8 +53,6 @@ class ReadOnlyServer(PycompactorError):
 
 class EngineError(PycompactorError):
     """The engine refused the operation."""
-
-    sqlstate: str = ""
 
 
 class NotUtf8Database(EngineError):
@@ -157,6 +158,17 @@ class ReasonNotACode(EngineError):
     sqlstate = "CP024"
 
 
+class TransactionConflict(PycompactorError):
+    """A concurrent transaction made the server roll this call back (a serialization
+    failure or a deadlock): nothing of it was kept, so retry the call (inside a
+    transaction of your own, retry that transaction)."""
+
+
+class LogLost(PycompactorError):
+    """The worker's log stream (stderr) broke, so the worker stopped; keep its stderr open
+    for as long as it runs (e.g. do not pipe it into a command that exits early)."""
+
+
 class DatabaseTimeout(PycompactorError):
     """A database call gave up waiting; the work is left for a later pass."""
 
@@ -194,7 +206,14 @@ _BY_SQLSTATE: dict[str, type[EngineError]] = {
 
 
 def from_driver(exc: psycopg.Error) -> PycompactorError:
-    """Translate one driver error into the hierarchy (the single mapping place)."""
+    """Translate one driver error into the hierarchy (the single mapping place), keeping
+    its SQLSTATE."""
+    error = _translate(exc)
+    error.sqlstate = exc.sqlstate or ""
+    return error
+
+
+def _translate(exc: psycopg.Error) -> PycompactorError:
     sqlstate = exc.sqlstate or ""
     if sqlstate in _BY_SQLSTATE:
         diag = exc.diag.message_primary
@@ -217,6 +236,10 @@ def from_driver(exc: psycopg.Error) -> PycompactorError:
         return LockTimeout(f"{LockTimeout.__doc__} ({exc.diag.message_primary})")
     if isinstance(exc, psycopg.errors.QueryCanceled):
         return StatementCanceled(f"{StatementCanceled.__doc__} ({exc.diag.message_primary})")
+    if isinstance(exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected):
+        return TransactionConflict(
+            f"{exc.diag.message_primary} (SQLSTATE {sqlstate}); the call was rolled back,"
+            " retry it")
     if isinstance(exc, psycopg.OperationalError) and sqlstate == "":
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return DatabaseUnavailable(

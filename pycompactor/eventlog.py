@@ -22,6 +22,11 @@ class EventLog:
 
     Secrets (the API key, the DSN password) are replaced by `***` in every field, so no
     driver or client message can leak them.
+
+    A stream that refuses a write (its pipe's reader went away, a full disk) makes the
+    log `broken`: that event and every later one are dropped and `emit` never raises,
+    so no thread of the worker dies halfway through a state change for want of a log
+    line. The worker watches `broken`: it stops as on SIGTERM and exits non-zero.
     """
 
     def __init__(self, log_format: LogFormat = "text", stream: TextIO | None = None,
@@ -31,6 +36,12 @@ class EventLog:
         # Short strings would be masked all over the log; real secrets are longer.
         self._secrets = [s for s in secrets if len(s) >= 4]
         self._lock = threading.Lock()
+        self._broken = False
+
+    @property
+    def broken(self) -> bool:
+        """True once a write to the stream has failed (nothing is written after that)."""
+        return self._broken
 
     def _redact(self, value: object) -> object:
         return redact(value, self._secrets) if isinstance(value, str) else value
@@ -49,8 +60,13 @@ class EventLog:
             line = " ".join(parts)
         stream = self._stream if self._stream is not None else sys.stderr
         with self._lock:
-            stream.write(line + "\n")
-            stream.flush()
+            if self._broken:
+                return
+            try:
+                stream.write(line + "\n")
+                stream.flush()
+            except (OSError, ValueError):  # ValueError: the stream was closed
+                self._broken = True
 
 
 def _text_value(value: object) -> str:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import threading
@@ -56,14 +57,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import FrameType
-from typing import Any, Final
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from pycompactor import db, metrics
 from pycompactor.connections import Connections, is_transient
 from pycompactor.errors import (
     DatabaseTimeout,
     LockTimeout,
+    LogLost,
     PycompactorError,
+    TransactionConflict,
 )
 from pycompactor.eventlog import EventLog, LogFormat, secrets_of
 from pycompactor.figures import FigureStats, figure_stats
@@ -97,6 +100,14 @@ _IDLE_START_SECONDS: Final = 0.05
 _HINT_PROBE_CONVERSATIONS: Final = 20
 _DB_BACKOFF_START: Final = 0.5
 _DB_BACKOFF_MAX: Final = 30.0
+# A call the server rolled back for a concurrent transaction (TransactionConflict) is
+# sent again at once, alone, up to this many times, after a short random pause that
+# doubles each time (so two colliding workers do not collide again in step).
+_CONFLICT_RETRIES: Final = 8
+_CONFLICT_PAUSE: Final = 0.01
+
+Params = ParamSpec("Params")
+Result = TypeVar("Result")
 
 
 def default_worker_id() -> str:
@@ -248,7 +259,8 @@ class Worker:
     # -- stopping ------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Stop claiming and drain (what SIGTERM/SIGINT do); a second request skips the drain.
+        """Stop claiming and drain (what SIGTERM/SIGINT do, and a broken log); a second
+        request skips the drain.
 
         Safe to call from a signal handler: it only bumps a counter.
         """
@@ -259,14 +271,19 @@ class Worker:
 
     @property
     def stopping(self) -> bool:
-        if self._signals and not self._stop_noticed:
+        # A log that can no longer be written stops the worker as SIGTERM does: it claims
+        # nothing more, drains what it holds (recorded `interrupted` if the drain runs
+        # out), gives back its queue entries, and `run` then raises LogLost. Working on
+        # unlogged, e.g. under `worker 2>&1 | head -1`, would leave an operator blind.
+        requested = self._signals > 0 or self._log.broken
+        if requested and not self._stop_noticed:
             self._stop_noticed = True
             self._drain_deadline = time.monotonic() + self.config.drain_seconds
             self._log.emit("stopping", in_flight=len(self._running),
                            drain_seconds=self.config.drain_seconds)
         if self._signals > 1:
             self._drain_deadline = time.monotonic()
-        return self._signals > 0
+        return requested
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -280,13 +297,18 @@ class Worker:
         """Wait for a free local slot (process-local admission); False when stopping."""
         while not self.stopping:
             if self._slots.acquire(timeout=_TICK):
-                return True
+                if not self.stopping:
+                    return True
+                # The attempt that freed the slot may also have stopped us (its result's
+                # log line found the log broken): claim nothing more.
+                self._slots.release()
         return False
 
     # -- running ---------------------------------------------------------------------
 
     def run(self) -> WorkerReport:
-        """One pass (`once`) or passes until stopped; then drain. Returns the totals."""
+        """One pass (`once`) or passes until stopped; then drain. Returns the totals, or
+        raises LogLost (after the same orderly stop) when the log could not be written."""
         cfg = self.config
         # Connected, migrated and permitted before the start is announced: a worker that
         # cannot start says exactly one thing (why), not "started" and then why.
@@ -325,6 +347,8 @@ class Worker:
         report = self.report()
         self._log.emit("stopped", passes=report.passes, claimed=report.claimed,
                        refused=report.refused, outcomes=report.outcomes)
+        if self._log.broken:
+            raise LogLost()
         return report
 
     def report(self) -> WorkerReport:
@@ -367,8 +391,7 @@ class Worker:
         with self._counts_lock:
             self._passes += 1
         self._release(list(self._unsettled))
-        with self._pool.get() as conn:
-            self._reap(conn)
+        self._reap()
         claimed = 0
         examined = 0
         throttled = False
@@ -391,9 +414,8 @@ class Worker:
         """Nothing was queued: say why when a conversation has targets nothing queued."""
         cfg = self.config
         try:
-            with self._pool.get() as conn:
-                found = db.unqueued_targets(conn, cfg.scope, cfg.model, PROMPT_VERSION,
-                                            _HINT_PROBE_CONVERSATIONS)
+            found = self._db(db.unqueued_targets, cfg.scope, cfg.model, PROMPT_VERSION,
+                             _HINT_PROBE_CONVERSATIONS)
             if found is not None:
                 self._log.emit(
                     "idle_hint", reason="targets_not_queued", scope=cfg.scope,
@@ -409,7 +431,7 @@ class Worker:
                 raise
             return
 
-    def _reap(self, conn: db.Connection) -> None:
+    def _reap(self) -> None:
         # Claims reap the identity they touch; this catches the rest (and re-queues a dead
         # worker's conversation), at most once per poll interval or tenth of our lease in
         # loop mode: passes can be many per second when busy, and other workers' leases
@@ -419,7 +441,7 @@ class Worker:
         if not self.config.once and now - self._last_reap < every:
             return
         self._last_reap = now
-        reaped = db.reap(conn)
+        reaped = self._db(db.reap)
         if reaped:
             self._log.emit("reaped", count=reaped)
 
@@ -435,9 +457,8 @@ class Worker:
         seen: set[tuple[str, str]] = set()
         while not self.stopping:
             limit = cfg.batch_size if cfg.once else cfg.concurrency
-            with self._pool.get() as conn:
-                # Only this worker's scope: other scopes' entries are never touched.
-                batch = db.dequeue(conn, limit, scope=cfg.scope, lease=self._queue_lease)
+            # Only this worker's scope: other scopes' entries are never touched.
+            batch = self._db(db.dequeue, limit, scope=cfg.scope, lease=self._queue_lease)
             metrics.dequeued(len(batch), _oldest_age(batch, self._queue_lease))
             if not batch:
                 return
@@ -461,8 +482,7 @@ class Worker:
         """
         cfg = self.config
         while not self.stopping:
-            with self._pool.get() as conn:
-                page = db.conversations_after(conn, self._sweep_after, cfg.batch_size)
+            page = self._db(db.conversations_after, self._sweep_after, cfg.batch_size)
             self._sweep_after = page[-1] if len(page) == cfg.batch_size else ""
             for conversation_id in page:
                 if self.stopping:
@@ -486,8 +506,7 @@ class Worker:
         # worker's (or gone).
         for entry in entries:
             try:
-                with self._pool.get() as conn:
-                    call(conn, entry)
+                self._db(call, entry)
             except DatabaseTimeout as exc:
                 # A writer holds the entry in a long transaction: leave it leased; the
                 # lease runs out and a later pass examines the conversation again.
@@ -506,8 +525,7 @@ class Worker:
         """Examine one conversation and claim its claimable targets; (claimed, throttled)."""
         cfg = self.config
         try:
-            with self._pool.get() as conn:
-                candidates = self._examine(conn, conversation_id)
+            candidates = self._examine(conversation_id)
         except DatabaseTimeout as exc:
             self._skipped(conversation_id, None, exc)
             return 0, False
@@ -519,12 +537,11 @@ class Worker:
                 requeue = True  # stopping or throttled before every target was tried
                 break
             try:
-                with self._pool.get() as conn:
-                    result = db.claim(
-                        conn, conversation_id, cfg.scope, candidate.from_pair,
-                        candidate.source_message_ids, candidate.source_hash, cfg.model,
-                        PROMPT_VERSION, cfg.worker_id, lease=cfg.lease,
-                    )
+                result = self._db(
+                    db.claim, conversation_id, cfg.scope, candidate.from_pair,
+                    candidate.source_message_ids, candidate.source_hash, cfg.model,
+                    PROMPT_VERSION, cfg.worker_id, lease=cfg.lease,
+                )
             except DatabaseTimeout as exc:
                 # A hung session holds this conversation's lock (or the database is
                 # overloaded): give up the conversation for this pass, keep it queued.
@@ -568,10 +585,32 @@ class Worker:
             self._enqueue(conversation_id)  # a later pass examines it again
 
     def _enqueue(self, conversation_id: str) -> None:
-        with self._pool.get() as conn:
-            db.enqueue(conn, conversation_id, self.config.scope)
+        self._db(db.enqueue, conversation_id, self.config.scope)
 
-    def _examine(self, conn: db.Connection, conversation_id: str) -> list[Candidate]:
+    def _db(self, call: Callable[Concatenate[db.Connection, Params], Result],
+            *args: Params.args, **kwargs: Params.kwargs) -> Result:
+        """One database call on a pooled connection.
+
+        A call the server rolled back because of a concurrent transaction (a serialization
+        failure under SERIALIZABLE or REPEATABLE READ, or a deadlock) changed nothing and
+        left its connection usable: it alone is sent again, after a short pause, so a
+        conflict costs that one call a retry, never the pass (logged `db_retry`). Other
+        errors, and a conflict that outlasts the retries, propagate as before.
+        """
+        for retry in range(1, _CONFLICT_RETRIES + 1):
+            try:
+                with self._pool.get() as conn:
+                    return call(conn, *args, **kwargs)
+            except TransactionConflict as exc:
+                pause = random.uniform(0, _CONFLICT_PAUSE * 2 ** retry)
+                self._log.emit("db_retry", call=getattr(call, "__name__", "call"),
+                               sqlstate=exc.sqlstate, retry=retry, error=str(exc),
+                               retry_in_seconds=round(pause, 3))
+                time.sleep(pause)
+        with self._pool.get() as conn:
+            return call(conn, *args, **kwargs)
+
+    def _examine(self, conversation_id: str) -> list[Candidate]:
         """The conversation's targets that still need a summary under this worker's
         identity (scope, model, prompt version), from one worker_targets read.
 
@@ -581,8 +620,8 @@ class Worker:
         """
         cfg = self.config
         candidates: list[Candidate] = []
-        for target in db.worker_targets(conn, conversation_id, cfg.scope, cfg.model,
-                                        PROMPT_VERSION):
+        for target in self._db(db.worker_targets, conversation_id, cfg.scope, cfg.model,
+                               PROMPT_VERSION):
             if target.completed:
                 metrics.target_skipped("already_completed")
                 self._log.emit("target_skipped", conversation_id=conversation_id,
@@ -643,9 +682,8 @@ class Worker:
         """Read the claimed range's replies (only while its hash is the claimed one), then
         call the model; every problem is a Failure, never an exception."""
         try:
-            with self._pool.get() as conn:
-                replies = db.range_replies(conn, job.conversation_id, job.from_pair,
-                                           job.source_hash)
+            replies = self._db(db.range_replies, job.conversation_id, job.from_pair,
+                               job.source_hash)
         except PycompactorError as exc:
             return Failure(SOURCE_UNREADABLE, f"{type(exc).__name__}: {exc}"), []
         if len(replies) != PAIRS_PER_RANGE:
@@ -679,9 +717,8 @@ class Worker:
 
     def _acceptable(self, reply: Reply) -> bool:
         """Whether `complete` would accept the reply (the database's rule, asked)."""
-        with self._pool.get() as conn:
-            return db.reply_problem(conn, reply.text, reply.finish_reason,
-                                    reply.tool_call_count) is None
+        return self._db(db.reply_problem, reply.text, reply.finish_reason,
+                        reply.tool_call_count) is None
 
     def _record(self, job: ClaimedJob, outcome: ModelOutcome, started: float,
                 figures: FigureStats | None = None) -> JobResult:
@@ -760,10 +797,9 @@ class Worker:
             for running in calling:
                 job = running.job
                 try:
-                    with self._pool.get() as conn:
-                        beat = db.heartbeat(conn, job.job_id, job.attempt,
-                                            lease=self.config.lease,
-                                            conversation_id=job.conversation_id)
+                    beat = self._db(db.heartbeat, job.job_id, job.attempt,
+                                    lease=self.config.lease,
+                                    conversation_id=job.conversation_id)
                 except PycompactorError as exc:
                     self._log.emit("heartbeat_error", job_id=job.job_id, attempt=job.attempt,
                                    conversation_id=job.conversation_id, error=str(exc))
@@ -803,9 +839,8 @@ class Worker:
     def _interrupt(self, running: _Running) -> None:
         job = running.job
         try:
-            with self._pool.get() as conn:
-                failed = db.fail(conn, job.job_id, job.attempt, INTERRUPTED,
-                                 conversation_id=job.conversation_id)
+            failed = self._db(db.fail, job.job_id, job.attempt, INTERRUPTED,
+                              conversation_id=job.conversation_id)
             result = JobResult(job, "interrupted" if failed.ok else failed.reason,
                                INTERRUPTED if failed.ok else failed.reason, None,
                                _ms_since(running.started))

@@ -8,7 +8,10 @@ the scripted model server, the workers' JSON logs and the database state; never 
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -326,3 +329,73 @@ def test_commit_landed_but_reply_lost(own_cluster: ThrowawayCluster, own_dsn: st
     assert ("canceling the wait for synchronous replication and terminating connection"
             " due to administrator command") in log
     assert "already committed locally" in log
+
+
+# --- 3. the log stream breaks -----------------------------------------------------------
+
+
+class LogPipeWorker:
+    """`pycompactor worker` whose stderr (its log) is a pipe the test reads as `head -1`
+    does: the first line, then the read end is closed while the worker still runs."""
+
+    def __init__(self, *args: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pycompactor", "worker", "--log-format", "json", *args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stderr is not None
+        self.first_line = self.proc.stderr.readline()
+
+    def close_log(self) -> None:
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
+
+    def __enter__(self) -> LogPipeWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_sigterm_after_the_log_pipe_closed_records_interrupted(
+        conn: Conn, dsn: str, model_server: ModelServer) -> None:
+    """The reader of the worker's log goes away (`worker ... 2>&1 | head -1`) while the
+    model call hangs; then SIGTERM. The worker still drains and records the attempt
+    `interrupted` (docs/cli.md), and exits 1: its log is lost, which is a failure."""
+    seed(conn, "conv-d", 30)
+    model_server.enqueue(hang(stop("Never recorded.")))
+    with LogPipeWorker("--once", "--conversation", "conv-d", "--model", MODEL,
+                       "--drain-seconds", "0.5",
+                       env=worker_env(dsn, model_server.base_url)) as worker:
+        assert json.loads(worker.first_line)["event"] == "started"
+        assert model_server.hanging.wait(30)  # claimed: the model call is in flight
+        worker.close_log()
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(timeout=60) == 1
+    [row] = attempts(conn, "conv-d")
+    assert (row.attempt, row.state, row.reason) == (1, "failed", "interrupted")
+    assert summaries(conn, "conv-d") == []
+
+
+def test_a_worker_whose_log_pipe_closed_finishes_what_it_holds_and_exits_1(
+        conn: Conn, dsn: str, model_server: ModelServer) -> None:
+    """Two targets, one model call at a time; the log's reader goes away during the first
+    call, which then completes. Writing that result's event finds the pipe broken: the
+    worker claims nothing more (the second target is put back on the queue), its heartbeats
+    stop with it, and it exits 1 by itself, never hanging on to a claim."""
+    seed(conn, "conv-d", 40)
+    model_server.enqueue(hang(stop("Completed while the log was gone.")))
+    with LogPipeWorker("--once", "--conversation", "conv-d", "--model", MODEL,
+                       "--concurrency", "1",
+                       env=worker_env(dsn, model_server.base_url)) as worker:
+        assert json.loads(worker.first_line)["event"] == "started"
+        assert model_server.hanging.wait(30)
+        worker.close_log()
+        model_server.release()
+        assert worker.proc.wait(timeout=60) == 1
+    assert [(a.from_pair, a.attempt, a.state) for a in attempts(conn, "conv-d")] == [
+        (0, 1, "completed")]
+    assert summaries(conn, "conv-d") == [("conv-d", 0, "Completed while the log was gone.")]
+    assert [e.conversation_id for e in db.dequeue(conn, 10)] == ["conv-d"]
+    assert len(model_server.requests) == 1

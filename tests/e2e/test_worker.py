@@ -19,7 +19,7 @@ import pytest
 
 from pycompactor import db
 from pycompactor.extractive import OFFLINE_MODEL, extractive_summary
-from pycompactor.summarizer import load_prompt
+from pycompactor.summarizer import PROMPT_VERSION, load_prompt
 from tests.e2e.cli import run_cli
 from tests.history import History
 from tests.modelserver import ModelServer, RecordedRequest, hang, stop
@@ -433,3 +433,44 @@ def _terminate_workers(conn: Conn, dbname: str) -> int:
     assert row is not None
     return int(row[0])
 
+
+
+def test_a_serialization_failure_costs_one_retry_of_that_call(
+        conn: Conn, dsn: str, model_server: ModelServer) -> None:
+    """A worker under SERIALIZABLE whose claim waited for the conversation behind another
+    session's claim (same range, another model) gets 40001 once that session commits:
+    its snapshot missed the admission slot the other claim took. The worker sends that
+    claim again, alone (`db_retry`), and the pass goes on: no db_error, the target
+    completed, exit 0."""
+    seed(conn, "conv-1", 30)
+    [target] = db.plan_targets(conn, "conv-1")
+    model_server.enqueue(stop("Summary after one retry."))
+    serializable = psycopg.conninfo.make_conninfo(
+        dsn, options="-c default_transaction_isolation=serializable")
+    dbname = conn.info.dbname
+
+    def claim_waits() -> bool:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+            " AND application_name = 'pycompactor' AND wait_event = 'advisory'"
+            " AND query LIKE %s", (dbname, "%compaction.claim(%")).fetchone() == (1,)
+
+    with psycopg.connect(dsn) as holder:  # not autocommit: its claim stays uncommitted
+        held = db.claim(holder, "conv-1", "default", 0, target.source_message_ids,
+                        target.source_hash, "another-model", PROMPT_VERSION, "holder")
+        assert held.claimed
+        with WorkerProcess("--once", "--conversation", "conv-1", "--model", MODEL,
+                           env=worker_env(serializable, model_server.base_url)) as proc:
+            wait_for(claim_waits, timeout=30, what="the worker's claim waiting")
+            holder.commit()
+            assert proc.wait() == 0, proc.stderr
+    events = proc.events()
+    [retry] = events_named(events, "db_retry")
+    assert (retry["call"], retry["sqlstate"], retry["retry"]) == ("claim", "40001", 1)
+    assert not list(events_named(events, "db_error"))
+    [claimed] = events_named(events, "claimed")
+    [done] = events_named(events, "completed")
+    assert (done["job_id"], done["attempt"]) == (claimed["job_id"], 1)
+    assert summaries(conn, "conv-1") == [("conv-1", 0, "Summary after one retry.")]
+    assert sorted((a.model, a.attempt, a.state) for a in attempts(conn, "conv-1")) == [
+        ("another-model", 1, "running"), (MODEL, 1, "completed")]
