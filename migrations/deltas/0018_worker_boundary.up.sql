@@ -248,8 +248,13 @@ BEGIN
         RETURN;
     END IF;
 
-    -- From here on the conversation's engine rows are ours until commit.
-    PERFORM compaction.lock_conversation(p_conversation_id);
+    -- From here on the conversation's engine rows are ours until commit: the statement of
+    -- lock_conversation, written out here and in fence (revision 0018), where a call per
+    -- cycle would cost as much as the row lock itself.
+    INSERT INTO compaction.conversation_locks AS l (conversation_id)
+    VALUES (p_conversation_id)
+    ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+        WHERE false;
 
     -- The range as it is now, from the derived state (no message text read): the pair
     -- count decides whether it is a target, the stored ids and hash whether it matches.
@@ -406,7 +411,11 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    PERFORM compaction.lock_conversation(job_row.conversation_id);
+    -- lock_conversation's statement (written out, as in claim).
+    INSERT INTO compaction.conversation_locks AS l (conversation_id)
+    VALUES (job_row.conversation_id)
+    ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+        WHERE false;
     SELECT a.* INTO attempt_row
     FROM compaction.attempts AS a
     WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
