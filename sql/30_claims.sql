@@ -199,7 +199,7 @@ CREATE TABLE compaction.attempts (
     -- The login that claimed the attempt (session_user inside claim, revision 0018): the
     -- fenced calls refuse any other login (DESIGN §6), so knowing (job_id, attempt) is not
     -- enough to finish or renew it. NULL on attempts claimed before 0018: those only the
-    -- owner or a superuser can finish (their leases run out and reap retries them).
+    -- owner or a superuser can finish (their leases run out; the range is claimed again).
     claimed_by       text,
     CONSTRAINT attempts_pkey PRIMARY KEY (conversation_id, job_id, attempt),
     CONSTRAINT attempts_job_fkey FOREIGN KEY (conversation_id, job_id)
@@ -377,8 +377,9 @@ COMMENT ON FUNCTION compaction.lock_conversation(text) IS
 -- The same lock, if free: reap passes over a conversation whose writer is at work (its
 -- fenced call settles any expiry of the attempt it holds) instead of queueing behind it.
 -- Only the engine's functions can hold the row, so only an engine writer makes reap pass.
--- A conversation without a row has no attempt to reap: claim writes the row before its
--- attempt, and revision 0018 wrote one for every conversation that had jobs.
+-- Claims and imports write a conversation's row before its jobs, and revision 0018 wrote
+-- one for every conversation that had jobs; a conversation without one (jobs the owner
+-- inserted by hand) gets it here, so that reap never passes it over for good.
 CREATE FUNCTION compaction.try_lock_conversation(p_conversation_id text)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -389,11 +390,19 @@ BEGIN
     FROM compaction.conversation_locks AS l
     WHERE l.conversation_id OPERATOR(pg_catalog.=) p_conversation_id
     FOR UPDATE SKIP LOCKED;
-    RETURN FOUND;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF EXISTS (SELECT 1 FROM compaction.conversation_locks AS l
+               WHERE l.conversation_id OPERATOR(pg_catalog.=) p_conversation_id) THEN
+        RETURN false;
+    END IF;
+    PERFORM compaction.lock_conversation(p_conversation_id);
+    RETURN true;
 END
 $$;
 COMMENT ON FUNCTION compaction.try_lock_conversation(text) IS
-    'Internal: takes lock_conversation''s row lock if it is free (true), else returns false at once (also when the conversation has no row)';
+    'Internal: takes lock_conversation''s row lock if it is free (true; writing the conversation''s row if it has none), else returns false at once';
 
 -- Whether the session's login stands for the engine's owner: a superuser or a member of
 -- compaction_owner. session_user, not current_user: inside the SECURITY DEFINER
@@ -440,9 +449,10 @@ COMMENT ON FUNCTION compaction.caller_now(timestamptz) IS
 
 -- The longest identifiers the engine takes from a caller, in UTF-8 bytes (revision
 -- 0018). They become index keys (jobs_identity_key holds conversation, scope and model
--- together, and a btree entry must fit in a third of a page), so a longer one used to
--- fail deep inside an insert (54000, index row requires N bytes); the worker's name is
--- kept with every attempt and event. NULL when every argument fits (NULL fits), else the
+-- together, and a btree entry must fit in a third of a page, 2704 bytes: these limits
+-- leave room for the hash and the rest even when nothing compresses), so a longer one
+-- used to fail deep inside an insert (54000, index row requires N bytes); the worker's
+-- name is kept with every attempt and event. NULL when every argument fits (NULL fits), else the
 -- message naming the first one over its limit. One expression with no SET clause, so it
 -- inlines into its callers (revision 0016).
 CREATE FUNCTION compaction.oversized_identifier(p_conversation_id text, p_scope text,
@@ -454,11 +464,11 @@ IMMUTABLE
 PARALLEL SAFE
 AS $$
     SELECT CASE
-               WHEN pg_catalog.octet_length(p_conversation_id) OPERATOR(pg_catalog.>) 512
-                   THEN 'a conversation id may be at most 512 bytes (UTF-8), got '
+               WHEN pg_catalog.octet_length(p_conversation_id) OPERATOR(pg_catalog.>) 1024
+                   THEN 'a conversation id may be at most 1024 bytes (UTF-8), got '
                         OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_conversation_id)
-               WHEN pg_catalog.octet_length(p_scope) OPERATOR(pg_catalog.>) 128
-                   THEN 'a scope may be at most 128 bytes (UTF-8), got '
+               WHEN pg_catalog.octet_length(p_scope) OPERATOR(pg_catalog.>) 1024
+                   THEN 'a scope may be at most 1024 bytes (UTF-8), got '
                         OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_scope)
                WHEN pg_catalog.octet_length(p_model) OPERATOR(pg_catalog.>) 256
                    THEN 'a model may be at most 256 bytes (UTF-8), got '
@@ -469,7 +479,7 @@ AS $$
            END
 $$;
 COMMENT ON FUNCTION compaction.oversized_identifier(text, text, text, text) IS
-    'Internal: NULL when the conversation id (at most 512 bytes), scope (128), model (256) and worker name (256) fit, else the message naming the first one over its limit (callers raise CP020)';
+    'Internal: NULL when the conversation id (at most 1024 bytes), scope (1024), model (256) and worker name (256) fit, else the message naming the first one over its limit (callers raise CP020)';
 
 CREATE FUNCTION compaction.checked_lease(p_lease interval)
 RETURNS interval

@@ -65,7 +65,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.enqueue(text, text) IS
-    'Marks a conversation (per scope) as having new history for the worker; cheap and idempotent; an entry under a lease survives its acknowledgement; CP020 for a conversation id over 512 bytes or a scope over 128';
+    'Marks a conversation (per scope) as having new history for the worker; cheap and idempotent; an entry under a lease survives its acknowledgement; CP020 for a conversation id or scope over 1024 bytes';
 
 CREATE FUNCTION compaction.dequeue(
     p_scope text DEFAULT 'default',

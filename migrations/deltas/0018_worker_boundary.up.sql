@@ -15,8 +15,8 @@
 -- conversation that has jobs (reap finds the rows of those with attempts) and by the
 -- first claim or import of any other.
 --
--- Bounds: dequeue leases at most 1000 entries a call; a conversation id may be at most
--- 512 bytes, a scope 128, a model and a worker name 256 (CP020, naming the limit),
+-- Bounds: dequeue leases at most 1000 entries a call; a conversation id and a scope may
+-- be at most 1024 bytes each, a model and a worker name 256 (CP020, naming the limit),
 -- instead of failing deep in an index (54000).
 
 -- One row per conversation the engine has worked on, whose row lock every writer of that
@@ -61,11 +61,19 @@ BEGIN
     FROM compaction.conversation_locks AS l
     WHERE l.conversation_id OPERATOR(pg_catalog.=) p_conversation_id
     FOR UPDATE SKIP LOCKED;
-    RETURN FOUND;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF EXISTS (SELECT 1 FROM compaction.conversation_locks AS l
+               WHERE l.conversation_id OPERATOR(pg_catalog.=) p_conversation_id) THEN
+        RETURN false;
+    END IF;
+    PERFORM compaction.lock_conversation(p_conversation_id);
+    RETURN true;
 END
 $$;
 COMMENT ON FUNCTION compaction.try_lock_conversation(text) IS
-    'Internal: takes lock_conversation''s row lock if it is free (true), else returns false at once (also when the conversation has no row)';
+    'Internal: takes lock_conversation''s row lock if it is free (true; writing the conversation''s row if it has none), else returns false at once';
 
 DROP FUNCTION compaction.conversation_lock_key(text);
 
@@ -115,11 +123,11 @@ IMMUTABLE
 PARALLEL SAFE
 AS $$
     SELECT CASE
-               WHEN pg_catalog.octet_length(p_conversation_id) OPERATOR(pg_catalog.>) 512
-                   THEN 'a conversation id may be at most 512 bytes (UTF-8), got '
+               WHEN pg_catalog.octet_length(p_conversation_id) OPERATOR(pg_catalog.>) 1024
+                   THEN 'a conversation id may be at most 1024 bytes (UTF-8), got '
                         OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_conversation_id)
-               WHEN pg_catalog.octet_length(p_scope) OPERATOR(pg_catalog.>) 128
-                   THEN 'a scope may be at most 128 bytes (UTF-8), got '
+               WHEN pg_catalog.octet_length(p_scope) OPERATOR(pg_catalog.>) 1024
+                   THEN 'a scope may be at most 1024 bytes (UTF-8), got '
                         OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_scope)
                WHEN pg_catalog.octet_length(p_model) OPERATOR(pg_catalog.>) 256
                    THEN 'a model may be at most 256 bytes (UTF-8), got '
@@ -130,7 +138,7 @@ AS $$
            END
 $$;
 COMMENT ON FUNCTION compaction.oversized_identifier(text, text, text, text) IS
-    'Internal: NULL when the conversation id (at most 512 bytes), scope (128), model (256) and worker name (256) fit, else the message naming the first one over its limit (callers raise CP020)';
+    'Internal: NULL when the conversation id (at most 1024 bytes), scope (1024), model (256) and worker name (256) fit, else the message naming the first one over its limit (callers raise CP020)';
 
 -- The login that claimed each attempt (see claim and fence); it never changes.
 ALTER TABLE compaction.attempts ADD COLUMN claimed_by text;
@@ -481,7 +489,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.enqueue(text, text) IS
-    'Marks a conversation (per scope) as having new history for the worker; cheap and idempotent; an entry under a lease survives its acknowledgement; CP020 for a conversation id over 512 bytes or a scope over 128';
+    'Marks a conversation (per scope) as having new history for the worker; cheap and idempotent; an entry under a lease survives its acknowledgement; CP020 for a conversation id or scope over 1024 bytes';
 
 CREATE OR REPLACE FUNCTION compaction.dequeue(
     p_scope text DEFAULT 'default',

@@ -10,6 +10,7 @@ Every test uses separate LOGIN roles on their own connections.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -196,7 +197,7 @@ def test_dequeue_takes_at_most_a_thousand_entries(conn: Conn, login_role: LoginR
 
 
 @pytest.mark.parametrize(("argument", "limit"), [
-    ("conversation_id", 512), ("scope", 128), ("model", 256), ("worker", 256)])
+    ("conversation_id", 1024), ("scope", 1024), ("model", 256), ("worker", 256)])
 def test_claim_bounds_its_identifiers(conn: Conn, login_role: LoginRole, argument: str,
                                       limit: int) -> None:
     t = target(conn, "c1")
@@ -225,18 +226,40 @@ def test_claim_bounds_its_identifiers(conn: Conn, login_role: LoginRole, argumen
 def test_enqueue_bounds_the_conversation_id_and_scope(conn: Conn,
                                                       login_role: LoginRole) -> None:
     with connect_as(login_role("compaction_worker")) as worker:
-        for conversation_id, scope, limit in (("x" * 10_000, "default", 512),
-                                              ("c1", "s" * 129, 128)):
+        for conversation_id, scope, limit in (("x" * 10_000, "default", 1024),
+                                              ("c1", "s" * 1025, 1024)):
             with pytest.raises(errors.EngineError, match=f"at most {limit} bytes") as info:
                 db.enqueue(worker, conversation_id, scope)
             assert info.value.sqlstate == "CP020"
-        db.enqueue(worker, "x" * 512, "s" * 128)
+        db.enqueue(worker, "x" * 1024, "s" * 1024)
     assert scalar(conn, "SELECT count(*) FROM compaction.queue") == 1
 
 
 def test_import_bounds_the_conversation_id(conn: Conn) -> None:
     t = target(conn, "c1")
-    with pytest.raises(errors.EngineError, match="at most 512 bytes") as info:
+    with pytest.raises(errors.EngineError, match="at most 1024 bytes") as info:
         db.import_summary(conn, "x" * 10_000, "default", 0, t.source_message_ids,
                           t.source_hash, "m", "conversation-compaction@3", GOOD, T0)
     assert info.value.sqlstate == "CP020"
+
+
+def test_identifiers_at_their_limits_fit_every_index_uncompressed(
+        conn: Conn, login_role: LoginRole) -> None:
+    """The limits leave room for the rest of each index entry even when nothing
+    compresses (random hex: pglz gains nothing)."""
+    def noise(n: int) -> str:
+        return "".join(uuid.uuid4().hex for _ in range(n // 32 + 1))[:n]
+
+    conversation_id, scope, model, worker_name = noise(1024), noise(1024), noise(256), \
+        noise(256)
+    t = target(conn, conversation_id)
+    with connect_as(login_role("compaction_worker")) as worker:
+        c = claim(worker, conversation_id, t, now=None, scope=scope, model=model,
+                  worker=worker_name)
+        assert c.claimed
+        assert c.job_id is not None
+        assert db.complete(worker, c.job_id, 1, GOOD, "stop", 0,
+                           conversation_id=conversation_id).ok
+        db.enqueue(worker, conversation_id, scope)
+        [entry] = db.dequeue(worker, 10, scope=scope)
+        assert db.ack(worker, entry).ok
