@@ -434,7 +434,7 @@ class Worker:
             return
         seen: set[tuple[str, str]] = set()
         while not self.stopping:
-            limit = cfg.batch_size if cfg.once else cfg.concurrency
+            limit = min(cfg.batch_size if cfg.once else cfg.concurrency, db.DEQUEUE_LIMIT)
             with self._pool.get() as conn:
                 # Only this worker's scope: other scopes' entries are never touched.
                 batch = db.dequeue(conn, limit, scope=cfg.scope, lease=self._queue_lease)

@@ -263,3 +263,13 @@ def test_identifiers_at_their_limits_fit_every_index_uncompressed(
         db.enqueue(worker, conversation_id, scope)
         [entry] = db.dequeue(worker, 10, scope=scope)
         assert db.ack(worker, entry).ok
+
+
+def test_reap_writes_a_missing_lock_row_rather_than_pass_over(conn: Conn) -> None:
+    """A conversation whose jobs came without a lock row (the owner's hand) is reaped."""
+    t = target(conn, "c1")
+    assert claim(conn, "c1", t, now=T0).claimed
+    conn.execute("DELETE FROM compaction.conversation_locks")
+    assert db.reap(conn, now=T0 + LEASE) == 1
+    assert conn.execute("SELECT conversation_id FROM compaction.conversation_locks"
+                        ).fetchall() == [("c1",)]
