@@ -221,7 +221,8 @@ def drain_queue(conn: Conn) -> int:
     for scope in scopes:
         while True:
             row = conn.execute(
-                "SELECT count(*) FROM compaction.dequeue(%s::text, 10000) AS d,"
+                # the most one dequeue takes (revision 0018)
+                "SELECT count(*) FROM compaction.dequeue(%s::text, 1000) AS d,"
                 " LATERAL compaction.ack(d.conversation_id, d.scope, d.lease_token) AS a",
                 (scope,)).fetchone()
             n = int(row[0]) if row else 0

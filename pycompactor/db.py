@@ -585,6 +585,8 @@ def enqueue(conn: Connection, conversation_id: str, scope: str = "default") -> N
 
 #: Shortest and longest lease claim, heartbeat and dequeue grant (else CP023 / CP020).
 LEASE_BOUNDS: Final = (timedelta(seconds=1), timedelta(days=1))
+#: Most queue entries one dequeue leases (revision 0018; else CP020).
+DEQUEUE_LIMIT: Final = 1000
 
 
 def dequeue(conn: Connection, limit: int = 100, *, scope: str = "default",

@@ -456,7 +456,7 @@ class Worker:
             return
         seen: set[tuple[str, str]] = set()
         while not self.stopping:
-            limit = cfg.batch_size if cfg.once else cfg.concurrency
+            limit = min(cfg.batch_size if cfg.once else cfg.concurrency, db.DEQUEUE_LIMIT)
             # Only this worker's scope: other scopes' entries are never touched.
             batch = self._db(db.dequeue, limit, scope=cfg.scope, lease=self._queue_lease)
             metrics.dequeued(len(batch), _oldest_age(batch, self._queue_lease))

@@ -65,7 +65,9 @@ COMMENT ON SCHEMA compaction_source IS
 --   (1129316352, 1)  migrations: serialises concurrent `pycompactor migrate` runs
 --   (1129316352, 2)  admission until revision 0007, which replaced the lock with slot
 --                    rows (compaction.admission); the key stays reserved
---   (1129316352, h)  one conversation's engine writers (claim, complete, fail, heartbeat,
---                    import_summary, erase_conversation), h = hashtext(conversation_id)
---                    moved off 0..15 (compaction.lock_conversation), which stay reserved
---                    for fixed keys like the two above.
+--   (1129316352, h)  one conversation's engine writers until revision 0018, h =
+--                    hashtext(conversation_id) moved off 0..15. Any login can take an
+--                    advisory lock, so one with no engine grant could stall a
+--                    conversation: the writers now lock the conversation's row of
+--                    compaction.conversation_locks instead, which only the owner can.
+-- A login that holds (1129316352, 1) can still delay `pycompactor migrate`, nothing else.

@@ -8,9 +8,10 @@
 -- (one per identity: job_summaries_one_per_identity), written by complete() or
 -- import_summary(). compaction.summaries is the public view over them.
 --
--- Concurrency. Every writer of one conversation's rows takes the transaction-scoped
--- advisory lock (1129316352, hashtext(conversation_id)) first (lock_conversation), so
--- a claim's checks and inserts see a settled state; the partial unique index attempts_one_running and the
+-- Concurrency. Every writer of one conversation's rows first locks that conversation's
+-- row of compaction.conversation_locks until commit (lock_conversation; an advisory lock
+-- until revision 0018, which any login could take), so a claim's checks and inserts see
+-- a settled state; the partial unique index attempts_one_running and the
 -- unique index job_summaries_one_per_identity remain the final word if a caller runs
 -- at REPEATABLE READ and the lock's guarantee weakens. Admission is a semaphore of rows:
 -- compaction.admission holds slots 1..10000, of which claims use 1..settings.max_running,
@@ -21,7 +22,13 @@
 --
 -- Time and inputs. The server owns time: p_now is honoured only for a superuser or a
 -- member of compaction_owner (caller_now); leases lie within 1 second..1 day
--- (checked_lease); reasons that reach the auditor are codes (checked_reason).
+-- (checked_lease); reasons that reach the auditor are codes (checked_reason); identifiers
+-- that become index keys are bounded (oversized_identifier, revision 0018).
+--
+-- Ownership (revision 0018). An attempt belongs to the login that claimed it
+-- (attempts.claimed_by, session_user inside claim): complete, fail and heartbeat from any
+-- other login, the owner and superusers aside, answer lease_lost and change nothing
+-- (fence).
 --
 -- Citus (DESIGN §11, revision 0013): conversation_id leads every primary key, unique index
 -- and foreign key between per-conversation tables (jobs, attempts, job_summaries, queue,
@@ -189,6 +196,11 @@ CREATE TABLE compaction.attempts (
     output_tokens    int,
     figures_total    int,
     figures_kept     int,
+    -- The login that claimed the attempt (session_user inside claim, revision 0018): the
+    -- fenced calls refuse any other login (DESIGN §6), so knowing (job_id, attempt) is not
+    -- enough to finish or renew it. NULL on attempts claimed before 0018: those only the
+    -- owner or a superuser can finish (their leases run out; the range is claimed again).
+    claimed_by       text,
     CONSTRAINT attempts_pkey PRIMARY KEY (conversation_id, job_id, attempt),
     CONSTRAINT attempts_job_fkey FOREIGN KEY (conversation_id, job_id)
         REFERENCES compaction.jobs (conversation_id, job_id),
@@ -324,54 +336,93 @@ CREATE INDEX audit_events_recorded_at_idx ON compaction.audit_events (recorded_a
 -- Claims and completion
 -- ---------------------------------------------------------------------------------------
 
--- The second key of one conversation's lock: hashtext(conversation_id), moved off 0..15,
--- which stay reserved for fixed locks (migrations, admission); a hash landing there moves
--- to -1..-16, where it can only meet other conversations. Like the lock functions below,
--- one expression with no SET clause (revision 0016), so every lock inlines to
--- pg_advisory_xact_lock itself.
-CREATE FUNCTION compaction.conversation_lock_key(p_conversation_id text)
-RETURNS int
-LANGUAGE sql
-IMMUTABLE
-PARALLEL SAFE
-AS $$
-    SELECT CASE WHEN pg_catalog.hashtext(p_conversation_id) OPERATOR(pg_catalog.>=) 0
-                 AND pg_catalog.hashtext(p_conversation_id) OPERATOR(pg_catalog.<=) 15
-                THEN -1 OPERATOR(pg_catalog.-) pg_catalog.hashtext(p_conversation_id)
-                ELSE pg_catalog.hashtext(p_conversation_id) END
-$$;
-COMMENT ON FUNCTION compaction.conversation_lock_key(text) IS
-    'Internal: the second advisory-lock key of a conversation (hashtext moved off 0..15), shared by lock_conversation and try_lock_conversation';
+-- One row per conversation the engine has worked on, whose row lock every writer of that
+-- conversation's engine rows takes first (revision 0018). Until then the lock was a
+-- transaction-scoped advisory lock keyed by hashtext(conversation_id); but any login can
+-- take any advisory lock, and one that held a conversation's key stalled its claims and
+-- completions and made reap pass it over. Locking a row needs UPDATE on its table, which
+-- no role but the owner holds (the engine's functions run as the owner). The lock writes
+-- no new row version; the row itself is written once per conversation.
+CREATE TABLE compaction.conversation_locks (
+    conversation_id text NOT NULL,
+    CONSTRAINT conversation_locks_pkey PRIMARY KEY (conversation_id)
+);
+COMMENT ON TABLE compaction.conversation_locks IS
+    'Internal: one row per conversation the engine has worked on; its row lock serialises that conversation''s engine writers (only the owner can lock it)';
 
 -- Serialises every writer of one conversation's engine rows (claim, complete, fail,
--- heartbeat, import_summary, erase_conversation). Transaction-scoped: PgBouncer-safe.
+-- heartbeat, import_summary, erase_conversation) until commit: the first writer inserts
+-- the conversation's row, every later one locks it (ON CONFLICT DO UPDATE locks the row
+-- it meets even when its WHERE is false, and writes no new version). One statement, as
+-- the advisory lock was; transaction-scoped, so PgBouncer-safe. At REPEATABLE READ a row
+-- inserted after the snapshot is a serialization failure, like any engine row. PL/pgSQL
+-- with no SET clause keeps the statement's plan for the session; every name is
+-- qualified, and only the owner (the engine's definer functions) may execute it. claim
+-- and fence, once per cycle each, run the statement itself rather than call this.
 CREATE FUNCTION compaction.lock_conversation(p_conversation_id text)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 AS $$
-    SELECT pg_catalog.pg_advisory_xact_lock(
-               1129316352, compaction.conversation_lock_key(p_conversation_id))
+BEGIN
+    INSERT INTO compaction.conversation_locks AS l (conversation_id)
+    VALUES (p_conversation_id)
+    ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+        WHERE false;
+END
 $$;
 COMMENT ON FUNCTION compaction.lock_conversation(text) IS
-    'Internal: transaction-scoped advisory lock (1129316352, hashtext(conversation_id) moved off 0..15) serialising one conversation''s writers';
+    'Internal: locks the conversation''s row of compaction.conversation_locks until commit (inserting it the first time), serialising that conversation''s engine writers';
 
 -- The same lock, if free: reap passes over a conversation whose writer is at work (its
 -- fenced call settles any expiry of the attempt it holds) instead of queueing behind it.
+-- Only the engine's functions can hold the row, so only an engine writer makes reap pass.
+-- Claims and imports write a conversation's row before its jobs, and revision 0018 wrote
+-- one for every conversation that had jobs; a conversation without one (jobs the owner
+-- inserted by hand) gets it here, so that reap never passes it over for good.
 CREATE FUNCTION compaction.try_lock_conversation(p_conversation_id text)
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 AS $$
-    SELECT pg_catalog.pg_try_advisory_xact_lock(
-               1129316352, compaction.conversation_lock_key(p_conversation_id))
+BEGIN
+    PERFORM 1
+    FROM compaction.conversation_locks AS l
+    WHERE l.conversation_id OPERATOR(pg_catalog.=) p_conversation_id
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF EXISTS (SELECT 1 FROM compaction.conversation_locks AS l
+               WHERE l.conversation_id OPERATOR(pg_catalog.=) p_conversation_id) THEN
+        RETURN false;
+    END IF;
+    PERFORM compaction.lock_conversation(p_conversation_id);
+    RETURN true;
+END
 $$;
 COMMENT ON FUNCTION compaction.try_lock_conversation(text) IS
-    'Internal: takes lock_conversation''s lock if it is free (true), else returns false at once';
+    'Internal: takes lock_conversation''s row lock if it is free (true; writing the conversation''s row if it has none), else returns false at once';
+
+-- Whether the session's login stands for the engine's owner: a superuser or a member of
+-- compaction_owner. session_user, not current_user: inside the SECURITY DEFINER
+-- functions current_user is always the owner. Asked only off the usual path (a given
+-- p_now, a fenced call from another login than the claimer's).
+CREATE FUNCTION compaction.caller_is_privileged()
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles AS r
+                   WHERE r.rolname = session_user AND r.rolsuper)
+        OR pg_catalog.pg_has_role(session_user, 'compaction_owner', 'MEMBER')
+$$;
+COMMENT ON FUNCTION compaction.caller_is_privileged() IS
+    'Internal: true when the session''s login is a superuser or a member of compaction_owner';
 
 -- The server owns time (DESIGN §6): p_now exists for tests and repairs by a superuser or
--- the owner. session_user, not current_user: inside these SECURITY DEFINER functions
--- current_user is always the owner.
+-- the owner.
 CREATE FUNCTION compaction.caller_now(p_now timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -382,9 +433,7 @@ BEGIN
     IF p_now IS NULL THEN
         RETURN pg_catalog.now();
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles AS r
-                   WHERE r.rolname = session_user AND r.rolsuper)
-       AND NOT pg_catalog.pg_has_role(session_user, 'compaction_owner', 'MEMBER') THEN
+    IF NOT compaction.caller_is_privileged() THEN
         RAISE EXCEPTION 'p_now is honoured only for a superuser or a member of compaction_owner'
             USING ERRCODE = 'CP025',
                   HINT = 'Omit p_now: the server''s clock decides leases and finish times.';
@@ -397,6 +446,40 @@ END
 $$;
 COMMENT ON FUNCTION compaction.caller_now(timestamptz) IS
     'Internal: now(), or p_now when the session user is a superuser or a member of compaction_owner (else CP025; a non-finite p_now is CP022)';
+
+-- The longest identifiers the engine takes from a caller, in UTF-8 bytes (revision
+-- 0018). They become index keys (jobs_identity_key holds conversation, scope and model
+-- together, and a btree entry must fit in a third of a page, 2704 bytes: these limits
+-- leave room for the hash and the rest even when nothing compresses), so a longer one
+-- used to fail deep inside an insert (54000, index row requires N bytes); the worker's
+-- name is kept with every attempt and event. NULL when every argument fits (NULL fits), else the
+-- message naming the first one over its limit. One expression with no SET clause, so it
+-- inlines into its callers (revision 0016).
+CREATE FUNCTION compaction.oversized_identifier(p_conversation_id text, p_scope text,
+                                                p_model text DEFAULT NULL,
+                                                p_worker text DEFAULT NULL)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT CASE
+               WHEN pg_catalog.octet_length(p_conversation_id) OPERATOR(pg_catalog.>) 1024
+                   THEN 'a conversation id may be at most 1024 bytes (UTF-8), got '
+                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_conversation_id)
+               WHEN pg_catalog.octet_length(p_scope) OPERATOR(pg_catalog.>) 1024
+                   THEN 'a scope may be at most 1024 bytes (UTF-8), got '
+                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_scope)
+               WHEN pg_catalog.octet_length(p_model) OPERATOR(pg_catalog.>) 256
+                   THEN 'a model may be at most 256 bytes (UTF-8), got '
+                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_model)
+               WHEN pg_catalog.octet_length(p_worker) OPERATOR(pg_catalog.>) 256
+                   THEN 'a worker name may be at most 256 bytes (UTF-8), got '
+                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_worker)
+           END
+$$;
+COMMENT ON FUNCTION compaction.oversized_identifier(text, text, text, text) IS
+    'Internal: NULL when the conversation id (at most 1024 bytes), scope (1024), model (256) and worker name (256) fit, else the message naming the first one over its limit (callers raise CP020)';
 
 CREATE FUNCTION compaction.checked_lease(p_lease interval)
 RETURNS interval
@@ -531,11 +614,16 @@ DECLARE
     v_slot        int;
     v_overflow    boolean := false;
     v_expired     compaction.attempts;
+    v_oversized   text;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
        OR p_model = '' OR p_worker IS NULL THEN
         RAISE EXCEPTION 'claim needs a conversation, a non-empty scope, model and worker'
             USING ERRCODE = 'CP020';
+    END IF;
+    v_oversized := compaction.oversized_identifier(p_conversation_id, p_scope, p_model, p_worker);
+    IF v_oversized IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_oversized USING ERRCODE = 'CP020';
     END IF;
 
     -- Checks in the contract's order; the first failing one is the answer.
@@ -555,8 +643,13 @@ BEGIN
         RETURN;
     END IF;
 
-    -- From here on the conversation's engine rows are ours until commit.
-    PERFORM compaction.lock_conversation(p_conversation_id);
+    -- From here on the conversation's engine rows are ours until commit: the statement of
+    -- lock_conversation, written out here and in fence (revision 0018), where a call per
+    -- cycle would cost as much as the row lock itself.
+    INSERT INTO compaction.conversation_locks AS l (conversation_id)
+    VALUES (p_conversation_id)
+    ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+        WHERE false;
 
     -- The range as it is now, from the derived state (no message text read): the pair
     -- count decides whether it is a target, the stored ids and hash whether it matches.
@@ -600,6 +693,8 @@ BEGIN
             RETURN QUERY SELECT false, 'already_completed'::text, v_job_id, NULL::int, NULL::timestamptz;
             RETURN;
         END IF;
+        -- The job id is no secret (revision 0018): the running attempt belongs to the
+        -- login that claimed it, and only that login can finish or renew it.
         IF EXISTS (SELECT 1 FROM compaction.attempts AS a
                    WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id
                      AND a.state = 'running') THEN
@@ -664,9 +759,12 @@ BEGIN
         v_job_id := v_job.job_id;
     END IF;
     IF v_job_id IS NOT NULL THEN
+        -- The attempt belongs to this login from now on (the fence compares).
         INSERT INTO compaction.attempts
-            (conversation_id, job_id, attempt, state, worker, started_at, lease_expires_at)
-        VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, v_now, v_lease)
+            (conversation_id, job_id, attempt, state, worker, started_at, lease_expires_at,
+             claimed_by)
+        VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, v_now, v_lease,
+                session_user)
         ON CONFLICT DO NOTHING
         RETURNING * INTO v_attempt_row;
     END IF;
@@ -683,7 +781,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz) IS
-    'Claims one attempt of an identity for a worker with a lease, or returns the first refusal reason (see DESIGN §6)';
+    'Claims one attempt of an identity for a worker with a lease, bound to the calling login, or returns the first refusal reason (see DESIGN §6)';
 
 -- The fencing step shared by complete, fail and heartbeat: locks the conversation and the
 -- attempt row, and answers whether (job_id, attempt) is still running with a live lease.
@@ -691,7 +789,10 @@ COMMENT ON FUNCTION compaction.claim(text, text, int, text[], text, text, text, 
 -- p_conversation_id must name the job's conversation (else the job is not found: the
 -- caller answers lease_lost); it lets a distributed database route the call. The job's
 -- row comes back with the attempt's (revision 0017), so the caller records the attempt's
--- change without reading either again.
+-- change without reading either again. An attempt belongs to the login that claimed it
+-- (revision 0018, DESIGN §6): to any other login, the owner and superusers aside, the
+-- attempt is unknown (the caller answers lease_lost) and nothing changes, not even an
+-- expiry. The usual call costs one comparison with the row it has already read.
 CREATE FUNCTION compaction.fence(p_job_id bigint, p_attempt int, p_now timestamptz,
                                  p_conversation_id text,
                                  OUT attempt_row compaction.attempts,
@@ -715,13 +816,23 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    PERFORM compaction.lock_conversation(job_row.conversation_id);
+    -- lock_conversation's statement (written out, as in claim).
+    INSERT INTO compaction.conversation_locks AS l (conversation_id)
+    VALUES (job_row.conversation_id)
+    ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+        WHERE false;
     SELECT a.* INTO attempt_row
     FROM compaction.attempts AS a
     WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     FOR UPDATE;
     IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF attempt_row.claimed_by IS DISTINCT FROM session_user
+       AND NOT compaction.caller_is_privileged() THEN
+        attempt_row := NULL;
+        job_row := NULL;
         RETURN;
     END IF;
     -- Only a superuser's or the owner's p_now can be this early (caller_now).
@@ -741,7 +852,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz, text) IS
-    'Internal: locks attempt (job_id, attempt) of the given conversation (or the job''s) and returns it with its job, first failing it (lease_expired) if its lease ran out; attempt_row NULL if unknown';
+    'Internal: locks attempt (job_id, attempt) of the given conversation (or the job''s) and returns it with its job, first failing it (lease_expired) if its lease ran out; attempt_row NULL if unknown or claimed by another login (owner and superusers aside)';
 
 -- complete()'s p_stats (DESIGN.md §6): NULL, or an object whose keys are among
 -- input_tokens, output_tokens, figures_total, figures_kept, each a non-negative integer
@@ -891,7 +1002,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text) IS
-    'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off';
+    'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off or claimed by another login';
 
 CREATE FUNCTION compaction.fail(
     p_job_id  bigint,
@@ -936,7 +1047,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.fail(bigint, int, text, timestamptz, text) IS
-    'Records attempt (job_id, attempt) failed with the worker''s reason code (e.g. http_error, timeout; CP024 unless ^[a-z][a-z0-9_]{0,63}$); lease_lost if fenced off';
+    'Records attempt (job_id, attempt) failed with the worker''s reason code (e.g. http_error, timeout; CP024 unless ^[a-z][a-z0-9_]{0,63}$); lease_lost if fenced off or claimed by another login';
 
 CREATE FUNCTION compaction.heartbeat(
     p_job_id  bigint,
@@ -977,7 +1088,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.heartbeat(bigint, int, interval, timestamptz, text) IS
-    'Renews the lease of running attempt (job_id, attempt) to now + p_lease (1 second..1 day, else CP023); ok = false if fenced off (lease_lost)';
+    'Renews the lease of running attempt (job_id, attempt) to now + p_lease (1 second..1 day, else CP023); ok = false if fenced off or claimed by another login (lease_lost)';
 
 -- ---------------------------------------------------------------------------------------
 -- The public view of completed summaries

@@ -54,6 +54,10 @@ BEGIN
         RAISE EXCEPTION 'enqueue needs a conversation id and a non-empty scope'
             USING ERRCODE = 'CP020';
     END IF;
+    IF compaction.oversized_identifier(p_conversation_id, p_scope) IS NOT NULL THEN
+        RAISE EXCEPTION '%', compaction.oversized_identifier(p_conversation_id, p_scope)
+            USING ERRCODE = 'CP020';
+    END IF;
     INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
     VALUES (p_conversation_id, p_scope, pg_catalog.now())
     ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
@@ -61,7 +65,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.enqueue(text, text) IS
-    'Marks a conversation (per scope) as having new history for the worker; cheap and idempotent; an entry under a lease survives its acknowledgement';
+    'Marks a conversation (per scope) as having new history for the worker; cheap and idempotent; an entry under a lease survives its acknowledgement; CP020 for a conversation id or scope over 1024 bytes';
 
 CREATE FUNCTION compaction.dequeue(
     p_scope text DEFAULT 'default',
@@ -85,8 +89,12 @@ BEGIN
     IF p_scope IS NULL OR p_scope = '' THEN
         RAISE EXCEPTION 'dequeue needs a non-empty scope' USING ERRCODE = 'CP020';
     END IF;
-    IF p_limit IS NULL OR p_limit < 1 THEN
-        RAISE EXCEPTION 'dequeue needs a limit of at least 1' USING ERRCODE = 'CP020';
+    -- At most 1,000 a call (revision 0018): one call used to hide a whole scope's queue
+    -- from every other worker for the lease.
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
+        RAISE EXCEPTION 'dequeue takes a limit between 1 and 1000 entries, got %',
+                coalesce(p_limit::text, 'NULL')
+            USING ERRCODE = 'CP020';
     END IF;
     IF p_lease IS NULL OR p_lease < interval '1 second' OR p_lease > interval '1 day' THEN
         RAISE EXCEPTION 'dequeue needs a lease between 1 second and 1 day' USING ERRCODE = 'CP020';
@@ -127,7 +135,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.dequeue(text, int, interval) IS
-    'Leases up to p_limit visible entries of one scope, oldest first, for p_lease (1 second to 1 day, server clock); concurrent workers get disjoint entries; returns each lease_token';
+    'Leases up to p_limit (1 to 1000, else CP020) visible entries of one scope, oldest first, for p_lease (1 second to 1 day, server clock); concurrent workers get disjoint entries; returns each lease_token';
 
 CREATE FUNCTION compaction.ack(p_conversation_id text, p_scope text, p_lease_token uuid)
 RETURNS TABLE (ok boolean, reason text)

@@ -34,6 +34,10 @@ BEGIN
         RAISE EXCEPTION 'import_summary needs a conversation, a non-empty scope and model, and completed_at'
             USING ERRCODE = 'CP020';
     END IF;
+    IF compaction.oversized_identifier(p_conversation_id, p_scope, p_model) IS NOT NULL THEN
+        RAISE EXCEPTION '%', compaction.oversized_identifier(p_conversation_id, p_scope, p_model)
+            USING ERRCODE = 'CP020';
+    END IF;
     IF p_from_pair IS NULL OR p_from_pair < 0 OR p_from_pair % 10 <> 0 THEN
         RAISE EXCEPTION 'invalid range: from_pair % is not a non-negative multiple of 10', p_from_pair
             USING ERRCODE = 'CP002';

@@ -81,10 +81,13 @@ BEGIN
             USING ERRCODE = 'CP011';
     END IF;
     -- The only changes: running -> completed | failed, and a running attempt's lease renewal.
+    -- Who claimed it never changes (revision 0018: the fence lets that login alone finish it).
     IF OLD.state = 'running'
-       AND (NEW.conversation_id, NEW.job_id, NEW.attempt, NEW.worker, NEW.started_at)
+       AND (NEW.conversation_id, NEW.job_id, NEW.attempt, NEW.worker, NEW.started_at,
+            NEW.claimed_by)
            IS NOT DISTINCT FROM
-           (OLD.conversation_id, OLD.job_id, OLD.attempt, OLD.worker, OLD.started_at)
+           (OLD.conversation_id, OLD.job_id, OLD.attempt, OLD.worker, OLD.started_at,
+            OLD.claimed_by)
        AND (NEW.state IN ('completed', 'failed')
             OR (NEW.state = 'running'
                 AND (NEW.reason, NEW.finished_at, NEW.finish_reason, NEW.tool_call_count,
@@ -102,7 +105,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.attempts_guard() IS
-    'Trigger: attempts are append-only except running -> completed | failed and lease renewal; DELETE only inside erase_conversation';
+    'Trigger: attempts are append-only except running -> completed | failed and lease renewal (never the claiming login); DELETE only inside erase_conversation';
 
 CREATE FUNCTION compaction.audit_events_guard()
 RETURNS trigger
@@ -234,6 +237,13 @@ ALTER TABLE compaction.pairs ENABLE ALWAYS TRIGGER pairs_truncate_guard;
 ALTER TABLE compaction.ranges ENABLE ALWAYS TRIGGER ranges_truncate_guard;
 ALTER TABLE compaction.summary_verdicts ENABLE ALWAYS TRIGGER summary_verdicts_truncate_guard;
 ALTER TABLE compaction.source_tracking ENABLE ALWAYS TRIGGER source_tracking_truncate_guard;
+
+-- Revision 0018: emptied, the conversations' lock rows would be written again by the next
+-- claim, but reap would pass over conversations with expired attempts until then.
+CREATE TRIGGER conversation_locks_truncate_guard
+    BEFORE TRUNCATE ON compaction.conversation_locks
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+ALTER TABLE compaction.conversation_locks ENABLE ALWAYS TRIGGER conversation_locks_truncate_guard;
 
 CREATE FUNCTION compaction.erase_conversation(p_conversation_id text, p_reason text)
 RETURNS int

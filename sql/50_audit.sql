@@ -34,7 +34,8 @@ CREATE VIEW compaction.audit_jobs AS
            a.input_tokens,
            a.output_tokens,
            a.figures_total,
-           a.figures_kept
+           a.figures_kept,
+           a.claimed_by
     FROM compaction.jobs AS j
     JOIN compaction.attempts AS a
       ON a.conversation_id = j.conversation_id AND a.job_id = j.job_id
@@ -67,13 +68,14 @@ CREATE VIEW compaction.audit_jobs AS
            NULL::int,
            NULL::int,
            NULL::int,
-           NULL::int
+           NULL::int,
+           NULL::text
     FROM compaction.jobs AS j
     JOIN compaction.job_summaries AS s
       ON s.conversation_id = j.conversation_id AND s.job_id = j.job_id
     WHERE s.attempt IS NULL;
 COMMENT ON VIEW compaction.audit_jobs IS
-    'Audit: every job with each attempt (state, reason, worker, lease, duration, finish metadata, token usage and figures kept as reported to complete, NULL when not reported) and imported summaries as state imported; no text';
+    'Audit: every job with each attempt (state, reason, worker, lease, duration, finish metadata, token usage and figures kept as reported to complete, NULL when not reported, and the login that claimed it) and imported summaries as state imported; no text';
 
 -- Computed where the source views are (DESIGN §11, revision 0013). A view that called
 -- source_hash per row would, under Citus, be pushed down to the shards on the workers,

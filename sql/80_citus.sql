@@ -30,7 +30,8 @@ AS $$
            ('compaction.conversation_state', 'distributed', 13),
            ('compaction.pairs', 'distributed', 14),
            ('compaction.ranges', 'distributed', 15),
-           ('compaction.summary_verdicts', 'distributed', 16)
+           ('compaction.summary_verdicts', 'distributed', 16),
+           ('compaction.conversation_locks', 'distributed', 17)
 $$;
 COMMENT ON FUNCTION compaction.citus_tables() IS
     'Every engine table with its Citus placement (distributed by conversation_id, co-located, or reference) in the order compaction.distribute_on_citus() applies them';

@@ -119,6 +119,9 @@ TO compaction_worker, compaction_reader, compaction_auditor;
 REVOKE TRUNCATE ON compaction.conversation_state, compaction.pairs, compaction.ranges,
                    compaction.summary_verdicts, compaction.source_tracking
 FROM compaction_owner;
+-- Revision 0018: no role but the owner holds any privilege on the conversations' lock
+-- rows, so no role without engine grants can lock one (docs/security.md).
+REVOKE TRUNCATE ON compaction.conversation_locks FROM compaction_owner;
 
 -- Leased queue (revision 0006_queue_leases): the worker leases entries of its scope and
 -- acknowledges (or releases) them; the auditor sees the queue per scope, never an id.

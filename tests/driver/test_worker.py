@@ -499,3 +499,15 @@ def test_database_error_mid_pass_loses_no_queued_conversation(
         thread.join(30)
     assert [e["event"] for e in log.events() if e["event"] == "db_error"] == ["db_error"]
     assert worker.report().outcomes == {"completed": 2}
+
+
+def test_a_batch_above_the_dequeue_limit_is_taken_in_the_limit(conn: Conn, dsn: str,
+                                                               one_range: str) -> None:
+    """dequeue leases at most db.DEQUEUE_LIMIT entries a call (revision 0018, CP020
+    above it): a worker configured for more asks for the limit."""
+    from pycompactor.extractive import ExtractiveSummarizer
+
+    report = make_worker(dsn, ExtractiveSummarizer(), StringLog(),
+                         batch_size=db.DEQUEUE_LIMIT + 1).run()
+    assert report.outcomes == {"completed": 1}
+    assert len(summaries(conn)) == 1

@@ -45,15 +45,16 @@ from tests.workerkit import (
 Conn = psycopg.Connection[Any]
 
 
-def _two_kilobytes(seed: str) -> str:
-    """2,048 UTF-8 bytes of quotes, %, ;, backslashes and multi-byte characters."""
+def _kilobyte(seed: str) -> str:
+    """1,024 UTF-8 bytes (the longest conversation id and scope the engine takes, since
+    revision 0018) of quotes, %, ;, backslashes and multi-byte characters."""
     piece = f"{seed}'\"%s%(x)s;\\ü会🚀"
     text = ""
     i = 0
-    while len(text.encode()) < 2048:
+    while len(text.encode()) < 1024:
         text += f"{piece}{i}"
         i += 1
-    return text.encode()[:2048].decode("utf-8", "ignore")
+    return text.encode()[:1024].decode("utf-8", "ignore")
 
 
 #: (conversation id, scope) pairs that would break any SQL or format-string splicing.
@@ -61,7 +62,7 @@ HOSTILE = [
     ("it's \"quoted\"; DROP TABLE compaction.jobs; -- 100% %s %(conversation_id)s {0} :name",
      "aud'ience; %s DELETE"),
     ("会话-🚀-e\u0301-\u200b-عربى-\\N-\t-tab", "スコープ 🚀 ;'%"),
-    (_two_kilobytes("conv"), _two_kilobytes("scope")),
+    (_kilobyte("conv"), _kilobyte("scope")),
 ]
 
 

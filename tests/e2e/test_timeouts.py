@@ -1,7 +1,7 @@
 """A lock held by a hung session costs a worker one lock_timeout, never a hang.
 
-The "hung session" is a second connection that took a conversation's advisory lock
-(compaction.lock_conversation, what every writer of that conversation takes first) and
+The "hung session" is a second connection that took a conversation's lock (the row of
+compaction.lock_conversation, what every writer of that conversation takes first) and
 then does nothing. The timeouts are transaction-local (set_config(..., true)), so they
 also leave no session state behind (PgBouncer).
 """

@@ -12,13 +12,15 @@ from pytest_postgresql.executors import PostgreSQLExecutor
 
 from tests.conftest import make_dsn
 
-LoginRole = Callable[[str], str]
+#: Pass None for a login that is a member of no role at all (an outsider).
+LoginRole = Callable[[str | None], str]
 
 
 @pytest.fixture
 def login_role(postgresql_proc: PostgreSQLExecutor, admin_dsn: str,
                dsn: str) -> Iterator[LoginRole]:
-    """Factory: a LOGIN role that is a member of one engine role; returns its DSN.
+    """Factory: a LOGIN role that is a member of one engine role (None: of no role);
+    returns its DSN.
 
     Roles are cluster-wide, so names are unique and every role is dropped at teardown.
     """
@@ -26,11 +28,15 @@ def login_role(postgresql_proc: PostgreSQLExecutor, admin_dsn: str,
     dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
     assert isinstance(dbname, str)
 
-    def factory(member_of: str) -> str:
+    def factory(member_of: str | None) -> str:
         name = f"login_{uuid.uuid4().hex[:10]}"
         with psycopg.connect(admin_dsn, autocommit=True) as admin:
-            admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
-                psycopg.sql.Identifier(name), psycopg.sql.Identifier(member_of)))
+            if member_of is None:
+                admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN").format(
+                    psycopg.sql.Identifier(name)))
+            else:
+                admin.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                    psycopg.sql.Identifier(name), psycopg.sql.Identifier(member_of)))
         created.append(name)
         return make_dsn(postgresql_proc, dbname, user=name)
 

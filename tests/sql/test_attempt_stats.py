@@ -140,8 +140,11 @@ def test_stats_never_change_on_lease_renewal(conn: Conn) -> None:
 
 
 def test_worker_role_can_pass_stats(conn: Conn, login_role: Any) -> None:
-    job_id = claimed_job(conn, now=None)  # the worker's complete runs on the server's clock
     with psycopg.connect(login_role("compaction_worker"), autocommit=True) as worker:
+        # the worker's own attempt (DESIGN §6), on the server's clock
+        result = claim(worker, "c1", target(conn, "c1"), now=None)
+        assert result.job_id is not None
+        job_id = result.job_id
         done = db.complete(worker, job_id, 1, GOOD, "stop", 0,
                            stats={"input_tokens": 10, "output_tokens": 2})
     assert done.ok

@@ -119,7 +119,11 @@ def test_expired_lease_cannot_be_completed_with_an_earlier_clock(
         refused("CP025", db.complete, worker, c.job_id, 1, GOOD, "stop", 0,
                 now=scalar(conn, "SELECT now()") - timedelta(hours=1), conversation_id="c1")
         assert state(conn) == before
+        # Not the claimer (DESIGN §6): refused, and not even the expiry is its to record.
         late = db.complete(worker, c.job_id, 1, GOOD, "stop", 0, conversation_id="c1")
+        assert (late.ok, late.reason) == (False, "lease_lost")
+        assert state(conn) == before
+    late = db.complete(conn, c.job_id, 1, GOOD, "stop", 0, conversation_id="c1")
     assert (late.ok, late.reason) == (False, "lease_lost")
     assert scalar(conn, "SELECT reason FROM compaction.attempts WHERE job_id = %s",
                   (c.job_id,)) == "lease_expired"

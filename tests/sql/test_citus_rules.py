@@ -227,7 +227,9 @@ def row_locks_across_conversations(catalog: Catalog) -> list[str]:
     return [f.signature for f in functions for statement in statements(f.body)
             if ROW_LOCK.search(statement)
             and any(mentions(statement, r) for r in shards)
-            and not re.search(r"conversation_id\s*=", statement)]
+            # the operator spelled out, as SET-less functions do (revision 0016)
+            and not re.search(r"conversation_id\s*(=|OPERATOR\(pg_catalog\.=\))",
+                              statement)]
 
 
 def sql_functions_reading_shards(catalog: Catalog) -> list[str]:

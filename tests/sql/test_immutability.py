@@ -18,6 +18,8 @@ ENGINE_TABLES = ["jobs", "attempts", "job_summaries", "audit_events", "admission
                  "settings", "prompt_versions"]
 # The derived state (a cache of the source) is guarded against TRUNCATE as well.
 DERIVED_TABLES = ["conversation_state", "pairs", "ranges", "summary_verdicts", "source_tracking"]
+# And the conversations' lock rows (revision 0018): emptied, reap would pass them over.
+LOCK_TABLES = ["conversation_locks"]
 
 
 def snapshot(conn: Conn) -> dict[str, list[Any]]:
@@ -105,6 +107,8 @@ def test_attempt_log_is_append_only(actor: Conn) -> None:
         "DELETE FROM compaction.attempts WHERE conversation_id = 'c2'",
         # a running attempt can only finish (or renew its lease), nothing else
         "UPDATE compaction.attempts SET worker = 'intruder' WHERE conversation_id = 'c3'",
+        # the login it belongs to (revision 0018) is not handed to another
+        "UPDATE compaction.attempts SET claimed_by = 'intruder' WHERE conversation_id = 'c3'",
         "UPDATE compaction.attempts SET attempt = 2 WHERE conversation_id = 'c3'",
         "DELETE FROM compaction.attempts WHERE conversation_id = 'c3'",
     ]:
@@ -134,9 +138,10 @@ def test_guards_are_enabled_always(conn: Conn) -> None:
     assert rows
     assert {enabled for _, _, enabled in rows} == {"A"}
     truncate_guarded = {rel for rel, name, _ in rows if name.endswith("_truncate_guard")}
-    assert truncate_guarded == {f"compaction.{t}" for t in ENGINE_TABLES + DERIVED_TABLES}
+    assert truncate_guarded == {f"compaction.{t}"
+                                for t in ENGINE_TABLES + DERIVED_TABLES + LOCK_TABLES}
     # nobody, the owner included, holds TRUNCATE on an engine table
-    for table in ENGINE_TABLES:
+    for table in ENGINE_TABLES + LOCK_TABLES:
         for role in ("compaction_owner", "compaction_worker", "compaction_reader",
                      "compaction_auditor"):
             assert conn.execute("SELECT has_table_privilege(%s, %s, 'TRUNCATE')",

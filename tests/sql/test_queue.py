@@ -241,8 +241,9 @@ def test_dequeue_refuses_bad_arguments(conn: Conn, kwargs: dict[str, Any],
     fresh(conn, "c1")
     with pytest.raises(errors.InvalidArgument, match=message):
         db.dequeue(conn, 10, **kwargs)
-    with pytest.raises(errors.InvalidArgument, match="limit of at least 1"):
-        db.dequeue(conn, 0)
+    for limit in (0, 1001):
+        with pytest.raises(errors.InvalidArgument, match="limit between 1 and 1000"):
+            db.dequeue(conn, limit)
     assert queue(conn) == [("c1", "default", False, False)]
     # the bounds themselves are accepted
     for lease in (timedelta(seconds=1), timedelta(days=1)):

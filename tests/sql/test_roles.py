@@ -15,7 +15,7 @@ from tests.sql.engine import GOOD, LEASE, MODEL, T0, V3, claim, scalar, target
 
 Conn = psycopg.Connection[Any]
 ENGINE_TABLES = ["jobs", "attempts", "job_summaries", "audit_events", "admission", "queue",
-                 "settings", "prompt_versions"]
+                 "settings", "prompt_versions", "conversation_locks"]
 MARKER = "ZQXJ-TEXT-MARKER"
 
 
