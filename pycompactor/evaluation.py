@@ -35,6 +35,7 @@ from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.outcomes import Failure, Reply
 from pycompactor.projection import (
     PairMeta,
+    SourcePair,
     SummaryCandidate,
     plan_projection,
     utf8_len,
@@ -205,7 +206,7 @@ class RangeResult:
         }
 
 
-def measure_range(pairs: Sequence[EvalPair], summary: str | None, *,
+def measure_range(pairs: Sequence[SourcePair], summary: str | None, *,
                   input_tokens: int | None = None, output_tokens: int | None = None,
                   seconds: float = 0.0, failure: str | None = None) -> RangeResult:
     """The measures of one range's summary (pure); `summary` None for a failed attempt."""
@@ -251,13 +252,13 @@ class Reach:
                 "compacted_bytes": self.compacted_bytes, "raw_only_bytes": self.raw_only_bytes}
 
 
-def _metas(pairs: Sequence[EvalPair]) -> list[PairMeta]:
+def _metas(pairs: Sequence[SourcePair]) -> list[PairMeta]:
     return [PairMeta(i, p.user_message_id, p.assistant_message_id,
                      utf8_len(p.user_content), utf8_len(p.assistant_content))
             for i, p in enumerate(pairs)]
 
 
-def _candidates(pairs: Sequence[EvalPair],
+def _candidates(pairs: Sequence[SourcePair],
                 summaries: Mapping[int, str]) -> list[SummaryCandidate]:
     out = []
     for from_pair, text in sorted(summaries.items()):
@@ -277,12 +278,13 @@ def _candidates(pairs: Sequence[EvalPair],
     return out
 
 
-def reach(pairs: Sequence[EvalPair], summaries: Mapping[int, str],
+def reach(pairs: Sequence[SourcePair], summaries: Mapping[int, str],
           budgets: Iterable[int] = DEFAULT_BUDGETS) -> tuple[Reach, ...]:
     """Reach of the next Run at each budget, with `summaries` (text by from_pair) and
     without any, planned by the projection's planner (DESIGN §9; pure).
 
-    `pairs` are every eligible pair of the conversation, oldest first.
+    `pairs` are every eligible pair of the conversation, oldest first (EvalPair, or the
+    engine's own pycompactor.models.Pair).
     """
     metas = _metas(pairs)
     candidates = _candidates(pairs, summaries)
@@ -469,7 +471,7 @@ class Report:
 Clock = Callable[[], float]
 
 
-def summarize_range(pairs: Sequence[EvalPair], summarizer: Summarizer, *,
+def summarize_range(pairs: Sequence[SourcePair], summarizer: Summarizer, *,
                     clock: Clock = time.monotonic) -> tuple[str | None, RangeResult]:
     """One model call on a range, measured: (the summary or None, its RangeResult)."""
     started = clock()
