@@ -12,7 +12,7 @@ PG ?= $(or $(PYCOMPACTOR_PG),auto)
 export PYCOMPACTOR_PG := $(PG)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test prepare-test lint typecheck pytest bench test-citus clean
+.PHONY: help venv demo test prepare-test lint typecheck pytest bench test-citus docs-images clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ test-citus: $(STAMP) ## the engine on a real Citus cluster (coordinator + 2 work
 bench: $(STAMP) ## benchmarks vs plain SQL on a durable throwaway cluster (~15 min; docs/benchmarks.md)
 	@scripts/prepare $(BIN)/python
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+docs-images: $(STAMP) ## regenerate docs/images/evaluate-*.svg and the table in docs/evaluate.md (offline, the corpus)
+	$(BIN)/python scripts/docs_images.py
 
 clean: ## remove the virtualenv and build output
 	rm -rf $(VENV) build dist *.egg-info

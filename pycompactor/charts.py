@@ -135,3 +135,20 @@ def histogram(title: str, values: Sequence[float], edges: Sequence[float], *,
 def xml_file(svg: str) -> str:
     """A standalone chart as the text of an .svg file."""
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + svg + "\n"
+
+
+def text_image(lines: Sequence[str], *, title: str, standalone: bool = False) -> str:
+    """Monospaced text (a terminal's table) as an SVG image, one <text> per line."""
+    char_w, line_h = 7.2, 15
+    width = int(24 + char_w * max((len(line) for line in lines), default=0))
+    height = 24 + line_h * len(lines)
+    ns = f' xmlns="{_SVG_NS}"' if standalone else ""
+    out = [f'<svg{ns} width="{width}" height="{height}" viewBox="0 0 {width} {height}"'
+           f' role="img" aria-label="{escape(title)}">',
+           f"<title>{escape(title)}</title>",
+           f'<rect width="{width}" height="{height}" fill="#ffffff"/>']
+    for i, line in enumerate(lines):
+        out.append(f'<text x="12" y="{20 + i * line_h}" font-family="monospace"'
+                   f' font-size="12" xml:space="preserve">{escape(line)}</text>')
+    out.append("</svg>")
+    return "\n".join(out)

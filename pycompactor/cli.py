@@ -388,15 +388,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_evaluate_command(add: Callable[[str, Handler, str, str], argparse.ArgumentParser],
                          ) -> None:
-    from pycompactor.evaluate import EVALUATE_EXAMPLES, add_evaluate_arguments
-    from pycompactor.extractive import OFFLINE_MODEL
+    from pycompactor.evaluate import DEFAULT_MODEL, EVALUATE_EXAMPLES, add_evaluate_arguments
 
     p = add("evaluate", cmd_evaluate,
             "measure what a summarizer buys and loses on conversations, writing nothing: "
             "compression, figure and qualifier retention, history reach per budget",
             EVALUATE_EXAMPLES)
     add_evaluate_arguments(p)
-    add_model_arguments(p, default=OFFLINE_MODEL, base_url=True)
+    add_model_arguments(p, default=DEFAULT_MODEL, base_url=True)
 
 
 def quiet_driver_warnings() -> None:

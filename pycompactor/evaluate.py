@@ -34,6 +34,7 @@ from pycompactor.evaluation import (
     evaluate,
     guess_language,
 )
+from pycompactor.extractive import OFFLINE_MODEL
 from pycompactor.render import print_json
 from pycompactor.summarizer import Summarizer
 
@@ -54,6 +55,8 @@ EVALUATE_EXAMPLES: Final = (
     "(--model), OPENAI_BASE_URL (--base-url) and OPENAI_API_KEY."
 )
 
+#: The model when neither --model nor PYCOMPACTOR_MODEL names one: offline, no server.
+DEFAULT_MODEL: Final = OFFLINE_MODEL
 #: Conversations read from a live database unless --limit says otherwise.
 DEFAULT_LIMIT: Final = 100
 # Histogram bins: compression is a ratio that can pass 1 (a summary longer than its
@@ -263,19 +266,25 @@ REACH_HEADERS: Final = ("budget", "conversations", "pairs", "reached with compac
                         "reached raw only", "gain")
 
 
-def readable(report: Report) -> Group:
-    """The default output: per range, pooled per language and overall, reach."""
+def readable(report: Report, *, max_range_rows: int | None = None) -> Group:
+    """The default output: per range (the first `max_range_rows` if given), pooled per
+    language and overall, reach."""
     from rich.console import Group
     from rich.text import Text
 
     n_ranges = len(report.ranges)
     api = f", {report.api} API" if report.api else ""
+    rows = range_rows(report)
+    more = ""
+    if max_range_rows is not None and len(rows) > max_range_rows:
+        more = f"; the first {max_range_rows} of {len(rows)}, --json lists all"
+        rows = rows[:max_range_rows]
     return Group(
         Text(f"pycompactor evaluate: model {report.model}{api}, source {report.source}: "
              f"{len(report.conversations)} conversations, {n_ranges} target ranges "
              "(nothing was written)", style="bold"),
         _table("Per range (compression = summary bytes / the ten replies' bytes; figures and "
-               "qualifiers: kept/total)", RANGE_HEADERS, range_rows(report),
+               f"qualifiers: kept/total{more})", RANGE_HEADERS, rows,
                right=RANGE_HEADERS[3:10]),
         _table("Pooled (ratios of sums over the summarized ranges)", TOTALS_HEADERS,
                totals_rows(report), right=TOTALS_HEADERS[1:]),
@@ -283,6 +292,19 @@ def readable(report: Report) -> Group:
                "summaries and with the raw-only projection (newest pairs only)",
                REACH_HEADERS, reach_rows(report), right=REACH_HEADERS[1:]),
     )
+
+
+def readable_text(report: Report, *, width: int = 140,
+                  max_range_rows: int | None = None) -> str:
+    """The readable report as plain text (no styling), lines without trailing blanks."""
+    import io
+
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, highlight=False, emoji=False, color_system=None,
+            force_terminal=False).print(readable(report, max_range_rows=max_range_rows))
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()).strip("\n")
 
 
 def report_charts(report: Report, *, standalone: bool = False) -> dict[str, str]:
