@@ -161,7 +161,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         parser.error("no model given; pass --model or set PYCOMPACTOR_MODEL "
                      "(pycompactor/extractive-1 needs no server)")
     try:
-        summarizer = make_summarizer(model, timeout_seconds=args.timeout_seconds, api=args.api)
+        summarizer = make_summarizer(model, timeout_seconds=args.timeout_seconds, api=args.api,
+                                     extractive_target=args.extractive_target)
     except UsageError as exc:
         parser.error(str(exc))
     config = WorkerConfig(
@@ -291,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(worker_parser=p)
     p.add_argument("--model", default=None, metavar="MODEL",
                    help="model id recorded on each job (env: PYCOMPACTOR_MODEL); "
-                        "pycompactor/extractive-1 selects the offline summarizer")
+                        "pycompactor/extractive-1 or pycompactor/extractive-2 selects an "
+                        "offline summarizer")
     p.add_argument("--api", choices=("chat", "responses"), default="chat",
                    help="OpenAI API to call: chat (Chat Completions, default) or responses "
                         "(the Responses API); the offline summarizer calls neither")
@@ -327,6 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get("PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS", "60"),
                    help="cancel any database statement after S seconds "
                         "(env: PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS; default: 60)")
+    p.add_argument("--extractive-target", type=retention_ratio, metavar="R",
+                   default=os.environ.get("PYCOMPACTOR_EXTRACTIVE_TARGET", "0.35"),
+                   help="pycompactor/extractive-2 only: summaries of at most R x the UTF-8 "
+                        "bytes of their ten replies, above 0 to 1 "
+                        "(env: PYCOMPACTOR_EXTRACTIVE_TARGET; default: 0.35)")
     p.add_argument("--min-figure-retention", type=retention_ratio, metavar="R",
                    default=os.environ.get("PYCOMPACTOR_MIN_FIGURE_RETENTION", "0"),
                    help="fail an attempt (reason figures_lost) whose summary keeps fewer than "
