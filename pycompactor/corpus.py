@@ -25,6 +25,7 @@ are read in sorted order, so a seed gives the same corpus for the same package v
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import html
 import json
@@ -185,7 +186,9 @@ def _chapter_groups(page: str) -> list[_Group]:
     return [_Group(f"From the PostgreSQL 15 documentation, {topic}:", topic, tuple(items))]
 
 
-def _postgresql_groups(root: Path) -> list[_Group]:
+# The parsed sources, once per process: every seed reads the same text.
+@functools.lru_cache(maxsize=4)
+def _postgresql_groups(root: Path) -> tuple[_Group, ...]:
     releases = sorted(root.glob("release-15*.html"))
     configs = sorted(root.glob("runtime-config-*.html"))
     if not releases or not configs:
@@ -200,7 +203,7 @@ def _postgresql_groups(root: Path) -> list[_Group]:
         groups += _config_groups(path.read_text(encoding="utf-8"))
     for path in sorted({p for pattern in _CHAPTERS for p in root.glob(pattern)}):
         groups += _chapter_groups(path.read_text(encoding="utf-8"))
-    return groups
+    return tuple(groups)
 
 
 # --- reading the Chinese manual pages ---------------------------------------------------
@@ -265,7 +268,8 @@ def _man_sections(source: str) -> list[tuple[str, str]]:
     return sections
 
 
-def _zh_groups(root: Path) -> list[_Group]:
+@functools.lru_cache(maxsize=4)
+def _zh_groups(root: Path) -> tuple[_Group, ...]:
     pages = sorted(root.glob("man[1-8]/*.gz"))
     if not pages:
         raise CorpusTextMissing(
@@ -283,7 +287,7 @@ def _zh_groups(root: Path) -> list[_Group]:
         ]
         if sum(len(i.body.encode()) for i in items) >= 3 * MIN_REPLY_BYTES:
             groups.append(_Group(f"关于 {command}，手册页是这样说的：", command, tuple(items)))
-    return groups
+    return tuple(groups)
 
 
 # --- composing conversations --------------------------------------------------------------
