@@ -191,7 +191,8 @@ def add_model_arguments(p: argparse.ArgumentParser, *, default: str | None = Non
                 else f"; default: {default}, which needs no server")
     p.add_argument("--model", default=None, metavar="MODEL",
                    help="model id recorded on each job (env: PYCOMPACTOR_MODEL); "
-                        f"pycompactor/extractive-1 selects the offline summarizer{fallback}")
+                        "pycompactor/extractive-1 or pycompactor/extractive-2 selects an "
+                        f"offline summarizer{fallback}")
     if base_url:
         p.add_argument("--base-url", default=None, metavar="URL",
                        help="the OpenAI-compatible server (env: OPENAI_BASE_URL)")
@@ -200,6 +201,11 @@ def add_model_arguments(p: argparse.ArgumentParser, *, default: str | None = Non
                         "(the Responses API); the offline summarizer calls neither")
     p.add_argument("--timeout-seconds", type=positive_float, default=120.0, metavar="S",
                    help="deadline of one model call, transport retry included (default: 120)")
+    p.add_argument("--extractive-target", type=retention_ratio, metavar="R",
+                   default=os.environ.get("PYCOMPACTOR_EXTRACTIVE_TARGET", "0.35"),
+                   help="pycompactor/extractive-2 only: summaries of at most R x the UTF-8 "
+                        "bytes of their ten replies, above 0 to 1 "
+                        "(env: PYCOMPACTOR_EXTRACTIVE_TARGET; default: 0.35)")
     p.set_defaults(default_model=default)
 
 
@@ -216,19 +222,21 @@ def build_summarizer(args: argparse.Namespace, parser: argparse.ArgumentParser) 
                      "(pycompactor/extractive-1 needs no server)")
     try:
         return make_summarizer(model, base_url=getattr(args, "base_url", None),
-                               timeout_seconds=args.timeout_seconds, api=args.api)
+                               timeout_seconds=args.timeout_seconds, api=args.api,
+                               extractive_target=args.extractive_target)
     except UsageError as exc:
         parser.error(str(exc))
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from pycompactor.evaluate import run_evaluate
-    from pycompactor.extractive import OFFLINE_MODEL
+    from pycompactor.summarizer import OpenAISummarizer
 
     summarizer = build_summarizer(args, args.command_parser)
     try:
+        # An offline summarizer calls no API: the report names none.
         return run_evaluate(args, summarizer,
-                            None if summarizer.model == OFFLINE_MODEL else args.api)
+                            args.api if isinstance(summarizer, OpenAISummarizer) else None)
     finally:
         summarizer.close()
 
