@@ -34,7 +34,7 @@ from pycompactor.evaluation import (
     evaluate,
     guess_language,
 )
-from pycompactor.extractive import OFFLINE_MODEL
+from pycompactor.extractive2 import EXTRACTIVE2_MODEL
 from pycompactor.render import print_json
 from pycompactor.summarizer import Summarizer
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 EVALUATE_EXAMPLES: Final = (
     "  pycompactor evaluate --jsonl history.jsonl\n"
-    "  pycompactor evaluate --corpus --html report.html\n"
+    "  pycompactor evaluate --corpus --limit 10 --html report.html\n"
     "  pycompactor evaluate --database --dsn postgresql://reader@db/agent --limit 200 \\\n"
     "    --model gpt-4.1-mini --api responses --json\n"
     "\n"
@@ -56,7 +56,7 @@ EVALUATE_EXAMPLES: Final = (
 )
 
 #: The model when neither --model nor PYCOMPACTOR_MODEL names one: offline, no server.
-DEFAULT_MODEL: Final = OFFLINE_MODEL
+DEFAULT_MODEL: Final = EXTRACTIVE2_MODEL
 #: Conversations read from a live database unless --limit says otherwise.
 DEFAULT_LIMIT: Final = 100
 # Histogram bins: compression is a ratio that can pass 1 (a summary longer than its
@@ -80,7 +80,8 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --database: only this conversation (repeatable)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N",
                    help=f"with --database: the first N conversations in id order "
-                        f"(default: {DEFAULT_LIMIT})")
+                        f"(default: {DEFAULT_LIMIT}); with --corpus: N conversations "
+                        "(default: the corpus's own size)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="with --corpus: the corpus seed (default: 0)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -130,14 +131,15 @@ def _conversation(data: Any) -> EvalConversation:
     return conversation_from_texts(conversation_id, language, texts)
 
 
-def read_corpus(seed: int = 0) -> tuple[EvalConversation, ...]:
-    """The evaluation corpus (`pycompactor.corpus`), imported only when asked for."""
-    import importlib
+def read_corpus(seed: int = 0, conversations: int | None = None,
+                ) -> tuple[EvalConversation, ...]:
+    """The evaluation corpus (`pycompactor.corpus`; its own default size unless
+    `conversations` is given). It is parsed from installed documentation on first use,
+    so it is imported only when asked for."""
+    from pycompactor import corpus
 
-    # By name until the corpus ships in this package (a concurrent change).
-    corpus = importlib.import_module("pycompactor.corpus")
     return tuple(conversation_from_texts(c.conversation_id, c.language, c.pairs)
-                 for c in corpus.build_corpus(seed=seed))
+                 for c in corpus.build_corpus(seed=seed, conversations=conversations))
 
 
 def read_database(dsn: str | None, conversation_ids: Sequence[str] | None = None, *,
@@ -163,12 +165,14 @@ def read_database(dsn: str | None, conversation_ids: Sequence[str] | None = None
 
 def load_conversations(args: argparse.Namespace) -> tuple[str, tuple[EvalConversation, ...]]:
     """(a name for the source, its conversations) from the command's arguments."""
-    if (args.conversation or args.limit is not None) and not args.database:
-        raise UsageError("--conversation and --limit apply to --database only")
+    if args.conversation and not args.database:
+        raise UsageError("--conversation applies to --database only")
+    if args.limit is not None and args.jsonl is not None:
+        raise UsageError("--limit applies to --database and --corpus only")
     if args.jsonl is not None:
         return f"jsonl:{args.jsonl.name}", read_jsonl(args.jsonl)
     if args.corpus:
-        return f"corpus:seed={args.seed}", read_corpus(args.seed)
+        return f"corpus:seed={args.seed}", read_corpus(args.seed, args.limit)
     return "database", read_database(args.dsn, args.conversation,
                                      limit=args.limit or DEFAULT_LIMIT)
 

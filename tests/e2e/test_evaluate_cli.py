@@ -50,7 +50,7 @@ def test_jsonl_with_the_offline_model(tmp_path: Path) -> None:
     assert set(report) == {"model", "api", "source", "budgets", "overall", "by_language",
                            "reach", "conversations"}
     assert (report["model"], report["api"], report["source"]) == (
-        "pycompactor/extractive-1", None, "jsonl:history.jsonl")
+        "pycompactor/extractive-2", None, "jsonl:history.jsonl")
     assert report["budgets"] == [8192, 16384, 32768, 65536]
     en, zh, short = report["conversations"]
     assert [(r["from_pair"], r["to_pair"]) for r in en["ranges"]] == [(0, 9), (10, 19)]
@@ -59,7 +59,10 @@ def test_jsonl_with_the_offline_model(tmp_path: Path) -> None:
     first = en["ranges"][0]
     # Ten fund numbers (F0..F9), ten values and ten dates, all distinct.
     assert first["figures_total"] == 30
-    assert first["figure_retention"] == 1.0
+    # extractive-2 (the default) writes at most 0.35 of the replies' bytes: here half of
+    # the figure sentences, and the measures say so.
+    assert first["figure_retention"] == first["figures_kept"] / 30 == 0.5
+    assert first["compression"] <= 0.35
     assert first["qualifiers_total"] == 30  # each of them with "no longer"
     assert (first["input_tokens"], first["output_tokens"]) == (None, None)
     assert first["compression"] == first["summary_bytes"] / first["replies_bytes"]
@@ -76,6 +79,17 @@ def test_jsonl_with_the_offline_model(tmp_path: Path) -> None:
                     "figure retention", "qualifier retention", "reached raw only"):
         assert heading in table.stdout
     assert "\x1b[" not in table.stdout  # readable off a terminal
+
+
+def test_corpus_with_extractive_2_by_default() -> None:
+    result = run_cli("evaluate", "--corpus", "--limit", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["model"], report["source"]) == ("pycompactor/extractive-2", "corpus:seed=0")
+    assert len(report["conversations"]) == 2
+    assert report["overall"]["ranges"] == sum(
+        len(c["ranges"]) for c in report["conversations"]) > 0
+    assert report["overall"]["compression"] <= 0.35  # extractive-2's default target
 
 
 def test_html_report_is_one_self_contained_file(tmp_path: Path) -> None:
@@ -169,7 +183,10 @@ def test_database_options_need_database(tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "history.jsonl")
     result = run_cli("evaluate", "--jsonl", str(source), "--limit", "3")
     assert result.returncode == 1
-    assert "--conversation and --limit apply to --database only" in result.stderr
+    assert "--limit applies to --database and --corpus only" in result.stderr
+    result = run_cli("evaluate", "--corpus", "--conversation", "c")
+    assert result.returncode == 1
+    assert "--conversation applies to --database only" in result.stderr
 
 
 # --- an OpenAI-compatible server, both APIs -------------------------------------------
