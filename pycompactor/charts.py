@@ -115,9 +115,11 @@ def bar_chart(title: str, categories: Sequence[str], series: Sequence[Series], *
 
 
 def histogram(title: str, values: Sequence[float], edges: Sequence[float], *,
-              x_label: str, colour: str = BLUE, standalone: bool = False) -> str:
+              x_label: str, colour: str = BLUE, last_label: str | None = None,
+              standalone: bool = False) -> str:
     """How many values fall in each bin [edges[i], edges[i+1]); the last bin is closed
-    and takes everything above it too, so no value is lost off the axis."""
+    and takes everything above it too, so no value is lost off the axis. Its label is
+    `≥ edges[-2]` unless `last_label` names it."""
     if len(edges) < 2 or any(b <= a for a, b in itertools.pairwise(edges)):
         raise ValueError("edges must be at least two increasing numbers")
     counts = [0] * (len(edges) - 1)
@@ -127,7 +129,7 @@ def histogram(title: str, values: Sequence[float], edges: Sequence[float], *,
             i += 1
         counts[i] += 1
     labels = [f"{_fmt(edges[i])}–{_fmt(edges[i + 1])}" for i in range(len(counts))]
-    labels[-1] = f"≥{_fmt(edges[-2])}"
+    labels[-1] = last_label if last_label is not None else f"≥{_fmt(edges[-2])}"
     return bar_chart(title, labels, [Series("ranges", tuple(map(float, counts)), colour)],
                      x_label=x_label, y_label="ranges", standalone=standalone)
 

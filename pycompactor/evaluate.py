@@ -326,12 +326,12 @@ def report_charts(report: Report, *, standalone: bool = False) -> dict[str, str]
             "Figure retention per range",
             [r.figure_retention for r in done if r.figure_retention is not None],
             _RETENTION_EDGES, x_label="figures kept / figures in the replies",
-            standalone=standalone),
+            last_label="1 (all)", standalone=standalone),
         "qualifier-retention": charts.histogram(
             "Qualifier retention per range",
             [r.qualifier_retention for r in done if r.qualifier_retention is not None],
             _RETENTION_EDGES, x_label="qualified facts kept / in the replies",
-            colour=charts.ORANGE, standalone=standalone),
+            colour=charts.ORANGE, last_label="1 (all)", standalone=standalone),
         "reach": charts.bar_chart(
             "Pairs the next Run sees, per conversation (mean)",
             [f"{k} KiB" for k in (r.budget_bytes // 1024 for r in reach)],
