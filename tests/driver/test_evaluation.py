@@ -32,6 +32,8 @@ from pycompactor.extractive import ExtractiveSummarizer
 from pycompactor.hashing import source_hash
 from pycompactor.outcomes import Failure, Reply
 from pycompactor.projection import StoredSummary, marker_line, project_pairs
+from pycompactor.summarizer import OpenAISummarizer
+from tests.modelserver import ModelServer, http_error, length, stop
 
 # CJK on both sides, so every cost below is UTF-8 bytes, not characters: a user message
 # of 28 characters is 84 bytes (cost 100 with the 16 of a message), a reply of 62
@@ -265,3 +267,27 @@ def test_conversation_from_texts_numbers_pairs() -> None:
     conversation = conversation_from_texts("c", "en", [("q0", "r0"), ("q1", "r1")])
     assert conversation == EvalConversation("c", "en", (
         EvalPair(0, "u0", "q0", "a0", "r0"), EvalPair(1, "u1", "q1", "a1", "r1")))
+
+
+def test_a_failed_range_is_reported_and_reaches_raw(model_server: ModelServer) -> None:
+    """Through the real openai client: range 0-9 gets a cut-off reply (not_stopped), range
+    10-19 an HTTP 400, range 20-29 a summary with usage. Failed ranges have no summary,
+    so the walk takes their raw pairs, and their tokens still count."""
+    model_server.enqueue(length(), http_error(400), stop("Short.", usage=(900, 7)))
+    conversation = EvalConversation("c", "zh", tuple(cjk_pairs(50)))
+    with OpenAISummarizer("m", base_url=model_server.base_url, api_key="k",
+                          retry_backoff_seconds=0) as summarizer:
+        report = evaluate([conversation], summarizer, source="test", api="chat",
+                          budgets=[1_000_000])
+    first, second, third = report.ranges
+    assert (first.failure, first.summary_bytes, first.figures_kept) == ("not_stopped", None,
+                                                                        None)
+    assert (first.input_tokens, first.output_tokens) == (1, 1)  # the server's default usage
+    assert (second.failure, second.input_tokens) == ("http_400", None)
+    assert (third.failure, third.summary_bytes, third.input_tokens) == (None, 6, 900)
+    [reach_all] = report.conversations[0].reach
+    assert (reach_all.compacted, reach_all.summarized) == (50, 10)  # only 20-29 summarized
+    overall = report.overall
+    assert (overall.ranges, overall.failed, overall.summary_bytes) == (3, 2, 6)
+    assert (overall.input_tokens, overall.output_tokens) == (901, 8)
+    assert report.to_dict()["api"] == "chat"

@@ -132,6 +132,10 @@ def snapshot(conn: Conn) -> dict[str, list[str]]:
         rows = conn.execute(sql.SQL("SELECT t::text FROM {}.{} AS t ORDER BY 1").format(
             sql.Identifier(schema), sql.Identifier(table))).fetchall()
         out[f"{schema}.{table}"] = [str(r[0]) for r in rows]
+    # Sequences too: a write that rolled back would still have advanced one.
+    out["sequences"] = [str(r) for r in conn.execute(
+        "SELECT schemaname, sequencename, last_value FROM pg_catalog.pg_sequences"
+        " WHERE schemaname IN ('compaction', 'compaction_source') ORDER BY 1, 2").fetchall()]
     return out
 
 
