@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from html import escape
@@ -26,6 +27,7 @@ from pycompactor.errors import UsageError
 from pycompactor.evaluation import (
     BUDGETS_KIB,
     DEFAULT_BUDGETS,
+    ConversationResult,
     EvalConversation,
     EvalPair,
     Report,
@@ -179,8 +181,19 @@ def load_conversations(args: argparse.Namespace) -> tuple[str, tuple[EvalConvers
 
 def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | None) -> int:
     source, conversations = load_conversations(args)
+    done = 0
+
+    def progress(result: ConversationResult) -> None:
+        # A model takes seconds a range: on a terminal, say how far it got.
+        nonlocal done
+        done += 1
+        end = "\n" if done == len(conversations) else ""
+        print(f"\revaluated {done}/{len(conversations)} conversations "
+              f"({result.conversation_id})\x1b[K", end=end, file=sys.stderr, flush=True)
+
     report = evaluate(conversations, summarizer, source=source, api=api,
-                      budgets=DEFAULT_BUDGETS)
+                      budgets=DEFAULT_BUDGETS,
+                      progress=progress if sys.stderr.isatty() else None)
     if args.html is not None:
         args.html.write_text(html_report(report), encoding="utf-8")
     if args.json:
