@@ -189,8 +189,10 @@ def add_model_arguments(p: argparse.ArgumentParser, *, default: str | None = Non
     evaluate); `default` is the model when neither --model nor PYCOMPACTOR_MODEL gives one."""
     fallback = ("" if default is None
                 else f"; default: {default}, which needs no server")
+    # A command with a default model (evaluate) records nothing: its model is only called.
+    what = "model id recorded on each job" if default is None else "model to evaluate"
     p.add_argument("--model", default=None, metavar="MODEL",
-                   help="model id recorded on each job (env: PYCOMPACTOR_MODEL); "
+                   help=f"{what} (env: PYCOMPACTOR_MODEL); "
                         "pycompactor/extractive-1 or pycompactor/extractive-2 selects an "
                         f"offline summarizer{fallback}")
     if base_url:
