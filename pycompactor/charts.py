@@ -47,15 +47,15 @@ def _open(title: str, standalone: bool) -> list[str]:
     ]
 
 
-def _nice_max(value: float) -> float:
-    """A round axis maximum at or above value (1, 2, 2.5 or 5 times a power of ten)."""
+def _axis(value: float) -> tuple[float, int]:
+    """A round step (1, 2 or 5 times a power of ten) and how many steps reach value:
+    about five gridlines, each at a round number."""
     if value <= 0:
-        return 1.0
-    power = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
-        if step * power >= value:
-            return float(step * power)
-    return float(10 * power)  # pragma: no cover - the loop always returns
+        return 1.0, 1
+    raw = value / 5
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return float(step), max(1, math.ceil(value / step - 1e-9))
 
 
 def _fmt(value: float) -> str:
@@ -63,18 +63,24 @@ def _fmt(value: float) -> str:
 
 
 def bar_chart(title: str, categories: Sequence[str], series: Sequence[Series], *,
-              x_label: str, y_label: str, standalone: bool = False) -> str:
+              x_label: str, y_label: str, counts: bool = False,
+              standalone: bool = False) -> str:
     """Grouped vertical bars: one group per category, one bar per series, with a
-    y axis from 0, gridlines, value labels on the bars and a legend."""
+    y axis from 0, gridlines, value labels on the bars and a legend. `counts`: the
+    gridlines are whole numbers."""
     if any(len(s.values) != len(categories) for s in series):
         raise ValueError("every series needs one value per category")
     plot_w = WIDTH - _LEFT - _RIGHT
     plot_h = HEIGHT - _TOP - _BOTTOM
-    top = _nice_max(max((v for s in series for v in s.values), default=0.0))
+    highest = max((v for s in series for v in s.values), default=0.0)
+    step, steps = _axis(highest)
+    if counts and step < 1:
+        step, steps = 1.0, max(1, math.ceil(highest))
+    top = step * steps
     out = _open(title, standalone)
-    for i in range(5):
-        value = top * i / 4
-        y = _TOP + plot_h - plot_h * i / 4
+    for i in range(steps + 1):
+        value = step * i
+        y = _TOP + plot_h - plot_h * i / steps
         out.append(f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{WIDTH - _RIGHT}" y2="{y:.1f}"'
                    f' stroke="{_GRID}"/>')
         out.append(f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end"'
@@ -131,7 +137,7 @@ def histogram(title: str, values: Sequence[float], edges: Sequence[float], *,
     labels = [f"{_fmt(edges[i])}–{_fmt(edges[i + 1])}" for i in range(len(counts))]
     labels[-1] = last_label if last_label is not None else f"≥{_fmt(edges[-2])}"
     return bar_chart(title, labels, [Series("ranges", tuple(map(float, counts)), colour)],
-                     x_label=x_label, y_label="ranges", standalone=standalone)
+                     x_label=x_label, y_label="ranges", counts=True, standalone=standalone)
 
 
 def xml_file(svg: str) -> str:
