@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pycompactor.corpus import CorpusConversation, build_corpus
@@ -111,7 +111,9 @@ def test_deterministic_within_target_and_valid(replies: list[str], target: float
 def test_every_figure_kept_when_the_figures_fit(replies: list[str], target: float) -> None:
     summary = extract(replies, target).text
     stats = figure_stats(pairs_of(replies), summary)
-    if figure_sentences_fit(replies, target):
+    fit = figure_sentences_fit(replies, target)
+    event(f"figure sentences fit: {fit}")
+    if fit:
         assert stats.kept == stats.total
         # ... and each with the qualifiers of its sentence.
         qualified = qualifier_stats(replies, summary)
