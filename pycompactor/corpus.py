@@ -83,6 +83,7 @@ class _Group:
     items: tuple[_Item, ...]
     release: str | None = None  # "15.10": release groups, which corrections cite
     date: str | None = None
+    kind: str = "release"  # release, config, manual or man: how users ask about it
 
 
 # --- reading the PostgreSQL HTML ----------------------------------------------------------
@@ -156,7 +157,7 @@ def _config_groups(page: str) -> list[_Group]:
         return []
     topic = _text(chapter.group(1)) if chapter else "server configuration"
     lead = f"From the PostgreSQL 15 documentation, {topic}:"
-    return [_Group(lead, f"the {topic} settings", tuple(items))]
+    return [_Group(lead, f"the {topic} settings", tuple(items), kind="config")]
 
 
 _SECTION_TITLE: Final = re.compile(r'<h[234] class="title"[^>]*>(?:[0-9.]+\s+)?([^<]+)</h[234]>')
@@ -183,7 +184,8 @@ def _chapter_groups(page: str) -> list[_Group]:
                   if len(p) >= 80 and not p.endswith(":")]  # no lead-in to a code block
     if not items or not topic:
         return []
-    return [_Group(f"From the PostgreSQL 15 documentation, {topic}:", topic, tuple(items))]
+    return [_Group(f"From the PostgreSQL 15 documentation, {topic}:", topic, tuple(items),
+                   kind="manual")]
 
 
 # The parsed sources, once per process: every seed reads the same text.
@@ -286,7 +288,8 @@ def _zh_groups(root: Path) -> tuple[_Group, ...]:
             if title not in _SKIPPED_SECTIONS and len(_CJK.findall(text)) >= 20
         ]
         if sum(len(i.body.encode()) for i in items) >= 3 * MIN_REPLY_BYTES:
-            groups.append(_Group(f"关于 {command}，手册页是这样说的：", command, tuple(items)))
+            groups.append(_Group(f"关于 {command}，手册页是这样说的：", command, tuple(items),
+                                 kind="man"))
     return tuple(groups)
 
 
@@ -306,6 +309,12 @@ _EN_CONFIG_QUESTIONS: Final = (
     "Should we change {title}?",
     "Explain {title} and the related settings.",
     "What are the limits of {title}?",
+)
+_EN_MANUAL_QUESTIONS: Final = (
+    "How does {title} work?",
+    "Tell me about {title}.",
+    "What should I know about {title}?",
+    "Any limits or caveats with {title}?",
 )
 _ZH_QUESTIONS: Final = (
     "{title}是什么？",
@@ -408,8 +417,10 @@ class _Composer:
     def _question(self, group: _Group, item: _Item) -> str:
         if self.language == "zh":
             template = self.rng.choice(_ZH_QUESTIONS)
-        elif group.release is None:
+        elif group.kind == "config":
             template = self.rng.choice(_EN_CONFIG_QUESTIONS)
+        elif group.kind == "manual":
+            template = self.rng.choice(_EN_MANUAL_QUESTIONS)
         else:
             template = self.rng.choice(_EN_QUESTIONS)
         return template.format(subject=group.subject, title=_short(item.title))

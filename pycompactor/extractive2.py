@@ -32,7 +32,7 @@ from pycompactor.figures import figures
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import AssistantReply
 from pycompactor.outcomes import INVALID_TEXT, Failure, ModelOutcome, Reply, storable
-from pycompactor.qualifiers import qualified_facts, qualifiers
+from pycompactor.qualifiers import qualifiers
 from pycompactor.qualifiers import sentences as qualifier_sentences
 
 EXTRACTIVE2_MODEL: Final = "pycompactor/extractive-2"
@@ -83,6 +83,8 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
     seen: set[str] = set()
     units: list[_Unit] = []
     for r, reply in enumerate(replies):
+        if reply in replies[:r]:
+            continue  # its sentences are all seen: do not split it again
         ranks = [0, 0, 0]
         position = 0
         for line in _LINES.split(reply):
@@ -91,10 +93,17 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
                 if not text.strip() or text in seen:
                     continue
                 seen.add(text)
-                tier = _HEAD if i == 0 else _QUALIFIED if qualifiers(text) else _REST
+                found = figures(text)
+                # Heads without figures are ranked without asking for qualifiers: the
+                # qualifier match is the costliest step of a range.
+                marks = qualifiers(text) if found or i else set()
+                tier = _HEAD if i == 0 else _QUALIFIED if marks else _REST
+                # The unit is one sentence as the qualifier measure splits text, so its
+                # qualified facts (qualifiers.qualified_facts) are all its pairs.
+                facts = frozenset((f, q) for f in found for q in marks)
                 units.append(_Unit(
                     r, position, text, len(text.encode("utf-8")) + 1, len(text) + 1,
-                    frozenset(figures(text)), qualified_facts(text), tier, ranks[tier],
+                    frozenset(found), facts, tier, ranks[tier],
                 ))
                 ranks[tier] += 1
                 position += 1
