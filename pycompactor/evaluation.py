@@ -76,7 +76,7 @@ class EvalPair:
 @dataclass(frozen=True, slots=True)
 class EvalConversation:
     """A conversation's eligible pairs, oldest first, with its language (`en`, `zh`, or
-    `mixed`/`other` for a live database's guess)."""
+    `other`: a live database's conversations get `guess_language`'s guess)."""
 
     conversation_id: str
     language: str
