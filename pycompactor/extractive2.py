@@ -23,16 +23,16 @@ and a range summarized by both keeps both.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from pycompactor.extractive import MAX_SUMMARY_CHARS, _excerpt
-from pycompactor.figures import figures
+from pycompactor.figures import FIGURE, figures
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import AssistantReply
 from pycompactor.outcomes import INVALID_TEXT, Failure, ModelOutcome, Reply, storable
-from pycompactor.qualifiers import qualifiers
+from pycompactor.qualifiers import QUALIFIERS_EN, QUALIFIERS_ZH, qualifiers
 from pycompactor.qualifiers import sentences as qualifier_sentences
 
 EXTRACTIVE2_MODEL: Final = "pycompactor/extractive-2"
@@ -53,6 +53,26 @@ _ASCII_END: Final = (".", "!", "?", ";")
 _CJK_END: Final = ("。", "！", "？", "；")
 
 _HEAD, _QUALIFIED, _REST = 0, 1, 2
+
+#: The default context allowance: sentences without figures are added only while the
+#: summary is under this share of the replies' bytes (and the target).
+DEFAULT_CONTEXT: Final = 0.05
+# Words kept before and after each figure (what it is about, and its unit), widest first:
+# narrower windows only when the wider clauses do not all fit the target.
+_WINDOWS: Final = ((4, 2), (2, 1), (1, 0), (0, 0))
+# A word, or one CJK character (Chinese has no spaces to cut at).
+_CJK: Final = "\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef"
+_TOKEN: Final = re.compile(f"[{_CJK}]|[^\\s{_CJK}]+")
+_GAP: Final = " … "
+_GAP_BYTES: Final = len(_GAP.encode("utf-8"))
+_STOPS: Final = ".!?;"
+# Where the qualifiers of pycompactor.qualifiers stand in a sentence, so a cut keeps them.
+_QUALIFIER_SPAN: Final = re.compile(
+    r"\b(?:" + "|".join(re.escape(q).replace(r"\ ", r"\s+")
+                        for q in sorted(QUALIFIERS_EN, key=len, reverse=True))
+    + r")\b|n't\b|" + "|".join(sorted(QUALIFIERS_ZH, key=len, reverse=True)),
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,53 +153,115 @@ def target_bytes(replies: Sequence[str], target: float = DEFAULT_TARGET) -> int:
     return int(target * sum(len(r.encode("utf-8")) for r in replies))
 
 
-def extract(replies: Sequence[str], target: float = DEFAULT_TARGET) -> Extract:
+def _clause(unit: _Unit, before: int, after: int) -> _Unit:
+    """The unit cut to the words that state its facts: `before` and `after` words around
+    each figure, every qualifier of its sentence and the word it qualifies, other words
+    left out with an ellipsis. The whole unit when the cut would lose a figure or a
+    qualified fact (the measures' own functions re-read the cut)."""
+    text = unit.text
+    tokens = [(m.start(), m.end()) for m in _TOKEN.finditer(text)]
+    last = len(tokens) - 1
+    keep: set[int] = set()
+    for i, (start, end) in enumerate(tokens):
+        if FIGURE.search(text, start, end):
+            keep.update(range(max(0, i - before), min(last, i + after) + 1))
+    if unit.facts:
+        for m in _QUALIFIER_SPAN.finditer(text):
+            hit = [i for i, (start, end) in enumerate(tokens)
+                   if start < m.end() and m.start() < end]
+            if hit:
+                # ... and the word it negates or bounds: "not required", "only 3".
+                keep.update(range(hit[0], min(last, hit[-1] + min(1, after)) + 1))
+    runs: list[list[int]] = []
+    for i in sorted(keep):
+        if runs and (i == runs[-1][1] + 1 or len(
+                text[tokens[runs[-1][1]][1]:tokens[i][0]].encode("utf-8")) <= _GAP_BYTES):
+            runs[-1][1] = i  # the words between cost no more than the ellipsis
+        else:
+            runs.append([i, i])
+    parts = [text[tokens[first][0]:tokens[end][1]] for first, end in runs]
+    for k, (_, end) in enumerate(runs):
+        if end != last:
+            # An inner cut must not end the sentence: the fact and its qualifiers stay in
+            # one sentence, as the qualifier measure reads it.
+            parts[k] = parts[k].rstrip(_STOPS)
+    cut = _GAP.join(p for p in parts if p)
+    if len(cut) >= len(text) or not _states(cut, unit):
+        return unit
+    return _Unit(unit.reply, unit.position, cut, len(cut.encode("utf-8")) + 1, len(cut) + 1,
+                 unit.figures, unit.facts, unit.tier, unit.rank)
+
+
+def _states(cut: str, unit: _Unit) -> bool:
+    """Whether `cut`, as one sentence, still holds the unit's figures and qualified facts."""
+    if len(qualifier_sentences(cut)) != 1 or not unit.figures <= figures(cut):
+        return False
+    return not unit.facts or unit.facts <= {
+        (f, q) for f in unit.figures for q in qualifiers(cut)}
+
+
+class _Choice:
+    """Units chosen so far and what they cost, against the budget and the 6,000 chars."""
+
+    def __init__(self, units: Sequence[_Unit], budget: int) -> None:
+        self.units = units
+        self.budget = budget
+        self.chosen: set[int] = set()
+        self.used = self.chars = 0
+
+    def fits(self, u: _Unit, budget: int | None = None) -> bool:
+        # (The first unit's separator is never written: hence the `+ 1`.)
+        return (self.used + u.size <= (self.budget if budget is None else budget) + 1
+                and self.chars + u.chars <= MAX_SUMMARY_CHARS + 1)
+
+    def take(self, i: int) -> None:
+        self.chosen.add(i)
+        self.used += self.units[i].size
+        self.chars += self.units[i].chars
+
+
+def extract(replies: Sequence[str], target: float = DEFAULT_TARGET,
+            context: float = DEFAULT_CONTEXT) -> Extract:
     """The extractive-2 summary of some replies, at most `target` x their UTF-8 bytes.
 
-    Deterministic. Keeps every figure whenever the sentences holding figures fit the target
-    together. Never over the target, except with `over_target` set when even one character
-    would be (a summary cannot be empty); never over 6,000 characters.
+    Deterministic. States every figure, with the qualifiers of its sentence, whenever the
+    tightest clauses stating them fit the target together; then adds context sentences
+    while the summary stays within `context` x the replies' bytes (and the target). Never
+    over the target, except with `over_target` set when even one character would be (a
+    summary cannot be empty); never over 6,000 characters.
     """
     if not 0.0 < target <= 1.0:  # NaN fails this too
         raise ValueError(f"target must be a share above 0 and at most 1, got {target}")
+    if not 0.0 <= context <= 1.0:
+        raise ValueError(f"context must be a share from 0 to 1, got {context}")
     budget = target_bytes(replies, target)
-    units = _units(replies)
-    chosen: set[int] = set()
-    used = chars = 0
-
-    def fits(u: _Unit) -> bool:
-        return used + u.size <= budget + 1 and chars + u.chars <= MAX_SUMMARY_CHARS + 1
-
-    def take(i: int) -> None:
-        nonlocal used, chars
-        chosen.add(i)
-        used += units[i].size
-        chars += units[i].chars
-
-    factual = [i for i, u in enumerate(units) if u.figures]
-    # (The first unit's separator is never written: hence the `+ 1` in fits.)
-    if (sum(units[i].size for i in factual) <= budget + 1
-            and sum(units[i].chars for i in factual) <= MAX_SUMMARY_CHARS + 1):
-        for i in factual:
-            take(i)
-    else:
-        _cover(units, factual, fits, take)
-    rest = sorted((i for i in range(len(units)) if i not in chosen),
+    whole = _units(replies)
+    factual = [i for i, u in enumerate(whole) if u.figures]
+    # The widest clauses whose cover states every figure and fact; else the tightest's.
+    for before, after in _WINDOWS:
+        units = [_clause(u, before, after) if u.figures else u for u in whole]
+        choice = _Choice(units, budget)
+        if _cover(units, factual, choice):
+            break
+    allowance = min(budget, target_bytes(replies, context))
+    # Context: sentences without figures, and with a word (a lone "." says nothing).
+    rest = sorted((i for i, u in enumerate(units)
+                   if not u.figures and any(c.isalnum() for c in u.text)),
                   key=lambda i: (units[i].tier, units[i].rank, units[i].reply, i))
     for i in rest:
-        if used >= budget:
+        if choice.used >= allowance:
             break
-        if fits(units[i]):
-            take(i)
-    if chosen:
-        text = _join([units[i] for i in sorted(chosen)])
-        return Extract(text, budget)
-    return _fallback(replies, units, budget)
+        if choice.fits(units[i], allowance):
+            choice.take(i)
+    if choice.chosen:
+        return Extract(_join([units[i] for i in sorted(choice.chosen)]), budget)
+    return _fallback(replies, whole, budget)
 
 
-def _cover(units: Sequence[_Unit], factual: Sequence[int], fits: Callable[[_Unit], bool],
-           take: Callable[[int], None]) -> None:
-    """Greedy cover of the figures and qualified facts, by what each byte adds."""
+def _cover(units: Sequence[_Unit], factual: Sequence[int], choice: _Choice) -> bool:
+    """Greedy cover of the figures and qualified facts, by what each byte adds: a clause
+    that states nothing new (a figure or fact an earlier pick states) is not written.
+    True when every figure and fact is covered."""
     wanted: set[object] = set()
     for i in factual:
         wanted |= units[i].figures | units[i].facts
@@ -190,13 +272,14 @@ def _cover(units: Sequence[_Unit], factual: Sequence[int], fits: Callable[[_Unit
             u = units[i]
             # A figure counts double: losing it loses its facts too.
             gain = 2 * len(u.figures & wanted) + len(u.facts & wanted)
-            if gain and fits(u) and gain / u.size > best_value:
+            if gain and choice.fits(u) and gain / u.size > best_value:
                 best, best_value = i, gain / u.size
         if best < 0:
-            return
-        take(best)
+            return False
+        choice.take(best)
         pool.remove(best)
         wanted -= units[best].figures | units[best].facts
+    return not wanted
 
 
 def _fallback(replies: Sequence[str], units: Sequence[_Unit], budget: int) -> Extract:
