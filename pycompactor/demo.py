@@ -227,10 +227,11 @@ def _compact(conn: db.Connection, dsn: str, console: Console, steps: Steps) -> N
     console.print(Text(
         "figures_kept: distinct figures (numbers, dates, amounts) of the ten replies that "
         "the summary holds verbatim, of all of them. extractive-2 writes at most "
-        f"{DEFAULT_TARGET:.2f} of the replies' bytes, sentences with figures first: the long "
-        "replies of 0-9 leave room for every figure, the short ones of 10-19 do not; "
-        "a worker with --min-figure-retention R fails a summary that keeps fewer "
-        "(figures_lost). input_tokens/output_tokens: the usage an OpenAI-compatible API "
+        f"{DEFAULT_TARGET:.2f} of the replies' bytes, as a ceiling: each figure with the few "
+        "words around it and its qualifiers, then a little context; the short replies of "
+        "10-19 get only the words around each figure. A summary that cannot state every "
+        "figure within the target loses some, and a worker with --min-figure-retention R "
+        "fails it (figures_lost). input_tokens/output_tokens: the usage an OpenAI-compatible API "
         "reports; the offline summarizer calls no model, so it has none (-)."))
 
 
