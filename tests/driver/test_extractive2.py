@@ -182,6 +182,10 @@ def test_the_target_is_a_ceiling_and_facts_are_cut_from_the_prose() -> None:
     assert size(facts_only) < size(result.text)
     with pytest.raises(ValueError, match="context"):
         extract(replies, context=1.5)
+    outcome = Extractive2Summarizer(context=0.0).summarize(pairs_of(replies))
+    assert isinstance(outcome, Reply) and outcome.text == facts_only
+    with pytest.raises(ValueError, match="context"):
+        Extractive2Summarizer(context=-0.1)
 
 
 def test_short_figure_dense_replies_keep_their_figures() -> None:
