@@ -34,7 +34,7 @@ and a range summarized by both keeps both.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -63,7 +63,7 @@ _BULLET: Final = re.compile(r"^(?:[-*•]\s+|・\s*)")
 _ASCII_END: Final = (".", "!", "?", ";")
 _CJK_END: Final = ("。", "！", "？", "；")
 
-_HEAD, _QUALIFIED, _REST = 0, 1, 2
+_HEAD, _BODY = 0, 1
 
 #: The default context allowance: sentences without figures are added only while the
 #: summary is under this share of the replies' bytes (and the target); see step 3 above.
@@ -105,7 +105,7 @@ class _Unit:
     chars: int
     figures: frozenset[str]
     facts: frozenset[tuple[str, str]]
-    tier: int
+    tier: int  # _HEAD: the first sentence of a paragraph or list item
     rank: int  # its place among its reply's units of the same tier
 
 
@@ -116,7 +116,7 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
     for r, reply in enumerate(replies):
         if reply in replies[:r]:
             continue  # its sentences are all seen: do not split it again
-        ranks = [0, 0, 0]
+        ranks = [0, 0]
         position = 0
         for line in _LINES.split(reply):
             for i, raw in enumerate(qualifier_sentences(line)):
@@ -125,10 +125,10 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
                     continue
                 seen.add(text)
                 found = figures(text)
-                # Heads without figures are ranked without asking for qualifiers: the
-                # qualifier match is the costliest step of a range.
-                marks = qualifiers(text) if found or i else set()
-                tier = _HEAD if i == 0 else _QUALIFIED if marks else _REST
+                # Only facts need their qualifiers here: the qualifier match is the
+                # costliest step of a range (context asks later, and only if it must).
+                marks = qualifiers(text) if found else set()
+                tier = _HEAD if i == 0 else _BODY
                 # The unit is one sentence as the qualifier measure splits text, so its
                 # qualified facts (qualifiers.qualified_facts) are all its pairs.
                 facts = frozenset((f, q) for f in found for q in marks)
@@ -255,11 +255,7 @@ def extract(replies: Sequence[str], target: float = DEFAULT_TARGET,
         if _cover(units, factual, choice):
             break
     allowance = min(budget, target_bytes(replies, context))
-    # Context: sentences without figures, and with a word (a lone "." says nothing).
-    rest = sorted((i for i, u in enumerate(units)
-                   if not u.figures and any(c.isalnum() for c in u.text)),
-                  key=lambda i: (units[i].tier, units[i].rank, units[i].reply, i))
-    for i in rest:
+    for i in _context(units):
         if choice.used >= allowance:
             break
         if choice.fits(units[i], allowance):
@@ -267,6 +263,27 @@ def extract(replies: Sequence[str], target: float = DEFAULT_TARGET,
     if choice.chosen:
         return Extract(_join([units[i] for i in sorted(choice.chosen)]), budget)
     return _fallback(replies, whole, budget)
+
+
+def _context(units: Sequence[_Unit]) -> Iterator[int]:
+    """Context, best first: sentences without figures and with a word (a lone "." says
+    nothing); the heads, then sentences with a qualifier, then the rest, round-robin
+    across the replies. Lazily: most summaries stop within the heads, and the qualifier
+    search is not asked of the other sentences unless they are reached."""
+    candidates = [i for i, u in enumerate(units)
+                  if not u.figures and any(c.isalnum() for c in u.text)]
+    yield from sorted((i for i in candidates if units[i].tier == _HEAD),
+                      key=lambda i: (units[i].rank, units[i].reply, i))
+    ranks: dict[tuple[int, bool], int] = {}
+    keyed: list[tuple[bool, int, int, int]] = []
+    for i in candidates:
+        u = units[i]
+        if u.tier != _HEAD:
+            plain = _QUALIFIER_SPAN.search(u.text) is None
+            rank = ranks.get((u.reply, plain), 0)
+            ranks[(u.reply, plain)] = rank + 1
+            keyed.append((plain, rank, u.reply, i))
+    yield from (key[-1] for key in sorted(keyed))
 
 
 def _cover(units: Sequence[_Unit], factual: Sequence[int], choice: _Choice) -> bool:

@@ -183,7 +183,8 @@ def test_the_target_is_a_ceiling_and_facts_are_cut_from_the_prose() -> None:
     with pytest.raises(ValueError, match="context"):
         extract(replies, context=1.5)
     outcome = Extractive2Summarizer(context=0.0).summarize(pairs_of(replies))
-    assert isinstance(outcome, Reply) and outcome.text == facts_only
+    assert isinstance(outcome, Reply)
+    assert outcome.text == facts_only
     with pytest.raises(ValueError, match="context"):
         Extractive2Summarizer(context=-0.1)
 
