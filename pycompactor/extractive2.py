@@ -34,6 +34,7 @@ and a range summarized by both keeps both.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -177,12 +178,14 @@ def _clause(unit: _Unit, before: int, after: int) -> _Unit:
         if FIGURE.search(text, start, end):
             keep.update(range(max(0, i - before), min(last, i + after) + 1))
     if unit.facts:
+        ends = [end for _, end in tokens]
         for m in _QUALIFIER_SPAN.finditer(text):
-            hit = [i for i, (start, end) in enumerate(tokens)
-                   if start < m.end() and m.start() < end]
-            if hit:
-                # ... and the word it negates or bounds: "not required", "only 3".
-                keep.update(range(hit[0], min(last, hit[-1] + min(1, after)) + 1))
+            # The tokens it overlaps, and the word it negates or bounds: "not required",
+            # "only 3".
+            first = bisect_right(ends, m.start())
+            stop = bisect_left(ends, m.end())
+            if first <= stop <= last:
+                keep.update(range(first, min(last, stop + min(1, after)) + 1))
     runs: list[list[int]] = []
     for i in sorted(keep):
         if runs and (i == runs[-1][1] + 1 or len(
