@@ -206,6 +206,14 @@ def _clause(unit: _Unit, before: int, after: int) -> _Unit:
                  unit.figures, unit.facts, unit.tier, unit.rank)
 
 
+def fact_clauses(replies: Sequence[str]) -> list[str]:
+    """The tightest clauses stating the replies' figures and qualified facts (the figures
+    and qualifiers alone, with what lies between them when no longer than an ellipsis):
+    when these fit the target together, `extract` states every figure and fact."""
+    last = _WINDOWS[-1]
+    return [_clause(u, *last).text for u in _units(replies) if u.figures]
+
+
 def _states(cut: str, unit: _Unit) -> bool:
     """Whether `cut`, as one sentence, still holds the unit's figures and qualified facts."""
     if len(qualifier_sentences(cut)) != 1 or not unit.figures <= figures(cut):

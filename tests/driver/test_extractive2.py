@@ -28,6 +28,7 @@ from pycompactor.extractive2 import (
     TARGET_TOO_SMALL,
     Extractive2Summarizer,
     extract,
+    fact_clauses,
     target_bytes,
 )
 from pycompactor.figures import figure_stats, figures
@@ -122,6 +123,24 @@ def test_every_figure_kept_when_the_figures_fit(replies: list[str], target: floa
         # ... and each with the qualifiers of its sentence.
         qualified = qualifier_stats(replies, summary)
         assert qualified.kept == qualified.total
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_reply, min_size=10, max_size=10), st.floats(0.001, 0.35))
+def test_every_figure_kept_when_the_fact_clauses_fit(replies: list[str], target: float) -> None:
+    clauses = fact_clauses(replies)
+    fit = (sum(size(c) + 1 for c in clauses) <= target_bytes(replies, target) + 1
+           and sum(len(c) + 1 for c in clauses) <= MAX_SUMMARY_CHARS + 1)
+    event(f"fact clauses fit: {fit}")
+    summary = extract(replies, target).text
+    if fit:
+        stats = figure_stats(pairs_of(replies), summary)
+        assert stats.kept == stats.total
+        qualified = qualifier_stats(replies, summary)
+        assert qualified.kept == qualified.total
+    # Each clause states its figures, with its sentence's qualifiers, in one sentence.
+    for clause in clauses:
+        assert len(qualifier_sentences(clause)) == 1
 
 
 def test_figures_that_cannot_fit_are_lost_within_the_target() -> None:
