@@ -12,7 +12,7 @@ PG ?= $(or $(PYCOMPACTOR_PG),auto)
 export PYCOMPACTOR_PG := $(PG)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo wheel test prepare-test lint typecheck pytest bench test-citus clean
+.PHONY: help venv demo wheel test prepare-test lint typecheck pytest bench test-citus docs-images clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -49,7 +49,7 @@ test: prepare-test lint typecheck pytest ## ruff, mypy --strict and the whole te
 
 # First, so a missing system package stops `make test` at once, with one line.
 prepare-test: $(STAMP)
-	@scripts/prepare $(BIN)/python --pgbouncer
+	@scripts/prepare $(BIN)/python --pgbouncer --corpus
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check pycompactor tests migrations bench
@@ -66,8 +66,12 @@ test-citus: $(STAMP) ## the engine on a real Citus cluster (coordinator + 2 work
 	PYCOMPACTOR_CITUS_PG_CONFIG=$(PG_CONFIG) $(BIN)/pytest tests/citus $(PYTEST_ARGS)
 
 bench: $(STAMP) ## benchmarks vs plain SQL on a durable throwaway cluster (~15 min; docs/benchmarks.md)
-	@scripts/prepare $(BIN)/python
+	@scripts/prepare $(BIN)/python --corpus
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+docs-images: $(STAMP) ## regenerate docs/images/evaluate-*.svg and the table in docs/evaluate.md (offline, the corpus)
+	@scripts/prepare $(BIN)/python --corpus
+	$(BIN)/python scripts/docs_images.py
 
 clean: ## remove the virtualenv and build output
 	rm -rf $(VENV) build dist *.egg-info

@@ -58,6 +58,8 @@ class Sizes:
     write_appends: int
     # 6. profile: operations of each kind measured under pg_stat_statements
     profile_ops: int
+    # 7. quality: conversations of the evaluation corpus (None: the corpus's own size)
+    quality_conversations: int | None
 
 
 FULL = Sizes(
@@ -70,6 +72,7 @@ FULL = Sizes(
     hash_calls=20_000, hash_sql_calls=300,
     write_pairs=10_000, write_appends=100,
     profile_ops=300,
+    quality_conversations=None,
 )
 
 SMOKE = Sizes(
@@ -82,6 +85,7 @@ SMOKE = Sizes(
     hash_calls=50, hash_sql_calls=5,
     write_pairs=100, write_appends=5,
     profile_ops=5,
+    quality_conversations=3,
 )
 
 

@@ -83,7 +83,81 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                                   " vs the reference tables",
                           "measured": measured, "target": "<= 3",
                           "met": measured is not None and measured <= 3})
+    if "quality" in results:
+        found += _quality_targets(results["quality"])
     return found
+
+
+#: Issue 28's goals for extractive-2 on the corpus.
+QUALITY_GOALS = {
+    "compression_median": 0.35, "figure_retention": 0.98, "qualifier_retention": 0.9,
+    "density_ratio": 2.5, "reach_64k_ratio": 1.8, "ms_per_range_p95": 50.0,
+}
+
+
+def _quality_targets(quality: dict[str, Any]) -> list[dict[str, Any]]:
+    model = next(m for m in quality["models"] if m["model"] == "pycompactor/extractive-2")
+    reach = next(r for r in model["reach"] if r["budget_bytes"] == 64 * KIB)
+    rows = [
+        ("median compression (summary bytes / replies' bytes)",
+         model["compression"]["median"], "<=", QUALITY_GOALS["compression_median"]),
+        ("figure retention, all ranges", model["figures"]["retention"], ">=",
+         QUALITY_GOALS["figure_retention"]),
+        ("qualifier retention, all ranges", model["qualifiers"]["retention"], ">=",
+         QUALITY_GOALS["qualifier_retention"]),
+        ("pairs per KiB, summarized region vs the same pairs raw",
+         model["density"]["ratio"], ">=", QUALITY_GOALS["density_ratio"]),
+        ("history reach at 64 KiB vs the raw-only projection", reach["ratio"], ">=",
+         QUALITY_GOALS["reach_64k_ratio"]),
+        ("ms to summarize a range, p95", model["ms_per_range"]["p95"], "<=",
+         QUALITY_GOALS["ms_per_range_p95"]),
+    ]
+    found = []
+    for name, measured, op, goal in rows:
+        met = measured is not None and (measured <= goal if op == "<=" else measured >= goal)
+        found.append({"name": f"extractive-2 on the corpus ({model['ranges']:,} ranges):"
+                              f" {name}", "measured": measured, "target": f"{op} {goal:g}",
+                      "met": met})
+    return found
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def _quality_lines(quality: dict[str, Any]) -> list[str]:
+    """Issue 28's quality table: every offline summarizer on the corpus, side by side."""
+    models = quality["models"]
+    first = models[0]
+    lines = ["", f"Summary quality on the evaluation corpus (seed {quality['seed']}:"
+             f" {first['conversations']} conversations, {first['pairs']:,} pairs,"
+             f" {first['ranges']:,} target ranges; pycompactor.evaluation, docs/evaluate.md):",
+             "", "| measure | " + " | ".join(m["model"] for m in models) + " |",
+             "| --- |" + " --- |" * len(models)]
+
+    def row(label: str, cells: list[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    row("compression median / p95 / max",
+        [f"{_fmt(m['compression']['median'])} / {_fmt(m['compression']['p95'])} /"
+         f" {_fmt(m['compression']['max'])}" for m in models])
+    row("figures kept", [f"{m['figures']['kept']:,} / {m['figures']['total']:,}"
+                         f" ({_pct(m['figures']['retention'])})" for m in models])
+    row("qualified facts kept", [f"{m['qualifiers']['kept']:,} / {m['qualifiers']['total']:,}"
+                                 f" ({_pct(m['qualifiers']['retention'])})" for m in models])
+    row("pairs per KiB: summarized / raw (ratio)",
+        [f"{_fmt(m['density']['summarized_pairs_per_kib'])} /"
+         f" {_fmt(m['density']['raw_pairs_per_kib'])} ({_fmt(m['density']['ratio'])})"
+         for m in models])
+    for i, r in enumerate(first["reach"]):
+        row(f"pairs reached at {_budget(r['budget_bytes'])}: compacted / raw only (ratio)",
+            [f"{m['reach'][i]['compacted']:,} / {m['reach'][i]['raw_only']:,}"
+             f" ({_fmt(m['reach'][i]['ratio'])})" for m in models])
+    row("ms per range p50 / p95 / max",
+        [f"{_fmt(m['ms_per_range']['p50'])} / {_fmt(m['ms_per_range']['p95'])} /"
+         f" {_fmt(m['ms_per_range']['max'])}" for m in models])
+    row("failed ranges", [str(m["failed"]) for m in models])
+    return lines
 
 
 def markdown_table(results: dict[str, Any]) -> str:
@@ -208,6 +282,8 @@ def markdown_table(results: dict[str, Any]) -> str:
         lines.append(f"| append a settled turn (durable commit; no goal) |"
                      f" {_fmt(ap['sdk_p50_ms'])} | | {_fmt(ap['reference_p50_ms'])} | |"
                      f" {_fmt(ap['ratio_p50'])} |")
+    if "quality" in results:
+        lines += _quality_lines(results["quality"])
     if "statements" in results:
         lines += _statements_lines(results["statements"])
     lines.append("")

@@ -3,7 +3,8 @@
 Starts a throwaway durable PostgreSQL (fsync, synchronous_commit and full_page_writes on),
 migrates a template, runs the benchmarks (issue 6's, the derived state's writes, and
 issue 13's SDK recipe against the reference tables) each in its own database (a
-fixed number of operations after a warm-up, 3 repetitions, medians), then profiles the
+fixed number of operations after a warm-up, 3 repetitions, medians), measures what the
+offline summarizers buy and lose on the evaluation corpus (bench/quality.py), then profiles the
 operations whose goals are ratios statement by statement in a second cluster with
 pg_stat_statements (bench/statements.py), writes `bench/results/latest.json` and appends a
 markdown table to `docs/benchmarks.md`.
@@ -11,6 +12,7 @@ markdown table to `docs/benchmarks.md`.
     python -m bench.run                 # the full run (under ~15 minutes on 2 cores)
     python -m bench.run --smoke         # tiny sizes, seconds: checks that everything runs
     python -m bench.run --out DIR       # write DIR/latest.json and DIR/benchmarks.md instead
+    python -m bench.run --only quality  # the summary quality on the corpus alone (no database)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from bench import claims, finding, hashing, projecting, sdk_source, statements, writing
+from bench import claims, finding, hashing, projecting, quality, sdk_source, statements, writing
 from bench.common import FULL, REPETITIONS, SMOKE, BenchCluster, Sizes, cpu_model
 from bench.report import markdown_table, targets
 
@@ -41,6 +43,10 @@ BENCHMARKS: dict[str, Callable[[str, Sizes], dict[str, Any]]] = {
     "hashing": hashing.run,
     "writing": writing.run,
     "sdk_source": sdk_source.run,
+}
+#: Need no database: what the offline summarizers buy and lose on the corpus.
+OFFLINE: dict[str, Callable[[Sizes], dict[str, Any]]] = {
+    "quality": quality.run,
 }
 #: Run last, in a cluster of its own: pg_stat_statements would tax the measured ones.
 PROFILES: dict[str, Callable[[Sizes], dict[str, Any]]] = {
@@ -55,8 +61,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="write latest.json and benchmarks.md into this directory instead of"
                              " bench/results/ and docs/")
-    parser.add_argument("--only", action="append", choices=sorted([*BENCHMARKS, *PROFILES]),
-                        default=None,
+    parser.add_argument("--only", action="append",
+                        choices=sorted([*BENCHMARKS, *OFFLINE, *PROFILES]), default=None,
                         help="run only this benchmark (repeatable)")
     return parser.parse_args(argv)
 
@@ -73,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = SMOKE if args.smoke else FULL
     json_path = (args.out or ROOT / "bench" / "results") / "latest.json"
     md_path = args.out / "benchmarks.md" if args.out else ROOT / "docs" / "benchmarks.md"
-    chosen = args.only or [*BENCHMARKS, *PROFILES]
+    chosen = args.only or [*BENCHMARKS, *OFFLINE, *PROFILES]
     started = time.perf_counter()
     results: dict[str, Any] = {
         "meta": {
@@ -97,6 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["seconds"][name] = round(time.perf_counter() - began, 1)
             print(f"bench: {name} done in {results['seconds'][name]} s", file=sys.stderr,
                   flush=True)
+    for name in (n for n in chosen if n in OFFLINE):
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        began = time.perf_counter()
+        results[name] = OFFLINE[name](sizes)
+        results["seconds"][name] = round(time.perf_counter() - began, 1)
+        print(f"bench: {name} done in {results['seconds'][name]} s", file=sys.stderr,
+              flush=True)
     for name in (n for n in chosen if n in PROFILES):
         print(f"bench: {name} (its own cluster) ...", file=sys.stderr, flush=True)
         began = time.perf_counter()

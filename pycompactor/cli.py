@@ -17,6 +17,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from pycompactor import __version__, db
 from pycompactor.argtypes import (
@@ -32,6 +33,9 @@ from pycompactor.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
 from pycompactor.errors import PycompactorError, about_database
 from pycompactor.eventlog import redact, secrets_of
 from pycompactor.render import placement_runs, print_json, render_table
+
+if TYPE_CHECKING:
+    from pycompactor.summarizer import Summarizer
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -178,23 +182,14 @@ def cmd_check_source(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    import os
     from datetime import timedelta
 
-    from pycompactor.errors import LogLost, UsageError
+    from pycompactor.errors import LogLost
     from pycompactor.eventlog import EventLog, secrets_of
-    from pycompactor.summarizer import make_summarizer
     from pycompactor.worker import WorkerConfig, run_worker
 
-    parser: argparse.ArgumentParser = args.worker_parser
-    model = args.model if args.model is not None else os.environ.get("PYCOMPACTOR_MODEL", "")
-    if not model:
-        parser.error("no model given; pass --model or set PYCOMPACTOR_MODEL "
-                     "(pycompactor/extractive-1 needs no server)")
-    try:
-        summarizer = make_summarizer(model, timeout_seconds=args.timeout_seconds, api=args.api)
-    except UsageError as exc:
-        parser.error(str(exc))
+    summarizer = build_summarizer(args, args.worker_parser)
+    model = summarizer.model
     config = WorkerConfig(
         model=model, dsn=args.dsn, scope=args.scope, once=args.once,
         conversation=args.conversation, sweep=args.sweep, concurrency=args.concurrency,
@@ -220,6 +215,66 @@ def cmd_worker(args: argparse.Namespace) -> int:
             server.close()
         summarizer.close()
     return 0
+
+
+def add_model_arguments(p: argparse.ArgumentParser, *, default: str | None = None,
+                        base_url: bool = False) -> None:
+    """The model's arguments, the same for every command that calls a summarizer (worker,
+    evaluate); `default` is the model when neither --model nor PYCOMPACTOR_MODEL gives one."""
+    fallback = ("" if default is None
+                else f"; default: {default}, which needs no server")
+    # A command with a default model (evaluate) records nothing: its model is only called.
+    what = "model id recorded on each job" if default is None else "model to evaluate"
+    p.add_argument("--model", default=None, metavar="MODEL",
+                   help=f"{what} (env: PYCOMPACTOR_MODEL); "
+                        "pycompactor/extractive-1 or pycompactor/extractive-2 selects an "
+                        f"offline summarizer{fallback}")
+    if base_url:
+        p.add_argument("--base-url", default=None, metavar="URL",
+                       help="the OpenAI-compatible server (env: OPENAI_BASE_URL)")
+    p.add_argument("--api", choices=("chat", "responses"), default="chat",
+                   help="OpenAI API to call: chat (Chat Completions, default) or responses "
+                        "(the Responses API); the offline summarizer calls neither")
+    p.add_argument("--timeout-seconds", type=positive_float, default=120.0, metavar="S",
+                   help="deadline of one model call, transport retry included (default: 120)")
+    p.add_argument("--extractive-target", type=retention_ratio, metavar="R",
+                   default=os.environ.get("PYCOMPACTOR_EXTRACTIVE_TARGET", "0.35"),
+                   help="pycompactor/extractive-2 only: summaries of at most R x the UTF-8 "
+                        "bytes of their ten replies, above 0 to 1 "
+                        "(env: PYCOMPACTOR_EXTRACTIVE_TARGET; default: 0.35)")
+    p.set_defaults(default_model=default)
+
+
+def build_summarizer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Summarizer:
+    """The summarizer the model arguments (add_model_arguments) name; a missing model or
+    a bad model argument is a usage error of `parser`."""
+    from pycompactor.errors import UsageError
+    from pycompactor.summarizer import make_summarizer
+
+    model = args.model if args.model is not None else os.environ.get("PYCOMPACTOR_MODEL", "")
+    model = model or args.default_model or ""
+    if not model:
+        parser.error("no model given; pass --model or set PYCOMPACTOR_MODEL "
+                     "(pycompactor/extractive-1 needs no server)")
+    try:
+        return make_summarizer(model, base_url=getattr(args, "base_url", None),
+                               timeout_seconds=args.timeout_seconds, api=args.api,
+                               extractive_target=args.extractive_target)
+    except UsageError as exc:
+        parser.error(str(exc))
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from pycompactor.evaluate import run_evaluate
+    from pycompactor.summarizer import OpenAISummarizer
+
+    summarizer = build_summarizer(args, args.command_parser)
+    try:
+        # An offline summarizer calls no API: the report names none.
+        return run_evaluate(args, summarizer,
+                            args.api if isinstance(summarizer, OpenAISummarizer) else None)
+    finally:
+        summarizer.close()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -327,12 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
             "and OPENAI_API_KEY (the OpenAI-compatible server; any key for servers without\n"
             "auth). SIGTERM/SIGINT: stop claiming, drain, record unfinished calls `interrupted`.")
     p.set_defaults(worker_parser=p)
-    p.add_argument("--model", default=None, metavar="MODEL",
-                   help="model id recorded on each job (env: PYCOMPACTOR_MODEL); "
-                        "pycompactor/extractive-1 selects the offline summarizer")
-    p.add_argument("--api", choices=("chat", "responses"), default="chat",
-                   help="OpenAI API to call: chat (Chat Completions, default) or responses "
-                        "(the Responses API); the offline summarizer calls neither")
+    add_model_arguments(p)
     p.add_argument("--once", action="store_true",
                    help="one pass: claim each target claimable now, process them, exit 0")
     where = p.add_mutually_exclusive_group()
@@ -346,8 +396,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=positive_int, default=4, metavar="N",
                    help="model calls in flight in this process (default: 4); "
                         "compaction.settings.max_running bounds all workers together")
-    p.add_argument("--timeout-seconds", type=positive_float, default=120.0, metavar="S",
-                   help="deadline of one model call, transport retry included (default: 120)")
     p.add_argument("--poll-seconds", type=positive_float, default=5.0, metavar="S",
                    help="longest wait between queue polls when idle (default: 5)")
     p.add_argument("--drain-seconds", type=non_negative_float, default=30.0, metavar="S",
@@ -379,10 +427,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address the metrics endpoint binds (default: 127.0.0.1; "
                         "0.0.0.0 for a Prometheus on another host)")
 
+    add_evaluate_command(add)
+
     add("demo", cmd_demo,
         "start a throwaway PostgreSQL, migrate, load a sample conversation and show the plan",
         "  pycompactor demo")
     return parser
+
+
+def add_evaluate_command(add: Callable[[str, Handler, str, str], argparse.ArgumentParser],
+                         ) -> None:
+    from pycompactor.evaluate import DEFAULT_MODEL, EVALUATE_EXAMPLES, add_evaluate_arguments
+
+    p = add("evaluate", cmd_evaluate,
+            "measure what a summarizer buys and loses on conversations, writing nothing: "
+            "compression, figure and qualifier retention, history reach per budget",
+            EVALUATE_EXAMPLES)
+    add_evaluate_arguments(p)
+    add_model_arguments(p, default=DEFAULT_MODEL, base_url=True)
 
 
 def quiet_driver_warnings() -> None:

@@ -27,6 +27,10 @@ class UsageError(PycompactorError):
     """Bad argument; see --help."""
 
 
+class CorpusTextMissing(UsageError):
+    """The corpus text is not installed: apt-get install postgresql-doc-15 manpages-zh."""
+
+
 class DatabaseUnavailable(PycompactorError):
     """Cannot reach the database; check --dsn, PYCOMPACTOR_DSN or the PG* variables."""
 

@@ -5,7 +5,8 @@ pinned by SHA-256), the request (only the ten assistant replies, each labelled w
 `assistant_message_id`; never user text; no tools), the `openai` client summarizer for
 any compatible server (Chat Completions or the Responses API, with its deadline and
 transport retry), and `make_summarizer`, which picks it or the offline
-`pycompactor/extractive-1` (`extractive`). What a call came to is an `outcomes`
+`pycompactor/extractive-1` (`extractive`) or `pycompactor/extractive-2` (`extractive2`).
+What a call came to is an `outcomes`
 `ModelOutcome`; the figures a summary kept are `figures`.
 
 It holds no database connection and opens no transaction: the worker calls the model
@@ -25,6 +26,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias
 
 from pycompactor.errors import PycompactorError, UsageError
 from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
+from pycompactor.extractive2 import DEFAULT_TARGET, EXTRACTIVE2_MODEL, Extractive2Summarizer
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import AssistantReply
 from pycompactor.outcomes import (
@@ -280,11 +282,18 @@ def make_summarizer(
     api_key: str | None = None,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     api: Api = "chat",
+    extractive_target: float = DEFAULT_TARGET,
 ) -> Summarizer:
     """The summarizer for a configured model id: offline for `pycompactor/extractive-1`
-    (which calls no API, so `api` does not apply)."""
+    and `pycompactor/extractive-2` (which call no API, so `api` does not apply;
+    `extractive_target` is extractive-2's share of the replies' bytes)."""
     if model == OFFLINE_MODEL:
         return ExtractiveSummarizer()
+    if model == EXTRACTIVE2_MODEL:
+        if not 0.0 < extractive_target <= 1.0:
+            raise UsageError("--extractive-target must be a share above 0 and at most 1, "
+                             f"got {extractive_target}")
+        return Extractive2Summarizer(extractive_target)
     return OpenAISummarizer(
         model, base_url=base_url, api_key=api_key, timeout_seconds=timeout_seconds, api=api
     )

@@ -27,7 +27,8 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
 
     data = json.loads((tmp_path / "latest.json").read_text(encoding="utf-8"))
     assert set(data) == {"meta", "seconds", "targets", "claim_cycle", "projection",
-                         "finding_work", "hashing", "writing", "sdk_source", "statements"}
+                         "finding_work", "hashing", "writing", "sdk_source", "statements",
+                         "quality"}
     assert data["meta"]["mode"] == "smoke"
     assert data["meta"]["settings"]["fsync"] == "on"
     assert data["meta"]["settings"]["synchronous_commit"] == "on"
@@ -51,6 +52,19 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert set(data["sdk_source"]["ratio_p50"]) == {"plan", "project_64k", "check_source"}
     assert data["sdk_source"]["sdk"]["check_source_ok"] is True
     assert data["sdk_source"]["sdk"]["derived_state"] == "in_use"
+    # The quality section: both offline summarizers measured on the same corpus ranges.
+    quality = data["quality"]
+    assert [m["model"] for m in quality["models"]] == ["pycompactor/extractive-1",
+                                                      "pycompactor/extractive-2"]
+    for model in quality["models"]:
+        assert model["ranges"] > 0
+        assert model["failed"] == 0
+        assert [r["budget_bytes"] for r in model["reach"]] == [8192, 16384, 32768, 65536]
+        assert {"median", "p95", "max", "pooled"} <= set(model["compression"])
+        assert model["density"]["ratio"] is not None
+        assert {"p50", "p95", "max"} <= set(model["ms_per_range"])
+    assert len({m["ranges"] for m in quality["models"]}) == 1
+    assert sum(t["name"].startswith("extractive-2 on the corpus") for t in data["targets"]) == 6
     # The statement profile: each operation's time split by pg_stat_statements, the
     # engine's own statements nested under the calls the client sent.
     profile = data["statements"]

@@ -23,7 +23,7 @@ from tests.history import History
 Conn = psycopg.Connection[Any]
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 COMMANDS = ("migrate", "worker", "plan", "project", "audit", "check-source", "install-recipe",
-            "demo")
+            "evaluate", "demo")
 
 
 def documented_shapes() -> dict[str, Any]:
@@ -91,7 +91,7 @@ def test_help_has_usage_options_and_examples(command: str) -> None:
 
 # What a command needs before an unknown option is the first problem argparse reports.
 REQUIRED = {"plan": ["conv"], "project": ["conv", "--budget-bytes", "1"],
-            "install-recipe": ["agents-sqlalchemy"]}
+            "install-recipe": ["agents-sqlalchemy"], "evaluate": ["--database"]}
 BAD_ARGUMENTS = [
     ("migrate", ["--to"], "argument --to: expected one argument"),
     ("worker", ["--model", OFFLINE_MODEL, "--concurrency", "0"],
@@ -114,6 +114,13 @@ BAD_ARGUMENTS = [
      "--conversation does not apply to --view queue"),
     ("check-source", ["--sample", "none"], "argument --sample: expected a whole number"),
     ("install-recipe", ["django"], "argument recipe: invalid choice: 'django'"),
+    ("evaluate", [], "one of the arguments --corpus --jsonl --database is required"),
+    ("evaluate", ["--corpus", "--database"],
+     "argument --database: not allowed with argument --corpus"),
+    ("evaluate", ["--database", "--api", "completions"],
+     "argument --api: invalid choice: 'completions'"),
+    ("evaluate", ["--database", "--limit", "0"],
+     "argument --limit: expected a number of at least 1, got 0"),
     ("demo", ["now"], "unrecognized arguments: now"),
 ] + [(command, [*REQUIRED.get(command, []), "--no-such-option"],
        "unrecognized arguments: --no-such-option") for command in COMMANDS]
@@ -170,6 +177,7 @@ JSON_COMMANDS = [
     ("audit-exhausted", ["audit", "--view", "exhausted"]),
     ("audit-events", ["audit", "--view", "events", "--limit", "100"]),
     ("audit-queue", ["audit", "--view", "queue"]),
+    ("evaluate", ["evaluate", "--database"]),
 ]
 
 

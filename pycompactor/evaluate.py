@@ -1,0 +1,421 @@
+"""`pycompactor evaluate`: what a summarizer would buy and lose on a set of conversations.
+
+This module owns the command: where the conversations come from (the corpus, a JSONL
+file, or a live database read through the source views in one READ ONLY transaction),
+and how the report is shown (a readable table, `--json`, a self-contained HTML file with
+inline SVG charts). The measuring is `pycompactor.evaluation`'s; the summarizer is built
+by the command line exactly as the worker's. Nothing is written anywhere but the HTML
+file asked for: no summary, no job, no row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from html import escape
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import psycopg
+
+from pycompactor import charts, db
+from pycompactor.argtypes import positive_int
+from pycompactor.errors import UsageError
+from pycompactor.evaluation import (
+    BUDGETS_KIB,
+    DEFAULT_BUDGETS,
+    ConversationResult,
+    EvalConversation,
+    EvalPair,
+    Report,
+    Totals,
+    conversation_from_texts,
+    evaluate,
+    guess_language,
+)
+from pycompactor.extractive2 import EXTRACTIVE2_MODEL
+from pycompactor.render import print_json
+from pycompactor.summarizer import Summarizer
+
+if TYPE_CHECKING:
+    from rich.console import Group
+
+# rich is imported where a table is drawn: building the command line's parser imports
+# this module, and --json needs no rich at all.
+
+EVALUATE_EXAMPLES: Final = (
+    "  pycompactor evaluate --jsonl history.jsonl\n"
+    "  pycompactor evaluate --corpus --limit 10 --html report.html\n"
+    "  pycompactor evaluate --database --dsn postgresql://reader@db/agent --limit 200 \\\n"
+    "    --model gpt-4.1-mini --api responses --json\n"
+    "\n"
+    "Read-only: it writes no summary, no job, nothing (a compaction_reader login is\n"
+    "enough for --database). environment: PYCOMPACTOR_DSN (--dsn), PYCOMPACTOR_MODEL\n"
+    "(--model), OPENAI_BASE_URL (--base-url) and OPENAI_API_KEY."
+)
+
+#: The model when neither --model nor PYCOMPACTOR_MODEL names one: offline, no server.
+DEFAULT_MODEL: Final = EXTRACTIVE2_MODEL
+#: Conversations read from a live database unless --limit says otherwise.
+DEFAULT_LIMIT: Final = 100
+# Histogram bins: compression is a ratio that can pass 1 (a summary longer than its
+# replies); retention lies in [0, 1], with 1.0 (all kept) in the last bin.
+_COMPRESSION_EDGES: Final = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5)
+_RETENTION_EDGES: Final = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.01)
+
+
+def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    """The source and output arguments (the model's are the worker's, added by cli)."""
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--corpus", action="store_true",
+                        help="the built-in evaluation corpus (English and Chinese)")
+    source.add_argument("--jsonl", type=Path, metavar="FILE",
+                        help='conversations, one JSON object a line: {"conversation_id", '
+                             '"language", "pairs": [{"user", "assistant"}, ...]} oldest first')
+    source.add_argument("--database", action="store_true",
+                        help="a live database (--dsn), read through the source views in one "
+                             "READ ONLY transaction; a compaction_reader login is enough")
+    p.add_argument("--conversation", action="append", metavar="ID",
+                   help="with --database: only this conversation (repeatable)")
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                   help=f"with --database: the first N conversations in id order "
+                        f"(default: {DEFAULT_LIMIT}); with --corpus: N conversations "
+                        "(default: the corpus's own size)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="with --corpus: the corpus seed (default: 0)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--html", type=Path, default=None, metavar="FILE",
+                   help="also write a self-contained HTML report with charts to FILE")
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def read_jsonl(path: Path) -> tuple[EvalConversation, ...]:
+    """Conversations of a JSONL file (the corpus's `write_jsonl` format); a malformed
+    line is a UsageError naming its number."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UsageError(f"cannot read --jsonl {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--jsonl {path} is not UTF-8 text") from None
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(_conversation(json.loads(line)))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(
+                f"{path}:{number}: expected {{\"conversation_id\", \"language\", "
+                f"\"pairs\": [{{\"user\", \"assistant\"}}]}} ({exc})") from None
+    return tuple(out)
+
+
+def _conversation(data: Any) -> EvalConversation:
+    if not isinstance(data, dict):
+        raise TypeError("not a JSON object")
+    conversation_id, language, pairs = data["conversation_id"], data["language"], data["pairs"]
+    if not isinstance(conversation_id, str) or not isinstance(language, str):
+        raise TypeError("conversation_id and language must be strings")
+    if not isinstance(pairs, list):
+        raise TypeError("pairs must be a list")
+    texts = []
+    for pair in pairs:
+        user, assistant = pair["user"], pair["assistant"]
+        if not isinstance(user, str) or not isinstance(assistant, str):
+            raise TypeError("user and assistant must be strings")
+        texts.append((user, assistant))
+    return conversation_from_texts(conversation_id, language, texts)
+
+
+def read_corpus(seed: int = 0, conversations: int | None = None,
+                ) -> tuple[EvalConversation, ...]:
+    """The evaluation corpus (`pycompactor.corpus`; its own default size unless
+    `conversations` is given). It is parsed from installed documentation on first use,
+    so it is imported only when asked for."""
+    from pycompactor import corpus
+
+    return tuple(conversation_from_texts(c.conversation_id, c.language, c.pairs)
+                 for c in corpus.build_corpus(seed=seed, conversations=conversations))
+
+
+def read_database(dsn: str | None, conversation_ids: Sequence[str] | None = None, *,
+                  limit: int = DEFAULT_LIMIT) -> tuple[EvalConversation, ...]:
+    """Eligible pairs of a live database's conversations (the given ids, else the first
+    `limit` of compaction.source_runs in id order), read with the engine's read
+    functions in one READ ONLY, REPEATABLE READ transaction: one consistent snapshot,
+    and a transaction the server itself refuses to write in. Closed before any model
+    call (DESIGN §11)."""
+    with db.connect(dsn, read_only=True) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        with conn.transaction():
+            ids = (list(dict.fromkeys(conversation_ids)) if conversation_ids
+                   else db.conversations_after(conn, "", limit))
+            found = [(cid, db.eligible_pairs(conn, cid)) for cid in ids]
+    return tuple(
+        EvalConversation(cid, guess_language(p.assistant_content for p in pairs), tuple(
+            EvalPair(p.pair_index, p.user_message_id, p.user_content,
+                     p.assistant_message_id, p.assistant_content) for p in pairs))
+        for cid, pairs in found
+    )
+
+
+def load_conversations(args: argparse.Namespace) -> tuple[str, tuple[EvalConversation, ...]]:
+    """(a name for the source, its conversations) from the command's arguments."""
+    if args.conversation and not args.database:
+        raise UsageError("--conversation applies to --database only")
+    if args.limit is not None and args.jsonl is not None:
+        raise UsageError("--limit applies to --database and --corpus only")
+    if args.jsonl is not None:
+        return f"jsonl:{args.jsonl.name}", read_jsonl(args.jsonl)
+    if args.corpus:
+        return f"corpus:seed={args.seed}", read_corpus(args.seed, args.limit)
+    return "database", read_database(args.dsn, args.conversation,
+                                     limit=args.limit or DEFAULT_LIMIT)
+
+
+def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | None) -> int:
+    source, conversations = load_conversations(args)
+    done = 0
+
+    def progress(result: ConversationResult) -> None:
+        # A model takes seconds a range: on a terminal, say how far it got.
+        nonlocal done
+        done += 1
+        end = "\n" if done == len(conversations) else ""
+        print(f"\revaluated {done}/{len(conversations)} conversations "
+              f"({result.conversation_id})\x1b[K", end=end, file=sys.stderr, flush=True)
+
+    report = evaluate(conversations, summarizer, source=source, api=api,
+                      budgets=DEFAULT_BUDGETS,
+                      progress=progress if sys.stderr.isatty() else None)
+    if args.html is not None:
+        args.html.write_text(html_report(report), encoding="utf-8")
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        from rich.console import Console
+        from rich.text import Text
+
+        console = Console(highlight=False, emoji=False, width=140)
+        console.print(readable(report))
+        if args.html is not None:
+            console.print(Text(f"HTML report written to {args.html}"))
+    return 0
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _kept(kept: int | None, total: int) -> str:
+    return "-" if kept is None else f"{kept}/{total}"
+
+
+def _tokens(input_tokens: int | None, output_tokens: int | None) -> str:
+    if input_tokens is None and output_tokens is None:
+        return "-"
+    return f"{input_tokens if input_tokens is not None else '-'}/" \
+           f"{output_tokens if output_tokens is not None else '-'}"
+
+
+def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]],
+           right: Sequence[str] = ()) -> Group:
+    """A heading and a rich table of literal text, as the demo shows its tables."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    out = Table(box=box.SIMPLE_HEAD)
+    for header in headers:
+        out.add_column(Text(header), justify="right" if header in right else "left",
+                       no_wrap=True, overflow="ellipsis", min_width=len(header))
+    for row in rows:
+        out.add_row(*(Text("" if v is None else str(v)) for v in row))
+    return Group(Text(""), Text(title, style="bold"), out)
+
+
+def range_rows(report: Report) -> list[tuple[object, ...]]:
+    return [
+        (c.conversation_id, c.language, f"{r.from_pair}-{r.to_pair}", r.replies_bytes,
+         "-" if r.summary_bytes is None else r.summary_bytes, _ratio(r.compression),
+         _kept(r.figures_kept, r.figures_total), _kept(r.qualifiers_kept, r.qualifiers_total),
+         _tokens(r.input_tokens, r.output_tokens), f"{r.seconds:.2f}", r.failure or "")
+        for c in report.conversations for r in c.ranges
+    ]
+
+
+def totals_rows(report: Report) -> list[tuple[object, ...]]:
+    def row(name: str, t: Totals) -> tuple[object, ...]:
+        return (name, t.ranges, t.failed, t.replies_bytes, t.summary_bytes,
+                _ratio(t.compression), _pct(t.figure_retention), _pct(t.qualifier_retention),
+                _tokens(t.input_tokens, t.output_tokens), f"{t.seconds:.2f}")
+
+    return [*(row(lang, t) for lang, t in report.by_language().items()),
+            row("all", report.overall)]
+
+
+def reach_rows(report: Report) -> list[tuple[object, ...]]:
+    return [(f"{r.budget_bytes // 1024} KiB", r.conversations, r.pairs, r.compacted,
+             r.raw_only, f"{r.gain:+d}") for r in report.reach]
+
+
+RANGE_HEADERS: Final = ("conversation", "lang", "pairs", "reply bytes", "summary bytes",
+                        "compression", "figures", "qualifiers", "tokens in/out", "seconds",
+                        "failure")
+TOTALS_HEADERS: Final = ("language", "ranges", "failed", "reply bytes", "summary bytes",
+                         "compression", "figure retention", "qualifier retention",
+                         "tokens in/out", "seconds")
+REACH_HEADERS: Final = ("budget", "conversations", "pairs", "reached with compaction",
+                        "reached raw only", "gain")
+
+
+def readable(report: Report, *, max_range_rows: int | None = None) -> Group:
+    """The default output: per range (the first `max_range_rows` if given), pooled per
+    language and overall, reach."""
+    from rich.console import Group
+    from rich.text import Text
+
+    n_ranges = len(report.ranges)
+    api = f", {report.api} API" if report.api else ""
+    rows = range_rows(report)
+    more = ""
+    if max_range_rows is not None and len(rows) > max_range_rows:
+        more = f"; the first {max_range_rows} of {len(rows)}, --json lists all"
+        rows = rows[:max_range_rows]
+    return Group(
+        Text(f"pycompactor evaluate: model {report.model}{api}, source {report.source}: "
+             f"{len(report.conversations)} conversations, {n_ranges} target ranges "
+             "(nothing was written)", style="bold"),
+        _table("Per range (compression = summary bytes / the ten replies' bytes; figures and "
+               f"qualifiers: kept/total{more})", RANGE_HEADERS, rows,
+               right=RANGE_HEADERS[3:10]),
+        _table("Pooled (ratios of sums over the summarized ranges)", TOTALS_HEADERS,
+               totals_rows(report), right=TOTALS_HEADERS[1:]),
+        _table("History the next Run sees: pairs reached under each budget, with the "
+               "summaries and with the raw-only projection (newest pairs only)",
+               REACH_HEADERS, reach_rows(report), right=REACH_HEADERS[1:]),
+    )
+
+
+def readable_text(report: Report, *, width: int = 140,
+                  max_range_rows: int | None = None) -> str:
+    """The readable report as plain text (no styling), lines without trailing blanks."""
+    import io
+
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, highlight=False, emoji=False, color_system=None,
+            force_terminal=False).print(readable(report, max_range_rows=max_range_rows))
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()).strip("\n")
+
+
+def report_charts(report: Report, *, standalone: bool = False) -> dict[str, str]:
+    """The report's charts as SVG text, by name: compression and retention
+    distributions over the summarized ranges, and reach against budget."""
+    done = [r for r in report.ranges if r.failure is None]
+    n = max(len(report.conversations), 1)
+    reach = report.reach
+    return {
+        "compression": charts.histogram(
+            "Compression per range (summary bytes / reply bytes)",
+            [r.compression for r in done if r.compression is not None], _COMPRESSION_EDGES,
+            x_label="compression (lower is smaller)", standalone=standalone),
+        "figure-retention": charts.histogram(
+            "Figure retention per range",
+            [r.figure_retention for r in done if r.figure_retention is not None],
+            _RETENTION_EDGES, x_label="figures kept / figures in the replies",
+            last_label="1 (all)", standalone=standalone),
+        "qualifier-retention": charts.histogram(
+            "Qualifier retention per range",
+            [r.qualifier_retention for r in done if r.qualifier_retention is not None],
+            _RETENTION_EDGES, x_label="qualified facts kept / in the replies",
+            colour=charts.ORANGE, last_label="1 (all)", standalone=standalone),
+        "reach": charts.bar_chart(
+            "Pairs the next Run sees, per conversation (mean)",
+            [f"{k} KiB" for k in (r.budget_bytes // 1024 for r in reach)],
+            [charts.Series("with compaction", tuple(r.compacted / n for r in reach),
+                           charts.BLUE),
+             charts.Series("raw only (newest pairs)", tuple(r.raw_only / n for r in reach),
+                           charts.ORANGE)],
+            x_label="history budget", y_label="pairs", standalone=standalone),
+    }
+
+
+_CSS: Final = """
+body { font-family: sans-serif; margin: 2em; color: #1a1a1a; max-width: 1200px; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 13px; }
+th, td { border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+.charts { display: flex; flex-wrap: wrap; gap: 12px; }
+dt { font-weight: bold; margin-top: 0.5em; }
+"""
+
+
+def _html_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "\n".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in row) + "</tr>"
+                     for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>"
+
+
+def html_report(report: Report, *, generated: datetime | None = None) -> str:
+    """One self-contained HTML page: the tables and inline SVG charts; no script, no
+    style sheet, font or image from anywhere else, so it opens offline."""
+    when = (generated or datetime.now(UTC)).isoformat(timespec="seconds")
+    api = f", {report.api} API" if report.api else ""
+    svgs = "\n".join(f'<figure id="{name}">{svg}</figure>'
+                     for name, svg in report_charts(report).items())
+    budgets = ", ".join(f"{k} KiB" for k in BUDGETS_KIB)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>pycompactor evaluate: {escape(report.model)}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<h1>pycompactor evaluate</h1>
+<p>Model <b>{escape(report.model)}</b>{escape(api)}, source {escape(report.source)}:
+{len(report.conversations)} conversations, {len(report.ranges)} target ranges.
+Generated {escape(when)}. Nothing was written to any database.</p>
+<h2>Charts</h2>
+<div class="charts">
+{svgs}
+</div>
+<h2>Pooled</h2>
+{_html_table(TOTALS_HEADERS, totals_rows(report))}
+<h2>History the next Run sees ({escape(budgets)})</h2>
+{_html_table(REACH_HEADERS, reach_rows(report))}
+<h2>Definitions</h2>
+<dl>
+<dt>compression</dt><dd>UTF-8 bytes of the summary / UTF-8 bytes of the range's ten
+assistant replies (below 1: smaller).</dd>
+<dt>figure retention</dt><dd>distinct figures (DESIGN §8: numbers, dates, amounts) of the
+ten replies that the summary holds verbatim, over all of them.</dd>
+<dt>qualifier retention</dt><dd>distinct qualified facts (a figure and a qualifier such as
+"not", "only", "no longer", "不再", "仅" in one sentence) of the replies that some sentence
+of the summary states whole, over all of them.</dd>
+<dt>reach</dt><dd>pairs of the conversation that reach the next Run under the budget
+(user message verbatim; reply raw or summarized), by the projection's rules, against the
+raw-only projection (newest pairs only).</dd>
+</dl>
+<h2>Per range</h2>
+{_html_table(RANGE_HEADERS, range_rows(report))}
+</body>
+</html>
+"""

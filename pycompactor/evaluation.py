@@ -1,0 +1,518 @@
+"""What compaction buys and loses, measured: the metrics of `pycompactor evaluate`.
+
+A typed API over frozen dataclasses, shared by the command, the demo and `make bench`:
+
+* pure metrics: `compression` (summary UTF-8 bytes / the ten replies' bytes), figure
+  retention (`pycompactor.figures.figure_stats`, DESIGN §8) and qualifier retention
+  (`pycompactor.qualifiers.qualifier_stats`), `target_ranges` (the window policy of
+  DESIGN §4), and `reach`: how many of a conversation's pairs the next Run sees under a
+  budget with the summaries and without any (the raw-only projection: newest pairs
+  only). Reach is planned by the projection's own pure planner
+  (`pycompactor.projection.plan_projection`), so it follows DESIGN §9 to the byte: cost
+  = UTF-8 bytes + 16 per message, a summary block is the range's ten user messages plus
+  one assistant message of the marker line and the summary, the included history is a
+  contiguous newest suffix, and a block that does not fit falls back to its raw pairs.
+* the driver `evaluate`, which summarizes every target range of in-memory conversations
+  with any `Summarizer` (offline or an OpenAI-compatible model) and measures the
+  results. It holds no database connection and writes nothing anywhere: a live
+  database's pairs are read beforehand (`pycompactor.evaluate.read_database`).
+
+Aggregates (`Totals`, `ReachTotals`) pool their ranges: overall compression is all the
+summaries' bytes over all their replies' bytes, retention all kept over all total.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from pycompactor.extractive import MAX_SUMMARY_CHARS
+from pycompactor.figures import figure_stats
+from pycompactor.hashing import PAIRS_PER_RANGE
+from pycompactor.outcomes import Failure, Reply
+from pycompactor.projection import (
+    PairMeta,
+    SourcePair,
+    SummaryCandidate,
+    plan_projection,
+    utf8_len,
+)
+from pycompactor.qualifiers import qualifier_stats
+from pycompactor.summarizer import PROMPT_VERSION, Summarizer
+
+#: The budgets reach is measured at, in KiB (and in bytes): a small, a medium and two
+#: large context allowances for history.
+BUDGETS_KIB: Final = (8, 16, 32, 64)
+DEFAULT_BUDGETS: Final = tuple(k * 1024 for k in BUDGETS_KIB)
+
+#: DESIGN §4: the first target needs this many pairs; the newest 20 are never in one.
+FIRST_TARGET_PAIRS: Final = 30
+
+# The six ASCII whitespace characters of DESIGN §3: a summary needs another character.
+_ASCII_WS: Final = " \t\n\r\f\v"
+# Any fixed time: every planned summary is valid and alone in its range, so the
+# preference among summaries (which reads it) never decides anything here.
+_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True, slots=True)
+class EvalPair:
+    """One pair of a conversation under evaluation (pycompactor.models.Pair has the same
+    attributes, so the summarizers, the hash and the projection accept both)."""
+
+    pair_index: int
+    user_message_id: str
+    user_content: str
+    assistant_message_id: str
+    assistant_content: str
+
+
+@dataclass(frozen=True, slots=True)
+class EvalConversation:
+    """A conversation's eligible pairs, oldest first, with its language (`en`, `zh`, or
+    `other`: a live database's conversations get `guess_language`'s guess)."""
+
+    conversation_id: str
+    language: str
+    pairs: tuple[EvalPair, ...]
+
+
+def conversation_from_texts(conversation_id: str, language: str,
+                            texts: Iterable[tuple[str, str]]) -> EvalConversation:
+    """A conversation from (user, assistant) texts, oldest first, with message ids
+    `u0, a0, u1, a1, ...` (the offline summarizer labels each reply with its id, so the
+    ids count in its summary's bytes: short ones, as a JSONL file has none)."""
+    return EvalConversation(conversation_id, language, tuple(
+        EvalPair(i, f"u{i}", user, f"a{i}", assistant)
+        for i, (user, assistant) in enumerate(texts)
+    ))
+
+
+def guess_language(texts: Iterable[str]) -> str:
+    """`zh` when most letters are CJK ideographs, `en` when most are ASCII letters,
+    else `other`: a live database does not say which language a conversation is in."""
+    cjk = latin = 0
+    for text in texts:
+        for ch in text:
+            if "\u4e00" <= ch <= "\u9fff" or "\u3400" <= ch <= "\u4dbf":
+                cjk += 1
+            elif ch.isascii() and ch.isalpha():
+                latin += 1
+    if cjk == latin == 0:
+        return "other"
+    # A Chinese character carries about a word; a Latin letter a fifth of one.
+    return "zh" if cjk * 5 >= latin else "en"
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def target_ranges(n_pairs: int) -> tuple[int, ...]:
+    """The from_pair of every range the window policy makes a target with `n_pairs`
+    eligible pairs (DESIGN §4: range k iff 10k + 30 <= N), in order."""
+    return tuple(range(0, max(n_pairs - FIRST_TARGET_PAIRS + 1, 0), PAIRS_PER_RANGE))
+
+
+def compression(replies: Iterable[str], summary: str) -> float:
+    """Summary UTF-8 bytes / the replies' UTF-8 bytes (below 1: the summary is smaller).
+
+    Raises ValueError when the replies hold no bytes (a ratio of nothing)."""
+    source = sum(utf8_len(r) for r in replies)
+    if source == 0:
+        raise ValueError("compression of empty replies is undefined")
+    return utf8_len(summary) / source
+
+
+def reply_problem(outcome: Reply | Failure) -> str | None:
+    """Why a model's outcome would not be recorded as a summary, or None if it would.
+
+    A `Failure`'s own reason; for a `Reply`, the rules `compaction.complete` applies
+    (DESIGN §6, in its order): `not_stopped`, `tool_calls`, `empty`, `too_long`. The
+    evaluation writes nothing, so it cannot ask the database; these are the contract's
+    rules, not the engine's code.
+    """
+    if isinstance(outcome, Failure):
+        return outcome.reason
+    if outcome.finish_reason != "stop":
+        return "not_stopped"
+    if outcome.tool_call_count != 0:
+        return "tool_calls"
+    if not outcome.text.strip(_ASCII_WS):
+        return "empty"
+    if len(outcome.text) > MAX_SUMMARY_CHARS:
+        return "too_long"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class RangeResult:
+    """One target range, summarized (or not: `failure` says why) and measured."""
+
+    from_pair: int
+    to_pair: int
+    #: UTF-8 bytes of the range's ten assistant replies.
+    replies_bytes: int
+    #: UTF-8 bytes of the summary; None when the attempt failed.
+    summary_bytes: int | None
+    figures_total: int
+    #: Distinct figures of the replies the summary holds verbatim; None when it failed.
+    figures_kept: int | None
+    qualifiers_total: int
+    qualifiers_kept: int | None
+    #: Token usage as the API reported it (None: not reported, or the offline model).
+    input_tokens: int | None
+    output_tokens: int | None
+    #: Wall-clock seconds of the model call.
+    seconds: float
+    failure: str | None = None
+
+    @property
+    def compression(self) -> float | None:
+        if self.summary_bytes is None or self.replies_bytes == 0:
+            return None
+        return self.summary_bytes / self.replies_bytes
+
+    @property
+    def figure_retention(self) -> float | None:
+        """figures_kept / figures_total; None without figures or without a summary."""
+        if self.figures_kept is None or self.figures_total == 0:
+            return None
+        return self.figures_kept / self.figures_total
+
+    @property
+    def qualifier_retention(self) -> float | None:
+        if self.qualifiers_kept is None or self.qualifiers_total == 0:
+            return None
+        return self.qualifiers_kept / self.qualifiers_total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "from_pair": self.from_pair, "to_pair": self.to_pair,
+            "replies_bytes": self.replies_bytes, "summary_bytes": self.summary_bytes,
+            "compression": self.compression,
+            "figures_total": self.figures_total, "figures_kept": self.figures_kept,
+            "figure_retention": self.figure_retention,
+            "qualifiers_total": self.qualifiers_total,
+            "qualifiers_kept": self.qualifiers_kept,
+            "qualifier_retention": self.qualifier_retention,
+            "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+            "seconds": round(self.seconds, 6), "failure": self.failure,
+        }
+
+
+def measure_range(pairs: Sequence[SourcePair], summary: str | None, *,
+                  input_tokens: int | None = None, output_tokens: int | None = None,
+                  seconds: float = 0.0, failure: str | None = None) -> RangeResult:
+    """The measures of one range's summary (pure); `summary` None for a failed attempt."""
+    if len(pairs) != PAIRS_PER_RANGE:
+        raise ValueError(f"a range holds exactly {PAIRS_PER_RANGE} pairs, got {len(pairs)}")
+    replies = [p.assistant_content for p in pairs]
+    figures = figure_stats(pairs, summary or "")
+    qualified = qualifier_stats(replies, summary or "")
+    return RangeResult(
+        from_pair=pairs[0].pair_index, to_pair=pairs[-1].pair_index,
+        replies_bytes=sum(utf8_len(r) for r in replies),
+        summary_bytes=None if summary is None else utf8_len(summary),
+        figures_total=figures.total,
+        figures_kept=None if summary is None else figures.kept,
+        qualifiers_total=qualified.total,
+        qualifiers_kept=None if summary is None else qualified.kept,
+        input_tokens=input_tokens, output_tokens=output_tokens, seconds=seconds,
+        failure=failure,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """How many of a conversation's pairs reach the next Run under one budget: with the
+    summaries (`compacted`, of which `summarized` travel as summary blocks) and with
+    the raw-only projection (`raw_only`: newest pairs only)."""
+
+    budget_bytes: int
+    compacted: int
+    summarized: int
+    raw_only: int
+    compacted_bytes: int
+    raw_only_bytes: int
+
+    @property
+    def gain(self) -> int:
+        """Pairs compaction adds (negative when its blocks cost more than raw pairs)."""
+        return self.compacted - self.raw_only
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget_bytes, "compacted": self.compacted,
+                "summarized": self.summarized, "raw_only": self.raw_only, "gain": self.gain,
+                "compacted_bytes": self.compacted_bytes, "raw_only_bytes": self.raw_only_bytes}
+
+
+def _metas(pairs: Sequence[SourcePair]) -> list[PairMeta]:
+    return [PairMeta(i, p.user_message_id, p.assistant_message_id,
+                     utf8_len(p.user_content), utf8_len(p.assistant_content))
+            for i, p in enumerate(pairs)]
+
+
+def _candidates(pairs: Sequence[SourcePair],
+                summaries: Mapping[int, str]) -> list[SummaryCandidate]:
+    out = []
+    for from_pair, text in sorted(summaries.items()):
+        block = pairs[from_pair : from_pair + PAIRS_PER_RANGE]
+        if from_pair % PAIRS_PER_RANGE or len(block) != PAIRS_PER_RANGE:
+            raise ValueError(f"no range of {PAIRS_PER_RANGE} pairs starts at pair {from_pair}")
+        # Summarized in memory from these very pairs: its source is current by definition.
+        out.append(SummaryCandidate(
+            summary_id=from_pair + 1, from_pair=from_pair,
+            to_pair=from_pair + PAIRS_PER_RANGE - 1,
+            source_message_ids=tuple(m for p in block
+                                     for m in (p.user_message_id, p.assistant_message_id)),
+            source_hash="0" * 64, prompt_version=PROMPT_VERSION, projectable=True,
+            version_rank=0, completed_at=_EPOCH, summary_bytes=utf8_len(text),
+            source_current=True,
+        ))
+    return out
+
+
+def reach(pairs: Sequence[SourcePair], summaries: Mapping[int, str],
+          budgets: Iterable[int] = DEFAULT_BUDGETS) -> tuple[Reach, ...]:
+    """Reach of the next Run at each budget, with `summaries` (text by from_pair) and
+    without any, planned by the projection's planner (DESIGN §9; pure).
+
+    `pairs` are every eligible pair of the conversation, oldest first (EvalPair, or the
+    engine's own pycompactor.models.Pair).
+    """
+    metas = _metas(pairs)
+    candidates = _candidates(pairs, summaries)
+    out = []
+    for budget in budgets:
+        compacted = plan_projection(metas, candidates, budget)
+        raw_only = plan_projection(metas, [], budget)
+        out.append(Reach(
+            budget_bytes=budget,
+            compacted=len(metas) - compacted.pairs.omitted,
+            summarized=sum(1 for p in compacted.pairs if p.placement == "summarized"),
+            raw_only=len(metas) - raw_only.pairs.omitted,
+            compacted_bytes=compacted.used_bytes, raw_only_bytes=raw_only.used_bytes,
+        ))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationResult:
+    conversation_id: str
+    language: str
+    pairs: int
+    ranges: tuple[RangeResult, ...]
+    reach: tuple[Reach, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"conversation_id": self.conversation_id, "language": self.language,
+                "pairs": self.pairs, "ranges": [r.to_dict() for r in self.ranges],
+                "reach": [r.to_dict() for r in self.reach]}
+
+
+def _ratio(kept: int, total: int) -> float | None:
+    return kept / total if total else None
+
+
+def _sum_reported(values: Iterable[int | None]) -> int | None:
+    reported = [v for v in values if v is not None]
+    return sum(reported) if reported else None
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Ranges pooled: sums over the summarized ranges (failed ones are only counted)."""
+
+    ranges: int
+    failed: int
+    replies_bytes: int
+    summary_bytes: int
+    figures_total: int
+    figures_kept: int
+    qualifiers_total: int
+    qualifiers_kept: int
+    input_tokens: int | None
+    output_tokens: int | None
+    seconds: float
+
+    @property
+    def compression(self) -> float | None:
+        return _ratio(self.summary_bytes, self.replies_bytes)
+
+    @property
+    def figure_retention(self) -> float | None:
+        return _ratio(self.figures_kept, self.figures_total)
+
+    @property
+    def qualifier_retention(self) -> float | None:
+        return _ratio(self.qualifiers_kept, self.qualifiers_total)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranges": self.ranges, "failed": self.failed,
+            "replies_bytes": self.replies_bytes, "summary_bytes": self.summary_bytes,
+            "compression": self.compression,
+            "figures_total": self.figures_total, "figures_kept": self.figures_kept,
+            "figure_retention": self.figure_retention,
+            "qualifiers_total": self.qualifiers_total,
+            "qualifiers_kept": self.qualifiers_kept,
+            "qualifier_retention": self.qualifier_retention,
+            "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+            "seconds": round(self.seconds, 6),
+        }
+
+
+def totals(ranges: Iterable[RangeResult]) -> Totals:
+    """Pool ranges (pure): ratios of sums, over the ranges that got a summary."""
+    ranges = tuple(ranges)
+    done = [r for r in ranges if r.failure is None]
+    return Totals(
+        ranges=len(ranges), failed=len(ranges) - len(done),
+        replies_bytes=sum(r.replies_bytes for r in done),
+        summary_bytes=sum(r.summary_bytes or 0 for r in done),
+        figures_total=sum(r.figures_total for r in done),
+        figures_kept=sum(r.figures_kept or 0 for r in done),
+        qualifiers_total=sum(r.qualifiers_total for r in done),
+        qualifiers_kept=sum(r.qualifiers_kept or 0 for r in done),
+        input_tokens=_sum_reported(r.input_tokens for r in ranges),
+        output_tokens=_sum_reported(r.output_tokens for r in ranges),
+        seconds=sum(r.seconds for r in ranges),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ReachTotals:
+    """Reach at one budget, summed over conversations."""
+
+    budget_bytes: int
+    conversations: int
+    pairs: int
+    compacted: int
+    raw_only: int
+
+    @property
+    def gain(self) -> int:
+        return self.compacted - self.raw_only
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget_bytes, "conversations": self.conversations,
+                "pairs": self.pairs, "compacted": self.compacted, "raw_only": self.raw_only,
+                "gain": self.gain}
+
+
+def reach_totals(conversations: Sequence[ConversationResult],
+                 budgets: Sequence[int]) -> tuple[ReachTotals, ...]:
+    """Per budget, the pairs reached with and without compaction over all conversations."""
+    out = []
+    for i, budget in enumerate(budgets):
+        out.append(ReachTotals(
+            budget_bytes=budget, conversations=len(conversations),
+            pairs=sum(c.pairs for c in conversations),
+            compacted=sum(c.reach[i].compacted for c in conversations),
+            raw_only=sum(c.reach[i].raw_only for c in conversations),
+        ))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Everything `pycompactor evaluate` measured: per conversation and range, and pooled."""
+
+    model: str
+    #: The OpenAI API called (`chat`, `responses`), None for an offline summarizer.
+    api: str | None
+    source: str
+    budgets: tuple[int, ...]
+    conversations: tuple[ConversationResult, ...]
+
+    @property
+    def ranges(self) -> tuple[RangeResult, ...]:
+        return tuple(r for c in self.conversations for r in c.ranges)
+
+    @property
+    def overall(self) -> Totals:
+        return totals(self.ranges)
+
+    def by_language(self) -> dict[str, Totals]:
+        """Pooled per language, languages in alphabetical order."""
+        languages = sorted({c.language for c in self.conversations})
+        return {lang: totals(r for c in self.conversations if c.language == lang
+                             for r in c.ranges)
+                for lang in languages}
+
+    @property
+    def reach(self) -> tuple[ReachTotals, ...]:
+        return reach_totals(self.conversations, self.budgets)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (what `pycompactor evaluate --json` prints)."""
+        return {
+            "model": self.model, "api": self.api, "source": self.source,
+            "budgets": list(self.budgets),
+            "overall": self.overall.to_dict(),
+            "by_language": {k: v.to_dict() for k, v in self.by_language().items()},
+            "reach": [r.to_dict() for r in self.reach],
+            "conversations": [c.to_dict() for c in self.conversations],
+        }
+
+
+# --------------------------------------------------------------------------- driver
+
+
+Clock = Callable[[], float]
+
+
+def summarize_range(pairs: Sequence[SourcePair], summarizer: Summarizer, *,
+                    clock: Clock = time.monotonic) -> tuple[str | None, RangeResult]:
+    """One model call on a range, measured: (the summary or None, its RangeResult)."""
+    started = clock()
+    outcome = summarizer.summarize(pairs)
+    seconds = clock() - started
+    problem = reply_problem(outcome)
+    summary = outcome.text if isinstance(outcome, Reply) and problem is None else None
+    return summary, measure_range(
+        pairs, summary, input_tokens=outcome.input_tokens,
+        output_tokens=outcome.output_tokens, seconds=seconds, failure=problem)
+
+
+def evaluate_conversation(conversation: EvalConversation, summarizer: Summarizer, *,
+                          budgets: Sequence[int] = DEFAULT_BUDGETS,
+                          clock: Clock = time.monotonic) -> ConversationResult:
+    """Summarize every target range of a conversation (DESIGN §4) and measure it all."""
+    pairs = conversation.pairs
+    if any(p.pair_index != i for i, p in enumerate(pairs)):
+        raise ValueError(f"conversation {conversation.conversation_id}: pairs must be "
+                         "numbered 0, 1, 2, ... oldest first")
+    results = []
+    summaries: dict[int, str] = {}
+    for from_pair in target_ranges(len(pairs)):
+        summary, result = summarize_range(pairs[from_pair : from_pair + PAIRS_PER_RANGE],
+                                          summarizer, clock=clock)
+        results.append(result)
+        if summary is not None:
+            summaries[from_pair] = summary
+    return ConversationResult(conversation.conversation_id, conversation.language,
+                              len(pairs), tuple(results), reach(pairs, summaries, budgets))
+
+
+def evaluate(conversations: Iterable[EvalConversation], summarizer: Summarizer, *,
+             source: str, api: str | None = None,
+             budgets: Sequence[int] = DEFAULT_BUDGETS, clock: Clock = time.monotonic,
+             progress: Callable[[ConversationResult], None] | None = None) -> Report:
+    """Evaluate a summarizer on conversations; `progress` hears of each one as it ends."""
+    results = []
+    for conversation in conversations:
+        result = evaluate_conversation(conversation, summarizer, budgets=budgets, clock=clock)
+        results.append(result)
+        if progress is not None:
+            progress(result)
+    return Report(summarizer.model, api, source, tuple(budgets), tuple(results))
