@@ -363,7 +363,10 @@ class _Composer:
         rng.shuffle(self.order)
         self.group_at = 0
         self.item_at = 0
-        self.said: list[tuple[_Group, _Item]] = []  # what earlier replies stated
+        # What earlier replies stated: (group, item, index of the pair).
+        self.said: list[tuple[_Group, _Item, int]] = []
+        self.pairs: list[tuple[str, str]] = []
+        self.dates = {g.release: g.date for g in groups if g.release and g.date}
 
     def _next_group(self) -> None:
         self.group_at = (self.group_at + 1) % len(self.order)
@@ -374,11 +377,18 @@ class _Composer:
     def group(self) -> _Group:
         return self.groups[self.order[self.group_at]]
 
-    def pair(self, index: int) -> tuple[str, str]:
+    def conversation(self, length: int) -> tuple[tuple[str, str], ...]:
+        for index in range(length):
+            self.pairs.append(self._pair(index))
+        return tuple(self.pairs)
+
+    def _pair(self, index: int) -> tuple[str, str]:
         if self.language == "en" and index >= 5 and self.rng.random() < CORRECTION_RATE:
-            stated = [(g, i) for g, i in self.said if g.release and "." in g.release]
+            stated = [s for s in self.said if s[0].release and "." in s[0].release]
             if stated:
-                return self._correction(*self.rng.choice(stated))
+                correction = self._correction(*self.rng.choice(stated))
+                if correction is not None:
+                    return correction
         # A new topic now and then, as users change subject; else carry on with this one.
         if self.item_at >= len(self.group.items) or self.rng.random() < 0.15:
             self._next_group()
@@ -407,7 +417,7 @@ class _Composer:
                 continue
             self.item_at += 1
             bodies.append(body)
-            self.said.append((group, item))
+            self.said.append((group, item, len(self.pairs)))
             first = first or item
             if _size(_reply(group.lead, bodies, self.language)) >= target:
                 break
@@ -425,23 +435,35 @@ class _Composer:
             template = self.rng.choice(_EN_QUESTIONS)
         return template.format(subject=group.subject, title=_short(item.title))
 
-    def _correction(self, group: _Group, item: _Item) -> tuple[str, str]:
-        """A reply correcting the release an earlier reply gave for one of its entries.
+    def _correction(self, group: _Group, item: _Item, said_at: int) -> tuple[str, str] | None:
+        """A reply correcting the release an earlier reply gave for its entries, or None.
 
-        The corrected fact is the source's (its release and date); the wrong one is the
-        neighbouring release, the slip an agent makes when reading several notes at once.
+        The earlier reply is rewritten to name the neighbouring release (and that
+        release's date): the slip an agent makes when reading several notes at once. The
+        correction restates the source's release and date, and the entry. None when that
+        earlier reply was already rewritten or would outgrow a reply.
         """
         assert group.release is not None
+        assert group.date is not None
         major, minor = group.release.split(".")
         wrong = f"{major}.{int(minor) + 1}"
+        if wrong not in self.dates:
+            wrong = f"{major}.{int(minor) - 1}"
+        user, earlier = self.pairs[said_at]
+        wrong_lead = group.lead.replace(group.release, wrong, 1).replace(
+            group.date, self.dates.get(wrong, ""), 1)
+        if (wrong not in self.dates or not earlier.startswith(group.lead)
+                or _size(earlier) - _size(group.lead) + _size(wrong_lead) > MAX_REPLY_BYTES):
+            return None
+        self.pairs[said_at] = (user, wrong_lead + earlier[len(group.lead):])
         question = self.rng.choice((
             f"Wait, which release fixed {_short(item.title, 7)}?",
             f"Are you sure about {wrong}?",
             "Can you double-check that last release number?",
         ))
-        head = (f"Correction: I said earlier that this was fixed in {wrong}; that is "
-                f"incorrect. It was fixed in {group.release}, released {group.date}, "
-                f"not in {wrong}.")
+        head = (f"Correction: I listed these entries under PostgreSQL {wrong}, released "
+                f"{self.dates[wrong]}; that is incorrect. They are from {group.release}, "
+                f"released {group.date}, not {wrong}.")
         room = MAX_REPLY_BYTES - _size(head) - 4
         bodies = [_clip(item.body, room)]
         # Restate the neighbouring entries of that release, as the agent re-reads them.
@@ -479,7 +501,7 @@ def build_corpus(
     for n in range(count):
         language = "zh" if n % ZH_EVERY == ZH_EVERY - 1 else "en"
         composer = _Composer(rng, en_groups if language == "en" else zh_groups, language)
-        pairs = tuple(composer.pair(i) for i in range(rng.randint(MIN_PAIRS, MAX_PAIRS)))
+        pairs = composer.conversation(rng.randint(MIN_PAIRS, MAX_PAIRS))
         out.append(CorpusConversation(f"corpus-{seed}-{n:03d}-{language}", language, pairs))
     return tuple(out)
 

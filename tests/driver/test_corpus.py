@@ -12,6 +12,7 @@ import pytest
 from pycompactor.corpus import (
     MAX_REPLY_BYTES,
     MIN_REPLY_BYTES,
+    POSTGRESQL_HTML,
     CorpusConversation,
     build_corpus,
     main,
@@ -81,10 +82,35 @@ def test_figures_qualifiers_and_corrections(corpus: tuple[CorpusConversation, ..
     assert "CVE-20" in text
     corrections = [a for a in english if a.startswith("Correction:")]
     assert len(corrections) >= 0.02 * len(english)
-    assert all(" not in 15." in a and re.search(r"released \d{4}-\d\d-\d\d", a)
-               for a in corrections)
     zh = "\n".join(a for c in corpus if c.language == "zh" for _, a in c.pairs)
     assert any(q in zh for q in ("不", "只", "仅", "没有"))
+
+
+def test_a_correction_corrects_what_an_earlier_reply_said(
+        corpus: tuple[CorpusConversation, ...]) -> None:
+    head = re.compile(r"Correction: I listed these entries under PostgreSQL (15\.\d+), released "
+                      r"(\d{4}-\d\d-\d\d); that is incorrect\. They are from (15\.\d+), "
+                      r"released (\d{4}-\d\d-\d\d), not (15\.\d+)\.\n\n- ([^\n]{1,40})")
+    seen = 0
+    for c in corpus:
+        for n, (_, reply) in enumerate(c.pairs):
+            if not reply.startswith("Correction:"):
+                continue
+            match = head.match(reply)
+            assert match, reply[:300]
+            wrong, wrong_date, right, right_date, again, entry = match.groups()
+            assert wrong == again != right
+            assert abs(int(wrong.split(".")[1]) - int(right.split(".")[1])) == 1
+            # The wrong release is named, with its own date, by an earlier reply that
+            # lists the entry: the stale claim the correction retracts.
+            assert any(a.startswith(f"PostgreSQL {wrong} was released on {wrong_date};")
+                       and entry in a for _, a in c.pairs[:n])
+            # Both dates are the release notes' own.
+            for release, date in ((right, right_date), (wrong, wrong_date)):
+                page = POSTGRESQL_HTML / f"release-{release.replace('.', '-')}.html"
+                assert re.search(rf"Release date:\s*</strong>\s*{date}", page.read_text())
+            seen += 1
+    assert seen >= 50
 
 
 def test_jsonl_round_trip(tmp_path: Path) -> None:
