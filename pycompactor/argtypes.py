@@ -39,6 +39,18 @@ def non_negative_int(text: str) -> int:
     return _at_least(_whole(text), 0)
 
 
+def budget_bytes(text: str) -> int:
+    # The bound is the projection's own (check_budget): refused here, it is a usage error
+    # rather than a failure after connecting.
+    from pycompactor.projection import MAX_BUDGET_BYTES
+
+    value = non_negative_int(text)
+    if value > MAX_BUDGET_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_BUDGET_BYTES} bytes, got {value}")
+    return value
+
+
 def port_number(text: str) -> int:
     value = non_negative_int(text)
     if value > 65535:

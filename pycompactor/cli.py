@@ -18,16 +18,16 @@ from collections.abc import Callable, Sequence
 
 from pycompactor import __version__, db
 from pycompactor.argtypes import (
+    budget_bytes,
     lease_seconds,
     non_negative_float,
-    non_negative_int,
     port_number,
     positive_float,
     positive_int,
     retention_ratio,
 )
 from pycompactor.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
-from pycompactor.errors import PycompactorError
+from pycompactor.errors import PycompactorError, about_database
 from pycompactor.eventlog import redact, secrets_of
 from pycompactor.render import placement_runs, print_json, render_table
 
@@ -36,36 +36,62 @@ Handler = Callable[[argparse.Namespace], int]
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from pycompactor import schema  # alembic and SQLAlchemy load only for this command
+    from pycompactor.source import unmapped_sdk_tables
 
     dsn = db.resolve_dsn(args.dsn)
+    # Reached first as every other command reaches it, so a bad DSN or an unreachable
+    # server reads the same here (alembic's own connection wraps the driver's errors).
+    db.connect(dsn).close()
     schema.upgrade(dsn, args.to, progress=lambda line: print(line, file=sys.stderr))
     print(f"compaction schema at revision {schema.current_revision(dsn)}")
+    with db.connect(dsn, read_only=True) as conn:
+        for hint in unmapped_sdk_tables(conn):
+            print(f"next: {hint}", file=sys.stderr)
     return 0
 
 
+def warn_if_unknown(conn: db.Connection, conversation_id: str) -> None:
+    """Say on stderr when the source has no run of the conversation: a mistyped id
+    otherwise reads as an empty conversation (the exit status stays 0, DESIGN §9)."""
+    if not db.source_holds(conn, conversation_id):
+        print(f"pycompactor: warning: the source holds no runs for conversation"
+              f" {conversation_id!r}; is the id right?", file=sys.stderr)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
+    from pycompactor.plan import target_states
+
     # Read-only transactions: plan, project and audit also run on a hot standby.
     with db.connect(args.dsn, read_only=True) as conn:
         targets = db.plan_targets(conn, args.conversation)
         n_pairs = len(db.eligible_pairs(conn, args.conversation)) if not args.json else None
+        planned, attempts_visible = target_states(conn, args.conversation, args.scope,
+                                                  targets)
+        if not targets:
+            warn_if_unknown(conn, args.conversation)
     if args.json:
         print_json([
             {
-                "from_pair": t.from_pair,
-                "to_pair": t.to_pair,
-                "source_message_ids": t.source_message_ids,
-                "source_hash": t.source_hash,
+                "from_pair": p.target.from_pair,
+                "to_pair": p.target.to_pair,
+                "source_message_ids": p.target.source_message_ids,
+                "source_hash": p.target.source_hash,
+                "state": p.state,
             }
-            for t in targets
+            for p in planned
         ])
         return 0
     print(f"conversation {args.conversation}: {n_pairs} eligible pairs, {len(targets)} targets")
-    if targets:
+    if planned:
         print(render_table(
-            ["pairs", "first source id", "last source id", "source_hash"],
-            [(f"{t.from_pair}-{t.to_pair}", t.source_message_ids[0], t.source_message_ids[-1],
-              t.source_hash) for t in targets],
+            ["pairs", "state", "first source id", "last source id", "source_hash"],
+            [(f"{p.target.from_pair}-{p.target.to_pair}", p.state,
+              p.target.source_message_ids[0], p.target.source_message_ids[-1],
+              p.target.source_hash) for p in planned],
         ))
+        if not attempts_visible:
+            print("(running, failed and exhausted attempts show as not_summarized: this role"
+                  " may not read compaction.audit_jobs; compaction_auditor may)")
     return 0
 
 
@@ -75,6 +101,8 @@ def cmd_project(args: argparse.Namespace) -> int:
     with db.connect(args.dsn, read_only=True) as conn:
         projection = project_history(conn, args.conversation, budget_bytes=args.budget_bytes,
                                      scope=args.scope)
+        if not projection.pairs:
+            warn_if_unknown(conn, args.conversation)
     if args.json:
         print_json(projection.to_dict())
         return 0
@@ -226,9 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", default="head", metavar="REVISION",
                    help="target revision (default: head)")
 
-    p = add("plan", cmd_plan, "show the ranges the window policy makes targets now",
-            "  pycompactor plan conv-42\n  pycompactor plan conv-42 --json")
+    p = add("plan", cmd_plan,
+            "show the ranges the window policy makes targets now, and where each stands",
+            "  pycompactor plan conv-42\n  pycompactor plan conv-42 --json\n"
+            "  pycompactor plan conv-42 --scope support")
     p.add_argument("conversation", metavar="CONVERSATION")
+    p.add_argument("--scope", default="default", metavar="S",
+                   help="summary lane whose summaries and attempts the states show"
+                        " (default: default)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     p = add("project", cmd_project,
@@ -236,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  pycompactor project conv-42 --budget-bytes 65536\n"
             "  pycompactor project conv-42 --budget-bytes 65536 --scope support --json")
     p.add_argument("conversation", metavar="CONVERSATION")
-    p.add_argument("--budget-bytes", type=non_negative_int, required=True, metavar="N",
+    p.add_argument("--budget-bytes", type=budget_bytes, required=True, metavar="N",
                    help="message bytes allowed: UTF-8 bytes of each content + 16 per message")
     p.add_argument("--scope", default="default", metavar="S",
                    help="summary lane to use (default: default)")
@@ -358,6 +391,27 @@ def quiet_driver_warnings() -> None:
     logging.getLogger("psycopg").addHandler(logging.NullHandler())
 
 
+#: A command whose reader went away (`pycompactor audit | head`) ends as a Unix tool
+#: killed by SIGPIPE reports it to the shell: 128 + 13, nothing on stderr.
+EXIT_PIPE_CLOSED = 141
+
+
+def run_to_pipe(handler: Handler, args: argparse.Namespace) -> int:
+    """Run a command that writes its result to stdout, ending quietly (EXIT_PIPE_CLOSED)
+    when stdout's reader has gone away. The worker writes its log to stderr instead and
+    is not run here."""
+    try:
+        code = handler(args)
+        sys.stdout.flush()  # a closed pipe shows here rather than at the interpreter's exit
+    except BrokenPipeError:
+        # What is still buffered goes nowhere: the interpreter flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE_CLOSED
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_driver_warnings()
     parser = build_parser()
@@ -369,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     handler: Handler = args.handler
     try:
-        return handler(args)
+        return handler(args) if args.command == "worker" else run_to_pipe(handler, args)
     except KeyboardInterrupt:
         print("pycompactor: interrupted", file=sys.stderr)
         return 130
@@ -380,8 +434,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(redact(traceback.format_exc(), secrets), file=sys.stderr, end="")
         message = str(exc) if isinstance(exc, PycompactorError) else f"{type(exc).__name__}: {exc}"
         message = redact(message, secrets)
-        print(f"pycompactor: error: {message.splitlines()[0] if message else type(exc).__name__}",
-              file=sys.stderr)
+        line = message.splitlines()[0] if message else type(exc).__name__
+        target = db.describe_target(args.dsn) if args.command != "demo" else None
+        if target is not None and about_database(exc):
+            # Name the database: without --dsn, libpq's defaults chose one the user may
+            # never have meant (the local socket, a database named after the user).
+            line = f"{line.rstrip('.')} ({target})"
+        print(f"pycompactor: error: {line}", file=sys.stderr)
         return 1
 
 

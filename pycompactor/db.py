@@ -25,11 +25,17 @@ from datetime import datetime, timedelta
 from typing import Any, Final, Generic, LiteralString, TypeVar
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
-from pycompactor.errors import PermissionDenied, ReadOnlyServer, from_driver, wrap_exceptions
+from pycompactor.errors import (
+    DatabaseUnavailable,
+    PermissionDenied,
+    ReadOnlyServer,
+    from_driver,
+    wrap_exceptions,
+)
 from pycompactor.models import (
     AckResult,
     AuditReport,
@@ -189,6 +195,49 @@ def resolve_dsn(dsn: str | None) -> str:
     return dsn if dsn is not None else os.environ.get("PYCOMPACTOR_DSN", "")
 
 
+def describe_target(dsn: str | None) -> str | None:
+    """Which database a DSN reaches, as libpq resolves it (the DSN, else the PG*
+    variables, else libpq's defaults: the local socket, port 5432, the database named
+    after the user): `database "agent" on db.internal, port 5432`. None when the DSN
+    cannot be parsed. Never names the user or the password."""
+    try:
+        given = psycopg.conninfo.conninfo_to_dict(resolve_dsn(dsn))
+    except psycopg.Error:
+        return None
+    defaults = {o.keyword.decode(): o.val.decode() for o in pq.Conninfo.get_defaults()
+                if o.val}
+
+    def setting(key: str) -> str:
+        value = given.get(key)
+        return str(value) if value not in (None, "") else defaults.get(key, "")
+
+    host = setting("host") or setting("hostaddr")
+    dbname = setting("dbname") or setting("user")
+    if host.startswith("/"):
+        place = f"the local socket in {host}"
+    elif host:
+        place = host
+    elif setting("service"):
+        place = f"service {setting('service')!r}"
+    else:
+        place = "the local socket (libpq's default directory)"
+    return f'database "{dbname}" on {place}, port {setting("port") or "5432"}'
+
+
+def _malformed_dsn(conninfo: str) -> DatabaseUnavailable | None:
+    """The error for a DSN libpq cannot parse (None when it parses): what to write."""
+    try:
+        psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "unparsable"
+        for secret in dsn_passwords(conninfo):  # libpq quotes what it could not parse
+            reason = reason.replace(secret, "***")
+        return DatabaseUnavailable(
+            f"invalid connection string ({reason}); give key=value pairs (host=db"
+            " dbname=agent) or a URI (postgresql://user@db/agent) in --dsn or PYCOMPACTOR_DSN")
+    return None
+
+
 def connect(dsn: str | None = None, *, autocommit: bool = True,
             timeouts: Timeouts = DEFAULT_TIMEOUTS, read_only: bool = False) -> Connection:
     """Open a connection; autocommit by default, as each engine call is its own transaction.
@@ -200,6 +249,10 @@ def connect(dsn: str | None = None, *, autocommit: bool = True,
     a client-side setting, so nothing is left on the server session.
     """
     conninfo = resolve_dsn(dsn)
+    malformed = _malformed_dsn(conninfo)
+    if malformed is not None:
+        # Not `from exc`: libpq quotes the part it could not parse, password and all.
+        raise malformed
     try:
         conn = psycopg.connect(
             conninfo, autocommit=autocommit, application_name="pycompactor",
@@ -255,6 +308,52 @@ def plan_targets(conn: Connection, conversation_id: str) -> list[Target]:
         "SELECT from_pair, to_pair, source_message_ids, source_hash"
         " FROM compaction.plan_targets(%(conversation_id)s::text)",
         {"conversation_id": conversation_id},
+    )
+
+
+def source_holds(conn: Connection, conversation_id: str) -> bool:
+    """Whether compaction.source_runs has any run of the conversation (one index probe;
+    a reader may ask): an id it lacks is unknown to the source, or mistyped."""
+    return bool(_row(
+        conn, tuple_row,
+        "SELECT EXISTS (SELECT FROM compaction.source_runs AS r"
+        " WHERE r.conversation_id = %(conversation_id)s::text)",
+        {"conversation_id": conversation_id},
+    )[0])
+
+
+def summary_bindings(conn: Connection, conversation_id: str,
+                     scope: str) -> list[tuple[int, bool, bool]]:
+    """(from_pair, source_current, projectable) of every completed summary of a
+    conversation and scope: compaction.projection_summaries, which a reader may run."""
+    return _rows(
+        conn, tuple_row,
+        "SELECT from_pair, source_current, projectable"
+        " FROM compaction.projection_summaries(%(conversation_id)s::text, %(scope)s::text)",
+        {"conversation_id": conversation_id, "scope": scope},
+    )
+
+
+#: Whether this role may read the attempts (compaction.audit_jobs: the auditor, the owner,
+#: a superuser); a reader may not, and asks without an error.
+MAY_READ_ATTEMPTS_SQL: Final = (
+    "SELECT pg_catalog.has_table_privilege('compaction.audit_jobs', 'SELECT')")
+
+
+def may_read_attempts(conn: Connection) -> bool:
+    return bool(_row(conn, tuple_row, MAY_READ_ATTEMPTS_SQL, {})[0])
+
+
+def range_attempts(conn: Connection, conversation_id: str,
+                   scope: str) -> list[tuple[int, str, int, str]]:
+    """(from_pair, source_hash, attempt, state) of every attempt of a conversation and
+    scope, from compaction.audit_jobs (metadata only; needs `may_read_attempts`)."""
+    return _rows(
+        conn, tuple_row,
+        "SELECT a.from_pair, a.source_hash, a.attempt, a.state FROM compaction.audit_jobs AS a"
+        " WHERE a.conversation_id = %(conversation_id)s::text AND a.scope = %(scope)s::text"
+        " AND NOT a.imported",
+        {"conversation_id": conversation_id, "scope": scope},
     )
 
 
@@ -654,6 +753,56 @@ def view_columns(conn: Connection, view: str) -> dict[str, str]:
         " AND NOT a.attisdropped",
         {"view": view},
     ))
+
+
+def engine_schema_present(conn: Connection) -> bool:
+    """Whether the database has the compaction schema at all (else: migrate first)."""
+    return bool(_row(conn, tuple_row,
+                     "SELECT pg_catalog.to_regnamespace('compaction') IS NOT NULL", {})[0])
+
+
+#: Tables shaped as the OpenAI Agents SDK's SQLAlchemySession creates its messages table
+#: (a session_id and a message_data column), with the tables beside them that have a
+#: session_id but no message_data (its sessions table) - when the source views still read
+#: the reference tables, which hold no run. The recipe's views read the messages table,
+#: so once it is installed nothing is found. Catalog reads only: any role may run it.
+SDK_TABLES_SQL: Final = """
+WITH unmapped AS (
+    SELECT EXISTS (
+               SELECT FROM pg_catalog.pg_depend AS d
+               JOIN pg_catalog.pg_rewrite AS r
+                 ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
+               WHERE r.ev_class = pg_catalog.to_regclass('compaction.source_messages')
+                 AND d.refobjid = pg_catalog.to_regclass('compaction_source.messages'))
+           AND NOT EXISTS (SELECT FROM compaction.source_runs) AS yes
+), tables AS (
+    SELECT n.nspname AS schema_name, c.relname AS table_name,
+           EXISTS (SELECT FROM pg_catalog.pg_attribute AS a
+                   WHERE a.attrelid = c.oid AND a.attname = 'message_data'
+                     AND NOT a.attisdropped) AS messages
+    FROM pg_catalog.pg_class AS c
+    JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE c.relkind IN ('r', 'p')
+      AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'compaction',
+                            'compaction_source')
+      AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a
+                  WHERE a.attrelid = c.oid AND a.attname = 'session_id'
+                    AND NOT a.attisdropped)
+)
+SELECT m.schema_name, m.table_name,
+       ARRAY(SELECT s.table_name FROM tables AS s
+             WHERE s.schema_name = m.schema_name AND NOT s.messages
+             ORDER BY s.table_name)
+FROM tables AS m, unmapped
+WHERE m.messages AND unmapped.yes
+ORDER BY m.schema_name, m.table_name
+"""
+
+
+def unmapped_sdk_tables(conn: Connection) -> list[tuple[str, str, list[str]]]:
+    """(schema, messages table, candidate sessions tables) of each table that looks like
+    the Agents SDK's messages table while the source views read empty reference tables."""
+    return _rows(conn, tuple_row, SDK_TABLES_SQL, {})
 
 
 def derived_state_status(conn: Connection) -> str:

@@ -206,6 +206,8 @@ def from_driver(exc: psycopg.Error) -> PycompactorError:
         )
     if isinstance(exc, psycopg.errors.UndefinedFunction | psycopg.errors.InvalidSchemaName):
         return SchemaNotMigrated()
+    if isinstance(exc, psycopg.errors.UndefinedTable) and _names_engine_relation(exc):
+        return SchemaNotMigrated()
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedColumn):
         return SourceContractError(
             f"{exc.diag.message_primary}; run `pycompactor check-source` to see what the "
@@ -222,7 +224,33 @@ def from_driver(exc: psycopg.Error) -> PycompactorError:
             "or the PG* variables"
         )
     primary = exc.diag.message_primary or str(exc).strip().splitlines()[0]
-    return PycompactorError(f"database error {sqlstate}: {primary}")
+    return PycompactorError(f"database error {sqlstate}: {primary}" if sqlstate
+                            else f"database error: {primary}")
+
+
+#: The relations of the source contract (DESIGN §2): missing, they are the host's to
+#: define (check-source); any other missing `compaction.` relation is a missing migration.
+_SOURCE_VIEWS = ("compaction.source_runs", "compaction.source_messages")
+
+
+def _names_engine_relation(exc: psycopg.Error) -> bool:
+    """True when a missing relation is one of the engine's own (the schema is absent or
+    older than this package), not a source view or a table behind one."""
+    primary = exc.diag.message_primary or ""
+    return ('relation "compaction.' in primary
+            and not any(f'"{view}"' in primary for view in _SOURCE_VIEWS))
+
+
+#: Errors that are about one database (the CLI names it: host, port, database).
+_ABOUT_A_DATABASE: tuple[type[Exception], ...] = (
+    DatabaseUnavailable, SchemaNotMigrated, SourceContractError, PermissionDenied,
+    ReadOnlyServer, EngineError, DatabaseTimeout, psycopg.Error,
+)
+
+
+def about_database(exc: BaseException) -> bool:
+    """True when `exc` is about the database a command connected to (or tried to)."""
+    return isinstance(exc, _ABOUT_A_DATABASE) or isinstance(exc.__cause__, psycopg.Error)
 
 
 @contextmanager

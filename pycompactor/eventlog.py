@@ -54,7 +54,15 @@ class EventLog:
 
 
 def _text_value(value: object) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if isinstance(value, datetime):
+        text = value.isoformat()  # as `ts` is written; no space, so never quoted
+    elif isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value, default=str)
+        if text.startswith('"'):
+            # A type JSON lacks, as text (a UUID, an interval): quoted once, below, if at all.
+            text = str(value)
     # Quote only what would break `key=value` splitting.
     if text == "" or any(c.isspace() or c in "\"=" for c in text):
         return json.dumps(text, ensure_ascii=False)

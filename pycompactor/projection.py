@@ -58,6 +58,13 @@ EntryT = TypeVar("EntryT")
 #: Fixed cost added to the UTF-8 byte length of every message's content (role, framing).
 MESSAGE_OVERHEAD_BYTES: Final = 16
 
+#: The largest budget: PostgreSQL's bigint, so a host can store `budget_bytes` and
+#: `used_bytes` beside its runs. Any budget up to it projects (no history comes near it).
+MAX_BUDGET_BYTES: Final = 2**63 - 1
+#: The most pairs one read asks compaction.projection_frame for (its p_pairs is an int),
+#: in whole ranges: a budget that would want more wants every pair there is.
+_MAX_PAIRS_READ: Final = (2**31 - 1) // PAIRS_PER_RANGE * PAIRS_PER_RANGE
+
 #: First line of every summary message; {from_pair} and {to_pair} are zero-based pair
 #: indices. The summary text follows on the next line. The en dash is U+2013.
 SUMMARY_MARKER: Final = "[pycompactor summary of assistant replies, pairs {from_pair}–{to_pair}]"
@@ -408,6 +415,8 @@ def check_budget(budget_bytes: object) -> int:
         raise UsageError(f"budget_bytes must be a whole number of bytes, got {budget_bytes!r}")
     if budget_bytes < 0:
         raise UsageError(f"budget_bytes must be 0 or more, got {budget_bytes}")
+    if budget_bytes > MAX_BUDGET_BYTES:
+        raise UsageError(f"budget_bytes must be at most {MAX_BUDGET_BYTES}, got {budget_bytes}")
     return budget_bytes
 
 
@@ -766,7 +775,7 @@ def _first_read(budget: int) -> int:
     pair costs about 1 KiB, in whole ranges, at least two ranges. The walk asks for more
     when it gets past them (rarely: summary blocks cost less than their raw pairs)."""
     wanted = max(2 * PAIRS_PER_RANGE, budget // 1024)
-    return wanted + (-wanted) % PAIRS_PER_RANGE
+    return min(wanted + (-wanted) % PAIRS_PER_RANGE, _MAX_PAIRS_READ)
 
 
 def _next_read(given: int, spent: int, budget: int) -> int:
@@ -775,7 +784,7 @@ def _next_read(given: int, spent: int, budget: int) -> int:
     rate it was spent, a quarter more, and never fewer than twice as many, in whole
     ranges."""
     wanted = max(2 * given, -(-given * budget * 5 // (4 * max(spent, 1))))
-    return wanted + (-wanted) % PAIRS_PER_RANGE
+    return min(wanted + (-wanted) % PAIRS_PER_RANGE, _MAX_PAIRS_READ)
 
 
 def _projection_steps(conversation_id: str, budget: int, scope: str) -> Steps:

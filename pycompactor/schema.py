@@ -14,13 +14,14 @@ from typing import Any
 
 import psycopg
 import sqlalchemy
+import sqlalchemy.exc
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.pool import NullPool
 
-from pycompactor.errors import NotUtf8Database, PycompactorError, wrap_exceptions
+from pycompactor.errors import NotUtf8Database, PycompactorError, from_driver, wrap_exceptions
 
 #: Two-key advisory lock class of the project (see sql/00_schema.sql).
 LOCK_CLASS = 1129316352
@@ -109,6 +110,19 @@ def _quiet_alembic() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _wrap_sqlalchemy() -> Iterator[None]:
+    """SQLAlchemy wraps the driver's errors in its own (`OperationalError:
+    (psycopg.OperationalError) ...`): unwrap them into the hierarchy, so a migration's
+    errors read as every other command's."""
+    try:
+        yield
+    except sqlalchemy.exc.DBAPIError as exc:
+        if isinstance(exc.orig, psycopg.Error):
+            raise from_driver(exc.orig) from exc.orig
+        raise
+
+
 def upgrade(dsn: str, revision: str = "head",
             progress: Callable[[str], None] | None = None) -> None:
     """Apply the migrations up to `revision`; at head, also put the derived state in use.
@@ -117,7 +131,7 @@ def upgrade(dsn: str, revision: str = "head",
     conversations per transaction (never one transaction holding every conversation),
     reporting each batch to `progress`.
     """
-    with wrap_exceptions(), _quiet_alembic():
+    with wrap_exceptions(), _wrap_sqlalchemy(), _quiet_alembic():
         command.upgrade(alembic_config(dsn), revision)
     if revision == "head":
         rebuild_derived_state(dsn, progress=progress, only_if_stale=True)
@@ -157,7 +171,7 @@ def rebuild_derived_state(dsn: str, *, progress: Callable[[str], None] | None = 
 
 
 def downgrade(dsn: str, revision: str = "base") -> None:
-    with wrap_exceptions(), _quiet_alembic():
+    with wrap_exceptions(), _wrap_sqlalchemy(), _quiet_alembic():
         command.downgrade(alembic_config(dsn), revision)
 
 
@@ -168,7 +182,7 @@ def heads() -> list[str]:
 def current_revision(dsn: str) -> str | None:
     """The revision the database is at (None before the first migration)."""
     engine = make_engine(dsn)
-    with wrap_exceptions(), engine.connect() as connection:
+    with wrap_exceptions(), _wrap_sqlalchemy(), engine.connect() as connection:
         context = MigrationContext.configure(
             connection,
             opts={"version_table": VERSION_TABLE, "version_table_schema": VERSION_TABLE_SCHEMA},

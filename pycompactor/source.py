@@ -21,6 +21,7 @@ from typing import Any, Final
 from psycopg import sql
 
 from pycompactor import db
+from pycompactor.errors import SchemaNotMigrated
 
 #: The source contract (DESIGN §2): view -> column -> type.
 CONTRACT: dict[str, dict[str, str]] = {
@@ -168,12 +169,36 @@ def contract_problems(conn: db.Connection) -> list[str]:
     return problems
 
 
+def unmapped_sdk_tables(conn: db.Connection) -> list[str]:
+    """One sentence per table that looks like the Agents SDK's SQLAlchemySession
+    messages table while the source views read the reference tables, which hold no run:
+    the engine sees none of that history until the recipe re-points the views."""
+    hints = []
+    for schema, table, sessions in db.unmapped_sdk_tables(conn):
+        command = "pycompactor install-recipe agents-sqlalchemy"
+        if schema != "public":
+            command += f" --schema {schema}"
+        if table != "agent_messages":
+            command += f" --messages-table {table}"
+        if "agent_sessions" not in sessions and len(sessions) == 1:
+            command += f" --sessions-table {sessions[0]}"
+        hints.append(f"{schema}.{table} looks like the OpenAI Agents SDK's SQLAlchemySession"
+                     " table, but the source views read the empty reference tables of"
+                     f" compaction_source: run `{command}` (docs/agents.md)")
+    return hints
+
+
 def check_source(
     conn: db.Connection, conversation_ids: list[str] | None = None, sample: int = 5
 ) -> SourceReport:
+    if not db.engine_schema_present(conn):
+        raise SchemaNotMigrated()  # every view would be missing; the fix is one command
     problems = contract_problems(conn)
     if problems:
         return SourceReport(problems=problems)
+    problems = unmapped_sdk_tables(conn)
+    if problems:
+        return SourceReport(problems=problems, derived_state=db.derived_state_status(conn))
     ids = conversation_ids or db.conversations_after(conn, "", sample)
     # The lookups first: while one reads a table whole, judging a sample's runs through
     # it would cost that read once per run, so the samples are left out.

@@ -28,7 +28,8 @@ def test_plan_json_and_table(conn: Conn, dsn: str) -> None:
     assert [(t["from_pair"], t["to_pair"]) for t in plan] == [(0, 9), (10, 19)]
     assert plan[0]["source_message_ids"][:2] == [seeded[0].user_message_id,
                                                  seeded[0].assistant_message_id]
-    assert set(plan[0]) == {"from_pair", "to_pair", "source_message_ids", "source_hash"}
+    assert set(plan[0]) == {"from_pair", "to_pair", "source_message_ids", "source_hash",
+                            "state"}
 
     table = run_cli("plan", "conv-1", "--dsn", dsn)
     assert table.returncode == 0
