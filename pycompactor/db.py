@@ -930,8 +930,9 @@ def index_statistics(conn: Connection, names: list[str],
 def table_pages(conn: Connection, table: str) -> int:
     """A table's size now, in pages (its size on disk, not the planner's estimate)."""
     return int(_row(conn, tuple_row,
-                    "SELECT (pg_catalog.pg_relation_size(pg_catalog.to_regclass(%(t)s))"
-                    " / pg_catalog.current_setting('block_size')::int)::int", {"t": table})[0])
+                    "SELECT coalesce((pg_catalog.pg_relation_size(pg_catalog.to_regclass(%(t)s))"
+                    " / pg_catalog.current_setting('block_size')::int)::int, 0)",
+                    {"t": _quoted(table)})[0])
 
 
 def _quoted(name: str) -> str:
