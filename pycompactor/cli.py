@@ -154,11 +154,20 @@ def cmd_check_source(args: argparse.Namespace) -> int:
 
     with db.connect(args.dsn) as conn:
         report = check_source(conn, args.conversation, args.sample)
-    if args.json:
+    if args.fix:
+        # Only the statements, one a line, for psql (each outside a transaction block).
+        for statement in report.fixes:
+            print(statement)
+    elif args.json:
         print_json(report.to_dict())
     else:
         for problem in report.problems:
             print(f"problem: {problem}")
+        if report.fixes:
+            print("fix (one statement at a time, outside a transaction block;"
+                  " `check-source --fix` prints just these):")
+            for statement in report.fixes:
+                print(f"  {statement}")
         if report.derived_state is not None:  # the views match the contract
             print("source views match the contract")
             if report.derived_state_note is not None:
@@ -339,12 +348,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("check-source", cmd_check_source,
             "check the source views against the contract; show excluded runs and why",
             "  pycompactor check-source\n"
-            "  pycompactor check-source --conversation conv-42 --json")
+            "  pycompactor check-source --conversation conv-42 --json\n"
+            "  pycompactor check-source --fix | psql \"$PYCOMPACTOR_DSN\"")
     p.add_argument("--conversation", action="append", metavar="ID",
                    help="sample this conversation (repeatable; default: the first --sample ids)")
     p.add_argument("--sample", type=positive_int, default=5, metavar="N",
                    help="how many conversations to sample (default: 5)")
-    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print JSON for scripts")
+    out.add_argument("--fix", action="store_true",
+                     help="print only the statements that fix the lookups' problems"
+                          " (CREATE INDEX CONCURRENTLY, ANALYZE), one a line, for psql")
 
     p = add("install-recipe", cmd_install_recipe,
             "point the source views at a known agent schema: views, indexes, tracking",

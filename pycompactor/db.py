@@ -835,14 +835,19 @@ def derived_state_status(conn: Connection) -> str:
     return str(_row(conn, tuple_row, "SELECT compaction.derived_state_status()", {})[0])
 
 
-#: The engine's lookups through the source views (sql/20_pairs.sql, sql/60_projection.sql)
-#: by name, as check-source probes them: a conversation's runs, a run's user and assistant
-#: messages, a text by message id. `{}` stands for the looked-up value (a literal, so
-#: EXPLAIN shows the plan for it).
+#: The engine's lookups through the source views (sql/20_pairs.sql, sql/25_tracking.sql,
+#: sql/60_projection.sql) by name, as check-source probes them: a conversation's runs, a
+#: run by its id (the tracking triggers ask which conversation each written run belongs
+#: to), a run's user and assistant messages, a text by message id. `{}` stands for the
+#: looked-up value (a literal, so EXPLAIN shows the plan for it); each statement's first
+#: column is the next lookup's value.
 SOURCE_LOOKUPS: Final[dict[str, str]] = {
     "runs_by_conversation":
         "SELECT r.run_id, r.status FROM compaction.source_runs AS r"
         " WHERE r.conversation_id = {}",
+    "run_by_id":
+        "SELECT r.run_id, r.conversation_id, r.status FROM compaction.source_runs AS r"
+        " WHERE r.run_id = {}",
     "messages_by_run":
         "SELECT m.message_id, m.role, m.status, pg_catalog.octet_length(m.content), m.seq"
         " FROM compaction.source_messages AS m"
@@ -855,24 +860,27 @@ SOURCE_LOOKUPS: Final[dict[str, str]] = {
 @dataclass(frozen=True, slots=True)
 class LookupProbe:
     """One probed lookup: its wall time on this connection (None when it ran past the
-    timeout), the first column of its first row, and its plan with seqscan disabled."""
+    timeout), the first column of its first row, its plan under the session's own planner
+    settings and statistics (what the engine's calls get), and its plan with sequential
+    scans disabled (whether any index can serve it at all)."""
 
     milliseconds: float | None
     first: str | None
     plan: dict[str, Any]
+    index_plan: dict[str, Any]
 
 
 def probe_lookup(conn: Connection, lookup: str, value: str, timeout_ms: int) -> LookupProbe:
     """Run SOURCE_LOOKUPS[lookup] for `value` once (timed, bounded by `timeout_ms`), then
-    EXPLAIN it with sequential scans disabled, so a lookup no index serves shows a scan of
-    the whole table. Read-only (fine on a hot standby) and rolled back, as a savepoint
-    inside a caller's transaction, so the settings never outlive it."""
+    EXPLAIN it as the planner plans it and again with sequential scans disabled, so a
+    lookup no index serves shows a scan of the whole table. Read-only (fine on a hot
+    standby) and rolled back, as a savepoint inside a caller's transaction, so the
+    settings never outlive it."""
     query = sql.SQL(SOURCE_LOOKUPS[lookup]).format(sql.Literal(value))
     explain = sql.SQL("EXPLAIN (VERBOSE, FORMAT JSON) {}").format(query)
     own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     milliseconds: float | None = None
     first: str | None = None
-    plan: dict[str, Any] | None = None
     with wrap_exceptions():
         try:
             with conn.transaction(force_rollback=True), conn.cursor() as cur:
@@ -884,17 +892,91 @@ def probe_lookup(conn: Connection, lookup: str, value: str, timeout_ms: int) -> 
                 rows = cur.execute(query).fetchall()
                 milliseconds = (time.perf_counter() - started) * 1000
                 first = str(rows[0][0]) if rows else None
-                cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
-                plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
         except psycopg.errors.QueryCanceled:
-            pass  # slow: judged from the plan alone, below
-        if plan is None:
-            with conn.transaction(force_rollback=True), conn.cursor() as cur:
-                if own:
-                    cur.execute("SET TRANSACTION READ ONLY")
-                cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
-                plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
-    return LookupProbe(milliseconds, first, plan)
+            pass  # slow: judged from the plans alone, below
+        with conn.transaction(force_rollback=True), conn.cursor() as cur:
+            if own:
+                cur.execute("SET TRANSACTION READ ONLY")
+            plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
+            cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
+            index_plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
+    return LookupProbe(milliseconds, first, plan, index_plan)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStatistics:
+    """An index a lookup's plan uses, its table's size in pages, and whether the planner
+    has statistics for the table and for the index's expressions (None: this login may not
+    see them, so check-source does not judge)."""
+
+    index: str
+    table: str
+    pages: int
+    expressions: bool
+    table_statistics: bool | None
+    index_statistics: bool | None
+
+
+#: pg_stats shows a table's (and an expression index's) statistics only to a login that
+#: may read the table (own it, for an index): for any other the answer is NULL.
+INDEX_STATISTICS_SQL: Final = """
+SELECT i.indexrelid::regclass::text, i.indrelid::regclass::text,
+       (pg_catalog.pg_relation_size(i.indrelid)
+        / pg_catalog.current_setting('block_size')::int)::int,
+       i.indexprs IS NOT NULL,
+       CASE WHEN pg_catalog.has_table_privilege(i.indrelid, 'SELECT') THEN
+           EXISTS (SELECT FROM pg_catalog.pg_stats AS s
+                   WHERE s.schemaname = tn.nspname AND s.tablename = t.relname)
+       END,
+       CASE WHEN i.indexprs IS NULL THEN true
+            WHEN pg_catalog.pg_has_role(t.relowner, 'USAGE') THEN
+           EXISTS (SELECT FROM pg_catalog.pg_stats AS s
+                   WHERE s.schemaname = tn.nspname AND s.tablename = ic.relname)
+       END
+FROM pg_catalog.pg_index AS i
+JOIN pg_catalog.pg_class AS ic ON ic.oid = i.indexrelid
+JOIN pg_catalog.pg_class AS t ON t.oid = i.indrelid
+JOIN pg_catalog.pg_namespace AS tn ON tn.oid = t.relnamespace
+WHERE ic.relname = ANY (%(names)s::text[])
+  AND (%(tables)s::text[] IS NULL OR t.relname = ANY (%(tables)s::text[]))
+ORDER BY 1
+"""
+
+
+def index_statistics(conn: Connection, names: list[str],
+                     tables: list[str] | None = None) -> list[IndexStatistics]:
+    """The indexes of these names (on tables of these names, when given): their tables'
+    sizes and whether the planner has their statistics."""
+    return [IndexStatistics(str(r[0]), str(r[1]), int(r[2]), bool(r[3]), r[4], r[5])
+            for r in _rows(conn, tuple_row, INDEX_STATISTICS_SQL,
+                           {"names": names, "tables": tables})]
+
+
+def table_pages(conn: Connection, table: str) -> int:
+    """A table's size now, in pages (its size on disk, not the planner's estimate)."""
+    return int(_row(conn, tuple_row,
+                    "SELECT coalesce((pg_catalog.pg_relation_size(pg_catalog.to_regclass(%(t)s))"
+                    " / pg_catalog.current_setting('block_size')::int)::int, 0)",
+                    {"t": _quoted(table)})[0])
+
+
+def _quoted(name: str) -> str:
+    """A schema-qualified name from a plan ("schema.table"), quoted where SQL needs it."""
+    return ".".join(part if re.fullmatch(r"[a-z_][a-z0-9_$]*", part)
+                    else sql.Identifier(part).as_string(None)
+                    for part in name.split(".", 1))
+
+
+def create_index_statement(table: str, expression: str) -> str:
+    """What check-source advises for a lookup no index serves: built CONCURRENTLY, so the
+    host's writes go on while it builds (it must run outside a transaction block)."""
+    return f"CREATE INDEX CONCURRENTLY ON {_quoted(table)} (({expression}));"
+
+
+def analyze_statement(table: str) -> str:
+    """What check-source advises for a table without planner statistics (it also takes
+    the statistics of the table's expression indexes)."""
+    return f"ANALYZE {_quoted(table)};"
 
 
 # --- projection reads (pycompactor.projection runs them, sync or async) -----------------

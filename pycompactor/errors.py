@@ -138,6 +138,13 @@ class SourceNotTracked(EngineError):
     sqlstate = "CP021"
 
 
+class SourceTableBusy(EngineError):
+    """A host table stayed locked by a long transaction while the tracking triggers waited
+    for it (50 ms at a time); let that transaction finish, then attach again."""
+
+    sqlstate = "CP031"
+
+
 class ClockNotYours(EngineError):
     """p_now is honoured only for a superuser or compaction_owner; omit it."""
 
@@ -201,6 +208,7 @@ _BY_SQLSTATE: dict[str, type[EngineError]] = {
         PromptVersionFrozen,
         InvalidArgument,
         SourceNotTracked,
+        SourceTableBusy,
         ClockNotYours,
         InvalidTime,
         InvalidLease,

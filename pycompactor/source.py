@@ -2,12 +2,15 @@
 
 Verifies that compaction.source_runs / compaction.source_messages exist with the
 contract's columns and types, samples conversations to show which runs are excluded
-from pairing and why, and times the lookups the engine makes through the views (runs by
-conversation, messages by run, a message by its id) on the live data: each is run once
-(bounded by a timeout) and EXPLAINed with sequential scans disabled, so a lookup that no
-index can serve (a missing index, or a view that derives its columns over the whole
-table, such as a window function) shows a scan that reads the table whole. Each such
-lookup is a problem naming the view, the column and the index that would serve it.
+from pairing and why, and probes every lookup the engine and its tracking triggers make
+through the views (runs by conversation, a run by its id, messages by run, a message by
+its id) on the live data: each is run once (bounded by a timeout) and EXPLAINed twice,
+as the planner plans it with the session's settings and the live statistics (what the
+engine's calls get), and with sequential scans disabled (whether any index can serve it
+at all). A lookup that no index can serve (a missing index, or a view that derives its
+columns over the whole table, such as a window function), one the planner still answers
+by reading a table whole, and an index it uses on a table with no statistics (a fresh
+expression index before ANALYZE) are problems, each naming the statement that fixes it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import re
 import shlex
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from psycopg import sql
@@ -68,10 +71,11 @@ class Lookup:
 
 
 #: The engine's lookups through the views, in probing order (db.SOURCE_LOOKUPS holds
-#: their statements): a conversation's runs, a run's user and assistant messages, texts
-#: by message id.
+#: their statements): a conversation's runs, a run by its id (what the tracking triggers
+#: ask of every written run), a run's user and assistant messages, texts by message id.
 LOOKUPS: Final = (
     Lookup("runs_by_conversation", "compaction.source_runs", "conversation_id"),
+    Lookup("run_by_id", "compaction.source_runs", "run_id"),
     Lookup("messages_by_run", "compaction.source_messages", "run_id"),
     Lookup("message_by_id", "compaction.source_messages", "message_id"),
 )
@@ -79,12 +83,17 @@ LOOKUPS: Final = (
 #: How long one probe may run before check-source calls it slow and moves on.
 LOOKUP_TIMEOUT_MS: Final = 10_000
 
+#: Below this many pages (1 MiB at the default 8 kB page) reading a table whole costs about
+#: as much as an index probe, and planner statistics hardly matter: such a table is never
+#: a problem unless no index could serve the lookup at all.
+SMALL_TABLE_PAGES: Final = 128
+
 
 @dataclass(frozen=True, slots=True)
 class LookupReport:
-    """A probed lookup: its time on the live data (None when it timed out), whether an
-    index serves it, and if not which table it reads whole and the index that would
-    serve it."""
+    """A probed lookup: its time on the live data (None when it timed out), whether the
+    planner serves it with an index, and if not which table it reads whole; the table
+    whose statistics are missing, if any; the advice and the statement that fixes it."""
 
     lookup: str
     view: str
@@ -94,12 +103,18 @@ class LookupReport:
     uses_index: bool
     unindexed_table: str | None = None
     advice: str | None = None
+    unanalyzed_table: str | None = None
+    fix: str | None = None
 
     def problem(self) -> str | None:
-        if self.uses_index:
+        if self.uses_index and self.unanalyzed_table is None:
             return None
         took = (f"timed out after {LOOKUP_TIMEOUT_MS / 1000:.0f} s"
                 if self.milliseconds is None else f"took {self.milliseconds:.1f} ms")
+        if self.uses_index:
+            return (f"{self.view}: the lookup by {self.column} ({self.lookup}) relies on"
+                    f" {self.unanalyzed_table}, which has no planner statistics ({took} for"
+                    f" {self.value!r}); {self.advice}")
         return (f"{self.view}: the lookup by {self.column} ({self.lookup}) uses no index:"
                 f" it reads {self.unindexed_table} whole ({took} for {self.value!r});"
                 f" {self.advice}")
@@ -122,6 +137,12 @@ class SourceReport:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def fixes(self) -> list[str]:
+        """The statements that fix the lookups' problems, in order, each once."""
+        return list(dict.fromkeys(r.fix for r in self.lookups if r.fix is not None
+                                  and r.problem() is not None))
+
     def to_dict(self) -> dict[str, object]:
         return {
             "ok": self.ok,
@@ -143,10 +164,13 @@ class SourceReport:
                     "column": r.column,
                     "milliseconds": r.milliseconds,
                     "uses_index": r.uses_index,
+                    "unanalyzed_table": r.unanalyzed_table,
                     "advice": r.advice,
+                    "fix": r.fix,
                 }
                 for r in self.lookups
             ],
+            "fixes": self.fixes,
         }
 
 
@@ -243,13 +267,41 @@ def _probe(conn: db.Connection, lookup: Lookup, value: str) -> tuple[LookupRepor
     """Probe one lookup (db.probe_lookup); returns the report and the first column of its
     first row (the next lookup's value)."""
     probe = db.probe_lookup(conn, lookup.name, value, LOOKUP_TIMEOUT_MS)
+    report = LookupReport(lookup.name, lookup.view, lookup.column, value, probe.milliseconds,
+                          True)
+    whole = _whole_table_scan(probe.index_plan)
+    if whole is not None:  # no index can serve it
+        table, node = whole
+        advice, fix = _advice(lookup, table, node, value)
+        return replace(report, uses_index=False, unindexed_table=table, advice=advice,
+                       fix=fix), probe.first
+    # An index can serve it: does the planner have what it needs to choose it?
+    indexes = sorted({str(n["Index Name"]) for n in _nodes(probe.index_plan)
+                      if "Index Name" in n})
+    unanalyzed = [s for s in db.index_statistics(conn, indexes)
+                  if s.pages >= SMALL_TABLE_PAGES
+                  and (s.table_statistics is False or s.index_statistics is False)]
+    if unanalyzed:
+        stats = unanalyzed[0]
+        what = ("its expression index " + stats.index if stats.table_statistics
+                else "the table")
+        report = replace(
+            report, unanalyzed_table=stats.table, fix=db.analyze_statement(stats.table),
+            advice=(f"without statistics on {what} the planner guesses how many rows match"
+                    f" and may read the table whole; run ANALYZE {stats.table} (once the"
+                    f" indexes exist: it also takes their expressions' statistics)"))
     whole = _whole_table_scan(probe.plan)
-    if whole is None:
-        return LookupReport(lookup.name, lookup.view, lookup.column, value, probe.milliseconds,
-                            True), probe.first
-    table, node = whole
-    return LookupReport(lookup.name, lookup.view, lookup.column, value, probe.milliseconds,
-                        False, table, _advice(lookup, table, node, value)), probe.first
+    if whole is not None and db.table_pages(conn, whole[0]) >= SMALL_TABLE_PAGES:
+        table = whole[0]
+        if report.unanalyzed_table is not None:
+            return replace(report, uses_index=False, unindexed_table=table), probe.first
+        return replace(
+            report, uses_index=False, unindexed_table=table,
+            advice=(f"an index could serve it, but with the session's settings and the"
+                    f" live statistics the planner prefers to read {table} whole; check"
+                    f" enable_indexscan/random_page_cost and run ANALYZE {table}"),
+            fix=db.analyze_statement(table)), probe.first
+    return report, probe.first
 
 
 # Plan nodes that read a table: a Seq Scan reads it whole; an index scan without an Index
@@ -274,10 +326,11 @@ def _whole_table_scan(plan: dict[str, Any]) -> tuple[str, dict[str, Any]] | None
     return None
 
 
-def _advice(lookup: Lookup, table: str, node: dict[str, Any], value: str) -> str:
-    """The index that would serve the lookup: on the expression the scan filters by, when
-    the filter compares it with the looked-up value; else the view reads the table whole
-    before it filters (a window function or aggregate over it), which no index fixes."""
+def _advice(lookup: Lookup, table: str, node: dict[str, Any], value: str) -> tuple[str, str | None]:
+    """The index that would serve the lookup, and the statement that makes it: on the
+    expression the scan filters by, when the filter compares it with the looked-up value;
+    else the view reads the table whole before it filters (a window function or aggregate
+    over it), which no index fixes."""
     literal = sql.Literal(value).as_string(None)
     # The comparison's left side: an expression with at most one level of parentheses
     # inside, e.g. "((m.id)::text = '2'::text)" gives "(m.id)::text".
@@ -288,9 +341,13 @@ def _advice(lookup: Lookup, table: str, node: dict[str, Any], value: str) -> str
         alias = node.get("Alias")
         if alias:
             expression = expression.replace(f"{alias}.", "")
+        # CONCURRENTLY: the host's writes go on while it builds (outside a transaction
+        # block); ANALYZE after it gives the planner the expression's statistics.
+        fix = db.create_index_statement(table, expression)
         return (f"an index on {table} (({expression})) would serve it (the expression"
-                f" behind {lookup.view}.{lookup.column}, as the view exposes it)")
+                f" behind {lookup.view}.{lookup.column}, as the view exposes it): {fix}"
+                f" then ANALYZE {table};"), fix
     return (f"{lookup.view} computes {lookup.column} over every row of {table} before it"
             f" filters (a window function or aggregate over the table?); derive it with"
             f" LATERAL lookups through indexes instead (docs/integrating.md,"
-            f" \"Fast views\")")
+            f" \"Fast views\")"), None

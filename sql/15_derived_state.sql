@@ -99,11 +99,21 @@ CREATE TABLE compaction.source_tracking (
     stamp       text,
     object_oids oid[],
     stamped_at  timestamptz,
+    -- Revision 0019: a rebuild's resume point, kept with the stamp it runs under. A
+    -- cancelled rebuild continues after rebuild_after when the source stamp is the same
+    -- (the conversations before it were derived and have been tracked since); NULL when
+    -- no rebuild is under way.
+    rebuild_stamp      text,
+    rebuild_after      text,
+    rebuild_done       bigint,
+    rebuild_total      bigint,
+    rebuild_started_at timestamptz,
+    rebuild_updated_at timestamptz,
     CONSTRAINT source_tracking_pkey PRIMARY KEY (singleton),
     CONSTRAINT source_tracking_single_row CHECK (singleton)
 );
 COMMENT ON TABLE compaction.source_tracking IS
-    'Derived state: the source stamp (compaction.source_stamp()) the derived state was last rebuilt under, and the catalog rows it names; NULL until a rebuild';
+    'Derived state: the source stamp (compaction.source_stamp()) the derived state was last rebuilt under, and the catalog rows it names (NULL until a rebuild); and the resume point of a rebuild under way';
 INSERT INTO compaction.source_tracking (singleton, stamp, object_oids, stamped_at)
 VALUES (true, NULL, NULL, NULL);
 

@@ -5,7 +5,9 @@
 -- per-row status, non-ASCII escaped as \uXXXX. This file re-points the two source views
 -- at that table, creates the indexes the engine's lookups through them need, and attaches
 -- the change-tracking triggers. pycompactor.recipes.install_agents_sqlalchemy() formats
--- it (identifiers only, through psycopg.sql) and runs it in one transaction.
+-- it (identifiers only, through psycopg.sql) and runs it step by step, each step starting
+-- at a "-- step:" line: on a live table no step may hold the application's writes for
+-- longer than a few tens of milliseconds.
 --
 -- Runs are derived, not stored: a run is a user message item and every item after it up
 -- to the next user message item of the session; its id is the user item's id. Within a
@@ -65,6 +67,10 @@ $$;
 COMMENT ON FUNCTION {content_fn}(jsonb) IS
     'pycompactor recipe (Agents SDK SQLAlchemySession): the text of a message item (string or text parts), the JSON of any other item';
 
+-- step: indexes. One statement at a time, outside a transaction block: CONCURRENTLY, so
+-- the SDK's writes go on while each index builds (a plain CREATE INDEX holds them for the
+-- whole build).
+--
 -- The lookups, each an index probe or range scan:
 -- * a session's runs, the run a message belongs to (the last user item at or before it),
 --   the next run's start, a later assistant item in the run: (session_id, role, id);
@@ -72,15 +78,18 @@ COMMENT ON FUNCTION {content_fn}(jsonb) IS
 --   (the role index would read every role of the session for that range);
 -- * a run or a message by its text id (the engine's ids are text), with the role, so
 --   "is this a user item" is answered from the index: (id::text, role).
-CREATE INDEX IF NOT EXISTS {role_idx}
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {role_idx}
     ON {messages} (session_id, {role_fn}(message_data), id);
-CREATE INDEX IF NOT EXISTS {session_idx}
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {session_idx}
     ON {messages} (session_id, id);
-CREATE INDEX IF NOT EXISTS {id_idx}
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {id_idx}
     ON {messages} ((id::text), {role_fn}(message_data));
 -- Statistics on the indexed role expression: without them the planner guesses how many
 -- items are user items, and may read a session's items whole where one probe would do.
+-- ANALYZE takes no lock that blocks reads or writes.
 ANALYZE {messages};
+
+-- step: views. One transaction: the views change together.
 
 -- The views run with their owner's rights (compaction_owner).
 GRANT USAGE ON SCHEMA {schema} TO compaction_owner;
@@ -168,6 +177,9 @@ COMMENT ON VIEW compaction.source_runs IS
 COMMENT ON VIEW compaction.source_messages IS
     'Source contract: messages(message_id, conversation_id, run_id, role, status, content text; seq bigint); re-pointed by the pycompactor recipe for the Agents SDK SQLAlchemySession tables';
 
+-- step: tracking. Its own transaction: attach_source_tracking waits at most 50 ms at a
+-- time for the table's lock, and nothing else is held meanwhile.
+--
 -- Keep the engine's derived state exact in the writing transaction. The table has no run
 -- column (runs are derived); naming its message id column lets an append (the SDK's
 -- add_items) re-derive only the runs of its new items. pop_item and clear_session

@@ -82,3 +82,28 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert "(smoke run)" in table
     assert "| target | measured | goal | met |" in table
     assert "Where the time goes" in table
+
+
+@pytest.mark.slow
+def test_bench_scale_runs_every_install_step(tmp_path: Path) -> None:
+    """`make bench-scale` at a tiny size: every documented install step runs beside the
+    application's appends, the derived state ends in use and exact, the report is written."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.scale", "--messages", "2000", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    [run] = json.loads((tmp_path / "scale.json").read_text(encoding="utf-8"))
+    assert run["messages"] == 2000
+    assert {s.get("block") for s in run["steps"]} >= {
+        "grants-and-indexes", "statistics", "repoint", "tracking", "rebuild"}
+    assert any("CONCURRENTLY" in s["step"] for s in run["steps"])
+    assert run["steps"][0]["appends"] > 0  # the application ran during the baseline
+    assert run["append_errors"] == []
+    assert run["derived_state"] == "in_use"
+    assert run["verify_problems_in_20_threads"] == 0
+    assert run["rebuild"]["messages_per_s"] > 0
+    assert run["derived_bytes_per_message"] > 0
+    assert {"longest_stall_ms", "longest_stall_ok", "worst_p99_over_baseline",
+            "derived_share_ok", "rebuild_per_million_ratio_to_smallest"} <= set(run["goals"])
+    assert "| step | s | app appends |" in (tmp_path / "scale.md").read_text(encoding="utf-8")

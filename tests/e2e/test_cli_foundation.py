@@ -57,11 +57,13 @@ def test_check_source_reports_exclusions(conn: Conn, dsn: str) -> None:
     assert [(lk["lookup"], lk["view"], lk["column"], lk["uses_index"], lk["advice"])
             for lk in lookups] == [
         ("runs_by_conversation", "compaction.source_runs", "conversation_id", True, None),
+        ("run_by_id", "compaction.source_runs", "run_id", True, None),
         ("messages_by_run", "compaction.source_messages", "run_id", True, None),
         ("message_by_id", "compaction.source_messages", "message_id", True, None)]
     assert report == {
         "ok": True,
         "problems": [],
+        "fixes": [],
         "derived_state": "in_use",
         "samples": [{
             "conversation_id": "conv-1", "runs": 6, "pairs": 3,

@@ -296,13 +296,18 @@ def doc_example(name: str) -> str:
 
 
 def attach_host(conn: Conn, *, tracked: bool) -> None:
-    """docs/integrating.md's worked example, verbatim: host schema, grants and indexes,
-    re-pointed views, then (tracked) the tracking triggers and the rebuild."""
-    names = ["host-schema", "grants-and-indexes", "repoint"]
+    """docs/integrating.md's worked example, verbatim and as psql runs it (a statement at
+    a time: CREATE INDEX CONCURRENTLY refuses a transaction block): host schema, grants
+    and indexes, statistics, re-pointed views, then (tracked) the tracking triggers and
+    the rebuild."""
+    names = ["host-schema", "grants-and-indexes", "statistics", "repoint"]
     if tracked:
         names += ["tracking", "rebuild"]
     for name in names:
-        conn.execute(doc_example(name).encode())
+        text = re.sub(r"^\s*--[^\n]*\n", "", doc_example(name), flags=re.M)
+        for statement in re.split(r";\s*\n", text):
+            if statement.strip():
+                conn.execute(statement.encode())
 
 
 # ---------------------------------------------------------------------------------------

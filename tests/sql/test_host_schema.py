@@ -24,11 +24,57 @@ def example(name: str) -> str:
     return match.group(1)
 
 
+def run_example(conn: Conn, name: str) -> None:
+    """A block as psql runs it: one statement at a time, each its own transaction (CREATE
+    INDEX CONCURRENTLY refuses a transaction block, and a multi-statement string is one)."""
+    text = re.sub(r"^\s*--[^\n]*\n", "", example(name), flags=re.M)
+    for statement in re.split(r";\s*\n", text):
+        if statement.strip():
+            conn.execute(statement.encode())
+
+
+#: Every block of the worked example, in the order the page gives them.
+STEPS = ("host-schema", "grants-and-indexes", "statistics", "repoint", "tracking", "rebuild")
+
+
 @pytest.fixture
 def host(conn: Conn) -> Conn:
-    for name in ("host-schema", "grants-and-indexes", "repoint", "tracking", "rebuild"):
-        conn.execute(example(name).encode())
+    for name in STEPS:
+        run_example(conn, name)
     return conn
+
+
+#: How the worked example read before revision 0019: no index on the run id the
+#: tracking triggers look runs up by, indexes that block writes while they build, and no
+#: ANALYZE (so no statistics on the fresh expression indexes).
+INDEXES_BEFORE_0019 = """
+GRANT USAGE ON SCHEMA agent TO compaction_owner;
+GRANT SELECT ON agent.turns, agent.chat_messages TO compaction_owner;
+CREATE INDEX turns_thread_text_idx ON agent.turns ((thread_id::text));
+CREATE INDEX chat_messages_turn_text_idx ON agent.chat_messages ((turn::text));
+CREATE INDEX chat_messages_id_text_idx ON agent.chat_messages ((id::text));
+"""
+
+
+def load_history(conn: Conn, threads: int, turns: int) -> None:
+    """A host's existing history, written before pycompactor arrives: 4 messages a turn
+    (system, human, tool, ai), bodies of 200 bytes. Autovacuum is off on these tables so
+    that no ANALYZE runs behind the test's back: on a live host it comes, but later."""
+    for table in ("threads", "turns", "chat_messages"):
+        conn.execute(f"ALTER TABLE agent.{table} SET (autovacuum_enabled = off)")
+    conn.execute("INSERT INTO agent.threads (id, title)"
+                 " SELECT gen_random_uuid(), 'thread ' || g FROM generate_series(1, %s) AS g",
+                 (threads,))
+    conn.execute("INSERT INTO agent.turns (turn_id, thread_id, state)"
+                 " SELECT gen_random_uuid(), t.id, 'done'"
+                 " FROM agent.threads AS t, generate_series(1, %s)", (turns,))
+    conn.execute("""
+        INSERT INTO agent.chat_messages (thread, turn, author, lifecycle, body, position)
+        SELECT u.thread_id, u.turn_id, a.author, 'final', repeat(a.author, 40),
+               (row_number() OVER (PARTITION BY u.thread_id ORDER BY u.turn_id, a.ord))::int
+        FROM agent.turns AS u,
+             (VALUES ('system', 1), ('human', 2), ('tool', 3), ('ai', 4)) AS a (author, ord)
+    """)
 
 
 def add_turn(conn: Conn, thread: uuid.UUID, position: int, *, state: str = "done",
@@ -57,9 +103,65 @@ def test_repointed_views_keep_the_contract(host: Conn) -> None:
     assert report.derived_state == "in_use"
 
 
+def test_check_source_names_the_missing_run_index_and_statistics(conn: Conn) -> None:
+    """Issue 31: the worked example as a DBA built it (existing history, the indexes of
+    the old page, no ANALYZE), before tracking is attached: check-source names the index
+    the tracking triggers need (runs by run id) and the missing statistics, each with the
+    statement that fixes it; those statements (`check-source --fix`) make it clean."""
+    run_example(conn, "host-schema")
+    load_history(conn, threads=200, turns=10)
+    conn.execute(INDEXES_BEFORE_0019)
+    run_example(conn, "repoint")
+    report = check_source(conn)
+    assert report.derived_state == "untracked"
+    by_name = {r.lookup: r for r in report.lookups}
+    assert list(by_name) == ["runs_by_conversation", "run_by_id", "messages_by_run",
+                             "message_by_id"]
+    run = by_name["run_by_id"]
+    assert not run.uses_index
+    assert run.unindexed_table == "agent.turns"
+    assert run.fix == "CREATE INDEX CONCURRENTLY ON agent.turns (((turn_id)::text));"
+    assert by_name["messages_by_run"].unanalyzed_table == "agent.chat_messages"
+    assert by_name["message_by_id"].unanalyzed_table == "agent.chat_messages"
+    assert by_name["runs_by_conversation"].problem() is None  # a small table: no matter
+    assert len(report.problems) == 3
+    assert report.problems[0].startswith(
+        "compaction.source_runs: the lookup by run_id (run_by_id) uses no index:"
+        " it reads agent.turns whole")
+    assert "has no planner statistics" in report.problems[1]
+    assert "ANALYZE agent.chat_messages" in report.problems[1]
+    assert report.fixes == ["CREATE INDEX CONCURRENTLY ON agent.turns (((turn_id)::text));",
+                            "ANALYZE agent.chat_messages;"]
+    for statement in report.fixes:
+        conn.execute(statement.encode())
+    report = check_source(conn)
+    assert report.problems == []
+    assert all(r.uses_index and r.unanalyzed_table is None for r in report.lookups)
+
+
+def test_the_worked_example_on_existing_history_checks_clean(conn: Conn) -> None:
+    """The page's own steps, on a host with history: nothing for check-source to name."""
+    run_example(conn, "host-schema")
+    load_history(conn, threads=200, turns=10)
+    for name in STEPS[1:4]:
+        run_example(conn, name)
+    report = check_source(conn)
+    assert report.problems == []
+    assert len(report.lookups) == 4
+    for name in STEPS[4:]:
+        run_example(conn, name)
+    report = check_source(conn)
+    assert report.problems == []
+    assert report.derived_state == "in_use"
+    thread = report.samples[0].conversation_id
+    assert report.samples[0].pairs == 10
+    assert conn.execute("SELECT * FROM compaction.verify_conversation(%s)",
+                        (thread,)).fetchall() == []
+
+
 def test_views_without_tracking_are_named_and_still_exact(conn: Conn) -> None:
-    for name in ("host-schema", "grants-and-indexes", "repoint"):
-        conn.execute(example(name).encode())
+    for name in ("host-schema", "grants-and-indexes", "statistics", "repoint"):
+        run_example(conn, name)
     assert check_source(conn).derived_state == "untracked"
     thread = uuid.uuid4()
     conn.execute("INSERT INTO agent.threads VALUES (%s, 'fees')", (thread,))
@@ -68,9 +170,9 @@ def test_views_without_tracking_are_named_and_still_exact(conn: Conn) -> None:
     assert len(db.eligible_pairs(conn, str(thread))) == 31
     assert [t.from_pair for t in db.plan_targets(conn, str(thread))] == [0]
     # Attached afterwards: not used until the rebuild derives the existing history.
-    conn.execute(example("tracking").encode())
+    run_example(conn, "tracking")
     assert check_source(conn).derived_state == "not_rebuilt"
-    conn.execute(example("rebuild").encode())
+    run_example(conn, "rebuild")
     assert check_source(conn).derived_state == "in_use"
     assert conn.execute("SELECT * FROM compaction.verify_conversation(%s)",
                         (str(thread),)).fetchall() == []
@@ -83,7 +185,7 @@ def test_views_without_tracking_are_named_and_still_exact(conn: Conn) -> None:
     assert check_source(conn).derived_state == "not_rebuilt"
     assert conn.execute("SELECT count(*) FROM compaction.verify_conversation(%s)",
                         (str(thread),)).fetchone() != (0,)
-    conn.execute(example("rebuild").encode())
+    run_example(conn, "rebuild")
     assert check_source(conn).derived_state == "in_use"
     assert len(db.eligible_pairs(conn, str(thread))) == 32
     assert conn.execute("SELECT * FROM compaction.verify_conversation(%s)",
@@ -127,7 +229,7 @@ def test_position_orders_pairs_not_insertion(host: Conn) -> None:
 
 
 def test_check_source_names_a_mistyped_column(conn: Conn) -> None:
-    conn.execute(example("host-schema").encode())
+    run_example(conn, "host-schema")
     # The classic mistake: forgetting the casts. PostgreSQL refuses to change the type...
     with pytest.raises(psycopg.errors.InvalidTableDefinition):
         conn.execute(

@@ -9,6 +9,7 @@ compact separators) into tables shaped as its `create_tables=True` makes them.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import psycopg
@@ -275,3 +276,42 @@ def test_an_item_inserted_inside_a_run_rederives_the_run_it_cut(sdk: Conn) -> No
     assert [p.user_message_id for p in db.eligible_pairs(sdk, "cut")] == ["2000"]
     assert sdk.execute("SELECT * FROM compaction.verify_conversation('cut')").fetchall() == []
     assert sdk.execute("SELECT compaction.derived_state_status()").fetchone() == ("in_use",)
+
+
+# --- installing onto a live table (issue 31) ---------------------------------------------
+
+
+def test_install_lets_the_applications_writes_through(dsn: str, conn: Conn) -> None:
+    """The recipe builds its indexes CONCURRENTLY and attaches the tracking waiting at
+    most 50 ms at a time: while it waits for a transaction that is writing the table,
+    another write goes through at once (a plain CREATE INDEX would queue it behind)."""
+    conn.execute(SDK_TABLES_DDL)
+    for i in range(3):
+        write(conn, "live", user(f"Q{i}"), said(f"A{i}"))
+    failure: list[BaseException] = []
+    with psycopg.connect(dsn) as open_writer, \
+            psycopg.connect(dsn, autocommit=True) as installer, \
+            psycopg.connect(dsn, autocommit=True) as next_writer:
+        write(open_writer, "live", user("Q3"))  # its transaction stays open
+        pid = installer.info.backend_pid
+
+        def install() -> None:
+            try:
+                install_agents_sqlalchemy(installer)
+            except BaseException as exc:  # handed to the test's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=install)
+        thread.start()
+        # The barrier: the installation waits for the open writer.
+        while pid not in [int(p) for (p,) in conn.execute(
+                "SELECT pid FROM pg_catalog.pg_locks WHERE NOT granted")]:
+            assert thread.is_alive(), failure
+        next_writer.execute("SET lock_timeout = '1s'")
+        write(next_writer, "live", user("Q-other"), said("A-other"))
+        open_writer.commit()
+        thread.join()
+    assert failure == []
+    assert check_source(conn).ok
+    assert [p.user_content for p in db.eligible_pairs(conn, "live")] == [
+        "Q0", "Q1", "Q2", "Q-other"]

@@ -4,6 +4,7 @@ and who may call what."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -70,14 +71,93 @@ def test_truncate_takes_the_derived_state_out_of_use(conn: Conn) -> None:
     assert pair_indexes(conn, "c") == []
 
 
-def test_rebuild_reports_progress_per_batch(conn: Conn) -> None:
+def test_rebuild_reports_progress_with_a_rate(conn: Conn) -> None:
     history = History(conn)
     for k in range(5):
         history.pairs(f"c{k}", 3)
     notices: list[str] = []
     conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
     conn.execute("CALL compaction.rebuild_derived_state(2)")
-    assert notices == [f"derived state: {n} of 5 conversations" for n in (2, 4, 5)]
+    assert notices[0] == "derived state: rebuilding about 5 conversations"
+    assert re.fullmatch(r"derived state: 5 conversations \(5 this run, [0-9.]+ a second\)",
+                        notices[-1]), notices
+    assert conn.execute("SELECT count(*) FROM compaction.rebuild_progress").fetchone() == (0,)
+
+
+def generations(conn: Conn) -> dict[str, int]:
+    return {str(c): int(g) for c, g in conn.execute(
+        "SELECT conversation_id, generation FROM compaction.conversation_state")}
+
+
+def test_a_cancelled_rebuild_resumes_after_its_last_commit(dsn: str, conn: Conn) -> None:
+    """Revision 0019: the rebuild keeps its resume point in the database. Cancelled while
+    it waits for conversation c3 (another connection holds that row), it has committed
+    c0-c2; the next CALL derives c3-c5 only (a re-derivation bumps the conversation's
+    generation, so the generations say which conversations each run touched)."""
+    history = History(conn)
+    names = [f"c{k}" for k in range(6)]
+    for name in names:
+        history.pairs(name, 3)
+    before = generations(conn)
+    failure: list[BaseException] = []
+    with psycopg.connect(dsn) as blocker, \
+            psycopg.connect(dsn, autocommit=True) as rebuilder:
+        blocker.execute("SELECT 1 FROM compaction.conversation_state"
+                        " WHERE conversation_id = 'c3' FOR UPDATE")
+        pid = rebuilder.info.backend_pid
+
+        def rebuild() -> None:
+            try:
+                rebuilder.execute("CALL compaction.rebuild_derived_state(1)")
+            except BaseException as exc:  # handed to the test's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=rebuild)
+        thread.start()
+        # The barrier: the rebuild waits for the row the blocker holds.
+        while pid not in [int(p) for (p,) in conn.execute(
+                "SELECT pid FROM pg_catalog.pg_locks WHERE NOT granted")]:
+            assert thread.is_alive(), failure
+        assert conn.execute("SELECT done, resume_after, resumable, total"
+                            " FROM compaction.rebuild_progress").fetchone() == (
+            3, "c2", True, 6)
+        conn.execute("SELECT pg_catalog.pg_cancel_backend(%s)", (pid,))
+        thread.join()
+        blocker.rollback()
+    assert len(failure) == 1
+    assert isinstance(failure[0], psycopg.errors.QueryCanceled)
+    assert state(conn) == "in_use"  # the stamp is the same: the rebuild did not restamp
+    first = generations(conn)
+    assert [first[n] - before[n] for n in names] == [1, 1, 1, 0, 0, 0]
+
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    conn.execute("CALL compaction.rebuild_derived_state()")
+    assert notices[0] == "derived state: resuming after conversation c2 (3 of about 6 done)"
+    assert notices[-1].startswith("derived state: 6 conversations (3 this run, ")
+    second = generations(conn)
+    assert [second[n] - first[n] for n in names] == [0, 0, 0, 1, 1, 1]
+    assert conn.execute("SELECT count(*) FROM compaction.rebuild_progress").fetchone() == (0,)
+    assert state(conn) == "in_use"
+    for name in names:
+        assert problems(conn, name) == []
+    # Finished: the next CALL starts over.
+    conn.execute("CALL compaction.rebuild_derived_state()")
+    assert [generations(conn)[n] - second[n] for n in names] == [1] * 6
+
+
+def test_a_rebuild_under_another_source_starts_over(conn: Conn) -> None:
+    """The resume point holds only under the source stamp it was made under: re-pointed
+    views may derive the finished conversations otherwise."""
+    history = History(conn)
+    for k in range(3):
+        history.pairs(f"c{k}", 3)
+    conn.execute("UPDATE compaction.source_tracking SET rebuild_stamp = 'another source',"
+                 " rebuild_after = 'c1', rebuild_done = 2, rebuild_total = 3,"
+                 " rebuild_started_at = now(), rebuild_updated_at = now()")
+    before = generations(conn)
+    conn.execute("CALL compaction.rebuild_derived_state()")
+    assert [generations(conn)[f"c{k}"] - before[f"c{k}"] for k in range(3)] == [1, 1, 1]
 
 
 def test_repair_after_writes_with_the_triggers_disabled(conn: Conn) -> None:
