@@ -953,11 +953,19 @@ def index_statistics(conn: Connection, names: list[str],
 
 
 def table_pages(conn: Connection, table: str) -> int:
-    """A table's size now, in pages (its size on disk, not the planner's estimate)."""
+    """A table's size now, in pages (its size on disk, not the planner's estimate); 0 when
+    no table has that name. Found in the catalog by name, not through regclass, which
+    needs USAGE on the table's schema (a reader has none on the host's schema)."""
+    schema, _, name = table.rpartition(".")
     return int(_row(conn, tuple_row,
-                    "SELECT coalesce((pg_catalog.pg_relation_size(pg_catalog.to_regclass(%(t)s))"
-                    " / pg_catalog.current_setting('block_size')::int)::int, 0)",
-                    {"t": _quoted(table)})[0])
+                    "SELECT coalesce(max((pg_catalog.pg_relation_size(c.oid)"
+                    " / pg_catalog.current_setting('block_size')::int)::int), 0)"
+                    " FROM pg_catalog.pg_class AS c"
+                    " JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace"
+                    " WHERE c.relname = %(name)s"
+                    "   AND (n.nspname = %(schema)s"
+                    "        OR (%(schema)s = '' AND pg_catalog.pg_table_is_visible(c.oid)))",
+                    {"schema": schema, "name": name})[0])
 
 
 def _quoted(name: str) -> str:

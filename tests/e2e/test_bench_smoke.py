@@ -75,7 +75,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
         assert any(s["toplevel"] for s in part["statements"])
     nested = {s["query"] for s in profile["claim_cycle"]["statements"] if not s["toplevel"]}
     assert any("INSERT INTO compaction.jobs" in q for q in nested)
-    assert len(data["targets"]) == 12
+    assert len(data["targets"]) == 18  # twelve engine targets, six quality goals
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 
     table = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")

@@ -40,13 +40,14 @@ INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1", re.DOTALL)
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
 
+def _blank(match: re.Match[str]) -> str:
+    return re.sub(r"[^\n]", " ", match.group(0))
+
+
 def prose(text: str) -> str:
     """The text with fenced blocks and code spans blanked (their line breaks kept): what
     they hold is quoted, not cited or linked."""
-    def blank(match: re.Match[str]) -> str:
-        return re.sub(r"[^\n]", " ", match.group(0))
-
-    return INLINE_CODE.sub(blank, FENCE.sub(blank, text))
+    return INLINE_CODE.sub(_blank, FENCE.sub(_blank, text))
 
 
 def slug(heading: str) -> str:
@@ -61,7 +62,9 @@ def slug(heading: str) -> str:
 def anchors(page: Path) -> set[str]:
     seen: dict[str, int] = {}
     found: set[str] = set()
-    for match in re.finditer(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", prose(page.read_text("utf-8")),
+    # Only fenced blocks are blanked: a heading's code span is part of its anchor.
+    for match in re.finditer(r"^#{1,6}[ \t]+(.+?)[ \t#]*$",
+                             FENCE.sub(_blank, page.read_text("utf-8")),
                              re.MULTILINE):
         base = slug(match.group(1))
         count = seen.get(base, 0)

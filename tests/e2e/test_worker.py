@@ -452,7 +452,7 @@ def test_a_serialization_failure_costs_one_retry_of_that_call(
     def claim_waits() -> bool:
         return conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
-            " AND application_name = 'pycompactor' AND wait_event = 'advisory'"
+            " AND application_name = 'pycompactor' AND wait_event_type = 'Lock'"
             " AND query LIKE %s", (dbname, "%compaction.claim(%")).fetchone() == (1,)
 
     with psycopg.connect(dsn) as holder:  # not autocommit: its claim stays uncommitted
