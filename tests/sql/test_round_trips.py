@@ -45,7 +45,10 @@ def wire(conn: Conn, action: Callable[[], object]) -> list[tuple[str, str]]:
 def assert_one_round_trip(messages: list[tuple[str, str]], statements: int = 2) -> None:
     sent = [kind for direction, kind in messages if direction == "F"]
     first_answer = next(i for i, (direction, _) in enumerate(messages) if direction == "B")
-    assert all(direction == "B" for direction, _ in messages[first_answer:]), messages
+    # The Flush psycopg sends after the Sync may be traced after the first answer arrived
+    # (on a loaded machine): it asks for nothing the call waits on, so it is not a trip.
+    assert all(direction == "B" or kind == "Flush"
+               for direction, kind in messages[first_answer:]), messages
     assert sent.count("Sync") == 1, messages
     before_sync = sent[: sent.index("Sync")]
     assert set(sent[len(before_sync) + 1 :]) <= {"Flush"}, messages
