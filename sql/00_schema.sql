@@ -15,7 +15,15 @@
 --   CP010  immutable row: completed summaries and their identity never change
 --   CP011  append-only table: rows can be added, never changed or removed
 --   CP012  TRUNCATE refused on an engine table
---   CP020  invalid argument to an engine function
+--   CP013  a prompt version is frozen (only closing accepts_new_jobs)
+--   CP020  invalid argument to an engine function (bounds included)
+--   CP021  the source is not tracked, or changed during the rebuild
+--   CP022  p_now is not finite, or before the attempt started
+--   CP023  a lease outside 1 second to 1 day
+--   CP024  a failure reason that is not a code
+--   CP025  p_now from a caller that may not set the clock
+--   CP031  a host table stayed busy while the tracking triggers waited for it
+-- docs/contract.md has the same table with the Python exception of each.
 
 -- Byte budgets, hashes and the whitespace rule are defined on UTF-8; any other server
 -- encoding would silently change what a hash or a byte count means.
