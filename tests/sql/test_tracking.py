@@ -84,6 +84,35 @@ def test_rebuild_reports_progress_with_a_rate(conn: Conn) -> None:
     assert conn.execute("SELECT count(*) FROM compaction.rebuild_progress").fetchone() == (0,)
 
 
+def test_the_rebuild_writes_its_progress_with_jit_off(conn: Conn) -> None:
+    """Each of the rebuild's transactions prices sequential scans out, so its one-row
+    writes cost above jit_above_cost: with JIT on they compiled at every commit (60% of a
+    rebuild's time, revision 0020). A probe trigger on the progress row records the
+    settings every write of it ran under."""
+    history = History(conn)
+    for k in range(5):
+        history.pairs(f"c{k}", 3)
+    conn.execute("CREATE TABLE public.jit_probe (jit text, seqscan text)")
+    conn.execute("""
+        CREATE FUNCTION public.record_jit() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+        SET search_path = pg_catalog, pg_temp AS $$
+        BEGIN
+            INSERT INTO public.jit_probe
+            VALUES (current_setting('jit'), current_setting('enable_seqscan'));
+            RETURN NEW;
+        END $$""")
+    conn.execute("CREATE TRIGGER jit_probe BEFORE UPDATE ON compaction.source_tracking"
+                 " FOR EACH ROW EXECUTE FUNCTION public.record_jit()")
+    conn.execute("SET jit = on")
+    conn.execute("CALL compaction.rebuild_derived_state(1)")
+    seen = conn.execute("SELECT jit, seqscan, count(*) FROM public.jit_probe"
+                        " GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
+    # The first write (the rebuild's start) runs before any setting; every later one
+    # (five batches of one conversation, then the stamp) under the rebuild's settings.
+    assert seen == [("off", "off", 6), ("on", "on", 1)], seen
+    assert state(conn) == "in_use"
+
+
 def generations(conn: Conn) -> dict[str, int]:
     return {str(c): int(g) for c, g in conn.execute(
         "SELECT conversation_id, generation FROM compaction.conversation_state")}
