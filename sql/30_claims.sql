@@ -178,6 +178,66 @@ ALTER SEQUENCE compaction.jobs_job_id_seq OWNED BY compaction.jobs.job_id;
 -- (job_id, attempt)); this finds the job's conversation, then everything is keyed by it.
 CREATE INDEX jobs_job_id_idx ON compaction.jobs (job_id);
 
+-- Every rule of an attempt row (the CHECK attempts_rules, revision 0021). A broken rule
+-- is reported as the check_violation of its own name, as when each was a CHECK of its
+-- own: attempts_at_most_two (bounded retries: the first attempt and one retry, never a
+-- third), attempts_state_valid, attempts_finished_iff_terminal,
+-- attempts_reason_matches_state, attempts_stats_valid (complete()'s p_stats, DESIGN §6:
+-- non-negative counts, NULL when not reported), attempts_times_valid (stored times are
+-- the server's, finite and ordered: revision 0007) and attempts_reason_is_code (the
+-- auditor reads reasons and never sees content). A rule passes when it is NULL, as a
+-- CHECK does. PL/pgSQL with no SET clause and every name qualified: the session keeps its
+-- plan, and no search_path changes what it means.
+CREATE FUNCTION compaction.attempt_rules_hold(
+    p_attempt int, p_state text, p_reason text, p_started_at timestamptz,
+    p_lease_expires_at timestamptz, p_finished_at timestamptz, p_input_tokens int,
+    p_output_tokens int, p_figures_total int, p_figures_kept int)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_rule text;
+BEGIN
+    v_rule := CASE
+        WHEN (p_attempt OPERATOR(pg_catalog.>=) 1 AND p_attempt OPERATOR(pg_catalog.<=) 2) IS FALSE
+            THEN 'attempts_at_most_two'
+        WHEN (p_state OPERATOR(pg_catalog.=) ANY (ARRAY['running', 'completed', 'failed'])) IS FALSE
+            THEN 'attempts_state_valid'
+        WHEN ((p_state OPERATOR(pg_catalog.=) 'running') OPERATOR(pg_catalog.=) (p_finished_at IS NULL)) IS FALSE
+            THEN 'attempts_finished_iff_terminal'
+        WHEN (CASE p_state
+                  WHEN 'running' THEN p_reason IS NULL
+                  WHEN 'completed' THEN p_reason OPERATOR(pg_catalog.=) 'completed'
+                  ELSE p_reason IS NOT NULL AND p_reason OPERATOR(pg_catalog.<>) ''
+              END) IS FALSE
+            THEN 'attempts_reason_matches_state'
+        WHEN (p_input_tokens OPERATOR(pg_catalog.>=) 0 AND p_output_tokens OPERATOR(pg_catalog.>=) 0
+              AND p_figures_total OPERATOR(pg_catalog.>=) 0
+              AND p_figures_kept OPERATOR(pg_catalog.>=) 0
+              AND p_figures_kept OPERATOR(pg_catalog.<=) p_figures_total
+              AND (p_figures_kept IS NULL OR p_figures_total IS NOT NULL)) IS FALSE
+            THEN 'attempts_stats_valid'
+        WHEN (pg_catalog.isfinite(p_started_at) AND pg_catalog.isfinite(p_lease_expires_at)
+              AND (p_finished_at IS NULL
+                   OR (pg_catalog.isfinite(p_finished_at)
+                       AND p_finished_at OPERATOR(pg_catalog.>=) p_started_at))) IS FALSE
+            THEN 'attempts_times_valid'
+        WHEN (p_reason OPERATOR(pg_catalog.~) '^[a-z][a-z0-9_]{0,63}$') IS FALSE
+            THEN 'attempts_reason_is_code'
+    END;
+    IF v_rule IS NOT NULL THEN
+        RAISE EXCEPTION 'new row for relation "attempts" violates check constraint "%"', v_rule
+            USING ERRCODE = 'check_violation', CONSTRAINT = v_rule, TABLE = 'attempts',
+                  SCHEMA = 'compaction';
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION compaction.attempt_rules_hold(int, text, text, timestamptz, timestamptz, timestamptz, int, int, int, int) IS
+    'Internal: the CHECK attempts_rules; true when every rule of an attempt row holds, else the check_violation (23514) named after the broken rule (attempts_at_most_two, attempts_state_valid, attempts_finished_iff_terminal, attempts_reason_matches_state, attempts_stats_valid, attempts_times_valid, attempts_reason_is_code)';
+
 CREATE TABLE compaction.attempts (
     conversation_id  text NOT NULL,
     job_id           bigint NOT NULL,
@@ -203,35 +263,22 @@ CREATE TABLE compaction.attempts (
     claimed_by       text,
     CONSTRAINT attempts_pkey PRIMARY KEY (conversation_id, job_id, attempt),
     CONSTRAINT attempts_job_fkey FOREIGN KEY (conversation_id, job_id)
-        REFERENCES compaction.jobs (conversation_id, job_id),
-    -- Bounded retries: the first attempt and one retry, never a third.
-    CONSTRAINT attempts_at_most_two CHECK (attempt BETWEEN 1 AND 2),
-    CONSTRAINT attempts_state_valid CHECK (state IN ('running', 'completed', 'failed')),
-    CONSTRAINT attempts_finished_iff_terminal CHECK ((state = 'running') = (finished_at IS NULL)),
-    CONSTRAINT attempts_reason_matches_state CHECK (
-        CASE state
-            WHEN 'running' THEN reason IS NULL
-            WHEN 'completed' THEN reason = 'completed'
-            ELSE reason IS NOT NULL AND reason <> ''
-        END),
-    -- complete()'s p_stats (DESIGN.md §6): non-negative counts, NULL when not reported.
-    CONSTRAINT attempts_stats_valid CHECK (
-        input_tokens >= 0 AND output_tokens >= 0 AND figures_total >= 0
-        AND figures_kept BETWEEN 0 AND figures_total
-        AND (figures_kept IS NULL OR figures_total IS NOT NULL))
+        REFERENCES compaction.jobs (conversation_id, job_id)
 );
 COMMENT ON TABLE compaction.attempts IS
     'Append-only attempt log: one row per claim of an identity (at most 2); only running -> completed | failed (and lease renewal) ever changes';
--- Revision 0007: stored times are the server's, finite and ordered, and reasons are codes
--- (the auditor reads them and never sees content). NOT VALID because attempts are
--- append-only history: rows written before 0007 stay as they were (the audit views cope
--- with them); every new or changed row is checked.
+-- The rules of an attempt row, one CHECK (revision 0021). PostgreSQL rebuilds a table's
+-- CHECK expressions from their stored form in every statement that writes a row, and
+-- attempts are written twice per cycle: their seven CHECKs were 13% of a claim ->
+-- complete cycle's instructions (docs/benchmarks.md); one call of attempt_rules_hold
+-- costs under half of that. NOT VALID because attempts are append-only history: rows
+-- written before revision 0007 may hold an infinite time or a free-text reason, and keep
+-- what they recorded (the audit views cope with them); every new or changed row is
+-- checked, and the five rules older than 0007 held for every row when they were folded in.
 ALTER TABLE compaction.attempts
-    ADD CONSTRAINT attempts_times_valid CHECK (
-        pg_catalog.isfinite(started_at) AND pg_catalog.isfinite(lease_expires_at)
-        AND (finished_at IS NULL OR (pg_catalog.isfinite(finished_at) AND finished_at >= started_at)))
-        NOT VALID,
-    ADD CONSTRAINT attempts_reason_is_code CHECK (reason ~ '^[a-z][a-z0-9_]{0,63}$') NOT VALID;
+    ADD CONSTRAINT attempts_rules CHECK (compaction.attempt_rules_hold(
+        attempt, state, reason, started_at, lease_expires_at, finished_at,
+        input_tokens, output_tokens, figures_total, figures_kept)) NOT VALID;
 -- The final word on exclusivity: one running attempt per identity, whatever the callers do.
 CREATE UNIQUE INDEX attempts_one_running
     ON compaction.attempts (conversation_id, job_id) WHERE state = 'running';
@@ -454,7 +501,11 @@ COMMENT ON FUNCTION compaction.caller_now(timestamptz) IS
 -- used to fail deep inside an insert (54000, index row requires N bytes); the worker's
 -- name is kept with every attempt and event. NULL when every argument fits (NULL fits), else the
 -- message naming the first one over its limit. One expression with no SET clause, so it
--- inlines into its callers (revision 0016).
+-- inlines into its callers (revision 0016), which it did only from revision 0021: the
+-- number was joined to the text by anytextcat, which is STABLE, and an IMMUTABLE SQL
+-- function whose body calls a STABLE one is not inlined; it was parsed and planned again
+-- in every claim (7% of a claim -> complete cycle's instructions). Casting the number to
+-- text makes every call in it immutable.
 CREATE FUNCTION compaction.oversized_identifier(p_conversation_id text, p_scope text,
                                                 p_model text DEFAULT NULL,
                                                 p_worker text DEFAULT NULL)
@@ -466,16 +517,16 @@ AS $$
     SELECT CASE
                WHEN pg_catalog.octet_length(p_conversation_id) OPERATOR(pg_catalog.>) 1024
                    THEN 'a conversation id may be at most 1024 bytes (UTF-8), got '
-                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_conversation_id)
+                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_conversation_id)::pg_catalog.text
                WHEN pg_catalog.octet_length(p_scope) OPERATOR(pg_catalog.>) 1024
                    THEN 'a scope may be at most 1024 bytes (UTF-8), got '
-                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_scope)
+                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_scope)::pg_catalog.text
                WHEN pg_catalog.octet_length(p_model) OPERATOR(pg_catalog.>) 256
                    THEN 'a model may be at most 256 bytes (UTF-8), got '
-                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_model)
+                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_model)::pg_catalog.text
                WHEN pg_catalog.octet_length(p_worker) OPERATOR(pg_catalog.>) 256
                    THEN 'a worker name may be at most 256 bytes (UTF-8), got '
-                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_worker)
+                        OPERATOR(pg_catalog.||) pg_catalog.octet_length(p_worker)::pg_catalog.text
            END
 $$;
 COMMENT ON FUNCTION compaction.oversized_identifier(text, text, text, text) IS

@@ -49,3 +49,22 @@ def wait_until_blocked(observer: psycopg.Connection[Any], pid: int) -> None:
                             " AND NOT granted)", (pid,)).fetchone() == (True,):
             return
     raise AssertionError(f"backend {pid} never blocked")
+
+
+def function_calls(dsn: str, conversation_id: str, n_pairs: int) -> dict[str, int]:
+    """Server-side function calls of one claim + complete (a fresh session: the xact stats
+    view also shows this session's not yet flushed counts)."""
+    with psycopg.connect(dsn) as tx:
+        History(tx).pairs(conversation_id, n_pairs)
+        tx.commit()
+        t = db.plan_targets(tx, conversation_id)[0]
+        tx.commit()
+        tx.execute("SET LOCAL track_functions = 'all'")
+        c = claim(tx, conversation_id, t)
+        assert c.job_id is not None
+        assert db.complete(tx, c.job_id, 1, GOOD, "stop", 0, now=T0).ok
+        calls: dict[str, int] = dict(tx.execute(
+            "SELECT schemaname || '.' || funcname, calls::int FROM pg_stat_xact_user_functions"
+        ).fetchall())
+        tx.commit()
+        return calls

@@ -16,7 +16,16 @@ import pytest
 from pycompactor import db
 from pycompactor.models import ClaimResult, CompleteResult
 from tests.history import History
-from tests.sql.engine import GOOD, LEASE, T0, claim, scalar, target, wait_until_blocked
+from tests.sql.engine import (
+    GOOD,
+    LEASE,
+    T0,
+    claim,
+    function_calls,
+    scalar,
+    target,
+    wait_until_blocked,
+)
 
 Conn = psycopg.Connection[Any]
 
@@ -194,25 +203,6 @@ def test_claim_complete_lock_footprint(conn: Conn, tx: Conn, dsn: str) -> None:
         assert holds_conversation(conn, "c1")
         tx.commit()
         blocker.rollback()
-
-
-def function_calls(dsn: str, conversation_id: str, n_pairs: int) -> dict[str, int]:
-    """Server-side function calls of one claim + complete (a fresh session: the xact stats
-    view also shows this session's not yet flushed counts)."""
-    with psycopg.connect(dsn) as tx:
-        History(tx).pairs(conversation_id, n_pairs)
-        tx.commit()
-        t = db.plan_targets(tx, conversation_id)[0]
-        tx.commit()
-        tx.execute("SET LOCAL track_functions = 'all'")
-        c = claim(tx, conversation_id, t)
-        assert c.job_id is not None
-        assert db.complete(tx, c.job_id, 1, GOOD, "stop", 0, now=T0).ok
-        calls: dict[str, int] = dict(tx.execute(
-            "SELECT schemaname || '.' || funcname, calls::int FROM pg_stat_xact_user_functions"
-        ).fetchall())
-        tx.commit()
-        return calls
 
 
 def test_claim_complete_is_a_bounded_number_of_statements(conn: Conn, tx: Conn,
