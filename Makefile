@@ -49,7 +49,7 @@ test: prepare-test lint typecheck pytest ## ruff, mypy --strict and the whole te
 
 # First, so a missing system package stops `make test` at once, with one line.
 prepare-test: $(STAMP)
-	@scripts/prepare $(BIN)/python --pgbouncer --corpus
+	@scripts/prepare $(BIN)/python --pgbouncer --corpus --valgrind
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check pycompactor tests migrations bench
@@ -66,7 +66,7 @@ test-citus: $(STAMP) ## the engine on a real Citus cluster (coordinator + 2 work
 	PYCOMPACTOR_CITUS_PG_CONFIG=$(PG_CONFIG) $(BIN)/pytest tests/citus $(PYTEST_ARGS)
 
 bench: $(STAMP) ## benchmarks vs plain SQL on a durable throwaway cluster (~15 min; docs/benchmarks.md)
-	@scripts/prepare $(BIN)/python --corpus
+	@scripts/prepare $(BIN)/python --corpus --valgrind
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 docs-images: $(STAMP) ## regenerate docs/images/evaluate-*.svg and the table in docs/evaluate.md (offline, the corpus)

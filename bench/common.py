@@ -60,6 +60,8 @@ class Sizes:
     profile_ops: int
     # 7. quality: conversations of the evaluation corpus (None: the corpus's own size)
     quality_conversations: int | None
+    # 8. instructions: claim -> complete cycles (warm-up, measured) under callgrind
+    instruction_cycles: tuple[int, int]
 
 
 FULL = Sizes(
@@ -73,6 +75,7 @@ FULL = Sizes(
     write_pairs=10_000, write_appends=100,
     profile_ops=300,
     quality_conversations=None,
+    instruction_cycles=(60, 250),
 )
 
 SMOKE = Sizes(
@@ -86,6 +89,7 @@ SMOKE = Sizes(
     write_pairs=100, write_appends=5,
     profile_ops=5,
     quality_conversations=3,
+    instruction_cycles=(3, 5),
 )
 
 

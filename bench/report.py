@@ -286,8 +286,30 @@ def markdown_table(results: dict[str, Any]) -> str:
         lines += _quality_lines(results["quality"])
     if "statements" in results:
         lines += _statements_lines(results["statements"])
+    if "instructions" in results:
+        lines += _instructions_lines(results["instructions"])
     lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _instructions_lines(profile: dict[str, Any]) -> list[str]:
+    """The claim -> complete cycle in CPU instructions (bench/instructions.py)."""
+    if "skipped" in profile:
+        return ["", f"Instructions per claim -> complete cycle: skipped ({profile['skipped']}).",
+                ""]
+    per = profile["instructions_per_cycle"]
+    cycles = profile["cycles"]
+    return ["", "Instructions per claim -> complete cycle (callgrind, one backend in single-user"
+            f" mode, the mean of {cycles['measured']:,} cycles after {cycles['warm_up']:,};"
+            " the same count on any load, so a change's effect shows apart from the"
+            " machine's):", "",
+            "| cycle | instructions | vs plain SQL |",
+            "| --- | --- | --- |",
+            f"| pycompactor | {per['pycompactor']:,} | {_fmt(profile['pycompactor_vs_plain'])} |",
+            f"| floor (the contract's rows, two plain statements) | {per['floor']:,} |"
+            f" {_fmt(profile['floor_vs_plain'])} |",
+            f"| plain SQL | {per['plain']:,} | 1.00 |",
+            "", f"pycompactor / floor: {_fmt(profile['pycompactor_vs_floor'])}.", ""]
 
 
 def _statements_lines(profile: dict[str, Any]) -> list[str]:

@@ -31,7 +31,17 @@ from typing import Any
 
 import psycopg
 
-from bench import claims, finding, hashing, projecting, quality, sdk_source, statements, writing
+from bench import (
+    claims,
+    finding,
+    hashing,
+    instructions,
+    projecting,
+    quality,
+    sdk_source,
+    statements,
+    writing,
+)
 from bench.common import FULL, REPETITIONS, SMOKE, BenchCluster, Sizes, cpu_model
 from bench.report import markdown_table, targets
 
@@ -51,6 +61,7 @@ OFFLINE: dict[str, Callable[[Sizes], dict[str, Any]]] = {
 #: Run last, in a cluster of its own: pg_stat_statements would tax the measured ones.
 PROFILES: dict[str, Callable[[Sizes], dict[str, Any]]] = {
     "statements": statements.run,
+    "instructions": instructions.run,
 }
 
 

@@ -28,7 +28,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "latest.json").read_text(encoding="utf-8"))
     assert set(data) == {"meta", "seconds", "targets", "claim_cycle", "projection",
                          "finding_work", "hashing", "writing", "sdk_source", "statements",
-                         "quality"}
+                         "quality", "instructions"}
     assert data["meta"]["mode"] == "smoke"
     assert data["meta"]["settings"]["fsync"] == "on"
     assert data["meta"]["settings"]["synchronous_commit"] == "on"
@@ -75,6 +75,10 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
         assert any(s["toplevel"] for s in part["statements"])
     nested = {s["query"] for s in profile["claim_cycle"]["statements"] if not s["toplevel"]}
     assert any("INSERT INTO compaction.jobs" in q for q in nested)
+    # The cycle in instructions: each of the three cycles ran, and the engine's costs more
+    # than the rows alone, which cost more than plain SQL's.
+    counts = data["instructions"]["instructions_per_cycle"]
+    assert counts["pycompactor"] > counts["floor"] > counts["plain"] > 0
     assert len(data["targets"]) == 18  # twelve engine targets, six quality goals
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 
@@ -82,6 +86,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert "(smoke run)" in table
     assert "| target | measured | goal | met |" in table
     assert "Where the time goes" in table
+    assert "Instructions per claim -> complete cycle (callgrind" in table
 
 
 @pytest.mark.slow
