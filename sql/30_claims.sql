@@ -664,6 +664,7 @@ DECLARE
     v_max_running int;
     v_slot        int;
     v_overflow    boolean := false;
+    v_room        boolean := true;
     v_expired     compaction.attempts;
     v_oversized   text;
 BEGIN
@@ -780,8 +781,15 @@ BEGIN
         WHERE ad.slot > v_max_running AND ad.lease_expires_at > v_now;
         v_overflow := FOUND;
     END IF;
-    IF NOT v_overflow OR (SELECT count(*) FROM compaction.admission AS ad
-                          WHERE ad.lease_expires_at > v_now) < v_max_running THEN
+    -- Counted only while the overflow lasts. As one condition with NOT v_overflow, the
+    -- count was a parameterised subquery that PL/pgSQL planned again at every claim (its
+    -- custom plan, with v_overflow false, pruned the count, so a generic plan never won).
+    IF v_overflow THEN
+        SELECT count(*) < v_max_running INTO v_room
+        FROM compaction.admission AS ad
+        WHERE ad.lease_expires_at > v_now;
+    END IF;
+    IF v_room THEN
         SELECT ad.slot INTO v_slot
         FROM compaction.admission AS ad
         WHERE ad.slot <= v_max_running
