@@ -18,6 +18,9 @@ warm-up, with start-up, catalog caches and first plans cancelled out. Each state
 an EXECUTE of a statement prepared at the start, as the driver's are; the engine's and
 the floor's completion find their job by key (the client has it from the claim's answer).
 Commits cost their instructions here, not their WAL flush: that is benchmark 1's part.
+Beside the instructions, the WAL each cycle writes (the insert position before and after
+the cycles): at 8 connections the cycle waits on WAL flushes, and the bytes per commit
+are what a design that writes less saves there.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ def _script(kind: str, items: Sequence[Any]) -> str:
     prepare = _floor_prepare() if kind == "floor" else _PREPARE[kind]
     # In single-user mode (-j) a statement ends at a semicolon followed by an empty line.
     head = ";\n\n".join(s.strip() for s in re.split(r"\n(?=PREPARE )", prepare.strip()))
-    lines = [head + ";\n"]
+    lines = [head + ";\n", f"SELECT pg_catalog.pg_current_wal_insert_lsn() AS {_WAL_MARK};\n"]
     summary = _literal(claims.SUMMARY)
     for item in items:
         if kind == "plain":
@@ -107,7 +110,20 @@ def _script(kind: str, items: Sequence[Any]) -> str:
                          f" {_literal(item.source_hash)});\n")
             lines.append(f"EXECUTE cycle_complete({_literal(item.conversation_id)},"
                          f" {summary});\n")
+    lines.append(f"SELECT pg_catalog.pg_current_wal_insert_lsn() AS {_WAL_MARK};\n")
     return "\n".join(lines)
+
+
+_WAL_MARK = "wal_position"
+
+
+def _wal_written(output: str) -> int:
+    """Bytes of WAL between the two positions the script printed."""
+    marks = re.findall(rf'{_WAL_MARK} = "([0-9A-F]+)/([0-9A-F]+)"', output)
+    if len(marks) != 2:
+        raise RuntimeError(f"expected two WAL positions in the output, found {len(marks)}")
+    start, end = ((int(high, 16) << 32) | int(low, 16) for high, low in marks)
+    return end - start
 
 
 class _Runner:
@@ -174,8 +190,10 @@ def run(sizes: Sizes) -> dict[str, Any]:
             entry = pwd.getpwnam(cluster.user)
             os.chown(scratch, entry.pw_uid, entry.pw_gid)
         per_cycle: dict[str, int] = {}
+        wal_per_cycle: dict[str, int] = {}
         for kind, items in work.items():
             totals = []
+            wal = []
             for label, count in (("short", warm), ("long", n)):
                 copy = scratch / f"{kind}-{label}"
                 runner.run(["cp", "-a", str(data), str(copy)])
@@ -196,11 +214,14 @@ def run(sizes: Sizes) -> dict[str, Any]:
                     error = output[output.index("ERROR:"):].splitlines()[0]
                     raise RuntimeError(f"{kind}: {error}")
                 totals.append(total)
+                wal.append(_wal_written(output))
                 shutil.rmtree(copy, ignore_errors=True)
             per_cycle[kind] = round((totals[1] - totals[0]) / measured)
+            wal_per_cycle[kind] = round((wal[1] - wal[0]) / measured)
     return {
         "cycles": {"warm_up": warm, "measured": measured},
         "instructions_per_cycle": per_cycle,
+        "wal_bytes_per_cycle": wal_per_cycle,
         "pycompactor_vs_plain": per_cycle["pycompactor"] / per_cycle["plain"],
         "floor_vs_plain": per_cycle["floor"] / per_cycle["plain"],
         "pycompactor_vs_floor": per_cycle["pycompactor"] / per_cycle["floor"],

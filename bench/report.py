@@ -298,17 +298,19 @@ def _instructions_lines(profile: dict[str, Any]) -> list[str]:
         return ["", f"Instructions per claim -> complete cycle: skipped ({profile['skipped']}).",
                 ""]
     per = profile["instructions_per_cycle"]
+    wal = profile["wal_bytes_per_cycle"]
     cycles = profile["cycles"]
     return ["", "Instructions per claim -> complete cycle (callgrind, one backend in single-user"
             f" mode, the mean of {cycles['measured']:,} cycles after {cycles['warm_up']:,};"
             " the same count on any load, so a change's effect shows apart from the"
-            " machine's):", "",
-            "| cycle | instructions | vs plain SQL |",
-            "| --- | --- | --- |",
-            f"| pycompactor | {per['pycompactor']:,} | {_fmt(profile['pycompactor_vs_plain'])} |",
+            " machine's; and the WAL each cycle writes):", "",
+            "| cycle | instructions | vs plain SQL | WAL bytes |",
+            "| --- | --- | --- | --- |",
+            f"| pycompactor | {per['pycompactor']:,} | {_fmt(profile['pycompactor_vs_plain'])} |"
+            f" {wal['pycompactor']:,} |",
             f"| floor (the contract's rows, two plain statements) | {per['floor']:,} |"
-            f" {_fmt(profile['floor_vs_plain'])} |",
-            f"| plain SQL | {per['plain']:,} | 1.00 |",
+            f" {_fmt(profile['floor_vs_plain'])} | {wal['floor']:,} |",
+            f"| plain SQL | {per['plain']:,} | 1.00 | {wal['plain']:,} |",
             "", f"pycompactor / floor: {_fmt(profile['pycompactor_vs_floor'])}.", ""]
 
 

@@ -79,6 +79,8 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     # than the rows alone, which cost more than plain SQL's.
     counts = data["instructions"]["instructions_per_cycle"]
     assert counts["pycompactor"] > counts["floor"] > counts["plain"] > 0
+    wal = data["instructions"]["wal_bytes_per_cycle"]
+    assert wal["pycompactor"] > wal["plain"] > 0
     assert len(data["targets"]) == 18  # twelve engine targets, six quality goals
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 
