@@ -17,6 +17,8 @@ transactions, resumable).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -124,8 +126,9 @@ def install_agents_sqlalchemy(conn: psycopg.Connection[Any], *, schema: str = "p
                 schema=schema, sessions_table=sessions_table, messages_table=messages_table):
             if name == "indexes":
                 _drop_invalid_indexes(conn, schema, messages_table)
-                for statement in statements:
-                    conn.execute(statement)  # autocommit: each its own transaction
+                with _serial_builds(conn):
+                    for statement in statements:
+                        conn.execute(statement)  # autocommit: each its own transaction
                 continue
             with conn.transaction():
                 for statement in statements:
@@ -135,6 +138,23 @@ def install_agents_sqlalchemy(conn: psycopg.Connection[Any], *, schema: str = "p
             conn.execute("CALL compaction.rebuild_derived_state()")
             rebuilt = True
     return RecipeResult("agents-sqlalchemy", f"{schema}.{messages_table}", rebuilt)
+
+
+@contextmanager
+def _serial_builds(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """The index builds without parallel workers, which would take the cores the
+    application runs on (`make bench-scale`, docs/operations.md: its p50 during the builds
+    2.7-4.4 ms with two workers, 1.5-2.0 ms without); then the connection's own setting
+    again, since it is the caller's."""
+    row = conn.execute(
+        "SELECT pg_catalog.current_setting('max_parallel_maintenance_workers')").fetchone()
+    assert row is not None
+    conn.execute("SELECT pg_catalog.set_config('max_parallel_maintenance_workers', '0', false)")
+    try:
+        yield
+    finally:
+        conn.execute("SELECT pg_catalog.set_config('max_parallel_maintenance_workers', %s,"
+                     " false)", (row[0],))
 
 
 def _drop_invalid_indexes(conn: psycopg.Connection[Any], schema: str,

@@ -315,3 +315,27 @@ def test_install_lets_the_applications_writes_through(dsn: str, conn: Conn) -> N
     assert check_source(conn).ok
     assert [p.user_content for p in db.eligible_pairs(conn, "live")] == [
         "Q0", "Q1", "Q2", "Q-other"]
+
+
+def test_indexes_build_without_parallel_workers_and_the_setting_comes_back(conn: Conn) -> None:
+    """Parallel workers would take the application's cores during the builds; the
+    connection is the caller's, so its own setting is back afterwards. An event trigger
+    records the setting each CREATE INDEX ran under (CONCURRENTLY ones included)."""
+    conn.execute(SDK_TABLES_DDL)
+    conn.execute("CREATE TABLE public.build_settings (workers text NOT NULL)")
+    conn.execute("""
+        CREATE FUNCTION public.note_build_setting() RETURNS event_trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO public.build_settings
+            VALUES (pg_catalog.current_setting('max_parallel_maintenance_workers'));
+        END $$""")
+    conn.execute("CREATE EVENT TRIGGER note_build_setting ON ddl_command_end"
+                 " WHEN TAG IN ('CREATE INDEX') EXECUTE FUNCTION public.note_build_setting()")
+    conn.execute("SET max_parallel_maintenance_workers = 3")
+    try:
+        install_agents_sqlalchemy(conn)
+    finally:
+        conn.execute("DROP EVENT TRIGGER note_build_setting")
+    assert conn.execute("SELECT workers FROM public.build_settings").fetchall() == [("0",)] * 3
+    assert conn.execute("SHOW max_parallel_maintenance_workers").fetchone() == ("3",)
+
