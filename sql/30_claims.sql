@@ -269,7 +269,7 @@ COMMENT ON TABLE compaction.attempts IS
     'Append-only attempt log: one row per claim of an identity (at most 2); only running -> completed | failed (and lease renewal) ever changes';
 -- The rules of an attempt row, one CHECK (revision 0021). PostgreSQL rebuilds a table's
 -- CHECK expressions from their stored form in every statement that writes a row, and
--- attempts are written twice per cycle: their seven CHECKs were 13% of a claim ->
+-- attempts are written twice per cycle: their seven CHECKs were about 12% of a claim ->
 -- complete cycle's instructions (docs/benchmarks.md); one call of attempt_rules_hold
 -- costs under half of that. NOT VALID because attempts are append-only history: rows
 -- written before revision 0007 may hold an infinite time or a free-text reason, and keep
