@@ -29,7 +29,6 @@ import os
 import pwd
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +38,7 @@ import psycopg
 
 from bench import claims
 from bench.common import BenchCluster, Sizes
+from pycompactor.cluster import ThrowawayCluster
 from pycompactor.summarizer import PROMPT_VERSION
 
 DATABASE = "bench_instructions"
@@ -62,12 +62,6 @@ PREPARE cycle_complete(text, text) AS
         (SELECT j.job_id FROM compaction.jobs AS j WHERE j.conversation_id = $1), 1, $2,
         'stop', 0, p_conversation_id => $1)
 """,
-    "floor": """
-PREPARE cycle_claim(text, int, text[], text) AS
-    {claim}
-PREPARE cycle_complete(text, text) AS
-    {complete}
-""",
     "plain": f"""
 PREPARE cycle_claim(text) AS
     {claims._BASELINE_START.replace('%(key)s', '$1').replace('%(worker)s', "'bench-0'")}
@@ -90,7 +84,8 @@ def _floor_prepare() -> str:
                 .replace("%(c)s", "$1").replace("%(s)s", "$2").replace("%(f)s", "0"))
     # Single-user mode ends a statement at a newline followed by a blank line: none inside.
     flat = [re.sub(r"\n\s*\n", "\n", s.strip()) for s in (claim, complete)]
-    return _PREPARE["floor"].format(claim=flat[0], complete=flat[1])
+    return (f"PREPARE cycle_claim(text, int, text[], text) AS\n    {flat[0]}\n"
+            f"PREPARE cycle_complete(text, text) AS\n    {flat[1]}\n")
 
 
 def _script(kind: str, items: Sequence[Any]) -> str:
@@ -126,31 +121,10 @@ def _wal_written(output: str) -> int:
     return end - start
 
 
-class _Runner:
-    """Runs programs as the server's OS user (root never runs PostgreSQL)."""
-
-    def __init__(self, user: str | None) -> None:
-        self.user = user
-
-    def run(self, args: Sequence[str], *, stdin: Path | None = None) -> str:
-        entry = pwd.getpwnam(self.user) if self.user is not None else None
-        with (stdin.open("rb") if stdin is not None else open(os.devnull, "rb")) as source:
-            result = subprocess.run(
-                list(args), stdin=source, capture_output=True, check=False,
-                user=self.user, group=None if entry is None else entry.pw_gid,
-                extra_groups=None if entry is None else [],
-                env={**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"})
-        output = result.stdout.decode("utf-8", "replace") + result.stderr.decode("utf-8",
-                                                                                    "replace")
-        if result.returncode != 0:
-            raise RuntimeError(f"{Path(args[0]).name} failed ({result.returncode}): "
-                               f"{output.strip().splitlines()[-1:] or ''}")
-        return output
-
-
-def _instructions(runner: _Runner, valgrind: str, postgres: Path, data: Path, script: Path,
+def _instructions(cluster: ThrowawayCluster, valgrind: str, data: Path, script: Path,
                   out: Path) -> tuple[int, str]:
-    output = runner.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out}",
+    postgres = cluster.bindir / "postgres"
+    output = cluster.run_as_server([valgrind, "--tool=callgrind", f"--callgrind-out-file={out}",
                          str(postgres), "--single", "-j", "-D", str(data), DATABASE],
                         stdin=script)
     totals = re.search(r"^(?:totals|summary): (\d+)", out.read_text(), re.MULTILINE)
@@ -182,9 +156,8 @@ def run(sizes: Sizes) -> dict[str, Any]:
         with psycopg.connect(bench.dsn_for("postgres"), autocommit=True) as admin:
             admin.execute(f'ALTER DATABASE "{dbname}" RENAME TO {DATABASE}')
         data = cluster.root / "data"
-        cluster._run("pg_ctl", "stop", "-w", "-m", "fast", "-D", str(data))
-        runner = _Runner(cluster.user)
-        postgres = cluster.bindir / "postgres"
+        cluster.run_as_server([str(cluster.bindir / "pg_ctl"), "stop", "-w", "-m", "fast",
+                               "-D", str(data)])
         scratch = Path(tempfile.mkdtemp(prefix="instructions-", dir=cluster.root))
         if cluster.user is not None:
             entry = pwd.getpwnam(cluster.user)
@@ -196,11 +169,11 @@ def run(sizes: Sizes) -> dict[str, Any]:
             wal = []
             for label, count in (("short", warm), ("long", n)):
                 copy = scratch / f"{kind}-{label}"
-                runner.run(["cp", "-a", str(data), str(copy)])
+                cluster.run_as_server(["cp", "-a", str(data), str(copy)])
                 script = scratch / f"{kind}-{label}.sql"
                 script.write_text(_script(kind, items[:count]), encoding="utf-8")
                 os.chmod(script, 0o644)
-                total, output = _instructions(runner, valgrind, postgres, copy, script,
+                total, output = _instructions(cluster, valgrind, copy, script,
                                               scratch / f"{kind}-{label}.callgrind")
                 expected = 2 * count
                 # A claim or completion that went through answers true (pycompactor) or

@@ -23,7 +23,7 @@ import socket
 import stat
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -230,23 +230,34 @@ class ThrowawayCluster:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
 
     def _run(self, *args: str) -> None:
-        assert self.root is not None
-        result = subprocess.run(
-            [str(self.bindir / args[0]), *args[1:]],
-            cwd=self.root,
-            user=self.user,
-            group=None if self.user is None else pwd.getpwnam(self.user).pw_gid,
-            extra_groups=None if self.user is None else [],
-            env={**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"},
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            detail = (result.stderr or result.stdout).strip().splitlines()
-            raise PycompactorError(
-                f"{args[0]} failed: {detail[-1] if detail else 'exit ' + str(result.returncode)}"
+        self.run_as_server([str(self.bindir / args[0]), *args[1:]])
+
+    def run_as_server(self, argv: Sequence[str], *, stdin: Path | None = None) -> str:
+        """Run a program as the server's OS user in the cluster's directory (root never
+        runs PostgreSQL): the server binaries, or a tool over its files. Returns its
+        output; a non-zero exit is a PycompactorError naming the program's last line."""
+        assert self.root is not None, "cluster not started"
+        with (stdin.open("rb") if stdin is not None else open(os.devnull, "rb")) as source:
+            result = subprocess.run(
+                list(argv),
+                stdin=source,
+                cwd=self.root,
+                user=self.user,
+                group=None if self.user is None else pwd.getpwnam(self.user).pw_gid,
+                extra_groups=None if self.user is None else [],
+                env={**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"},
+                capture_output=True,
+                check=False,
             )
+        output = (result.stdout.decode("utf-8", "replace")
+                  + result.stderr.decode("utf-8", "replace"))
+        if result.returncode != 0:
+            detail = (result.stderr.decode("utf-8", "replace") or output).strip().splitlines()
+            raise PycompactorError(
+                f"{Path(argv[0]).name} failed: "
+                f"{detail[-1] if detail else 'exit ' + str(result.returncode)}"
+            )
+        return output
 
     def start(self) -> str:
         self.bindir, self.staged = runnable_bindir(self.source_bindir, self.user)
