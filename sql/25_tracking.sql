@@ -759,6 +759,8 @@ DECLARE
     v_scopes  text[];
     v_froms   int[];
     v_reasons text[];
+    v_judged  jsonb;
+    v_ranges  jsonb;
 BEGIN
     -- Every summary judged now against the derived ranges (checked against the views
     -- below): the verdicts the derived state must hold.
@@ -766,20 +768,35 @@ BEGIN
            pg_catalog.array_agg(j.from_pair), pg_catalog.array_agg(j.reason)
     INTO v_ids, v_scopes, v_froms, v_reasons
     FROM compaction.judge_summaries(p_conversation_id, NULL) AS j;
+    -- The pairs judged from the views and the full ranges' hashes, each in a statement
+    -- that reads no engine table (revision 0022): on Citus a statement that reads a
+    -- distributed table runs on the shard, where these functions cannot run theirs.
+    SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(j)), '[]')
+    INTO v_judged
+    FROM compaction.judged_pairs(p_conversation_id) AS j;
+    SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+               'from_pair', g.from_pair, 'ids', g.ids,
+               'hash', compaction.range_hash(p_conversation_id, g.ids))), '[]')
+    INTO v_ranges
+    FROM (SELECT j.pair_index / 10 * 10 AS from_pair,
+                 ARRAY(SELECT pg_catalog.unnest(array_agg(
+                     ARRAY[j.user_message_id, j.assistant_message_id] ORDER BY j.pair_index)))
+                     AS ids
+          FROM pg_catalog.jsonb_to_recordset(v_judged)
+               AS j (pair_index int, user_message_id text, assistant_message_id text)
+          GROUP BY j.pair_index / 10 * 10
+          HAVING count(*) = 10) AS g;
     RETURN QUERY
         WITH judged AS (
-            SELECT j.* FROM compaction.judged_pairs(p_conversation_id) AS j
+            SELECT j.*
+            FROM pg_catalog.jsonb_to_recordset(v_judged)
+                 AS j (pair_index int, run_id text, user_seq bigint, user_message_id text,
+                       user_bytes int, assistant_message_id text, assistant_bytes int)
         ), stored AS (
             SELECT p.* FROM compaction.pairs AS p WHERE p.conversation_id = p_conversation_id
         ), judged_ranges AS (
-            SELECT g.from_pair, g.ids, compaction.range_hash(p_conversation_id, g.ids) AS hash
-            FROM (SELECT j.pair_index / 10 * 10 AS from_pair,
-                         ARRAY(SELECT pg_catalog.unnest(array_agg(
-                             ARRAY[j.user_message_id, j.assistant_message_id] ORDER BY j.pair_index)))
-                             AS ids
-                  FROM judged AS j
-                  GROUP BY j.pair_index / 10 * 10
-                  HAVING count(*) = 10) AS g
+            SELECT r.from_pair, r.ids, r.hash
+            FROM pg_catalog.jsonb_to_recordset(v_ranges) AS r (from_pair int, ids text[], hash text)
         ), stored_ranges AS (
             SELECT r.* FROM compaction.ranges AS r WHERE r.conversation_id = p_conversation_id
         ), counts AS (

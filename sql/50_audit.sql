@@ -3,8 +3,14 @@
 -- compaction_auditor reads these and compaction.audit_events (the event log table) and
 -- nothing else: metadata only (ids, ranges, hashes, models, versions, states, reasons,
 -- times, lengths), never message or summary text. Recipes: docs/audit.md.
+--
+-- Each audit view over engine tables is a facade over a body view of the same name with
+-- `_rows` (the logic, granted to nobody) that compaction.place_audit_views() points at
+-- the body directly on one node, where a DBA's filter reaches the body's indexes, and
+-- through a definer function on Citus (read_audit_*), where a view's shard queries run
+-- with the caller's rights and the auditor holds none on the tables.
 
-CREATE VIEW compaction.audit_jobs AS
+CREATE VIEW compaction.audit_jobs_rows AS
     SELECT j.conversation_id,
            j.scope,
            j.from_pair,
@@ -74,8 +80,8 @@ CREATE VIEW compaction.audit_jobs AS
     JOIN compaction.job_summaries AS s
       ON s.conversation_id = j.conversation_id AND s.job_id = j.job_id
     WHERE s.attempt IS NULL;
-COMMENT ON VIEW compaction.audit_jobs IS
-    'Audit: every job with each attempt (state, reason, worker, lease, duration, finish metadata, token usage and figures kept as reported to complete, NULL when not reported, and the login that claimed it) and imported summaries as state imported; no text';
+COMMENT ON VIEW compaction.audit_jobs_rows IS
+    'Internal: the body of compaction.audit_jobs (granted to nobody)';
 
 -- Computed where the source views are (DESIGN §11, revision 0013). A view that called
 -- source_hash per row would, under Citus, be pushed down to the shards on the workers,
@@ -142,7 +148,7 @@ CREATE VIEW compaction.audit_stale_summaries AS
 COMMENT ON VIEW compaction.audit_stale_summaries IS
     'Audit: completed summaries whose source changed since (hash recomputed in SQL) or whose range no longer has 10 pairs';
 
-CREATE VIEW compaction.audit_exhausted AS
+CREATE VIEW compaction.audit_exhausted_rows AS
     SELECT j.conversation_id,
            j.scope,
            j.from_pair,
@@ -163,11 +169,11 @@ CREATE VIEW compaction.audit_exhausted AS
     GROUP BY j.conversation_id, j.scope, j.from_pair, j.to_pair, j.job_id, j.source_hash,
              j.model, j.prompt_version
     HAVING count(*) >= 2;
-COMMENT ON VIEW compaction.audit_exhausted IS
-    'Audit: identities whose two attempts both failed (claims answer attempts_exhausted), with both reasons';
+COMMENT ON VIEW compaction.audit_exhausted_rows IS
+    'Internal: the body of compaction.audit_exhausted (granted to nobody)';
 
 -- Both ages use the server's clock; queue times are finite (queue_times_finite).
-CREATE VIEW compaction.audit_queue AS
+CREATE VIEW compaction.audit_queue_rows AS
     SELECT q.scope,
            count(*) FILTER (WHERE q.leased_until IS NULL OR q.leased_until <= pg_catalog.now())
                AS queued,
@@ -181,5 +187,67 @@ CREATE VIEW compaction.audit_queue AS
                AS oldest_queued_age
     FROM compaction.queue AS q
     GROUP BY q.scope;
+COMMENT ON VIEW compaction.audit_queue_rows IS
+    'Internal: the body of compaction.audit_queue (granted to nobody)';
+
+-- The definer functions the facades read through on Citus: the body with the owner's
+-- rights, so its shard queries run as the owner (who may log in on the nodes) and a
+-- caller's filter applies on the coordinator, after the body (a filter pushed into the
+-- body's outer join as a constant is a query Citus cannot plan on PostgreSQL 15 and 16).
+CREATE FUNCTION compaction.read_audit_jobs()
+RETURNS SETOF compaction.audit_jobs_rows
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM compaction.audit_jobs_rows;
+END
+$$;
+COMMENT ON FUNCTION compaction.read_audit_jobs() IS
+    'Internal: the rows of audit_jobs with the owner''s rights (what the view reads on Citus)';
+
+CREATE FUNCTION compaction.read_audit_exhausted()
+RETURNS SETOF compaction.audit_exhausted_rows
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM compaction.audit_exhausted_rows;
+END
+$$;
+COMMENT ON FUNCTION compaction.read_audit_exhausted() IS
+    'Internal: the rows of audit_exhausted with the owner''s rights (what the view reads on Citus)';
+
+CREATE FUNCTION compaction.read_audit_queue()
+RETURNS SETOF compaction.audit_queue_rows
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM compaction.audit_queue_rows;
+END
+$$;
+COMMENT ON FUNCTION compaction.read_audit_queue() IS
+    'Internal: the rows of audit_queue with the owner''s rights (what the view reads on Citus)';
+
+-- The facades, as one node has them (compaction.place_audit_views() chooses the form).
+CREATE VIEW compaction.audit_jobs AS SELECT * FROM compaction.audit_jobs_rows;
+COMMENT ON VIEW compaction.audit_jobs IS
+    'Audit: every job with each attempt (state, reason, worker, lease, duration, finish metadata, token usage and figures kept as reported to complete, NULL when not reported, and the login that claimed it) and imported summaries as state imported; no text';
+
+CREATE VIEW compaction.audit_exhausted AS SELECT * FROM compaction.audit_exhausted_rows;
+COMMENT ON VIEW compaction.audit_exhausted IS
+    'Audit: identities whose two attempts both failed (claims answer attempts_exhausted), with both reasons';
+
+CREATE VIEW compaction.audit_queue AS SELECT * FROM compaction.audit_queue_rows;
 COMMENT ON VIEW compaction.audit_queue IS
     'Audit: the work queue per scope: entries waiting (queued, of which expired_leases were leased by a worker that did not finish), entries under a live lease (leased), and the oldest waiting entry''s enqueue time and age';

@@ -8,33 +8,73 @@
 -- "Scaling out with Citus").
 
 CREATE FUNCTION compaction.citus_tables()
-RETURNS TABLE (table_name text, placement text, step int)
+RETURNS TABLE (table_name text, placement text, step int, colocation text)
 LANGUAGE sql
 IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     -- In distribution order: reference tables first (distributed tables refer to them),
-    -- then each distributed table after the tables its foreign keys name.
-    VALUES ('compaction.settings', 'reference', 1),
-           ('compaction.prompt_versions', 'reference', 2),
-           ('compaction.admission', 'reference', 3),
-           ('compaction.source_tracking', 'reference', 4),
-           ('compaction_source.conversations', 'distributed', 5),
-           ('compaction_source.runs', 'distributed', 6),
-           ('compaction_source.messages', 'distributed', 7),
-           ('compaction.jobs', 'distributed', 8),
-           ('compaction.attempts', 'distributed', 9),
-           ('compaction.job_summaries', 'distributed', 10),
-           ('compaction.audit_events', 'distributed', 11),
-           ('compaction.queue', 'distributed', 12),
-           ('compaction.conversation_state', 'distributed', 13),
-           ('compaction.pairs', 'distributed', 14),
-           ('compaction.ranges', 'distributed', 15),
-           ('compaction.summary_verdicts', 'distributed', 16),
-           ('compaction.conversation_locks', 'distributed', 17)
+    -- then each distributed table after the tables its foreign keys name. The queue is
+    -- distributed apart from the other tables (revision 0022): an application's
+    -- transaction that writes its history, with its own login, and then calls
+    -- compaction.enqueue (the owner's) may not touch placements co-located with the ones
+    -- it wrote as another user, and no statement joins the queue with another table.
+    VALUES ('compaction.settings', 'reference', 1, NULL),
+           ('compaction.prompt_versions', 'reference', 2, NULL),
+           ('compaction.admission', 'reference', 3, NULL),
+           ('compaction.source_tracking', 'reference', 4, NULL),
+           ('compaction_source.conversations', 'distributed', 5, 'conversation'),
+           ('compaction_source.runs', 'distributed', 6, 'conversation'),
+           ('compaction_source.messages', 'distributed', 7, 'conversation'),
+           ('compaction.jobs', 'distributed', 8, 'conversation'),
+           ('compaction.attempts', 'distributed', 9, 'conversation'),
+           ('compaction.job_summaries', 'distributed', 10, 'conversation'),
+           ('compaction.audit_events', 'distributed', 11, 'conversation'),
+           ('compaction.queue', 'distributed', 12, 'queue'),
+           ('compaction.conversation_state', 'distributed', 13, 'conversation'),
+           ('compaction.pairs', 'distributed', 14, 'conversation'),
+           ('compaction.ranges', 'distributed', 15, 'conversation'),
+           ('compaction.summary_verdicts', 'distributed', 16, 'conversation'),
+           ('compaction.conversation_locks', 'distributed', 17, 'conversation')
 $$;
 COMMENT ON FUNCTION compaction.citus_tables() IS
-    'Every engine table with its Citus placement (distributed by conversation_id, co-located, or reference) in the order compaction.distribute_on_citus() applies them';
+    'Every engine table with its Citus placement (distributed by conversation_id, or reference), the order compaction.distribute_on_citus() applies them in, and the co-location group of a distributed table (conversation, or queue alone)';
+
+-- The audit views over engine tables are facades (sql/50_audit.sql): over their bodies
+-- on one node, through the definer functions read_audit_* once the tables are
+-- distributed. Called by distribute_on_citus and by every migration that changes an
+-- audit view, so that an upgrade keeps each database's form.
+CREATE PROCEDURE compaction.place_audit_views()
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_distributed boolean := false;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+                                WHERE logicalrelid = ''compaction.jobs''::regclass)'
+            INTO v_distributed;
+    END IF;
+    IF v_distributed THEN
+        CREATE OR REPLACE VIEW compaction.audit_jobs AS
+            SELECT * FROM compaction.read_audit_jobs();
+        CREATE OR REPLACE VIEW compaction.audit_exhausted AS
+            SELECT * FROM compaction.read_audit_exhausted();
+        CREATE OR REPLACE VIEW compaction.audit_queue AS
+            SELECT * FROM compaction.read_audit_queue();
+    ELSE
+        CREATE OR REPLACE VIEW compaction.audit_jobs AS
+            SELECT * FROM compaction.audit_jobs_rows;
+        CREATE OR REPLACE VIEW compaction.audit_exhausted AS
+            SELECT * FROM compaction.audit_exhausted_rows;
+        CREATE OR REPLACE VIEW compaction.audit_queue AS
+            SELECT * FROM compaction.audit_queue_rows;
+    END IF;
+END
+$$;
+COMMENT ON PROCEDURE compaction.place_audit_views() IS
+    'Migration and Citus step: points the audit views at their bodies (one node) or at the definer functions read_audit_* (Citus, where a view''s shard queries run with the caller''s rights)';
 
 -- Run once by a superuser on the coordinator, after `pycompactor migrate` and before any
 -- history is written (create_distributed_table moves existing rows, but a large table is
@@ -92,13 +132,20 @@ BEGIN
                                                     v_fk.rel, v_fk.conname, v_fk.def);
         EXECUTE pg_catalog.format('ALTER TABLE %s DROP CONSTRAINT %I', v_fk.rel, v_fk.conname);
     END LOOP;
-    FOR v_table IN SELECT ct.table_name, ct.placement FROM compaction.citus_tables() AS ct ORDER BY ct.step LOOP
+    FOR v_table IN SELECT ct.table_name, ct.placement, ct.step, ct.colocation
+                   FROM compaction.citus_tables() AS ct ORDER BY ct.step LOOP
         IF v_table.placement = 'reference' THEN
             EXECUTE 'SELECT create_reference_table($1)' USING v_table.table_name::regclass;
         ELSE
+            -- With the first table of its group; the first of the conversation group
+            -- joins the host's own tables of the default group, the queue joins none.
+            v_first := (SELECT ct.table_name FROM compaction.citus_tables() AS ct
+                        WHERE ct.colocation = v_table.colocation AND ct.step < v_table.step
+                        ORDER BY ct.step LIMIT 1);
             EXECUTE 'SELECT create_distributed_table($1, ''conversation_id'', colocate_with => $2)'
-                USING v_table.table_name::regclass, coalesce(v_first, 'default');
-            v_first := coalesce(v_first, v_table.table_name);
+                USING v_table.table_name::regclass,
+                      coalesce(v_first, CASE v_table.colocation WHEN 'queue' THEN 'none'
+                                                                ELSE 'default' END);
         END IF;
     END LOOP;
     FOREACH v_statement IN ARRAY v_restore LOOP
@@ -107,6 +154,7 @@ BEGIN
     -- judge_runs keeps one generic plan on a single node (planning per call costs more
     -- than running); Citus can plan its queries only with the values bound.
     ALTER FUNCTION compaction.judge_runs(text, text[]) RESET plan_cache_mode;
+    CALL compaction.place_audit_views();
 END
 $$;
 COMMENT ON PROCEDURE compaction.distribute_on_citus() IS

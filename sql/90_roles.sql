@@ -89,6 +89,10 @@ GRANT SELECT ON compaction.audit_jobs, compaction.audit_stale_summaries,
 TO compaction_auditor;
 GRANT EXECUTE ON FUNCTION compaction.source_hash(text, int), compaction.stale_summaries()
 TO compaction_auditor;
+-- What the facades read on Citus (revision 0022): the rows their views show, no more.
+GRANT EXECUTE ON FUNCTION compaction.read_audit_jobs(), compaction.read_audit_exhausted(),
+                          compaction.read_audit_queue()
+TO compaction_auditor;
 
 -- TRUNCATE is refused by triggers as well; not even the owner holds the privilege.
 REVOKE TRUNCATE ON compaction.jobs, compaction.attempts, compaction.job_summaries,

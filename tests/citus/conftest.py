@@ -3,10 +3,12 @@
 The Citus installation is the one whose pg_config PYCOMPACTOR_CITUS_PG_CONFIG names
 (`make test-citus PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config`); `make test` never
 collects this directory. Each node is started by pytest-postgresql like the main suite's
-cluster. Every test gets a database of its own on all three nodes, migrated with
-`pycompactor migrate` and distributed with the documented steps (docs/operations.md,
-"Scaling out with Citus"): the owner role may log in (the cluster's nodes connect as it),
-then `CALL compaction.distribute_on_citus()`.
+cluster. The cluster is built by running the documented steps themselves
+(docs/operations.md, "Scaling out with Citus"): the nodes start with the documented
+settings, take the documented `pg_hba.conf` lines (so the nodes authenticate the owner by
+its password, as in production), and every test's database, created on all three nodes,
+is set up by the section's SQL and console blocks in their order, with this cluster's
+addresses, ports and password in place of the documented ones.
 
 The fixtures `dsn`, `conn` and `admin_dsn` override the main suite's, so tests written
 for one PostgreSQL run here unchanged (tests/citus/test_on_citus.py imports them).
@@ -15,10 +17,13 @@ for one PostgreSQL run here unchanged (tests/citus/test_on_citus.py imports them
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import shutil
 import subprocess
+import textwrap
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +32,66 @@ import pytest
 from psycopg import sql
 from pytest_postgresql.executors import PostgreSQLExecutor
 
-from pycompactor import schema
+from pycompactor import cli
 from pycompactor.cluster import free_port, runnable_bindir, server_user
 from tests.conftest import _pg_ctl, make_dsn, wait_until_accepting
 from tests.history import History
 
 NODES = ("coordinator", "worker1", "worker2")
+#: The documented addresses, in the order of NODES.
+DOC_HOSTS = ("10.0.0.10", "10.0.0.11", "10.0.0.12")
+DOC_PASSWORD = "choose-a-password"
+#: This session's owner password, in place of the documented one.
+OWNER_PASSWORD = secrets.token_hex(12)
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+
+
+def runbook() -> list[tuple[str, str]]:
+    """The fenced blocks of docs/operations.md's Citus section: (language, text), in order."""
+    text = OPERATIONS.read_text(encoding="utf-8")
+    start = text.index("### Scaling out with Citus")
+    section = text[start:text.index("\n## ", start)]
+    blocks = re.findall(r"^( *)```(\w+)\n(.*?)^\1```", section, flags=re.DOTALL | re.MULTILINE)
+    return [(lang, textwrap.dedent(body)) for _, lang, body in blocks]
+
+
+def runbook_block(lang: str, first_line: str) -> list[str]:
+    found = [body for kind, body in runbook() if kind == lang and body.startswith(first_line)]
+    assert found, f"docs/operations.md lost its {lang} block starting {first_line!r}"
+    return found
+
+
+def documented_settings() -> str:
+    """The documented postgresql.conf lines as server options."""
+    (ini,) = [body for kind, body in runbook() if kind == "ini"]
+    settings = [line.split("=", 1) for line in ini.splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    assert settings, "docs/operations.md lost its Citus settings"
+    return " ".join(f"-c {key.strip()}={value.strip()}" for key, value in settings)
+
+
+def localise(text: str, nodes: dict[str, PostgreSQLExecutor]) -> str:
+    """The documented addresses, ports and password made this cluster's."""
+    for doc_host, name in zip(DOC_HOSTS, NODES, strict=True):
+        node = nodes[name]
+        text = text.replace(f"'{doc_host}', 5432", f"'{node.host}', {node.port}")
+        text = text.replace(f"{doc_host}:5432", f"{node.host}:{node.port}")
+    return (text.replace("10.0.0.0/24", "127.0.0.1/32")
+                .replace(DOC_PASSWORD, OWNER_PASSWORD))
+
+
+def allow_the_owner(nodes: dict[str, PostgreSQLExecutor]) -> None:
+    """The documented pg_hba.conf lines, above the cluster's own, then a reload."""
+    (hba,) = runbook_block("text", "host  all  compaction_owner")
+    for executor in nodes.values():
+        path = Path(executor.datadir) / "pg_hba.conf"
+        path.write_text(localise(hba, nodes) + path.read_text(encoding="utf-8"),
+                        encoding="utf-8")
+        with psycopg.connect(make_dsn(executor, "postgres"), autocommit=True) as c:
+            c.execute("SELECT pg_reload_conf()")
+            errors = c.execute("SELECT count(*) FROM pg_hba_file_rules WHERE error IS NOT NULL"
+                               ).fetchone()
+            assert errors == (0,), "the documented pg_hba.conf lines do not parse"
 
 
 def _bindir() -> Path:
@@ -69,14 +128,14 @@ def citus_nodes(pg_workdir: Path) -> Iterator[dict[str, PostgreSQLExecutor]]:
                 startparams="-w",
                 dbname="postgres",
                 user="postgres",
-                postgres_options="-c shared_preload_libraries=citus"
-                " -c citus.enable_unsafe_triggers=on -c max_connections=300"
+                postgres_options=documented_settings() + " -c max_connections=300"
                 " -c synchronous_commit=off -c full_page_writes=off"
                 " -c listen_addresses=127.0.0.1",
             )
             executor.start()
             nodes[name] = executor
             wait_until_accepting(make_dsn(executor, "postgres"))
+        allow_the_owner(nodes)
         yield nodes
     finally:
         for executor in nodes.values():
@@ -122,25 +181,34 @@ def admin_dsn(citus_nodes: dict[str, PostgreSQLExecutor]) -> str:
 
 
 def create_distributed_database(nodes: dict[str, PostgreSQLExecutor], name: str) -> str:
+    """The application's database on every node, then the documented steps, in order."""
     for executor in nodes.values():
         with psycopg.connect(make_dsn(executor, "postgres"), autocommit=True) as c:
             c.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'").format(
                 sql.Identifier(name)))
-        with psycopg.connect(make_dsn(executor, name), autocommit=True) as c:
-            c.execute("CREATE EXTENSION citus")
     coordinator = nodes["coordinator"]
     dsn = make_dsn(coordinator, name)
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("SELECT citus_set_coordinator_host(%s, %s)",
-                  (coordinator.host, coordinator.port))
-        for worker in ("worker1", "worker2"):
-            c.execute("SELECT citus_add_node(%s, %s)", (nodes[worker].host, nodes[worker].port))
-    # The documented steps: migrate, let the owner log in (from the cluster's nodes only,
-    # by pg_hba.conf in production; trust on this loopback cluster), distribute.
-    schema.upgrade(dsn)
-    with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute("ALTER ROLE compaction_owner LOGIN")
-        c.execute("CALL compaction.distribute_on_citus()")
+    ran = 0
+    for lang, body in runbook():
+        where = body.splitlines()[0] if body else ""
+        if lang == "sql" and where.startswith("-- on every node"):
+            targets = list(nodes.values())
+        elif lang == "sql" and where.startswith("-- on the coordinator"):
+            targets = [coordinator]
+        elif lang == "console" and body.startswith("$ pycompactor migrate --dsn "):
+            (doc_dsn,) = re.findall(r"--dsn (\S+)", body)
+            assert localise(doc_dsn, nodes).startswith(f"postgresql://admin@{coordinator.host}:")
+            assert cli.main(["migrate", "--dsn", dsn]) == 0
+            ran += 1
+            continue
+        else:
+            continue
+        for executor in targets:
+            with psycopg.connect(make_dsn(executor, name), autocommit=True) as c:
+                c.execute(localise(body, nodes))
+        ran += 1
+    # extension, nodes, migrate, the owner's password and its authinfo, distribution
+    assert ran == 6, "docs/operations.md changed the steps of its Citus runbook"
     return dsn
 
 
@@ -165,3 +233,30 @@ def dsn(citus_nodes: dict[str, PostgreSQLExecutor]) -> Iterator[str]:
 def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(dsn, autocommit=True) as connection:
         yield connection
+
+
+@pytest.fixture
+def login_role(citus_nodes: dict[str, PostgreSQLExecutor], admin_dsn: str,
+               dsn: str) -> Iterator[Callable[[str | None], str]]:
+    """The main suite's login_role on the coordinator: a LOGIN role that is a member of
+    one engine role; returns its DSN. Created and dropped in the test's database, where
+    the workers are nodes, so that Citus creates and drops it on every node."""
+    created: list[str] = []
+    dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    assert isinstance(dbname, str)
+
+    def factory(member_of: str | None) -> str:
+        name = f"login_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            if member_of is None:
+                admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+            else:
+                admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                    sql.Identifier(name), sql.Identifier(member_of)))
+        created.append(name)
+        return make_dsn(citus_nodes["coordinator"], dbname, user=name)
+
+    yield factory
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        for name in created:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))

@@ -20,10 +20,71 @@ def test_tables_are_placed_as_citus_tables_says(conn: Conn) -> None:
     wanted = dict(conn.execute(
         "SELECT table_name, placement FROM compaction.citus_tables()").fetchall())
     assert placed == wanted
-    colocations = conn.execute(
+    # The conversation group and the queue's own (revision 0022), as citus_tables() says.
+    groups = conn.execute(
+        "SELECT ct.colocation, count(DISTINCT p.colocationid), count(*)"
+        " FROM pg_dist_partition AS p"
+        " JOIN compaction.citus_tables() AS ct ON ct.table_name = p.logicalrelid::regclass::text"
+        " WHERE p.partmethod = 'h' GROUP BY ct.colocation ORDER BY 1").fetchall()
+    assert groups == [("conversation", 1, 12), ("queue", 1, 1)]
+    apart = conn.execute(
         "SELECT count(DISTINCT colocationid) FROM pg_dist_partition WHERE partmethod = 'h'"
     ).fetchone()
-    assert colocations == (1,)
+    assert apart == (2,)
+
+
+APP = "app_writer"
+
+
+def _history_sql(conversation_id: str, runs: int = 35) -> str:
+    return (
+        f"INSERT INTO compaction_source.conversations (conversation_id) VALUES ('{conversation_id}');"
+        " INSERT INTO compaction_source.runs (conversation_id, run_id, status)"
+        f" SELECT '{conversation_id}', '{conversation_id}-r' || i, 'completed'"
+        f" FROM generate_series(1, {runs}) AS i;"
+        " INSERT INTO compaction_source.messages"
+        " (conversation_id, message_id, run_id, role, status, content, seq)"
+        f" SELECT '{conversation_id}', '{conversation_id}-m' || i || r, '{conversation_id}-r' || i,"
+        " CASE r WHEN 'u' THEN 'user' ELSE 'assistant' END, 'completed',"
+        " 'turn ' || i || r, i * 2 + (r = 'a')::int"
+        f" FROM generate_series(1, {runs}) AS i, unnest(ARRAY['u', 'a']) AS r;")
+
+
+def test_the_application_enqueues_in_the_transaction_that_writes_its_history(
+        conn: Conn, dsn: str) -> None:
+    """docs/operations.md: writers of history call compaction.enqueue, in the transaction
+    that writes the Run, with the application's own login and only the documented grant.
+    Conversations on both workers, an enqueue before and after the writes, one commit."""
+    from tests.citus.conftest import runbook_block
+
+    conn.execute(
+        f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{APP}') THEN"
+        f" CREATE ROLE {APP} LOGIN; END IF; END $$")
+    conn.execute(f"GRANT USAGE ON SCHEMA compaction_source TO {APP};"
+                 f" GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA compaction_source TO {APP}")
+    (grant,) = runbook_block("sql", "-- the application's login")
+    conn.execute(grant.replace(" TO app;", f" TO {APP};"))
+    conversations = [f"app-{i}" for i in range(6)]
+    placed = {conn.execute(
+        "SELECT nodeport FROM pg_dist_shard_placement"
+        " WHERE shardid = get_shard_id_for_distribution_column('compaction.jobs', %s::text)",
+        (c,)).fetchone() for c in conversations}
+    assert len(placed) == 2, "the conversations should live on both workers"
+    app_dsn = psycopg.conninfo.make_conninfo(dsn, user=APP)
+    with psycopg.connect(app_dsn) as app:
+        with app.transaction():
+            app.execute("SELECT compaction.enqueue(%s)", (conversations[0],))
+            for cid in conversations:
+                app.execute(_history_sql(cid))
+                app.execute("SELECT compaction.enqueue(%s)", (cid,))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("SELECT * FROM compaction.plan_targets('app-0')")
+    queued = conn.execute("SELECT conversation_id FROM compaction.queue ORDER BY 1").fetchall()
+    assert queued == [(c,) for c in conversations]
+    for cid in conversations:
+        targets = conn.execute("SELECT from_pair FROM compaction.plan_targets(%s)",
+                               (cid,)).fetchall()
+        assert targets == [(0,)]  # 35 pairs: one range before the window
 
 
 # The single-node suite's tests, unchanged, on the distributed database. Each gets a
@@ -36,8 +97,12 @@ from tests.e2e.test_worker import (  # noqa: E402, F401
     test_request_carries_only_the_ten_assistant_replies,
 )
 
-# The audit views:
-from tests.sql.test_audit import test_audit_views  # noqa: E402, F401
+# The audit views, and every recipe of docs/audit.md, as the auditor:
+from tests.sql.test_audit import (  # noqa: E402, F401
+    test_audit_cli_runs_as_auditor,
+    test_audit_views,
+    test_docs_audit_queries_run,
+)
 from tests.sql.test_claims import (  # noqa: E402, F401
     test_admission_full,
     test_claim_then_complete,

@@ -35,6 +35,11 @@ FAN_OUT = {
     "compaction.dequeue",          # leases each candidate by its own row
     "compaction.stale_summaries",  # audit: source_hash per range, on the coordinator
     "compaction.distribute_on_citus",  # the placement itself (DDL)
+    "compaction.place_audit_views",    # the audit views' form (DDL)
+    # audit: a view's rows with the owner's rights, on the coordinator (revision 0022)
+    "compaction.read_audit_jobs",
+    "compaction.read_audit_exhausted",
+    "compaction.read_audit_queue",
 }
 
 

@@ -125,6 +125,12 @@ def test_auditor_sees_metadata_only(conn: Conn, login_role: LoginRole) -> None:
             assert rows, f"{relation} should have rows for this check to mean anything"
             for row in rows:
                 assert MARKER not in repr(row), relation
+        for view in ("jobs", "exhausted", "queue"):
+            with auditor.transaction():  # one now() for the queue's ages
+                through = auditor.execute(
+                    f"SELECT * FROM compaction.read_audit_{view}()").fetchall()
+                assert sorted(through, key=repr) == sorted(auditor.execute(
+                    f"SELECT * FROM compaction.audit_{view}").fetchall(), key=repr)
         for forbidden in ("SELECT * FROM compaction.summaries",
                           "SELECT * FROM compaction.source_messages",
                           "SELECT * FROM compaction.eligible_pairs('c1')",
@@ -139,9 +145,13 @@ def test_auditor_sees_metadata_only(conn: Conn, login_role: LoginRole) -> None:
             "   AND has_function_privilege(%s, p.oid, 'EXECUTE')", (role,)).fetchall()
     }
     # DESIGN §2: the auditor may prove the derived state (ids, counts, hashes only);
-    # stale_summaries is what audit_stale_summaries reads (ids and hashes).
+    # stale_summaries is what audit_stale_summaries reads (ids and hashes), read_audit_*
+    # what the other views read on Citus (their rows, no more).
     assert callable_functions == {"compaction.source_hash(text,integer)",
                                   "compaction.stale_summaries()",
+                                  "compaction.read_audit_jobs()",
+                                  "compaction.read_audit_exhausted()",
+                                  "compaction.read_audit_queue()",
                                   "compaction.explain_runs(text)",
                                   "compaction.verify_conversation(text)",
                                   "compaction.derived_state_status()"}
