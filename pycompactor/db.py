@@ -835,6 +835,18 @@ def derived_state_status(conn: Connection) -> str:
     return str(_row(conn, tuple_row, "SELECT compaction.derived_state_status()", {})[0])
 
 
+def engine_distributed(conn: Connection) -> bool:
+    """Whether Citus distributes the engine's tables (compaction.distribute_on_citus)."""
+    # pg_dist_partition exists only where Citus is installed: asked for by name first.
+    if not _row(conn, tuple_row,
+                "SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL",
+                {})[0]:
+        return False
+    return bool(_row(conn, tuple_row,
+                     "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition"
+                     " WHERE logicalrelid = 'compaction.jobs'::regclass)", {})[0])
+
+
 #: The engine's lookups through the source views (sql/20_pairs.sql, sql/25_tracking.sql,
 #: sql/60_projection.sql) by name, as check-source probes them: a conversation's runs, a
 #: run by its id (the tracking triggers ask which conversation each written run belongs

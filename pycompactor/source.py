@@ -60,6 +60,12 @@ DERIVED_STATE_NOTES: dict[str, str] = {
                  " (docs/integrating.md)",
 }
 
+#: On Citus the tracking triggers stay detached (distribute_on_citus): not a fault.
+DISTRIBUTED_UNTRACKED_NOTE = (
+    "not kept on Citus: the tracking triggers stay detached there (docs/operations.md,"
+    " \"Scaling out with Citus\"), so every call judges from the views on the node that"
+    " holds the conversation (exact, slower); do not attach them")
+
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
@@ -126,11 +132,14 @@ class SourceReport:
     samples: list[ConversationSample] = field(default_factory=list)
     derived_state: str | None = None
     lookups: list[LookupReport] = field(default_factory=list)
+    distributed: bool = False  # the engine's tables distributed by Citus
 
     @property
     def derived_state_note(self) -> str | None:
         if self.derived_state is None:
             return None
+        if self.distributed and self.derived_state == "untracked":
+            return DISTRIBUTED_UNTRACKED_NOTE
         return DERIVED_STATE_NOTES.get(self.derived_state, self.derived_state)
 
     @property
@@ -227,7 +236,8 @@ def check_source(
         return SourceReport(problems=problems)
     problems = unmapped_sdk_tables(conn)
     if problems:
-        return SourceReport(problems=problems, derived_state=db.derived_state_status(conn))
+        return SourceReport(problems=problems, derived_state=db.derived_state_status(conn),
+                            distributed=db.engine_distributed(conn))
     ids = conversation_ids or db.conversations_after(conn, "", sample)
     # The lookups first: while one reads a table whole, judging a sample's runs through
     # it would cost that read once per run, so the samples are left out.
@@ -246,7 +256,8 @@ def check_source(
             )
         )
     return SourceReport(problems=problems, samples=samples,
-                        derived_state=db.derived_state_status(conn), lookups=lookups)
+                        derived_state=db.derived_state_status(conn), lookups=lookups,
+                        distributed=db.engine_distributed(conn))
 
 
 def check_lookups(conn: db.Connection, conversation_id: str) -> list[LookupReport]:

@@ -124,7 +124,14 @@ COMMENT ON VIEW compaction.audit_queue_rows IS
     'Internal: the body of compaction.audit_queue (granted to nobody)';
 
 CREATE FUNCTION compaction.read_audit_jobs()
-RETURNS SETOF compaction.audit_jobs_rows
+RETURNS TABLE (
+        conversation_id text, scope text, from_pair int, to_pair int, job_id bigint,
+        source_hash text, model text, prompt_version text, created_at timestamptz,
+        attempt int, state text, reason text, worker text, started_at timestamptz,
+        lease_expires_at timestamptz, finished_at timestamptz, duration interval,
+        finish_reason text, tool_call_count int, response_id text, summary_chars int,
+        summary_id bigint, imported boolean, input_tokens int, output_tokens int,
+        figures_total int, figures_kept int, claimed_by text)
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
@@ -139,7 +146,10 @@ COMMENT ON FUNCTION compaction.read_audit_jobs() IS
     'Internal: the rows of audit_jobs with the owner''s rights (what the view reads on Citus)';
 
 CREATE FUNCTION compaction.read_audit_exhausted()
-RETURNS SETOF compaction.audit_exhausted_rows
+RETURNS TABLE (
+        conversation_id text, scope text, from_pair int, to_pair int, job_id bigint,
+        source_hash text, model text, prompt_version text, first_reason text,
+        second_reason text, exhausted_at timestamptz)
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
@@ -154,7 +164,9 @@ COMMENT ON FUNCTION compaction.read_audit_exhausted() IS
     'Internal: the rows of audit_exhausted with the owner''s rights (what the view reads on Citus)';
 
 CREATE FUNCTION compaction.read_audit_queue()
-RETURNS SETOF compaction.audit_queue_rows
+RETURNS TABLE (
+        scope text, queued bigint, leased bigint, expired_leases bigint,
+        oldest_queued_at timestamptz, oldest_queued_age interval)
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER

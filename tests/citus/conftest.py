@@ -32,7 +32,7 @@ import pytest
 from psycopg import sql
 from pytest_postgresql.executors import PostgreSQLExecutor
 
-from pycompactor import cli
+from pycompactor import cli, schema
 from pycompactor.cluster import free_port, runnable_bindir, server_user
 from tests.conftest import _pg_ctl, make_dsn, wait_until_accepting
 from tests.history import History
@@ -180,8 +180,10 @@ def admin_dsn(citus_nodes: dict[str, PostgreSQLExecutor]) -> str:
     return make_dsn(citus_nodes["coordinator"], "postgres")
 
 
-def create_distributed_database(nodes: dict[str, PostgreSQLExecutor], name: str) -> str:
-    """The application's database on every node, then the documented steps, in order."""
+def create_distributed_database(nodes: dict[str, PostgreSQLExecutor], name: str,
+                                revision: str = "head") -> str:
+    """The application's database on every node, then the documented steps, in order
+    (the engine migrated to `revision`: an earlier one for the upgrade tests)."""
     for executor in nodes.values():
         with psycopg.connect(make_dsn(executor, "postgres"), autocommit=True) as c:
             c.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'").format(
@@ -198,7 +200,10 @@ def create_distributed_database(nodes: dict[str, PostgreSQLExecutor], name: str)
         elif lang == "console" and body.startswith("$ pycompactor migrate --dsn "):
             (doc_dsn,) = re.findall(r"--dsn (\S+)", body)
             assert localise(doc_dsn, nodes).startswith(f"postgresql://admin@{coordinator.host}:")
-            assert cli.main(["migrate", "--dsn", dsn]) == 0
+            if revision == "head":
+                assert cli.main(["migrate", "--dsn", dsn]) == 0
+            else:
+                schema.upgrade(dsn, revision)
             ran += 1
             continue
         else:

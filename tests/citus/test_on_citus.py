@@ -4,6 +4,7 @@ unchanged against the distributed database (the fixtures in tests/citus/conftest
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import psycopg
@@ -38,7 +39,8 @@ APP = "app_writer"
 
 def _history_sql(conversation_id: str, runs: int = 35) -> str:
     return (
-        f"INSERT INTO compaction_source.conversations (conversation_id) VALUES ('{conversation_id}');"
+        "INSERT INTO compaction_source.conversations (conversation_id)"
+        f" VALUES ('{conversation_id}');"
         " INSERT INTO compaction_source.runs (conversation_id, run_id, status)"
         f" SELECT '{conversation_id}', '{conversation_id}-r' || i, 'completed'"
         f" FROM generate_series(1, {runs}) AS i;"
@@ -85,6 +87,54 @@ def test_the_application_enqueues_in_the_transaction_that_writes_its_history(
         targets = conn.execute("SELECT from_pair FROM compaction.plan_targets(%s)",
                                (cid,)).fetchall()
         assert targets == [(0,)]  # 35 pairs: one range before the window
+
+
+def test_a_database_distributed_before_0022_upgrades_and_downgrades(
+        citus_nodes: dict[str, Any]) -> None:
+    """Revision 0022 on a database distributed at 0021, with history: the queue leaves
+    the conversation group with its rows, the audit views read through the owner's
+    functions with the same rows, a later migration's ownership step still runs, and the
+    downgrade puts both back."""
+    from pycompactor import schema
+    from tests.citus.conftest import create_distributed_database, drop_distributed_database
+    from tests.sql.test_import_erase import populate
+
+    name = f"u_{uuid.uuid4().hex[:12]}"
+    try:
+        dsn = create_distributed_database(citus_nodes, name, revision="0021_cheaper_cycle")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            populate(c, "c1")
+            populate(c, "c2")
+
+            def state() -> tuple[Any, ...]:
+                groups = c.execute(
+                    "SELECT count(DISTINCT colocationid) FROM pg_dist_partition"
+                    " WHERE partmethod = 'h'").fetchone()
+                with c.transaction():  # one now() for the queue's ages
+                    views = tuple(sorted(c.execute(f"SELECT * FROM compaction.{v}").fetchall(),
+                                         key=repr)
+                                  for v in ("audit_jobs", "audit_exhausted", "audit_queue"))
+                queue = c.execute("SELECT * FROM compaction.queue ORDER BY 1, 2").fetchall()
+                return groups, views, queue
+
+            before = state()
+            assert before[0] == (1,)
+            assert before[2]
+            assert before[1][0]  # jobs (none exhausted: one failure each)
+            assert before[1][2]  # the queue
+            schema.upgrade(dsn)
+            after = state()
+            assert after[0] == (2,)
+            assert (after[1][0], after[1][1], after[2]) == (before[1][0], before[1][1], before[2])
+            assert c.execute("SELECT pg_get_viewdef('compaction.audit_jobs')"
+                             " LIKE '%read_audit_jobs()%'").fetchone() == (True,)
+            c.execute("CALL compaction.assign_ownership()")  # what every later revision runs
+            schema.downgrade(dsn, "0021_cheaper_cycle")
+            back = state()
+            assert back[0] == (1,)
+            assert (back[1][0], back[1][1], back[2]) == (before[1][0], before[1][1], before[2])
+    finally:
+        drop_distributed_database(citus_nodes, name)
 
 
 # The single-node suite's tests, unchanged, on the distributed database. Each gets a
@@ -157,3 +207,17 @@ def test_erasure_outside_a_transaction_block_is_refused_and_changes_nothing(
         erased = conn.execute(
             "SELECT compaction.erase_conversation('c1', 'gdpr_request')").fetchone()
     assert erased == (2,)
+
+
+def test_check_source_says_the_derived_state_is_not_kept_on_citus(
+        conn: Conn, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The tracking triggers stay detached on Citus (docs/operations.md): check-source says
+    so instead of advising to attach them."""
+    from pycompactor import cli
+    from tests.sql.test_import_erase import populate
+
+    populate(conn, "c1")
+    assert cli.main(["check-source", "--dsn", dsn]) == 0
+    out = capsys.readouterr().out
+    assert "not kept on Citus" in out
+    assert "docs/integrating.md" not in out
