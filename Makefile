@@ -12,7 +12,7 @@ PG ?= $(or $(PYCOMPACTOR_PG),auto)
 export PYCOMPACTOR_PG := $(PG)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo wheel test prepare-test lint typecheck pytest bench bench-scale test-citus docs-images clean
+.PHONY: help venv demo wheel test prepare-test lint typecheck pytest bench bench-scale bench-citus test-citus docs-images clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -72,6 +72,11 @@ bench: $(STAMP) ## benchmarks vs plain SQL on a durable throwaway cluster (~15 m
 docs-images: $(STAMP) ## regenerate docs/images/evaluate-*.svg and the table in docs/evaluate.md (offline, the corpus)
 	@scripts/prepare $(BIN)/python --corpus
 	$(BIN)/python scripts/docs_images.py
+
+# Not part of `make test` nor `make bench`: one node against a Citus cluster (issue 29).
+bench-citus: $(STAMP) ## the same drain and projection on one node and on Citus, side by side: PG_CONFIG=/path/to/pg_config
+	@test -n "$(PG_CONFIG)" || { echo "make bench-citus: give PG_CONFIG=/path/to/pg_config of a PostgreSQL with Citus installed" >&2; exit 2; }
+	$(BIN)/python -m bench.scale_out --pg-config $(PG_CONFIG) $(BENCH_ARGS)
 
 # Not part of `make test` nor `make bench`: installs onto 0.5M and 2M messages (~1 h).
 bench-scale: $(STAMP) ## install steps on a large live database: app stalls, rebuild rate, sizes (SCALE_ARGS=--messages N ...)

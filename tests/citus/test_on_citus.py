@@ -221,3 +221,23 @@ def test_check_source_says_the_derived_state_is_not_kept_on_citus(
     out = capsys.readouterr().out
     assert "not kept on Citus" in out
     assert "docs/integrating.md" not in out
+
+
+def test_bench_citus_smoke(tmp_path: Any) -> None:
+    """`make bench-citus` at tiny sizes: both setups drain every range and project, and
+    the report states each goal (the numbers at these sizes mean nothing)."""
+    import json
+    import os
+
+    from bench import scale_out
+
+    pg_config = os.environ["PYCOMPACTOR_CITUS_PG_CONFIG"]
+    assert scale_out.main(["--pg-config", pg_config, "--smoke", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "scale_out.json").read_text(encoding="utf-8"))
+    for setup in ("single_node", "citus"):
+        assert results[setup]["drain"]["ranges"] == results[setup]["drain"]["claimed"] > 0
+        assert set(results[setup]["projection"]["p50_ms"]) == {"40", "200"}
+    assert set(results["goals"]) == {
+        "drain_citus_over_single", "drain_met", "projection_citus_over_single",
+        "projection_met", "projection_large_over_small_citus", "projection_scaling_met"}
+    assert "| drain:" in (tmp_path / "scale_out.md").read_text(encoding="utf-8")

@@ -1,0 +1,276 @@
+"""`make bench-citus`: the same drain and projection on one node and on Citus (issue 29).
+
+Two setups from one PostgreSQL installation (the one whose pg_config is given, with Citus
+installed), both durable (fsync, synchronous_commit and full_page_writes on), in one run:
+one node with the engine migrated, and a Citus cluster on loopback (a coordinator and two
+workers) set up as docs/operations.md says (extension, nodes, migrate, the owner may log
+in, distribute; trust on loopback in place of the owner's password). On each:
+
+- drain: conversations of 100 pairs (8 ranges each before the window), enqueued; one
+  `pycompactor worker --once` pass with 4 concurrent claims and the offline summarizer,
+  timed until every range has its summary;
+- projection: `project_history` at 64 KiB on a conversation of 100 pairs and one of
+  10,000, every range summarized beforehand; p50 of repeated calls (15, or as many as
+  fit in a minute, at least 3).
+
+    python -m bench.scale_out --pg-config /usr/lib/postgresql/15/bin/pg_config
+    python -m bench.scale_out --pg-config ... --smoke     # tiny sizes: checks it runs
+
+Goals (issue 29): the drain on Citus <= 4x the single node's time; projection at 10,000
+pairs on Citus <= 3x the single node's, and its p50 at 10,000 pairs <= 1.5x its own p50
+at 100 pairs. Results go to bench/results/scale_out.json and a section appended to
+docs/benchmarks.md. Not part of `make test` nor `make bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from bench.common import median, seed_conversations, text_pool, vacuum_analyze
+from pycompactor import db, schema
+from pycompactor.cluster import ThrowawayCluster
+from pycompactor.eventlog import EventLog
+from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
+from pycompactor.projection import project_history
+from pycompactor.worker import Worker, WorkerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+DATABASE = "agent"
+# The nodes reach each other over loopback without TLS: the server runs as another OS
+# user than the one whose HOME its environment names, where libpq would look for certificates.
+CITUS_SETTINGS = {"shared_preload_libraries": "citus", "citus.enable_unsafe_triggers": "on",
+                  "citus.node_conninfo": "sslmode=disable", "max_connections": "200"}
+BUDGET = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Sizes:
+    drain_conversations: int
+    drain_pairs: int
+    projection_pairs: tuple[int, int]
+    projection_calls: int
+
+
+FULL = Sizes(drain_conversations=38, drain_pairs=100, projection_pairs=(100, 10_000),
+             projection_calls=15)
+SMOKE = Sizes(drain_conversations=3, drain_pairs=40, projection_pairs=(40, 200),
+              projection_calls=3)
+
+
+def bindir_of(pg_config: str) -> Path:
+    out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def dsn_of(cluster: ThrowawayCluster, dbname: str = DATABASE) -> str:
+    return f"host=127.0.0.1 port={cluster.port} user=postgres dbname={dbname}"
+
+
+def create_database(cluster: ThrowawayCluster) -> None:
+    with psycopg.connect(cluster.dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'")
+                      .format(sql.Identifier(DATABASE)))
+
+
+@contextmanager
+def single_node(bindir: Path) -> Iterator[str]:
+    with ThrowawayCluster(bindir, durable=True) as cluster:
+        create_database(cluster)
+        schema.upgrade(dsn_of(cluster))
+        yield dsn_of(cluster)
+
+
+@contextmanager
+def citus_cluster(bindir: Path) -> Iterator[str]:
+    """docs/operations.md's steps on three durable loopback nodes; the coordinator's DSN."""
+    with ExitStack() as stack:
+        nodes = [stack.enter_context(ThrowawayCluster(bindir, durable=True,
+                                                      settings=CITUS_SETTINGS))
+                 for _ in range(3)]
+        for node in nodes:
+            create_database(node)
+            with psycopg.connect(dsn_of(node), autocommit=True) as c:
+                c.execute("CREATE EXTENSION citus")
+        coordinator = dsn_of(nodes[0])
+        with psycopg.connect(coordinator, autocommit=True) as c:
+            c.execute("SELECT citus_set_coordinator_host('127.0.0.1', %s)", (nodes[0].port,))
+            for worker in nodes[1:]:
+                c.execute("SELECT citus_add_node('127.0.0.1', %s)", (worker.port,))
+        schema.upgrade(coordinator)
+        with psycopg.connect(coordinator, autocommit=True) as c:
+            c.execute("ALTER ROLE compaction_owner LOGIN")
+            c.execute("CALL compaction.distribute_on_citus()")
+        yield coordinator
+
+
+def enqueue_all(conn: psycopg.Connection[Any], prefix: str, count: int) -> None:
+    # On Citus the reference tables' queue triggers are detached: writers enqueue.
+    for c in range(count):
+        conn.execute("SELECT compaction.enqueue(%s)", (f"{prefix}{c}",))
+
+
+def drain(dsn: str, sizes: Sizes) -> dict[str, Any]:
+    users = text_pool(31, 32, 240)
+    replies = text_pool(32, 64, 900)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed_conversations(conn, "drain-", 0, sizes.drain_conversations, sizes.drain_pairs,
+                           user_pool=users, assistant_pool=replies)
+        enqueue_all(conn, "drain-", sizes.drain_conversations)
+        expected = sum(len(db.plan_targets(conn, f"drain-{c}"))
+                       for c in range(sizes.drain_conversations))
+    vacuum_analyze(dsn)
+    config = WorkerConfig(model=OFFLINE_MODEL, dsn=dsn, once=True, concurrency=4,
+                          log_format="json")
+    worker = Worker(config, ExtractiveSummarizer(),
+                    connect=lambda: psycopg.connect(dsn, autocommit=True,
+                                                    application_name="bench-scale-out"),
+                    log=EventLog("json", stream=io.StringIO()))
+    started = time.perf_counter()
+    report = worker.run()
+    seconds = time.perf_counter() - started
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM compaction.job_summaries").fetchone()
+    summaries = int(row[0]) if row else 0
+    if summaries != expected:
+        raise RuntimeError(f"the drain left work: {summaries} summaries of {expected} ranges")
+    return {"conversations": sizes.drain_conversations, "ranges": expected,
+            "claimed": report.claimed, "seconds": round(seconds, 3),
+            "ranges_per_s": round(expected / seconds, 1)}
+
+
+def projection(dsn: str, sizes: Sizes) -> dict[str, Any]:
+    users = text_pool(41, 32, 240)
+    replies = text_pool(42, 64, 900)
+    summary = text_pool(43, 1, 1500)[0]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for pairs in sizes.projection_pairs:
+            seed_conversations(conn, f"proj-{pairs}-", 0, 1, pairs,
+                               user_pool=users, assistant_pool=replies)
+            conversation = f"proj-{pairs}-0"
+            conn.execute(
+                "SELECT count(compaction.import_summary(%(c)s, 'default', t.from_pair,"
+                " t.source_message_ids, t.source_hash, 'bench/imported',"
+                " 'conversation-compaction@3', %(s)s::text || t.from_pair, now()))"
+                " FROM compaction.plan_targets(%(c)s) AS t",
+                {"c": conversation, "s": summary})
+    vacuum_analyze(dsn)
+    p50: dict[int, float] = {}
+    calls: dict[int, int] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for pairs in sizes.projection_pairs:
+            conversation = f"proj-{pairs}-0"
+            project_history(conn, conversation, budget_bytes=BUDGET)  # warm-up
+            times: list[float] = []
+            # At most a minute a conversation, at least three calls: one call on an
+            # untracked cluster's largest history can take seconds.
+            deadline = time.perf_counter() + 60
+            while len(times) < sizes.projection_calls and (
+                    len(times) < 3 or time.perf_counter() < deadline):
+                started = time.perf_counter()
+                project_history(conn, conversation, budget_bytes=BUDGET)
+                times.append((time.perf_counter() - started) * 1000)
+            calls[pairs] = len(times)
+            p50[pairs] = round(median(times), 2)
+    small, large = sizes.projection_pairs
+    return {"budget_bytes": BUDGET, "p50_ms": {str(k): v for k, v in p50.items()},
+            "calls": {str(k): v for k, v in calls.items()},
+            "large_over_small": round(p50[large] / p50[small], 2)}
+
+
+def run(bindir: Path, sizes: Sizes) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for name, setup in (("single_node", single_node), ("citus", citus_cluster)):
+        with setup(bindir) as dsn:
+            results[name] = {"drain": drain(dsn, sizes), "projection": projection(dsn, sizes)}
+            if name == "citus":
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    row = conn.execute("SELECT citus_version(), version()").fetchone()
+                results["server"] = f"{row[0]} | {row[1]}" if row else "unknown"
+    one, citus = results["single_node"], results["citus"]
+    large = str(sizes.projection_pairs[1])
+    drain_ratio = citus["drain"]["seconds"] / one["drain"]["seconds"]
+    projection_ratio = citus["projection"]["p50_ms"][large] / one["projection"]["p50_ms"][large]
+    results["goals"] = {
+        "drain_citus_over_single": round(drain_ratio, 2),
+        "drain_met": drain_ratio <= 4,
+        "projection_citus_over_single": round(projection_ratio, 2),
+        "projection_met": projection_ratio <= 3,
+        "projection_large_over_small_citus": citus["projection"]["large_over_small"],
+        "projection_scaling_met": citus["projection"]["large_over_small"] <= 1.5,
+    }
+    return results
+
+
+def markdown(results: dict[str, Any], sizes: Sizes, label: str) -> str:
+    one, citus, goals = results["single_node"], results["citus"], results["goals"]
+    small, large = (str(p) for p in sizes.projection_pairs)
+
+    def met(flag: bool) -> str:
+        return "yes" if flag else "no"
+
+    lines = [
+        f"## {label} (scale-out run, `make bench-citus`)", "",
+        f"{results['server']}; a coordinator and two workers on loopback against one node,"
+        " both durable.", "",
+        "| workload | one node | Citus | Citus / one node | goal | met |",
+        "|---|---:|---:|---:|---|---|",
+        f"| drain: {one['drain']['ranges']} ranges of {one['drain']['conversations']}"
+        f" conversations, `worker --once`, 4 concurrent claims (s) | {one['drain']['seconds']}"
+        f" | {citus['drain']['seconds']} | {goals['drain_citus_over_single']} | <= 4 |"
+        f" {met(goals['drain_met'])} |",
+        f"| `project_history` 64 KiB, {large} pairs, p50 (ms) |"
+        f" {one['projection']['p50_ms'][large]} | {citus['projection']['p50_ms'][large]} |"
+        f" {goals['projection_citus_over_single']} | <= 3 | {met(goals['projection_met'])} |",
+        f"| `project_history` 64 KiB, {small} pairs, p50 (ms) |"
+        f" {one['projection']['p50_ms'][small]} | {citus['projection']['p50_ms'][small]} |"
+        " | | |",
+        f"| p50 at {large} pairs / p50 at {small} pairs | {one['projection']['large_over_small']}"
+        f" | {citus['projection']['large_over_small']} | | <= 1.5 on Citus |"
+        f" {met(goals['projection_scaling_met'])} |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale_out",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--pg-config", required=True,
+                        help="pg_config of a PostgreSQL with Citus installed")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write scale_out.json and scale_out.md into this directory"
+                             " instead of bench/results/ and docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    sizes = SMOKE if args.smoke else FULL
+    bindir = bindir_of(args.pg_config)
+    results = run(bindir, sizes)
+    label = datetime.now(UTC).isoformat(timespec="seconds")
+    text = markdown(results, sizes, label)
+    print(text, flush=True)
+    out = args.out or ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scale_out.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    if args.out is None and not args.smoke:
+        with (ROOT / "docs" / "benchmarks.md").open("a", encoding="utf-8") as doc:
+            doc.write("\n" + text)
+    else:
+        (out / "scale_out.md").write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
