@@ -36,6 +36,7 @@ from pycompactor import cli, schema
 from pycompactor.cluster import free_port, runnable_bindir, server_user
 from tests.conftest import _pg_ctl, make_dsn, wait_until_accepting
 from tests.history import History
+from tests.sql.conftest import login_roles
 
 NODES = ("coordinator", "worker1", "worker2")
 #: The documented addresses, in the order of NODES.
@@ -241,27 +242,13 @@ def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 @pytest.fixture
-def login_role(citus_nodes: dict[str, PostgreSQLExecutor], admin_dsn: str,
+def login_role(citus_nodes: dict[str, PostgreSQLExecutor],
                dsn: str) -> Iterator[Callable[[str | None], str]]:
-    """The main suite's login_role on the coordinator: a LOGIN role that is a member of
-    one engine role; returns its DSN. Created and dropped in the test's database, where
-    the workers are nodes, so that Citus creates and drops it on every node."""
-    created: list[str] = []
+    """The main suite's login_role on the coordinator, created and dropped through the
+    test's database, where the workers are nodes, so that Citus creates and drops the
+    role on every node."""
     dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
     assert isinstance(dbname, str)
-
-    def factory(member_of: str | None) -> str:
-        name = f"login_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(dsn, autocommit=True) as admin:
-            if member_of is None:
-                admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-            else:
-                admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
-                    sql.Identifier(name), sql.Identifier(member_of)))
-        created.append(name)
-        return make_dsn(citus_nodes["coordinator"], dbname, user=name)
-
-    yield factory
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        for name in created:
-            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    with login_roles(dsn, lambda name: make_dsn(citus_nodes["coordinator"], dbname,
+                                                user=name)) as factory:
+        yield factory
