@@ -362,6 +362,50 @@ $$;
 COMMENT ON FUNCTION compaction.range_hash(text, text[]) IS
     'Source hash of a range of one conversation given its 20 current source ids [u0, a0, ..., u9, a9], reading only those messages; NULL unless all 20 are found exactly once';
 
+-- Revision 0023: the hashes of many ranges of one conversation in one statement, with
+-- range_hash's rule for each (NULL unless its 20 ids are found exactly once). The callers
+-- that judge from the views (projection_summaries, plan_targets) needed one hash per range,
+-- and a call of range_hash per range read the same rows in as many statements: under
+-- Citus, as many queries from the coordinator. p_message_ids holds the ranges' ids in
+-- the order of p_from_pairs, 20 each [u0, a0, ..., u9, a9]; a range none of whose ids is
+-- found is not returned.
+CREATE FUNCTION compaction.range_hashes(p_conversation_id text, p_from_pairs int[],
+                                        p_message_ids text[])
+RETURNS TABLE (from_pair int, source_hash text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF coalesce(pg_catalog.cardinality(p_message_ids), 0)
+       <> 20 * coalesce(pg_catalog.cardinality(p_from_pairs), 0) THEN
+        RAISE EXCEPTION 'range_hashes needs 20 ids per range: % ranges, % ids',
+                pg_catalog.cardinality(p_from_pairs), pg_catalog.cardinality(p_message_ids)
+            USING ERRCODE = 'CP020';
+    END IF;
+    RETURN QUERY
+        SELECT p_from_pairs[(g.k + 1)::int],
+               CASE WHEN count(*) = 20 THEN
+                   pg_catalog.encode(pg_catalog.sha256(pg_catalog.string_agg(
+                       pg_catalog.int4send(pg_catalog.octet_length(g.id))
+                       || pg_catalog.convert_to(g.id, 'UTF8')
+                       || pg_catalog.int4send(pg_catalog.octet_length(m.content))
+                       || pg_catalog.convert_to(m.content, 'UTF8'),
+                       ''::bytea ORDER BY g.ord)), 'hex')
+               END
+        FROM (SELECT (i.ord - 1) / 20 AS k, i.ord, i.id
+              FROM pg_catalog.unnest(p_message_ids) WITH ORDINALITY AS i (id, ord)) AS g
+        JOIN compaction.source_messages AS m
+          ON m.conversation_id = p_conversation_id AND m.message_id = g.id
+        GROUP BY g.k;
+END
+$$;
+COMMENT ON FUNCTION compaction.range_hashes(text, int[], text[]) IS
+    'Internal: range_hash of many ranges of one conversation in one statement (p_message_ids: 20 ids per range, in the order of p_from_pairs)';
+
 -- One range of a conversation as it is now: how many pairs the conversation has, and
 -- the range's 20 source ids and hash when pairs from_pair .. from_pair+9 all exist.
 -- The single place where claim, source_hash and the worker's reads learn what is current.
@@ -416,6 +460,9 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_from int[];
+    v_ids  text[];
 BEGIN
     IF compaction.derived_state_current() THEN
         RETURN QUERY
@@ -427,7 +474,8 @@ BEGIN
         ORDER BY r.from_pair;
         RETURN;
     END IF;
-    RETURN QUERY
+    -- Judged from the views: the targets' ids, then all their hashes in one statement
+    -- (revision 0023; range_hash per target before).
     WITH pairs AS (
         SELECT j.pair_index / 10 * 10 AS from_pair,
                j.pair_index,
@@ -441,15 +489,22 @@ BEGIN
                -- unnest of the 10x2 array walks it row by row: [u0, a0, u1, a1, ...]
                ARRAY(SELECT pg_catalog.unnest(array_agg(
                    ARRAY[p.user_message_id, p.assistant_message_id] ORDER BY p.pair_index)))
-                   AS source_message_ids
+                   AS ids
         FROM pairs AS p
         WHERE compaction.is_target(p.from_pair, p.n_pairs)
         GROUP BY p.from_pair
     )
-    SELECT r.from_pair::int, (r.from_pair + 9)::int, r.source_message_ids,
-           compaction.range_hash(p_conversation_id, r.source_message_ids)
-    FROM ranges AS r
-    ORDER BY r.from_pair;
+    SELECT pg_catalog.array_agg(r.from_pair::int ORDER BY r.from_pair),
+           ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(r.ids ORDER BY r.from_pair)))
+    INTO v_from, v_ids
+    FROM ranges AS r;
+    RETURN QUERY
+    SELECT u.from_pair, u.from_pair + 9, v_ids[(u.k::int - 1) * 20 + 1 : u.k::int * 20],
+           h.source_hash
+    FROM ROWS FROM (pg_catalog.unnest(v_from)) WITH ORDINALITY AS u (from_pair, k)
+    LEFT JOIN compaction.range_hashes(p_conversation_id, v_from, v_ids) AS h
+      ON h.from_pair = u.from_pair
+    ORDER BY u.from_pair;
 END
 $$;
 COMMENT ON FUNCTION compaction.plan_targets(text) IS

@@ -241,10 +241,21 @@ def test_works_inside_the_callers_transaction(dsn: str) -> None:
         assert [p.placement for p in projection.pairs] == ["raw"] * 3
 
 
-def test_source_current_equals_the_python_judgement(conn: Conn) -> None:
+def judge_from_the_views(conn: Conn) -> None:
+    """Put the derived state out of use (a tracking trigger disabled): every call judges
+    from the views, as before the install's rebuild and on Citus."""
+    conn.execute("ALTER TABLE compaction_source.runs DISABLE TRIGGER runs_track_insert")
+    assert conn.execute("SELECT compaction.derived_state_current()").fetchone() == (False,)
+
+
+@pytest.mark.parametrize("judged", [False, True], ids=["derived", "from-the-views"])
+def test_source_current_equals_the_python_judgement(conn: Conn, judged: bool) -> None:
     """projection_summaries.source_current: the range exists now with exactly the stored
-    ids and hash (read from derived state), the Python recomputation's verdict."""
+    ids and hash (read from derived state, or judged from the views: revision 0023 judges
+    once for every range), the Python recomputation's verdict."""
     pairs = History(conn).pairs("h", 35, text="ß\u3000净")
+    if judged:
+        judge_from_the_views(conn)
     current = import_summary(conn, "h", pairs, 0)
     edited = import_summary(conn, "h", pairs, 10)
     moved = import_summary(conn, "h", pairs, 20)
@@ -267,6 +278,76 @@ def test_source_current_equals_the_python_judgement(conn: Conn) -> None:
 
 
 # ---------------------------------------------------------------------------- cost
+
+
+def calls_in_this_transaction(conn: Conn, functions: Sequence[str]) -> dict[str, int]:
+    """How often each function ran in the current transaction (track_functions = all)."""
+    return {f: int(conn.execute("SELECT coalesce(pg_stat_get_xact_function_calls(%s::regprocedure),"
+                                " 0)", (f,)).fetchone()[0])  # type: ignore[index]
+            for f in functions}
+
+
+def test_judged_from_the_views_a_projection_judges_the_conversation_once(conn: Conn) -> None:
+    """Without the derived state, the summaries' verdicts judge the conversation once and
+    hash every summarized range in one statement, however many ranges are summarized
+    (revision 0023: once per summarized range before, quadratic in the history's length;
+    81 s a projection at 10,000 pairs, docs/benchmarks.md). Counted, not timed: each
+    function's calls in one transaction."""
+    pairs = History(conn).pairs("once", 75)
+    for start in range(0, 50, 10):
+        import_summary(conn, "once", pairs, start)
+    judge_from_the_views(conn)
+    counted = ["compaction.judge_runs(text, text[])", "compaction.range_hash(text, text[])",
+               "compaction.range_hashes(text, int[], text[])"]
+    conn.execute("SET track_functions = 'all'")
+
+    def calls(action: Any) -> dict[str, int]:
+        before = calls_in_this_transaction(conn, counted)
+        action()
+        after = calls_in_this_transaction(conn, counted)
+        return {f: after[f] - before[f] for f in counted}
+
+    with conn.transaction():
+        current: list[Any] = []
+        assert calls(lambda: current.append(conn.execute(
+            "SELECT count(*) FROM compaction.projection_summaries('once', 'default')"
+            " WHERE source_current").fetchone())) == {counted[0]: 1, counted[1]: 0, counted[2]: 1}
+        assert current == [(5,)]
+        assert calls(lambda: db.plan_targets(conn, "once")) == {
+            counted[0]: 1, counted[1]: 0, counted[2]: 1}
+        assert [t.from_pair for t in db.plan_targets(conn, "once")] == [0, 10, 20, 30, 40]
+        # project_history: the pairs' metadata, then the summaries' verdicts
+        projection: list[Projection] = []
+        assert calls(lambda: projection.append(
+            project_history(conn, "once", budget_bytes=BIG))) == {
+            counted[0]: 2, counted[1]: 0, counted[2]: 1}
+        assert {p.placement for p in projection[0].pairs[:50]} == {"summarized"}
+
+
+def test_range_hashes_is_range_hash_for_each_range(conn: Conn) -> None:
+    """range_hashes gives each range what range_hash gives it: the hash when its 20 ids
+    are found, else NULL (an id missing, or of another conversation), and nothing for a
+    range none of whose ids is found; a wrong count of ids is refused."""
+    pairs = History(conn).pairs("rh", 40)
+    other = History(conn).pairs("rh-other", 1)
+    ranges = [source_message_ids(pairs[s : s + 10]) for s in (0, 10, 20, 30)]
+    ranges[1] = [*ranges[1][:19], "no-such-message"]
+    ranges[2] = [*ranges[2][:19], other[0].assistant_message_id]
+    ranges.append(["nowhere"] * 20)
+    froms = [0, 10, 20, 30, 40]
+    flat = [i for r in ranges for i in r]
+    got = dict(conn.execute("SELECT from_pair, source_hash FROM compaction.range_hashes("
+                            "'rh', %s, %s)", (froms, flat)).fetchall())
+    single = {f: conn.execute("SELECT compaction.range_hash('rh', %s)", (r,)).fetchone()[0]  # type: ignore[index]
+              for f, r in zip(froms, ranges, strict=True)}
+    assert got == {f: h for f, h in single.items() if f != 40}
+    assert got[0] == source_hash(pairs[0:10])
+    assert got[30] == source_hash(pairs[30:40])
+    assert got[10] is None
+    assert got[20] is None
+    with pytest.raises(psycopg.Error, match="20 ids per range: 2 ranges, 20 ids") as raised:
+        conn.execute("SELECT * FROM compaction.range_hashes('rh', '{0,10}', %s)", (ranges[0],))
+    assert raised.value.sqlstate == "CP020"
 
 
 class RecordingCursor(psycopg.Cursor[Any]):
