@@ -155,6 +155,9 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             judging.append(_measure_judging(conn, conversation, pairs, sizes))
             breakdown.append(_measure_breakdown(conn, conversation, pairs, sizes))
 
+        judged_views = [_measure_from_the_views(conn, conversation_of(pairs), pairs, sizes)
+                        for pairs in sizes.projection_pairs]
+
     scaling: list[dict[str, Any]] = []
     smallest, largest = min(sizes.projection_pairs), max(sizes.projection_pairs)
     for budget in sizes.projection_budgets:
@@ -163,7 +166,33 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                         "large_pairs": largest,
                         "ratio_large_over_small": ratio(p50[largest], p50[smallest])})
     return {"summaries_imported": imported, "cells": cells, "scaling": scaling,
-            "indexed_pairs": judging, "breakdown_64k": breakdown}
+            "indexed_pairs": judging, "breakdown_64k": breakdown,
+            "from_the_views_64k": judged_views}
+
+
+def _measure_from_the_views(conn: Conn, conversation: str, pairs: int,
+                            sizes: Sizes) -> dict[str, Any]:
+    """project_history at 64 KiB with the derived state out of use (a tracking trigger
+    disabled, as before an install's rebuild has finished, and always on Citus): every
+    call judges the conversation from the views and hashes each summarized range. The
+    trigger is enabled again and the derived state rebuilt afterwards."""
+    budget = 64 * 1024
+
+    def ours() -> None:
+        project_history(conn, conversation, budget_bytes=budget)
+
+    derived = percentile(latencies(ours, sizes.projection_ops), 50)
+    conn.execute("ALTER TABLE compaction_source.runs DISABLE TRIGGER runs_track_insert")
+    try:
+        row = conn.execute("SELECT compaction.derived_state_current()").fetchone()
+        assert row == (False,), row
+        ours()
+        views = percentile(latencies(ours, max(3, sizes.projection_ops // 20)), 50)
+    finally:
+        conn.execute("ALTER TABLE compaction_source.runs ENABLE ALWAYS TRIGGER runs_track_insert")
+        conn.execute("CALL compaction.rebuild_derived_state()")
+    return {"pairs": pairs, "budget_bytes": budget, "derived_p50_ms": derived,
+            "from_the_views_p50_ms": views, "ratio": ratio(views, derived)}
 
 
 def _measure_cell(conn: Conn, conversation: str, pairs: int, budget: int,

@@ -227,6 +227,15 @@ def markdown_table(results: dict[str, Any]) -> str:
             detail = ", ".join(f"{k} {_fmt(v)}" for k, v in parts["statement_p50_ms"].items())
             lines.append(f"| {judged['pairs']:,} | {_fmt(judged['p50_ms'])} |"
                          f" {_fmt(judged['us_per_run'], 1)} | {detail} |")
+        if "from_the_views_64k" in proj:
+            lines += ["", "Projection with the derived state out of use (judged from the views on"
+                      " each call: before an install's rebuild has finished, and on Citus),"
+                      " 64 KiB, p50 ms:", "",
+                      "| pairs | derived state | from the views | ratio |",
+                      "| --- | --- | --- | --- |"]
+            for v in proj["from_the_views_64k"]:
+                lines.append(f"| {v['pairs']:,} | {_fmt(v['derived_p50_ms'])} |"
+                             f" {_fmt(v['from_the_views_p50_ms'])} | {_fmt(v['ratio'])} |")
     if "finding_work" in results:
         fw = results["finding_work"]
         lines += ["", "Finding work (one `worker --once` pass in-process, offline model;"
