@@ -40,12 +40,13 @@ $$;
 COMMENT ON FUNCTION compaction.citus_tables() IS
     'Every engine table with its Citus placement (distributed by conversation_id, or reference), the order compaction.distribute_on_citus() applies them in, and the co-location group of a distributed table (conversation, or queue alone)';
 
--- The audit views over engine tables are facades (sql/50_audit.sql): over their bodies
--- on one node, through the definer functions read_audit_* once the tables are
--- distributed. Called by distribute_on_citus and by every migration that changes an
--- audit view, so that an upgrade keeps each database's form.
-CREATE PROCEDURE compaction.place_audit_views()
+-- Whether the engine's tables are distributed here (compaction.jobs in Citus's
+-- metadata): the form the audit views and the view grants take (revision 0024). Citus's
+-- catalog exists only where Citus is installed, so it is asked for by name first.
+CREATE FUNCTION compaction.engine_distributed()
+RETURNS boolean
 LANGUAGE plpgsql
+STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -56,7 +57,22 @@ BEGIN
                                 WHERE logicalrelid = ''compaction.jobs''::regclass)'
             INTO v_distributed;
     END IF;
-    IF v_distributed THEN
+    RETURN v_distributed;
+END
+$$;
+COMMENT ON FUNCTION compaction.engine_distributed() IS
+    'Internal: true when the engine''s tables are distributed by Citus (compaction.jobs is in pg_dist_partition)';
+
+-- The audit views over engine tables are facades (sql/50_audit.sql): over their bodies
+-- on one node, through the definer functions read_audit_* once the tables are
+-- distributed. Called by distribute_on_citus and by every migration that changes an
+-- audit view, so that an upgrade keeps each database's form.
+CREATE PROCEDURE compaction.place_audit_views()
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF compaction.engine_distributed() THEN
         CREATE OR REPLACE VIEW compaction.audit_jobs AS
             SELECT * FROM compaction.read_audit_jobs();
         CREATE OR REPLACE VIEW compaction.audit_exhausted AS
@@ -75,6 +91,33 @@ END
 $$;
 COMMENT ON PROCEDURE compaction.place_audit_views() IS
     'Migration and Citus step: points the audit views at their bodies (one node) or at the definer functions read_audit_* (Citus, where a view''s shard queries run with the caller''s rights)';
+
+-- Revision 0024: the reader's and the worker's views on Citus. There, as for the
+-- auditor's views above, a view's queries on the shards run with the caller's rights,
+-- not its owner's: a reader reading compaction.summaries was refused the shards of
+-- job_summaries, and both roles were refused the schema of the source views' tables.
+-- Their views are read with a filter by conversation, which a facade over a function
+-- would lose (every summary read to return one conversation's), so on Citus each role
+-- holds SELECT on what its views read instead: the reader on jobs and job_summaries (the
+-- rows compaction.summaries shows, and the identities that hold no summary yet:
+-- metadata), both roles on the reference source tables and USAGE on their schema (a
+-- host that points the source views at its own distributed tables grants the same on
+-- those, docs/operations.md). Nothing is granted on one node.
+CREATE PROCEDURE compaction.place_view_grants()
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF compaction.engine_distributed() THEN
+        GRANT USAGE ON SCHEMA compaction_source TO compaction_worker, compaction_reader;
+        GRANT SELECT ON compaction_source.runs, compaction_source.messages
+        TO compaction_worker, compaction_reader;
+        GRANT SELECT ON compaction.jobs, compaction.job_summaries TO compaction_reader;
+    END IF;
+END
+$$;
+COMMENT ON PROCEDURE compaction.place_view_grants() IS
+    'Migration and Citus step: where the engine is distributed, grants the reader and the worker SELECT on the tables their views read (Citus runs a view''s shard queries with the caller''s rights); nothing on one node';
 
 -- Run once by a superuser on the coordinator, after `pycompactor migrate` and before any
 -- history is written (create_distributed_table moves existing rows, but a large table is
@@ -155,7 +198,8 @@ BEGIN
     -- than running); Citus can plan its queries only with the values bound.
     ALTER FUNCTION compaction.judge_runs(text, text[]) RESET plan_cache_mode;
     CALL compaction.place_audit_views();
+    CALL compaction.place_view_grants();
 END
 $$;
 COMMENT ON PROCEDURE compaction.distribute_on_citus() IS
-    'Citus: detaches the source tables'' statement triggers and distributes every engine table as compaction.citus_tables() says (run once, as a superuser, on the coordinator)';
+    'Citus: detaches the source tables'' statement triggers, distributes every engine table as compaction.citus_tables() says, then places the audit views and the reader''s and worker''s grants (run once, as a superuser, on the coordinator)';

@@ -137,6 +137,47 @@ def test_a_database_distributed_before_0022_upgrades_and_downgrades(
         drop_distributed_database(citus_nodes, name)
 
 
+def test_a_database_distributed_before_0024_gives_its_readers_their_views(
+        citus_nodes: dict[str, Any]) -> None:
+    """Revision 0024 on a database distributed at 0023: a reader login, refused the shards
+    behind compaction.summaries and the source views' schema before, reads both after the
+    upgrade; the downgrade revokes what it granted."""
+    from pycompactor import schema
+    from tests.citus.conftest import create_distributed_database, drop_distributed_database
+    from tests.sql.conftest import login_roles
+    from tests.sql.test_import_erase import populate
+
+    name = f"u_{uuid.uuid4().hex[:12]}"
+    try:
+        dsn = create_distributed_database(citus_nodes, name, revision="0023_judged_once")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            populate(c, "c1")
+        summaries = "SELECT count(*) FROM compaction.summaries WHERE conversation_id = 'c1'"
+        runs = "SELECT count(*) FROM compaction.source_runs WHERE conversation_id = 'c1'"
+        with login_roles(dsn, lambda role: dsn.replace("user=postgres", f"user={role}")
+                         ) as login:
+            reader = login("compaction_reader")
+
+            def reads() -> list[str]:
+                outcomes = []
+                with psycopg.connect(reader, autocommit=True) as r:
+                    for query in (summaries, runs):
+                        try:
+                            r.execute(query).fetchone()
+                            outcomes.append("read")
+                        except psycopg.errors.InsufficientPrivilege:
+                            outcomes.append("refused")
+                return outcomes
+
+            assert reads() == ["refused", "refused"]
+            schema.upgrade(dsn)
+            assert reads() == ["read", "read"]
+            schema.downgrade(dsn, "0023_judged_once")
+            assert reads() == ["refused", "refused"]
+    finally:
+        drop_distributed_database(citus_nodes, name)
+
+
 # The single-node suite's tests, unchanged, on the distributed database. Each gets a
 # database of its own on all three nodes (tests/citus/conftest.py).
 # Claims, refusals, retries, fencing and leases:
@@ -178,6 +219,12 @@ from tests.sql.test_projection import (  # noqa: E402, F401
     test_case_b_changed_source_makes_the_summary_stale,
     test_stale_summary_beyond_reach_is_stale_source,
     test_versions_one_never_two_used_three_wins,
+)
+
+# The reader's and the worker's views (revision 0024):
+from tests.sql.test_roles import (  # noqa: E402, F401
+    test_reader_and_worker_read_their_views,
+    test_reader_reads_summaries_and_versions_only,
 )
 
 # Storms of real processes, exact outcomes; admission exact:

@@ -81,6 +81,31 @@ def test_reader_reads_summaries_and_versions_only(conn: Conn, login_role: LoginR
             claim(reader, "c1", t)
 
 
+def test_reader_and_worker_read_their_views(conn: Conn, login_role: LoginRole) -> None:
+    """The reader reads compaction.summaries and the source views, the worker the source
+    views, filtered by conversation as they are read; on Citus through SELECT on what the
+    views read (revision 0024: Citus runs a view's shard queries with the caller's
+    rights), on one node through the views alone."""
+    t = target(conn, "c1")
+    c = claim(conn, "c1", t)
+    assert c.job_id is not None
+    assert db.complete(conn, c.job_id, 1, GOOD, "stop", 0, now=T0).ok
+    target(conn, "c2")
+    distributed = scalar(conn, "SELECT compaction.engine_distributed()")
+    reader_dsn, worker_dsn = login_role("compaction_reader"), login_role("compaction_worker")
+    with connect_as(reader_dsn) as reader, connect_as(worker_dsn) as worker:
+        assert reader.execute("SELECT from_pair, summary FROM compaction.summaries"
+                              " WHERE conversation_id = 'c1'").fetchall() == [(0, GOOD)]
+        for who in (reader, worker):
+            assert who.execute("SELECT count(*) FROM compaction.source_runs"
+                               " WHERE conversation_id = 'c2'").fetchone() == (30,)
+            assert who.execute("SELECT count(*) FROM compaction.source_messages"
+                               " WHERE conversation_id = 'c2'").fetchone() == (60,)
+    reader_role = psycopg.conninfo.conninfo_to_dict(reader_dsn)["user"]
+    assert conn.execute("SELECT has_table_privilege(%s, 'compaction.jobs', 'SELECT')",
+                        (reader_role,)).fetchone() == (distributed,)
+
+
 def seed_everything(conn: Conn) -> None:
     """Every kind of engine row, with a marker in every message and summary text."""
     history = History(conn)
