@@ -49,9 +49,6 @@ CREATE TABLE compaction.pairs (
 );
 COMMENT ON TABLE compaction.pairs IS
     'Derived state: the eligible pairs of each conversation (DESIGN §3) with pair_index, ids and UTF-8 sizes; no text';
--- Re-derivation finds the pair before a changed position and the pairs after it in
--- (seq, message_id) order, the order pair_index follows.
-CREATE INDEX pairs_order_idx ON compaction.pairs (conversation_id, user_seq, user_message_id);
 
 CREATE TABLE compaction.ranges (
     conversation_id    text NOT NULL,

@@ -253,50 +253,32 @@ BEGIN
 
     IF FOUND THEN
         -- Pairs before that position keep their numbers: continue after the last of them.
-        IF v_from_seq IS NULL THEN
-            SELECT p.pair_index INTO v_base
-            FROM compaction.pairs AS p
-            WHERE p.conversation_id = p_conversation_id
-              AND (p.user_seq IS NOT NULL OR p.user_message_id < v_from_id)
-            ORDER BY p.user_seq DESC, p.user_message_id DESC
-            LIMIT 1;
-        ELSE
-            SELECT p.pair_index INTO v_base
-            FROM compaction.pairs AS p
-            WHERE p.conversation_id = p_conversation_id
-              AND (p.user_seq, p.user_message_id) < (v_from_seq, v_from_id)
-            ORDER BY p.user_seq DESC, p.user_message_id DESC
-            LIMIT 1;
-        END IF;
+        -- The stored pairs are numbered in (seq, message_id) order (only sizes and the
+        -- assistant side changed above), so the last pair before the position is the
+        -- first one met walking pair_index down from the end (revision 0025: without an
+        -- index of its own on (seq, message_id), a third of the pairs' size); the walk
+        -- passes the pairs that are renumbered below anyway.
+        SELECT p.pair_index INTO v_base
+        FROM compaction.pairs AS p
+        WHERE p.conversation_id = p_conversation_id
+          AND CASE WHEN v_from_seq IS NULL
+                   THEN p.user_seq IS NOT NULL OR p.user_message_id < v_from_id
+                   ELSE (p.user_seq, p.user_message_id) < (v_from_seq, v_from_id) END
+        ORDER BY p.pair_index DESC
+        LIMIT 1;
         v_base := coalesce(v_base + 1, 0);
 
         -- Everything from that position on is numbered anew (delete, then insert: the
-        -- unique pair_index never sees two rows on one number). Two statements, so each
-        -- is a range scan of pairs_order_idx.
-        IF v_from_seq IS NULL THEN
-            WITH gone AS (
-                DELETE FROM compaction.pairs AS p
-                WHERE p.conversation_id = p_conversation_id
-                  AND p.user_seq IS NULL AND p.user_message_id >= v_from_id
-                RETURNING p.*
-            )
-            SELECT coalesce(array_agg(g), '{}') INTO v_moved
-            FROM gone AS g
-            WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_runs) AS r (run_id)
-                              WHERE r.run_id = g.run_id);
-        ELSE
-            WITH gone AS (
-                DELETE FROM compaction.pairs AS p
-                WHERE p.conversation_id = p_conversation_id
-                  AND ((p.user_seq, p.user_message_id) >= (v_from_seq, v_from_id)
-                       OR p.user_seq IS NULL)
-                RETURNING p.*
-            )
-            SELECT coalesce(array_agg(g), '{}') INTO v_moved
-            FROM gone AS g
-            WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_runs) AS r (run_id)
-                              WHERE r.run_id = g.run_id);
-        END IF;
+        -- unique pair_index never sees two rows on one number).
+        WITH gone AS (
+            DELETE FROM compaction.pairs AS p
+            WHERE p.conversation_id = p_conversation_id AND p.pair_index >= v_base
+            RETURNING p.*
+        )
+        SELECT coalesce(array_agg(g), '{}') INTO v_moved
+        FROM gone AS g
+        WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_runs) AS r (run_id)
+                          WHERE r.run_id = g.run_id);
         INSERT INTO compaction.pairs AS p
             (conversation_id, run_id, pair_index, user_seq, user_message_id, user_bytes,
              assistant_message_id, assistant_bytes)
