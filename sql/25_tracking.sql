@@ -255,8 +255,8 @@ BEGIN
         -- Pairs before that position keep their numbers: continue after the last of them.
         -- The stored pairs are numbered in (seq, message_id) order (only sizes and the
         -- assistant side changed above), so the last pair before the position is the
-        -- first one met walking pair_index down from the end (revision 0025: without an
-        -- index of its own on (seq, message_id), a third of the pairs' size); the walk
+        -- first one met walking pair_index down from the end (revision 0025: no index of
+        -- its own on (seq, message_id), which was a fifth of the derived state); the walk
         -- passes the pairs that are renumbered below anyway.
         SELECT p.pair_index INTO v_base
         FROM compaction.pairs AS p

@@ -1,7 +1,7 @@
--- 0025_lean_pairs: the derived state without pairs_order_idx, a third of
--- compaction.pairs' size (138 MB of 650 MB at 2M messages, docs/operations.md). It served
--- one search, re-derivation's last pair before a changed position in (seq, message_id)
--- order; pair_index follows that order, so rederive_general walks pairs_pair_index_key
+-- 0025_lean_pairs: the derived state without pairs_order_idx, a fifth of its size
+-- (138 MB of 650 MB at 2M messages, docs/operations.md). It served one search,
+-- re-derivation's last pair before a changed position in (seq, message_id) order;
+-- pair_index follows that order, so rederive_general walks pairs_pair_index_key
 -- down from the end instead, over the pairs it renumbers anyway, and deletes what it
 -- renumbers by pair_index. Dropping the index takes compaction.pairs' ACCESS EXCLUSIVE
 -- lock for as long as removing its catalog entries does.
@@ -64,8 +64,8 @@ BEGIN
         -- Pairs before that position keep their numbers: continue after the last of them.
         -- The stored pairs are numbered in (seq, message_id) order (only sizes and the
         -- assistant side changed above), so the last pair before the position is the
-        -- first one met walking pair_index down from the end (revision 0025: without an
-        -- index of its own on (seq, message_id), a third of the pairs' size); the walk
+        -- first one met walking pair_index down from the end (revision 0025: no index of
+        -- its own on (seq, message_id), which was a fifth of the derived state); the walk
         -- passes the pairs that are renumbered below anyway.
         SELECT p.pair_index INTO v_base
         FROM compaction.pairs AS p
