@@ -451,6 +451,57 @@ $$;
 COMMENT ON FUNCTION compaction.current_range(text, int) IS
     'Internal: the conversation''s pair count and, when pairs from_pair..from_pair+9 exist, their 20 current source ids and hash';
 
+-- Revision 0023: current_range for many ranges of one conversation. From the derived
+-- state, one read of the ranges asked for; judged from the views, one judgement and one
+-- statement of hashes for all of them, where a call of current_range per range judged
+-- the whole conversation each time (a projection or an audit of stale summaries cost the
+-- square of the history). Each range asked for whose 10 pairs exist now, with its 20
+-- ids and hash (NULL, as range_hash's, when its messages are not all found once).
+CREATE FUNCTION compaction.current_ranges(p_conversation_id text, p_from_pairs int[])
+RETURNS TABLE (from_pair int, source_message_ids text[], source_hash text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_from int[];
+    v_ids  text[];
+BEGIN
+    IF compaction.derived_state_current() THEN
+        RETURN QUERY
+        SELECT r.from_pair, r.source_message_ids, r.source_hash
+        FROM compaction.ranges AS r
+        WHERE r.conversation_id = p_conversation_id AND r.from_pair = ANY (p_from_pairs)
+        ORDER BY r.from_pair;
+        RETURN;
+    END IF;
+    -- v_ids: each complete range's 20 ids [u0, a0, ..., u9, a9], in v_from's order; then
+    -- their hashes, one statement each (DESIGN §11).
+    SELECT pg_catalog.array_agg(c.from_pair ORDER BY c.from_pair),
+           ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(c.ids ORDER BY c.from_pair)))
+    INTO v_from, v_ids
+    FROM (SELECT (j.pair_index / 10 * 10)::int AS from_pair,
+                 ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(
+                     ARRAY[j.user_message_id, j.assistant_message_id] ORDER BY j.pair_index)))
+                     AS ids
+          FROM compaction.judged_pairs(p_conversation_id) AS j
+          WHERE j.pair_index / 10 * 10 = ANY (p_from_pairs)
+          GROUP BY j.pair_index / 10 * 10
+          HAVING count(*) = 10) AS c;
+    RETURN QUERY
+    SELECT u.from_pair, v_ids[(u.k::int - 1) * 20 + 1 : u.k::int * 20], h.source_hash
+    FROM ROWS FROM (pg_catalog.unnest(v_from)) WITH ORDINALITY AS u (from_pair, k)
+    LEFT JOIN compaction.range_hashes(p_conversation_id, v_from, v_ids) AS h
+      ON h.from_pair = u.from_pair
+    ORDER BY u.from_pair;
+END
+$$;
+COMMENT ON FUNCTION compaction.current_ranges(text, int[]) IS
+    'Internal: current_range for many ranges of one conversation (one judgement from the views, or one read of the derived state): each range asked for whose 10 pairs exist, with its 20 current source ids and hash';
+
 CREATE FUNCTION compaction.plan_targets(p_conversation_id text)
 RETURNS TABLE (from_pair int, to_pair int, source_message_ids text[], source_hash text)
 LANGUAGE plpgsql

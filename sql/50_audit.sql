@@ -100,7 +100,9 @@ SET jit = off
 AS $$
 DECLARE
     v_summary record;
-    v_key     text;
+    v_cid     text;
+    v_from    int[];
+    v_hashes  text[];
     v_hash    text;
 BEGIN
     FOR v_summary IN
@@ -114,11 +116,21 @@ BEGIN
           ON j.conversation_id = s.conversation_id AND j.job_id = s.job_id
         ORDER BY j.conversation_id, j.from_pair, s.summary_id
     LOOP
-        -- Summaries of one range share one hash.
-        IF v_key IS DISTINCT FROM v_summary.cid || ':' || v_summary.fp THEN
-            v_key := v_summary.cid || ':' || v_summary.fp;
-            v_hash := compaction.source_hash(v_summary.cid, v_summary.fp);
+        -- The current hashes of every summarized range of a conversation at once: from
+        -- the views, one judgement of the conversation (revision 0023: source_hash per
+        -- range before, a whole judgement each). One statement each (DESIGN §11).
+        IF v_cid IS DISTINCT FROM v_summary.cid THEN
+            v_cid := v_summary.cid;
+            v_from := ARRAY(SELECT DISTINCT j.from_pair
+                            FROM compaction.job_summaries AS s
+                            JOIN compaction.jobs AS j
+                              ON j.conversation_id = s.conversation_id AND j.job_id = s.job_id
+                            WHERE s.conversation_id = v_cid);
+            SELECT pg_catalog.array_agg(c.from_pair), pg_catalog.array_agg(c.source_hash)
+            INTO v_from, v_hashes
+            FROM compaction.current_ranges(v_cid, v_from) AS c;
         END IF;
+        v_hash := v_hashes[pg_catalog.array_position(v_from, v_summary.fp)];
         CONTINUE WHEN v_hash IS NOT DISTINCT FROM v_summary.sh;
         summary_id := v_summary.sid;
         conversation_id := v_summary.cid;

@@ -34,14 +34,13 @@ DECLARE
     v_ranges  int[];
     v_from    int[];
     v_ids     text[];
-    v_keep    int[];
     v_hashes  text[];
 BEGIN
     -- source_current: the range exists now with exactly the stored ids and hash. From the
-    -- derived state that is a comparison per summary. Judged from the views, the
-    -- conversation is judged once and the hashes of its complete summarized ranges come
-    -- from one statement (revision 0023: a judgement and a hash per range before, so a
-    -- projection's cost grew with the square of the conversation's length), each step a
+    -- derived state that is a comparison per summary. Judged from the views, one call
+    -- of current_ranges judges the conversation once for every summarized range
+    -- (revision 0023: current_range per range before, a whole judgement each, so a
+    -- projection's cost grew with the square of the conversation's length), in a
     -- statement of its own (DESIGN §11: no engine function nested in a query on
     -- distributed tables).
     IF NOT v_derived THEN
@@ -50,26 +49,13 @@ BEGIN
         WHERE s.conversation_id = p_conversation_id AND s.scope = p_scope;
     END IF;
     IF v_ranges IS NOT NULL THEN
-        -- v_ids: each complete range's 20 ids [u0, a0, ..., u9, a9], in v_from's order.
         SELECT pg_catalog.array_agg(c.from_pair ORDER BY c.from_pair),
-               ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(c.ids ORDER BY c.from_pair)))
-        INTO v_from, v_ids
-        FROM (SELECT (j.pair_index / 10 * 10)::int AS from_pair,
-                     ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(
-                         ARRAY[j.user_message_id, j.assistant_message_id]
-                         ORDER BY j.pair_index))) AS ids
-              FROM compaction.judged_pairs(p_conversation_id) AS j
-              WHERE j.pair_index / 10 * 10 = ANY (v_ranges)
-              GROUP BY j.pair_index / 10 * 10
-              HAVING count(*) = 10) AS c;
-        -- v_keep: the positions in v_from of the ranges whose hash exists, v_hashes theirs.
-        SELECT pg_catalog.array_agg(u.k::int ORDER BY u.k),
-               pg_catalog.array_agg(h.source_hash ORDER BY u.k)
-        INTO v_keep, v_hashes
-        FROM ROWS FROM (pg_catalog.unnest(v_from)) WITH ORDINALITY AS u (from_pair, k)
-        JOIN compaction.range_hashes(p_conversation_id, v_from, v_ids) AS h
-          ON h.from_pair = u.from_pair
-        WHERE h.source_hash IS NOT NULL;
+               ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(
+                   c.source_message_ids ORDER BY c.from_pair))),
+               pg_catalog.array_agg(c.source_hash ORDER BY c.from_pair)
+        INTO v_from, v_ids, v_hashes
+        FROM compaction.current_ranges(p_conversation_id, v_ranges) AS c
+        WHERE c.source_hash IS NOT NULL;
     END IF;
     RETURN QUERY
     WITH summaries AS (
@@ -84,9 +70,9 @@ BEGIN
         WHERE v_derived AND r.conversation_id = p_conversation_id
           AND r.from_pair IN (SELECT x.from_pair FROM summaries AS x)
         UNION ALL
-        SELECT v_from[u.k], v_ids[(u.k - 1) * 20 + 1 : u.k * 20], u.source_hash
-        FROM ROWS FROM (pg_catalog.unnest(v_keep), pg_catalog.unnest(v_hashes))
-             AS u (k, source_hash)
+        SELECT u.from_pair, v_ids[(u.k::int - 1) * 20 + 1 : u.k::int * 20], u.source_hash
+        FROM ROWS FROM (pg_catalog.unnest(v_from), pg_catalog.unnest(v_hashes))
+             WITH ORDINALITY AS u (from_pair, source_hash, k)
         WHERE NOT v_derived
     )
     SELECT s.summary_id,

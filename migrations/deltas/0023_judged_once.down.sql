@@ -1,6 +1,6 @@
--- 0023_judged_once, reversed: projection_summaries and plan_targets as revision 0022 had
--- them (current_range, and so a judgement, per summarized range; range_hash per target),
--- and no range_hashes.
+-- 0023_judged_once, reversed: projection_summaries, plan_targets and stale_summaries as
+-- revision 0022 had them (a judgement per summarized range; range_hash per target), and
+-- neither current_ranges nor range_hashes.
 
 CREATE OR REPLACE FUNCTION compaction.projection_summaries(p_conversation_id text, p_scope text)
 RETURNS TABLE (
@@ -133,6 +133,58 @@ BEGIN
 END
 $$;
 
+CREATE OR REPLACE FUNCTION compaction.stale_summaries()
+RETURNS TABLE (summary_id bigint, conversation_id text, scope text, from_pair int,
+               to_pair int, job_id bigint, imported boolean, model text,
+               prompt_version text, completed_at timestamptz, stored_hash text,
+               current_hash text, staleness text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_summary record;
+    v_key     text;
+    v_hash    text;
+BEGIN
+    FOR v_summary IN
+        SELECT s.summary_id AS sid, j.conversation_id AS cid, j.scope AS sc,
+               j.from_pair AS fp, j.to_pair AS tp,
+               CASE WHEN s.attempt IS NOT NULL THEN j.job_id END AS jid,
+               s.attempt IS NULL AS imp, j.model AS mo, j.prompt_version AS pv,
+               s.completed_at AS ca, j.source_hash AS sh
+        FROM compaction.job_summaries AS s
+        JOIN compaction.jobs AS j
+          ON j.conversation_id = s.conversation_id AND j.job_id = s.job_id
+        ORDER BY j.conversation_id, j.from_pair, s.summary_id
+    LOOP
+        -- Summaries of one range share one hash.
+        IF v_key IS DISTINCT FROM v_summary.cid || ':' || v_summary.fp THEN
+            v_key := v_summary.cid || ':' || v_summary.fp;
+            v_hash := compaction.source_hash(v_summary.cid, v_summary.fp);
+        END IF;
+        CONTINUE WHEN v_hash IS NOT DISTINCT FROM v_summary.sh;
+        summary_id := v_summary.sid;
+        conversation_id := v_summary.cid;
+        scope := v_summary.sc;
+        from_pair := v_summary.fp;
+        to_pair := v_summary.tp;
+        job_id := v_summary.jid;
+        imported := v_summary.imp;
+        model := v_summary.mo;
+        prompt_version := v_summary.pv;
+        completed_at := v_summary.ca;
+        stored_hash := v_summary.sh;
+        current_hash := v_hash;
+        staleness := CASE WHEN v_hash IS NULL THEN 'range_incomplete' ELSE 'source_changed' END;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+DROP FUNCTION compaction.current_ranges(text, int[]);
 DROP FUNCTION compaction.range_hashes(text, int[], text[]);
 
 CALL compaction.assign_ownership();

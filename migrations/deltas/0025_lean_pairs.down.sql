@@ -2,7 +2,12 @@
 -- this takes as long as any index build, with writes to it blocked), and
 -- rederive_general as revision 0024 had it.
 
-CREATE INDEX pairs_order_idx ON compaction.pairs (conversation_id, user_seq, user_message_id);
+-- One statement of its own, for Citus (as the upgrade's DROP INDEX).
+DO $$
+BEGIN
+    EXECUTE 'CREATE INDEX pairs_order_idx ON compaction.pairs (conversation_id, user_seq, user_message_id)';
+END
+$$;
 
 CREATE OR REPLACE FUNCTION compaction.rederive_general(
     p_conversation_id text, p_run_ids text[], p_fresh compaction.pairs[],

@@ -165,6 +165,12 @@ BEGIN
 END
 $$;
 
-DROP INDEX compaction.pairs_order_idx;
+-- One statement of its own: Citus sends a distributed table's DROP INDEX to the nodes
+-- as the text of the statement that ran it, which must not hold several commands.
+DO $$
+BEGIN
+    EXECUTE 'DROP INDEX compaction.pairs_order_idx';
+END
+$$;
 
 CALL compaction.assign_ownership();

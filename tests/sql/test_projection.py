@@ -273,6 +273,10 @@ def test_source_current_equals_the_python_judgement(conn: Conn, judged: bool) ->
         for sid, start in ((current, 0), (edited, 10), (moved, 20))}
     assert rows == [(sid, expected[sid]) for sid in (current, edited, moved)]
     assert rows == [(current, True), (edited, False), (moved, False)]
+    # The auditor's view agrees, judged the same way.
+    assert conn.execute("SELECT summary_id, staleness FROM compaction.audit_stale_summaries"
+                        " WHERE conversation_id = 'h' ORDER BY summary_id").fetchall() == [
+        (edited, "source_changed"), (moved, "source_changed")]
     assert conn.execute("SELECT count(*) FROM compaction.projection_summaries('nobody', 'default')"
                         ).fetchone() == (0,)
 
@@ -288,11 +292,12 @@ def calls_in_this_transaction(conn: Conn, functions: Sequence[str]) -> dict[str,
 
 
 def test_judged_from_the_views_a_projection_judges_the_conversation_once(conn: Conn) -> None:
-    """Without the derived state, the summaries' verdicts judge the conversation once and
-    hash every summarized range in one statement, however many ranges are summarized
-    (revision 0023: once per summarized range before, quadratic in the history's length;
-    81 s a projection at 10,000 pairs, docs/benchmarks.md). Counted, not timed: each
-    function's calls in one transaction."""
+    """Without the derived state, the summaries' verdicts (and the audit of stale
+    summaries, and the targets) judge the conversation once and hash every summarized
+    range in one statement, however many ranges are summarized (revision 0023: once per
+    summarized range before, quadratic in the history's length; 81 s a projection at
+    10,000 pairs, docs/benchmarks.md). Counted, not timed: each function's calls in one
+    transaction."""
     pairs = History(conn).pairs("once", 75)
     for start in range(0, 50, 10):
         import_summary(conn, "once", pairs, start)
@@ -315,6 +320,11 @@ def test_judged_from_the_views_a_projection_judges_the_conversation_once(conn: C
         assert current == [(5,)]
         assert calls(lambda: db.plan_targets(conn, "once")) == {
             counted[0]: 1, counted[1]: 0, counted[2]: 1}
+        stale: list[Any] = []
+        assert calls(lambda: stale.append(conn.execute(
+            "SELECT count(*) FROM compaction.audit_stale_summaries").fetchone())) == {
+            counted[0]: 1, counted[1]: 0, counted[2]: 1}
+        assert stale == [(0,)]
         assert [t.from_pair for t in db.plan_targets(conn, "once")] == [0, 10, 20, 30, 40]
         # project_history: the pairs' metadata, then the summaries' verdicts
         projection: list[Projection] = []
