@@ -20,10 +20,14 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     if "claim_cycle" in results:
         runs = results["claim_cycle"]["runs"]
+        # Issue 32's goals: at least 0.6x plain SQL on one connection, 0.40x on the most.
+        single = min(runs, key=lambda r: r["connections"])
         widest = max(runs, key=lambda r: r["connections"])
-        found.append({"name": f"claim->complete, {widest['connections']} connections,"
-                              " vs plain SQL", "measured": widest["ratio"],
-                      "target": ">= 0.6", "met": (widest["ratio"] or 0) >= 0.6})
+        for run, goal in ((single, 0.6), (widest, 0.40)):
+            found.append({"name": f"claim->complete, {run['connections']} connection"
+                                  f"{'s' if run['connections'] > 1 else ''}, vs plain SQL",
+                          "measured": run["ratio"], "target": f">= {goal}",
+                          "met": (run["ratio"] or 0) >= goal})
     if "projection" in results:
         proj = results["projection"]
         scale = next(s for s in proj["scaling"] if s["budget_bytes"] == 64 * KIB)
