@@ -7,7 +7,8 @@ application appending a turn every 20 ms on a connection of its own (one transac
 turn and its two messages); then every documented install step, timed, with the
 application's p50/p99/longest transaction during that step beside it (and a baseline
 before any step): each index (CREATE INDEX CONCURRENTLY), ANALYZE, re-pointing the views,
-attaching the tracking, the rebuild (its rate: conversations and messages a second), and
+attaching the tracking, the rebuild (its rate: conversations and messages a second), the
+indexes of compaction.pairs rebuilt CONCURRENTLY to pack them, and
 the appends once tracked. Then the sizes: the host's tables, the derived state, and bytes
 of derived state per message.
 
@@ -188,7 +189,7 @@ def run_size(cluster: BenchCluster, messages: int) -> dict[str, Any]:
                         **loop.during(since, time.perf_counter())}
             steps.append(baseline)
             for block in ("grants-and-indexes", "statistics", "repoint", "tracking",
-                          "rebuild"):
+                          "rebuild", "compact"):
                 for statement in statements(block):
                     since = time.perf_counter()
                     conn.execute(statement.encode())

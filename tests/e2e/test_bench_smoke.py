@@ -81,7 +81,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert counts["pycompactor"] > counts["floor"] > counts["plain"] > 0
     wal = data["instructions"]["wal_bytes_per_cycle"]
     assert wal["pycompactor"] > wal["plain"] > 0
-    assert len(data["targets"]) == 18  # twelve engine targets, six quality goals
+    assert len(data["targets"]) == 19  # thirteen engine targets, six quality goals
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 
     table = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")
@@ -103,7 +103,7 @@ def test_bench_scale_runs_every_install_step(tmp_path: Path) -> None:
     [run] = json.loads((tmp_path / "scale.json").read_text(encoding="utf-8"))
     assert run["messages"] == 2000
     assert {s.get("block") for s in run["steps"]} >= {
-        "grants-and-indexes", "statistics", "repoint", "tracking", "rebuild"}
+        "grants-and-indexes", "statistics", "repoint", "tracking", "rebuild", "compact"}
     assert any("CONCURRENTLY" in s["step"] for s in run["steps"])
     assert run["steps"][0]["appends"] > 0  # the application ran during the baseline
     assert run["append_errors"] == []
