@@ -66,7 +66,10 @@ _FLOOR_TABLES = ("jobs", "attempts", "admission", "job_summaries", "summary_verd
 _FLOOR_DDL = "".join(
     f"CREATE TABLE bench.floor_{t} (LIKE compaction.{t} INCLUDING ALL);\n"
     for t in _FLOOR_TABLES
-) + "INSERT INTO bench.floor_admission (slot) SELECT pg_catalog.generate_series(1, 10000);\n"
+) + (
+    # LIKE copies no storage parameters; the engine's slots leave room for HOT updates.
+    "ALTER TABLE bench.floor_admission SET (fillfactor = 50);\n"
+    "INSERT INTO bench.floor_admission (slot) SELECT pg_catalog.generate_series(1, 10000);\n")
 _FLOOR_CLAIM = """
 WITH job AS (
     INSERT INTO bench.floor_jobs (conversation_id, scope, from_pair, to_pair,
@@ -78,20 +81,22 @@ WITH job AS (
     WHERE r.conversation_id = %(c)s AND r.from_pair = %(f)s
       AND r.source_hash = %(h)s AND r.source_message_ids = %(ids)s::text[]
     RETURNING *),
+slot AS (
+    SELECT f.slot FROM bench.floor_admission AS f
+    WHERE f.slot <= 1000 AND f.lease_expires_at IS NULL
+    ORDER BY f.slot LIMIT 1 FOR UPDATE SKIP LOCKED),
 attempt AS (
     INSERT INTO bench.floor_attempts (conversation_id, job_id, attempt, state, worker,
-                                      started_at, lease_expires_at)
+                                      started_at, lease_expires_at, slot)
     SELECT job.conversation_id, job.job_id, 1, 'running', %(w)s, now(),
-           now() + interval '5 minutes'
-    FROM job RETURNING *),
-slot AS (
+           now() + interval '5 minutes', slot.slot
+    FROM job, slot RETURNING *),
+taken AS (
     UPDATE bench.floor_admission AS ad
     SET holder_conversation_id = a.conversation_id, holder_job_id = a.job_id,
         holder_attempt = a.attempt, lease_expires_at = a.lease_expires_at
     FROM attempt AS a
-    WHERE ad.slot = (SELECT f.slot FROM bench.floor_admission AS f
-                     WHERE f.slot <= 1000 AND f.lease_expires_at IS NULL
-                     ORDER BY f.slot LIMIT 1 FOR UPDATE SKIP LOCKED)),
+    WHERE ad.slot = a.slot),
 event AS (
     INSERT INTO bench.floor_audit_events (conversation_id, kind, occurred_at, scope,
                                           from_pair, to_pair, job_id, attempt, worker,
@@ -132,7 +137,9 @@ freed AS (
     UPDATE bench.floor_admission AS ad
     SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
         lease_expires_at = NULL
-    WHERE ad.holder_conversation_id = %(c)s AND ad.holder_job_id = %(j)s)
+    FROM attempt AS a
+    WHERE ad.slot = a.slot AND ad.holder_conversation_id = a.conversation_id
+      AND ad.holder_job_id = a.job_id AND ad.holder_attempt = a.attempt)
 SELECT s.summary_id, pg_advisory_xact_lock(1129316352, hashtext(%(c)s)) FROM summary AS s
 """
 _BASELINE_START = (

@@ -43,6 +43,9 @@
 CREATE TABLE compaction.settings (
     singleton   boolean NOT NULL DEFAULT true,
     max_running int NOT NULL DEFAULT 8,
+    -- Revision 0026, internal: no unexpired attempt holds a slot above it (see
+    -- settings_high_water below). Kept by the engine, never set by hand.
+    admission_high_water int NOT NULL DEFAULT 0,
     CONSTRAINT settings_pkey PRIMARY KEY (singleton),
     -- With the primary key, at most one row can exist.
     CONSTRAINT settings_single_row CHECK (singleton),
@@ -51,7 +54,40 @@ CREATE TABLE compaction.settings (
     CONSTRAINT settings_max_running_bounded CHECK (max_running <= 10000)
 );
 COMMENT ON TABLE compaction.settings IS
-    'Engine settings, a single row: max_running caps running (unexpired) attempts across the database (default 8)';
+    'Engine settings, a single row: max_running caps running (unexpired) attempts across the database (default 8); admission_high_water is the engine''s own';
+COMMENT ON COLUMN compaction.settings.admission_high_water IS
+    'Internal (revision 0026): no unexpired attempt holds an admission slot above this; at least max_running, raised with it, lowered only by a claim that found the slots above max_running free';
+
+-- Where claims look for attempts admitted before max_running was lowered (revision 0026).
+-- Until then an index on the slots' holders answered "the highest held slot", and kept
+-- every slot update from being HOT: each claim and each finished attempt wrote three
+-- index entries (docs/benchmarks.md). Now the settings row remembers the highest
+-- max_running since the slots above the current one were last found free; a claim that
+-- finds them free again lowers it (claim), under the transaction-local mark
+-- compaction.lowering_high_water, the only way it goes down.
+CREATE FUNCTION compaction.settings_high_water()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'UPDATE'
+       AND pg_catalog.current_setting('compaction.lowering_high_water', true)
+           IS DISTINCT FROM 'on' THEN
+        NEW.admission_high_water := GREATEST(NEW.admission_high_water,
+                                             OLD.admission_high_water, OLD.max_running);
+    END IF;
+    NEW.admission_high_water := GREATEST(NEW.admission_high_water, NEW.max_running);
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION compaction.settings_high_water() IS
+    'Trigger: keeps settings.admission_high_water at least max_running and never lowers it, except inside a claim that found the slots above max_running free';
+CREATE TRIGGER settings_high_water
+    BEFORE INSERT OR UPDATE ON compaction.settings
+    FOR EACH ROW EXECUTE FUNCTION compaction.settings_high_water();
+-- Also for session_replication_role = replica: a replicated max_running still raises it.
+ALTER TABLE compaction.settings ENABLE ALWAYS TRIGGER settings_high_water;
 INSERT INTO compaction.settings (singleton, max_running) VALUES (true, 8);
 
 CREATE TABLE compaction.prompt_versions (
@@ -261,6 +297,10 @@ CREATE TABLE compaction.attempts (
     -- enough to finish or renew it. NULL on attempts claimed before 0018: those only the
     -- owner or a superuser can finish (their leases run out; the range is claimed again).
     claimed_by       text,
+    -- The admission slot the attempt took (revision 0026), freed by that key when it ends
+    -- (unless a later claim took the slot over after this lease ran out). NULL on attempts
+    -- that ended before 0026.
+    slot             int,
     CONSTRAINT attempts_pkey PRIMARY KEY (conversation_id, job_id, attempt),
     CONSTRAINT attempts_job_fkey FOREIGN KEY (conversation_id, job_id)
         REFERENCES compaction.jobs (conversation_id, job_id)
@@ -287,7 +327,11 @@ CREATE UNIQUE INDEX attempts_one_running
 -- revision 0013: no trigger resizes them); claims use slots 1..settings.max_running. A
 -- running attempt holds one slot with a copy of its lease; a free slot has no holder, and
 -- a slot whose holder's lease ran out counts as free (expired attempts never count
--- against admission). Not per conversation: under Citus a reference table.
+-- against admission). Not per conversation: under Citus a reference table. Revision
+-- 0026: its only index is the primary key on slot, which no update changes, and its pages
+-- are half empty, so taking, renewing and freeing a slot are HOT updates that write no
+-- index entry; a slot is found by number (attempts.slot), the overflow after a lowered
+-- max_running by settings.admission_high_water.
 CREATE TABLE compaction.admission (
     slot                   int NOT NULL,
     holder_conversation_id text,
@@ -300,17 +344,9 @@ CREATE TABLE compaction.admission (
         (holder_conversation_id IS NULL) = (holder_job_id IS NULL)
         AND (holder_conversation_id IS NULL) = (holder_attempt IS NULL)
         AND (holder_conversation_id IS NULL) = (lease_expires_at IS NULL))
-);
+) WITH (fillfactor = 50);
 COMMENT ON TABLE compaction.admission IS
     'Internal: admission slots 1..10000; a running attempt holds one (with its lease), claim takes a free one among 1..settings.max_running or refuses admission_full';
--- One slot per identity; a finished attempt's slot is found by it.
-CREATE UNIQUE INDEX admission_holder_key
-    ON compaction.admission (holder_conversation_id, holder_job_id)
-    WHERE holder_conversation_id IS NOT NULL;
--- The highest held slot, one step down an index: whether max_running was lowered below
--- attempts that still hold slots above it.
-CREATE INDEX admission_held_idx ON compaction.admission (slot)
-    WHERE holder_conversation_id IS NOT NULL;
 INSERT INTO compaction.admission (slot)
 SELECT g.slot FROM pg_catalog.generate_series(1, 10000) AS g (slot);
 
@@ -609,17 +645,59 @@ BEGIN
             p_job.scope, p_job.from_pair, p_job.to_pair, p_attempt.job_id, p_attempt.attempt,
             p_attempt.reason, p_attempt.worker, p_job.model, p_job.prompt_version,
             p_job.source_hash, p_summary_id, p_attempt.summary_chars);
-    IF p_attempt.state IS DISTINCT FROM 'running' THEN
+    IF p_attempt.state IS DISTINCT FROM 'running' AND p_attempt.slot IS NOT NULL THEN
         UPDATE compaction.admission AS ad
         SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
             lease_expires_at = NULL
-        WHERE ad.holder_conversation_id = p_conversation_id
+        WHERE ad.slot = p_attempt.slot AND ad.holder_conversation_id = p_conversation_id
           AND ad.holder_job_id = p_attempt.job_id AND ad.holder_attempt = p_attempt.attempt;
     END IF;
 END
 $$;
 COMMENT ON FUNCTION compaction.record_attempt_change(text, compaction.attempts, compaction.jobs, bigint) IS
     'Internal: given an attempt row of a conversation as just written and its job, writes the audit event of the attempt''s state (claim, completion with p_summary_id, failure, lease_expiry) and frees its admission slot once it ended';
+
+-- After max_running was lowered, the claim that finds no unexpired attempt in a slot
+-- above it brings admission_high_water down to max_running, so the claims after it skip
+-- the look above (revision 0026). Not while a claim that read the higher max_running is
+-- taking one of those slots: each slot in the range is locked here, SKIP LOCKED, and only
+-- if every one was free and lockable does the high water go down; a slot being taken is
+-- locked by its taker until commit, and one taken since is not free on its newest
+-- version. A taker whose read of max_running was older than the lowering holds its
+-- lock until commit, so either this sees it or it was done before. The mark is what the
+-- trigger settings_high_water lets lower it, as SET LOCAL statements that Citus carries
+-- to the nodes.
+CREATE FUNCTION compaction.lower_high_water(p_max_running int, p_high_water int,
+                                            p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_free int;
+BEGIN
+    SELECT count(*) INTO v_free
+    FROM (SELECT 1
+          FROM compaction.admission AS ad
+          WHERE ad.slot > p_max_running AND ad.slot <= p_high_water
+            AND (ad.lease_expires_at IS NULL OR ad.lease_expires_at <= p_now)
+          FOR UPDATE SKIP LOCKED) AS f;
+    IF v_free < p_high_water - p_max_running THEN
+        RETURN;
+    END IF;
+    IF compaction.engine_distributed() THEN
+        EXECUTE 'SET LOCAL citus.propagate_set_commands = local';
+    END IF;
+    EXECUTE 'SET LOCAL compaction.lowering_high_water = on';
+    UPDATE compaction.settings AS s
+    SET admission_high_water = p_max_running
+    WHERE s.max_running = p_max_running AND s.admission_high_water = p_high_water;
+    EXECUTE 'SET LOCAL compaction.lowering_high_water = off';
+END
+$$;
+COMMENT ON FUNCTION compaction.lower_high_water(int, int, timestamptz) IS
+    'Internal: sets settings.admission_high_water to p_max_running when every admission slot in (p_max_running, p_high_water] is free and lockable (called by claim)';
 
 CREATE FUNCTION compaction.claim(
     p_conversation_id    text,
@@ -662,6 +740,7 @@ DECLARE
     v_failed      int;
     v_attempt     int;
     v_max_running int;
+    v_high_water  int;
     v_slot        int;
     v_overflow    boolean := false;
     v_room        boolean := true;
@@ -768,18 +847,23 @@ BEGIN
     -- different slots instead of queueing on one lock; a slot being taken by an
     -- uncommitted claim is as good as taken. Under REPEATABLE READ or SERIALIZABLE a
     -- slot another claim took after this snapshot raises a serialization failure.
-    SELECT s.max_running INTO v_max_running FROM compaction.settings AS s;
-    -- Slots above max_running are held only by attempts admitted before it was lowered.
-    -- While any is, the free slots below do not tell the count: claims serialise on the
-    -- live holders above (the no-op update also makes a claim whose snapshot missed
-    -- another's fail at REPEATABLE READ) and count every live holder. The highest held
-    -- slot is one step down admission_held_idx, so the usual case costs nothing.
-    IF (SELECT max(ad.slot) FROM compaction.admission AS ad
-        WHERE ad.holder_conversation_id IS NOT NULL) > v_max_running THEN
+    SELECT s.max_running, s.admission_high_water INTO v_max_running, v_high_water
+    FROM compaction.settings AS s;
+    -- Slots above max_running are held only by attempts admitted before it was lowered,
+    -- and none above admission_high_water, so the usual case (the two equal) costs
+    -- nothing. While any live holder is there, the free slots below do not tell the
+    -- count: claims serialise on the live holders above (the no-op update also makes a
+    -- claim whose snapshot missed another's fail at REPEATABLE READ) and count every
+    -- live holder.
+    IF v_high_water > v_max_running THEN
         UPDATE compaction.admission AS ad
         SET lease_expires_at = ad.lease_expires_at
-        WHERE ad.slot > v_max_running AND ad.lease_expires_at > v_now;
+        WHERE ad.slot > v_max_running AND ad.slot <= v_high_water
+          AND ad.lease_expires_at > v_now;
         v_overflow := FOUND;
+        IF NOT v_overflow THEN
+            PERFORM compaction.lower_high_water(v_max_running, v_high_water, v_now);
+        END IF;
     END IF;
     -- Counted only while the overflow lasts. As one condition with NOT v_overflow, the
     -- count was a parameterised subquery that PL/pgSQL planned again at every claim (its
@@ -787,7 +871,7 @@ BEGIN
     IF v_overflow THEN
         SELECT count(*) < v_max_running INTO v_room
         FROM compaction.admission AS ad
-        WHERE ad.lease_expires_at > v_now;
+        WHERE ad.slot <= v_high_water AND ad.lease_expires_at > v_now;
     END IF;
     IF v_room THEN
         SELECT ad.slot INTO v_slot
@@ -821,9 +905,9 @@ BEGIN
         -- The attempt belongs to this login from now on (the fence compares).
         INSERT INTO compaction.attempts
             (conversation_id, job_id, attempt, state, worker, started_at, lease_expires_at,
-             claimed_by)
+             claimed_by, slot)
         VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, v_now, v_lease,
-                session_user)
+                session_user, v_slot)
         ON CONFLICT DO NOTHING
         RETURNING * INTO v_attempt_row;
     END IF;
@@ -1141,7 +1225,7 @@ BEGIN
     -- The slot carries a copy of the lease: a renewed attempt keeps counting.
     UPDATE compaction.admission AS ad
     SET lease_expires_at = v_lease
-    WHERE ad.holder_conversation_id = v_attempt.conversation_id
+    WHERE ad.slot = v_attempt.slot AND ad.holder_conversation_id = v_attempt.conversation_id
       AND ad.holder_job_id = p_job_id AND ad.holder_attempt = p_attempt;
     RETURN QUERY SELECT true, v_lease;
 END

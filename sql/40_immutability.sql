@@ -81,13 +81,14 @@ BEGIN
             USING ERRCODE = 'CP011';
     END IF;
     -- The only changes: running -> completed | failed, and a running attempt's lease renewal.
-    -- Who claimed it never changes (revision 0018: the fence lets that login alone finish it).
+    -- Who claimed it never changes (revision 0018: the fence lets that login alone finish
+    -- it), nor the admission slot it took (revision 0026: the slot is freed by that key).
     IF OLD.state = 'running'
        AND (NEW.conversation_id, NEW.job_id, NEW.attempt, NEW.worker, NEW.started_at,
-            NEW.claimed_by)
+            NEW.claimed_by, NEW.slot)
            IS NOT DISTINCT FROM
            (OLD.conversation_id, OLD.job_id, OLD.attempt, OLD.worker, OLD.started_at,
-            OLD.claimed_by)
+            OLD.claimed_by, OLD.slot)
        AND (NEW.state IN ('completed', 'failed')
             OR (NEW.state = 'running'
                 AND (NEW.reason, NEW.finished_at, NEW.finish_reason, NEW.tool_call_count,
@@ -105,7 +106,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.attempts_guard() IS
-    'Trigger: attempts are append-only except running -> completed | failed and lease renewal (never the claiming login); DELETE only inside erase_conversation';
+    'Trigger: attempts are append-only except running -> completed | failed and lease renewal (never the claiming login nor the slot); DELETE only inside erase_conversation';
 
 CREATE FUNCTION compaction.audit_events_guard()
 RETURNS trigger

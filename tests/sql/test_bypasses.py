@@ -389,3 +389,72 @@ def test_lowering_max_running_keeps_the_running_and_counts_them(conn: Conn) -> N
     assert scalar(conn, "SELECT count(*) FROM compaction.admission") == 10000
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("UPDATE compaction.settings SET max_running = 1000000")
+
+
+HIGH_WATER = "SELECT admission_high_water FROM compaction.settings"
+
+
+def test_the_high_water_falls_only_once_the_slots_above_are_free(conn: Conn) -> None:
+    """Revision 0026: the slots above a lowered max_running are looked at until a claim
+    finds them free, and nobody but that claim lowers the mark by hand."""
+    assert scalar(conn, HIGH_WATER) == 8
+    conn.execute("UPDATE compaction.settings SET max_running = 3")
+    assert scalar(conn, HIGH_WATER) == 8
+    # the first claim finds slots 4..8 free and brings it down
+    claimed = [claim(conn, f"c{i}", target(conn, f"c{i}"), now=None) for i in range(3)]
+    assert scalar(conn, HIGH_WATER) == 3
+    conn.execute("UPDATE compaction.settings SET max_running = 1")
+    # by hand it stays: a typo would admit past the running attempts above the limit
+    conn.execute("UPDATE compaction.settings SET admission_high_water = 0")
+    assert scalar(conn, HIGH_WATER) == 3
+    t = target(conn, "c9")
+    assert claim(conn, "c9", t, now=None).reason == "admission_full"
+    assert scalar(conn, HIGH_WATER) == 3
+    for c, conversation_id in zip(claimed, ["c0", "c1", "c2"], strict=True):
+        assert c.job_id is not None
+        assert db.fail(conn, c.job_id, 1, "timeout", conversation_id=conversation_id).ok
+    # the first claim to find the slots above free lowers it, then takes a slot below
+    assert claim(conn, "c9", t, now=None).claimed
+    assert scalar(conn, HIGH_WATER) == 1
+    assert scalar(conn, "SELECT slot FROM compaction.attempts"
+                        " WHERE conversation_id = 'c9'") == 1
+    conn.execute("UPDATE compaction.settings SET max_running = 5")
+    assert scalar(conn, HIGH_WATER) == 5
+
+
+def test_a_slot_being_taken_above_keeps_the_high_water(conn: Conn, dsn: str) -> None:
+    """A claim that read the higher max_running and is taking a slot above the new one
+    holds that slot's lock until it commits: the claim that would lower the mark sees the
+    lock and leaves the mark where it is, so the claims after it keep counting that slot."""
+    conn.execute("UPDATE compaction.settings SET max_running = 1")
+    assert scalar(conn, HIGH_WATER) == 8
+    taker = connect_as(dsn)
+    try:
+        taker.execute("BEGIN")
+        taker.execute("SELECT * FROM compaction.admission WHERE slot = 3 FOR UPDATE")
+        assert claim(conn, "c1", target(conn, "c1"), now=None).claimed
+        assert scalar(conn, HIGH_WATER) == 8
+    finally:
+        taker.execute("ROLLBACK")
+        taker.close()
+    # released without taking it: the next claim lowers the mark (and is refused: c1 runs)
+    assert claim(conn, "c2", target(conn, "c2"), now=None).reason == "admission_full"
+    assert scalar(conn, HIGH_WATER) == 1
+
+
+def test_taking_renewing_and_freeing_a_slot_write_no_index_entry(conn: Conn) -> None:
+    """Revision 0026: the admission slots' only index is on slot, which no update changes,
+    so a claim's, a heartbeat's and a completion's slot updates are all HOT."""
+    relid = scalar(conn, "SELECT 'compaction.admission'::regclass::oid")
+    t = target(conn, "c1")
+    conn.execute("BEGIN")
+    c = claim(conn, "c1", t, now=None)
+    assert c.claimed
+    assert c.job_id is not None
+    assert db.heartbeat(conn, c.job_id, 1, conversation_id="c1").ok
+    assert db.complete(conn, c.job_id, 1, GOOD, "stop", 0, conversation_id="c1").ok
+    counts = conn.execute(
+        "SELECT pg_catalog.pg_stat_get_xact_tuples_updated(%s),"
+        " pg_catalog.pg_stat_get_xact_tuples_hot_updated(%s)", (relid, relid)).fetchone()
+    conn.execute("COMMIT")
+    assert counts == (3, 3)
