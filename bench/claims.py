@@ -8,13 +8,14 @@ INSERT a result row (one statement, one commit). Same connections, same number o
 statements and commits, so the ratio is the server-side cost of the checks, the locks
 and the audit trail.
 
-A third cycle measures the floor the contract sets: the rows a claim and a completion
-must write (a job with its 20 ids, an attempt and its transition, an admission slot taken
-and given back, a summary, its verdict, two audit events), read against the range's
-current ids and hash, each call one plain statement of writable CTEs into copies of the
-engine's tables (their keys, indexes and CHECKs; no foreign keys, triggers, refusal paths,
-fencing or timeouts). No implementation of the contract writes less, so its ratio to the
-baseline bounds what any claim cycle can reach here.
+A third cycle measures the floor the design sets: the rows a claim and a completion
+must write (a job with its 20 ids, an attempt and its transition, which record the two
+audit events since revision 0027, an admission slot taken and given back by number since
+0026, a summary, its verdict), read against the range's current ids and hash, each call
+one plain statement of writable CTEs into copies of the engine's tables (their keys,
+indexes and CHECKs; no foreign keys, triggers, refusal paths, fencing or timeouts). No
+implementation of this design writes less, so its ratio to the baseline bounds what the
+claim cycle can reach here.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ CREATE TABLE bench.plain_results (
 );
 """
 # The contract's rows (see the module docstring), in copies of the engine's tables.
-_FLOOR_TABLES = ("jobs", "attempts", "admission", "job_summaries", "summary_verdicts",
-                 "audit_events")
+# Since revision 0027 the attempt row records its events (its claim_* columns take their
+# defaults, the completion stamps finish_*): no event row.
+_FLOOR_TABLES = ("jobs", "attempts", "admission", "job_summaries", "summary_verdicts")
 _FLOOR_DDL = "".join(
     f"CREATE TABLE bench.floor_{t} (LIKE compaction.{t} INCLUDING ALL);\n"
     for t in _FLOOR_TABLES
@@ -96,14 +98,7 @@ taken AS (
     SET holder_conversation_id = a.conversation_id, holder_job_id = a.job_id,
         holder_attempt = a.attempt, lease_expires_at = a.lease_expires_at
     FROM attempt AS a
-    WHERE ad.slot = a.slot),
-event AS (
-    INSERT INTO bench.floor_audit_events (conversation_id, kind, occurred_at, scope,
-                                          from_pair, to_pair, job_id, attempt, worker,
-                                          model, prompt_version, source_hash)
-    SELECT a.conversation_id, 'claim', a.started_at, job.scope, job.from_pair, job.to_pair,
-           a.job_id, a.attempt, a.worker, job.model, job.prompt_version, job.source_hash
-    FROM attempt AS a, job)
+    WHERE ad.slot = a.slot)
 -- The conversation's lock is taken for its cost; the engine takes it before the reads.
 SELECT job.job_id, pg_advisory_xact_lock(1129316352, hashtext(%(c)s)) FROM job
 """
@@ -112,7 +107,9 @@ WITH reply AS (SELECT %(s)s::text AS summary),
 attempt AS (
     UPDATE bench.floor_attempts AS a
     SET state = 'completed', reason = 'completed', finished_at = now(),
-        summary_chars = length(reply.summary)
+        summary_chars = length(reply.summary),
+        finish_event_id = nextval('compaction.audit_events_event_id_seq'),
+        finish_recorded_at = clock_timestamp(), finish_xact_id = pg_current_xact_id()
     FROM reply
     WHERE a.conversation_id = %(c)s AND a.job_id = %(j)s AND a.attempt = 1
       AND a.state = 'running' AND a.lease_expires_at > now()
@@ -127,12 +124,6 @@ verdict AS (
     INSERT INTO bench.floor_summary_verdicts (conversation_id, summary_id, scope,
                                               from_pair, reason)
     SELECT s.conversation_id, s.summary_id, 'default', %(f)s, NULL FROM summary AS s),
-event AS (
-    INSERT INTO bench.floor_audit_events (conversation_id, kind, occurred_at, job_id,
-                                          attempt, worker, summary_id, summary_chars)
-    SELECT a.conversation_id, 'completion', a.finished_at, a.job_id, a.attempt, a.worker,
-           s.summary_id, a.summary_chars
-    FROM attempt AS a, summary AS s),
 freed AS (
     UPDATE bench.floor_admission AS ad
     SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,

@@ -32,9 +32,10 @@
 --
 -- Citus (DESIGN §11, revision 0013): conversation_id leads every primary key, unique index
 -- and foreign key between per-conversation tables (jobs, attempts, job_summaries, queue,
--- audit_events); their ids come from plain sequences, which Citus gives each node a range
--- of, and nothing orders by them; no trigger on them touches another row: the events and
--- the admission slots are written by the functions below.
+-- event_log); their ids come from plain sequences, which Citus gives each node a range
+-- of, and nothing orders by them; no trigger on them touches another row: the admission
+-- slots and the log's rows are written by the functions below, and an attempt's guard
+-- stamps only its own row.
 
 -- ---------------------------------------------------------------------------------------
 -- Tables
@@ -214,6 +215,56 @@ ALTER SEQUENCE compaction.jobs_job_id_seq OWNED BY compaction.jobs.job_id;
 -- (job_id, attempt)); this finds the job's conversation, then everything is keyed by it.
 CREATE INDEX jobs_job_id_idx ON compaction.jobs (job_id);
 
+-- The event log (DESIGN §10) is the view compaction.audit_events (sql/50_audit.sql). Since
+-- revision 0027 an attempt's own row records its two events, the claim and the end
+-- (claim_* and finish_* columns below: the event id, the clock when it was written, the
+-- writing transaction), so a claim -> complete cycle writes no event row; this table,
+-- audit_events until then (its constraints, index, sequence and guards keep that name),
+-- holds the rest: imports, erasures, the events of the attempts an erasure removes, and
+-- every event written before 0027.
+CREATE SEQUENCE compaction.audit_events_event_id_seq AS bigint;
+CREATE TABLE compaction.event_log (
+    conversation_id  text NOT NULL,
+    event_id         bigint NOT NULL DEFAULT pg_catalog.nextval('compaction.audit_events_event_id_seq'),
+    kind             text NOT NULL,
+    occurred_at      timestamptz NOT NULL,
+    -- The log's order (revision 0013): the clock when the event was written, which the
+    -- engine does only while it holds the conversation, so one conversation's events
+    -- follow each other exactly; event_id breaks ties and is unique, not an order.
+    recorded_at      timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    -- Identifies the writing transaction (until revision 0013 the erasure guard matched
+    -- the tombstone's against its own; kept for the record).
+    xact_id          xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
+    scope            text,
+    from_pair        int,
+    to_pair          int,
+    job_id           bigint,
+    attempt          int,
+    reason           text,
+    worker           text,
+    model            text,
+    prompt_version   text,
+    source_hash      text,
+    summary_id       bigint,
+    summary_chars    int,
+    erased_jobs      int,
+    erased_attempts  int,
+    erased_summaries int,
+    CONSTRAINT audit_events_pkey PRIMARY KEY (conversation_id, event_id),
+    CONSTRAINT audit_events_kind_valid CHECK (
+        kind IN ('claim', 'completion', 'failure', 'lease_expiry', 'import', 'erasure'))
+);
+COMMENT ON TABLE compaction.event_log IS
+    'Internal: the events no attempt row records (import, erasure; the events of erased attempts; every event written before revision 0027), append-only; read them through compaction.audit_events';
+ALTER SEQUENCE compaction.audit_events_event_id_seq OWNED BY compaction.event_log.event_id;
+-- Revision 0007, NOT VALID for the same reason as the attempts' checks: the log is
+-- append-only, earlier entries keep what they recorded.
+ALTER TABLE compaction.event_log
+    ADD CONSTRAINT audit_events_reason_is_code CHECK (reason ~ '^[a-z][a-z0-9_]{0,63}$') NOT VALID,
+    ADD CONSTRAINT audit_events_times_finite CHECK (pg_catalog.isfinite(occurred_at)) NOT VALID;
+-- The DBA reads the log newest first across conversations.
+CREATE INDEX audit_events_recorded_at_idx ON compaction.event_log (recorded_at, event_id);
+
 -- Every rule of an attempt row (the CHECK attempts_rules, revision 0021). A broken rule
 -- is reported as the check_violation of its own name, as when each was a CHECK of its
 -- own: attempts_at_most_two (bounded retries: the first attempt and one retry, never a
@@ -301,6 +352,17 @@ CREATE TABLE compaction.attempts (
     -- (unless a later claim took the slot over after this lease ran out). NULL on attempts
     -- that ended before 0026.
     slot             int,
+    -- The attempt's events (revision 0027; NULL on attempts claimed before it, whose claim
+    -- event is in compaction.event_log): the claim's, written with the row, and the
+    -- end's, stamped by attempts_guard when the attempt leaves running. Each is an id
+    -- from the log's sequence, the clock when it was written (the log's order) and the
+    -- writing transaction, as an event_log row has them.
+    claim_event_id     bigint DEFAULT pg_catalog.nextval('compaction.audit_events_event_id_seq'),
+    claim_recorded_at  timestamptz DEFAULT pg_catalog.clock_timestamp(),
+    claim_xact_id      xid8 DEFAULT pg_catalog.pg_current_xact_id(),
+    finish_event_id    bigint,
+    finish_recorded_at timestamptz,
+    finish_xact_id     xid8,
     CONSTRAINT attempts_pkey PRIMARY KEY (conversation_id, job_id, attempt),
     CONSTRAINT attempts_job_fkey FOREIGN KEY (conversation_id, job_id)
         REFERENCES compaction.jobs (conversation_id, job_id)
@@ -371,49 +433,6 @@ CREATE TABLE compaction.job_summaries (
 COMMENT ON TABLE compaction.job_summaries IS
     'Completed summaries, one per identity, immutable; attempt is NULL for imports (read them through compaction.summaries)';
 ALTER SEQUENCE compaction.job_summaries_summary_id_seq OWNED BY compaction.job_summaries.summary_id;
-
-CREATE SEQUENCE compaction.audit_events_event_id_seq AS bigint;
-CREATE TABLE compaction.audit_events (
-    conversation_id  text NOT NULL,
-    event_id         bigint NOT NULL DEFAULT pg_catalog.nextval('compaction.audit_events_event_id_seq'),
-    kind             text NOT NULL,
-    occurred_at      timestamptz NOT NULL,
-    -- The log's order (revision 0013): the clock when the event was written, which the
-    -- engine does only while it holds the conversation, so one conversation's events
-    -- follow each other exactly; event_id breaks ties and is unique, not an order.
-    recorded_at      timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
-    -- Identifies the writing transaction (until revision 0013 the erasure guard matched
-    -- the tombstone's against its own; kept for the record).
-    xact_id          xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
-    scope            text,
-    from_pair        int,
-    to_pair          int,
-    job_id           bigint,
-    attempt          int,
-    reason           text,
-    worker           text,
-    model            text,
-    prompt_version   text,
-    source_hash      text,
-    summary_id       bigint,
-    summary_chars    int,
-    erased_jobs      int,
-    erased_attempts  int,
-    erased_summaries int,
-    CONSTRAINT audit_events_pkey PRIMARY KEY (conversation_id, event_id),
-    CONSTRAINT audit_events_kind_valid CHECK (
-        kind IN ('claim', 'completion', 'failure', 'lease_expiry', 'import', 'erasure'))
-);
-COMMENT ON TABLE compaction.audit_events IS
-    'Append-only event log, one row per state change (claim, completion, failure, lease_expiry, import, erasure), in (recorded_at, event_id) order; metadata only, never text';
-ALTER SEQUENCE compaction.audit_events_event_id_seq OWNED BY compaction.audit_events.event_id;
--- Revision 0007, NOT VALID for the same reason as the attempts' checks: the log is
--- append-only, earlier entries keep what they recorded.
-ALTER TABLE compaction.audit_events
-    ADD CONSTRAINT audit_events_reason_is_code CHECK (reason ~ '^[a-z][a-z0-9_]{0,63}$') NOT VALID,
-    ADD CONSTRAINT audit_events_times_finite CHECK (pg_catalog.isfinite(occurred_at)) NOT VALID;
--- The DBA reads the log newest first across conversations.
-CREATE INDEX audit_events_recorded_at_idx ON compaction.audit_events (recorded_at, event_id);
 
 -- ---------------------------------------------------------------------------------------
 -- Claims and completion
@@ -603,18 +622,14 @@ $$;
 COMMENT ON FUNCTION compaction.checked_reason(text) IS
     'Internal: p_reason if it is a code (^[a-z][a-z0-9_]{0,63}$), else CP024; the value is never echoed in the error';
 
--- What follows each change of an attempt's state (DESIGN §11: written by the engine's
--- functions, not by triggers on its tables, so that every statement addresses one
--- conversation's rows or a global table): its audit event, by the state it is in now,
--- and for an attempt that ended, its admission slot back (unless another claim took the
--- slot over after the lease ran out). Called right after the write, under the
--- conversation's lock, with the rows the caller holds (revision 0017): the attempt as
--- that write returned it, its job (a jobs row never changes) and, for a completion, the
--- summary it wrote. Nothing is read again.
-CREATE FUNCTION compaction.record_attempt_change(p_conversation_id text,
-                                                 p_attempt compaction.attempts,
-                                                 p_job compaction.jobs,
-                                                 p_summary_id bigint DEFAULT NULL)
+-- What follows an attempt's end (DESIGN §11: written by the engine's functions, not by
+-- triggers on its tables, so that every statement addresses one conversation's rows or a
+-- global table): its admission slot back, by number (revision 0026), unless another claim
+-- took the slot over after the lease ran out. Called right after the write that ended
+-- it, under the conversation's lock, with the attempt row that write returned. Until
+-- revision 0027 this was record_attempt_change, which also wrote the attempt's event: the
+-- attempt row records its own now (attempts_guard stamps the end).
+CREATE FUNCTION compaction.release_slot(p_conversation_id text, p_attempt compaction.attempts)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -622,29 +637,6 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    -- An engine bug, never a caller's: the event would name another job's identity.
-    IF p_attempt.conversation_id IS DISTINCT FROM p_conversation_id
-       OR p_job.conversation_id IS DISTINCT FROM p_conversation_id
-       OR p_attempt.job_id IS DISTINCT FROM p_job.job_id THEN
-        RAISE EXCEPTION 'record_attempt_change: attempt % of job % is not of job % of conversation %',
-                p_attempt.attempt, p_attempt.job_id, p_job.job_id, p_conversation_id
-            USING ERRCODE = 'XX000';
-    END IF;
-    INSERT INTO compaction.audit_events
-        (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id, attempt,
-         reason, worker, model, prompt_version, source_hash, summary_id, summary_chars)
-    VALUES (p_conversation_id,
-            CASE
-                WHEN p_attempt.state = 'running' THEN 'claim'
-                WHEN p_attempt.state = 'completed' THEN 'completion'
-                WHEN p_attempt.reason = 'lease_expired' THEN 'lease_expiry'
-                ELSE 'failure'
-            END,
-            CASE WHEN p_attempt.state = 'running' THEN p_attempt.started_at
-                 ELSE p_attempt.finished_at END,
-            p_job.scope, p_job.from_pair, p_job.to_pair, p_attempt.job_id, p_attempt.attempt,
-            p_attempt.reason, p_attempt.worker, p_job.model, p_job.prompt_version,
-            p_job.source_hash, p_summary_id, p_attempt.summary_chars);
     IF p_attempt.state IS DISTINCT FROM 'running' AND p_attempt.slot IS NOT NULL THEN
         UPDATE compaction.admission AS ad
         SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
@@ -654,8 +646,8 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION compaction.record_attempt_change(text, compaction.attempts, compaction.jobs, bigint) IS
-    'Internal: given an attempt row of a conversation as just written and its job, writes the audit event of the attempt''s state (claim, completion with p_summary_id, failure, lease_expiry) and frees its admission slot once it ended';
+COMMENT ON FUNCTION compaction.release_slot(text, compaction.attempts) IS
+    'Internal: given an attempt row of a conversation as just written, frees the admission slot it holds once it ended (unless another claim took the slot over)';
 
 -- After max_running was lowered, the claim that finds no unexpired attempt in a slot
 -- above it brings admission_high_water down to max_running, so the claims after it skip
@@ -816,7 +808,7 @@ BEGIN
               AND a.state = 'running' AND a.lease_expires_at <= v_now
             RETURNING a.*
         LOOP
-            PERFORM compaction.record_attempt_change(p_conversation_id, v_expired, v_job);
+            PERFORM compaction.release_slot(p_conversation_id, v_expired);
         END LOOP;
 
         IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
@@ -919,7 +911,6 @@ BEGIN
     SET holder_conversation_id = p_conversation_id, holder_job_id = v_job_id,
         holder_attempt = v_attempt, lease_expires_at = v_lease
     WHERE ad.slot = v_slot;
-    PERFORM compaction.record_attempt_change(p_conversation_id, v_attempt_row, v_job);
     RETURN QUERY SELECT true, 'claimed'::text, v_job_id, v_attempt, v_lease;
 END
 $$;
@@ -990,7 +981,7 @@ BEGIN
         WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
           AND a.attempt = p_attempt
         RETURNING a.* INTO attempt_row;
-        PERFORM compaction.record_attempt_change(job_row.conversation_id, attempt_row, job_row);
+        PERFORM compaction.release_slot(job_row.conversation_id, attempt_row);
     END IF;
 END
 $$;
@@ -1121,7 +1112,7 @@ BEGIN
         WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
           AND a.attempt = p_attempt
         RETURNING a.* INTO v_attempt;
-        PERFORM compaction.record_attempt_change(v_attempt.conversation_id, v_attempt, v_job);
+        PERFORM compaction.release_slot(v_attempt.conversation_id, v_attempt);
         RETURN QUERY SELECT false, v_problem, NULL::bigint;
         RETURN;
     END IF;
@@ -1139,8 +1130,7 @@ BEGIN
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     RETURNING a.* INTO v_attempt;
-    PERFORM compaction.record_attempt_change(v_attempt.conversation_id, v_attempt, v_job,
-                                             v_summary_id);
+    PERFORM compaction.release_slot(v_attempt.conversation_id, v_attempt);
     RETURN QUERY SELECT true, 'completed'::text, v_summary_id;
 END
 $$;
@@ -1184,8 +1174,7 @@ BEGIN
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     RETURNING a.* INTO v_attempt;
-    PERFORM compaction.record_attempt_change(v_attempt.conversation_id, v_attempt,
-                                             v_fenced.job_row);
+    PERFORM compaction.release_slot(v_attempt.conversation_id, v_attempt);
     RETURN QUERY SELECT true, 'failed'::text;
 END
 $$;

@@ -19,7 +19,6 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_expired compaction.attempts;
-    v_job     compaction.jobs;
     v_jobs    bigint[] := '{}';
     v_scope   text;
 BEGIN
@@ -38,10 +37,7 @@ BEGIN
           AND a.state = 'running' AND a.lease_expires_at <= p_now
         RETURNING a.*
     LOOP
-        SELECT j.* INTO v_job
-        FROM compaction.jobs AS j
-        WHERE j.conversation_id = p_conversation_id AND j.job_id = v_expired.job_id;
-        PERFORM compaction.record_attempt_change(p_conversation_id, v_expired, v_job);
+        PERFORM compaction.release_slot(p_conversation_id, v_expired);
         v_jobs := v_jobs || v_expired.job_id;
     END LOOP;
     IF pg_catalog.cardinality(v_jobs) > 0 THEN

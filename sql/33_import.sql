@@ -87,8 +87,9 @@ BEGIN
             USING ERRCODE = 'CP006';
     END;
     PERFORM compaction.rederive_summary_verdicts(p_conversation_id, '{}', v_summary_id);
-    -- Written here, not by a trigger on job_summaries (DESIGN §11).
-    INSERT INTO compaction.audit_events
+    -- Written here, not by a trigger on job_summaries (DESIGN §11); no attempt row records
+    -- an import, so the log does.
+    INSERT INTO compaction.event_log
         (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id,
          model, prompt_version, source_hash, summary_id, summary_chars)
     VALUES (p_conversation_id, 'import', p_completed_at, p_scope, p_from_pair,

@@ -3,17 +3,18 @@
 -- Completed summaries, identities and the event log never change, for any role: the
 -- guards below are BEFORE triggers enabled ALWAYS, so they fire for the owner, for a
 -- superuser and under session_replication_role = replica. TRUNCATE is refused by
--- statement triggers (and the privilege is revoked in 90_roles.sql).
+-- statement triggers (and the privilege is revoked in 90_roles.sql). The log's view,
+-- compaction.audit_events, refuses UPDATE and DELETE with the log's own guard.
 --
 -- The one sanctioned removal is compaction.erase_conversation. It writes its erasure
--- tombstone to compaction.audit_events, then marks its transaction as erasing that one
--- conversation (the transaction-local setting compaction.erasing) for as long as its
--- deletes run; the delete guards let a row go only while that mark names the row's
--- conversation (compaction.erasing). Revision 0013: the guards read their own row and
--- that setting, never another table (DESIGN §11), so they work where Citus runs them, on
--- the node holding the shard; Citus carries the SET LOCAL there. An accidental DELETE
--- carries no mark and is refused; setting one by hand is as deliberate as disabling a
--- trigger, which the owner can do anyway (docs/security.md).
+-- tombstone to compaction.event_log, with the events of the attempts it removes, then
+-- marks its transaction as erasing that one conversation (the transaction-local setting
+-- compaction.erasing) for as long as its deletes run; the delete guards let a row go only
+-- while that mark names the row's conversation (compaction.erasing). Revision 0013: the
+-- guards read their own row and that setting, never another table (DESIGN §11), so they
+-- work where Citus runs them, on the node holding the shard; Citus carries the SET LOCAL
+-- there. An accidental DELETE carries no mark and is refused; setting one by hand is as
+-- deliberate as disabling a trigger, which the owner can do anyway (docs/security.md).
 
 CREATE FUNCTION compaction.erasing(p_conversation_id text)
 RETURNS boolean
@@ -82,23 +83,38 @@ BEGIN
     END IF;
     -- The only changes: running -> completed | failed, and a running attempt's lease renewal.
     -- Who claimed it never changes (revision 0018: the fence lets that login alone finish
-    -- it), nor the admission slot it took (revision 0026: the slot is freed by that key).
+    -- it), nor the admission slot it took (revision 0026: the slot is freed by that key),
+    -- nor its claim event (revision 0027).
     IF OLD.state = 'running'
        AND (NEW.conversation_id, NEW.job_id, NEW.attempt, NEW.worker, NEW.started_at,
-            NEW.claimed_by, NEW.slot)
+            NEW.claimed_by, NEW.slot, NEW.claim_event_id, NEW.claim_recorded_at,
+            NEW.claim_xact_id)
            IS NOT DISTINCT FROM
            (OLD.conversation_id, OLD.job_id, OLD.attempt, OLD.worker, OLD.started_at,
-            OLD.claimed_by, OLD.slot)
-       AND (NEW.state IN ('completed', 'failed')
-            OR (NEW.state = 'running'
-                AND (NEW.reason, NEW.finished_at, NEW.finish_reason, NEW.tool_call_count,
-                     NEW.response_id, NEW.summary_chars, NEW.input_tokens, NEW.output_tokens,
-                     NEW.figures_total, NEW.figures_kept)
-                    IS NOT DISTINCT FROM
-                    (OLD.reason, OLD.finished_at, OLD.finish_reason, OLD.tool_call_count,
-                     OLD.response_id, OLD.summary_chars, OLD.input_tokens, OLD.output_tokens,
-                     OLD.figures_total, OLD.figures_kept))) THEN
-        RETURN NEW;
+            OLD.claimed_by, OLD.slot, OLD.claim_event_id, OLD.claim_recorded_at,
+            OLD.claim_xact_id) THEN
+        IF NEW.state IN ('completed', 'failed') THEN
+            -- The end's event (revision 0027), stamped here so that every way an attempt
+            -- ends records it, as an event_log row was written: an id of the log's
+            -- sequence, the clock now and this transaction. The guard reads and writes
+            -- its own row only (DESIGN §11).
+            NEW.finish_event_id := pg_catalog.nextval('compaction.audit_events_event_id_seq');
+            NEW.finish_recorded_at := pg_catalog.clock_timestamp();
+            NEW.finish_xact_id := pg_catalog.pg_current_xact_id();
+            RETURN NEW;
+        END IF;
+        IF NEW.state = 'running'
+           AND (NEW.reason, NEW.finished_at, NEW.finish_reason, NEW.tool_call_count,
+                NEW.response_id, NEW.summary_chars, NEW.input_tokens, NEW.output_tokens,
+                NEW.figures_total, NEW.figures_kept, NEW.finish_event_id,
+                NEW.finish_recorded_at, NEW.finish_xact_id)
+               IS NOT DISTINCT FROM
+               (OLD.reason, OLD.finished_at, OLD.finish_reason, OLD.tool_call_count,
+                OLD.response_id, OLD.summary_chars, OLD.input_tokens, OLD.output_tokens,
+                OLD.figures_total, OLD.figures_kept, OLD.finish_event_id,
+                OLD.finish_recorded_at, OLD.finish_xact_id) THEN
+            RETURN NEW;
+        END IF;
     END IF;
     RAISE EXCEPTION 'compaction.attempts: only running -> completed | failed may change (job % attempt % is %)',
             OLD.job_id, OLD.attempt, OLD.state
@@ -106,7 +122,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.attempts_guard() IS
-    'Trigger: attempts are append-only except running -> completed | failed and lease renewal (never the claiming login nor the slot); DELETE only inside erase_conversation';
+    'Trigger: attempts are append-only except running -> completed | failed (stamping the end''s event) and lease renewal (never the claiming login, the slot nor the claim event); DELETE only inside erase_conversation';
 
 CREATE FUNCTION compaction.audit_events_guard()
 RETURNS trigger
@@ -146,12 +162,12 @@ CREATE TRIGGER attempts_guard
     BEFORE UPDATE OR DELETE ON compaction.attempts
     FOR EACH ROW EXECUTE FUNCTION compaction.attempts_guard();
 CREATE TRIGGER audit_events_guard
-    BEFORE UPDATE OR DELETE ON compaction.audit_events
+    BEFORE UPDATE OR DELETE ON compaction.event_log
     FOR EACH ROW EXECUTE FUNCTION compaction.audit_events_guard();
 ALTER TABLE compaction.jobs ENABLE ALWAYS TRIGGER jobs_guard;
 ALTER TABLE compaction.job_summaries ENABLE ALWAYS TRIGGER job_summaries_guard;
 ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_guard;
-ALTER TABLE compaction.audit_events ENABLE ALWAYS TRIGGER audit_events_guard;
+ALTER TABLE compaction.event_log ENABLE ALWAYS TRIGGER audit_events_guard;
 
 -- Prompt versions (revision 0007): rows are added by migrations; a version is never
 -- deleted, its input kind and projectability never change (a mixed-input summary must
@@ -193,7 +209,7 @@ CREATE TRIGGER job_summaries_truncate_guard
     BEFORE TRUNCATE ON compaction.job_summaries
     FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
 CREATE TRIGGER audit_events_truncate_guard
-    BEFORE TRUNCATE ON compaction.audit_events
+    BEFORE TRUNCATE ON compaction.event_log
     FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
 CREATE TRIGGER admission_truncate_guard
     BEFORE TRUNCATE ON compaction.admission
@@ -210,7 +226,7 @@ CREATE TRIGGER prompt_versions_truncate_guard
 ALTER TABLE compaction.jobs ENABLE ALWAYS TRIGGER jobs_truncate_guard;
 ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_truncate_guard;
 ALTER TABLE compaction.job_summaries ENABLE ALWAYS TRIGGER job_summaries_truncate_guard;
-ALTER TABLE compaction.audit_events ENABLE ALWAYS TRIGGER audit_events_truncate_guard;
+ALTER TABLE compaction.event_log ENABLE ALWAYS TRIGGER audit_events_truncate_guard;
 ALTER TABLE compaction.admission ENABLE ALWAYS TRIGGER admission_truncate_guard;
 ALTER TABLE compaction.queue ENABLE ALWAYS TRIGGER queue_truncate_guard;
 ALTER TABLE compaction.settings ENABLE ALWAYS TRIGGER settings_truncate_guard;
@@ -274,9 +290,21 @@ BEGIN
 
     -- The tombstone comes first. It holds ids, counts, the reason and the time, never
     -- text of the erased rows.
-    INSERT INTO compaction.audit_events
+    INSERT INTO compaction.event_log
         (conversation_id, kind, occurred_at, reason, erased_jobs, erased_attempts, erased_summaries)
     VALUES (p_conversation_id, 'erasure', pg_catalog.now(), p_reason, v_jobs, v_attempts, v_summaries);
+    -- The events the erased attempts record (revision 0027) stay in the log, as they are
+    -- (ids, times, transactions): metadata, which an erasure never took from the auditor.
+    INSERT INTO compaction.event_log
+        (conversation_id, event_id, kind, occurred_at, recorded_at, xact_id, scope, from_pair,
+         to_pair, job_id, attempt, reason, worker, model, prompt_version, source_hash,
+         summary_id, summary_chars, erased_jobs, erased_attempts, erased_summaries)
+    SELECT e.conversation_id, e.event_id, e.kind, e.occurred_at, e.recorded_at, e.xact_id,
+           e.scope, e.from_pair, e.to_pair, e.job_id, e.attempt, e.reason, e.worker, e.model,
+           e.prompt_version, e.source_hash, e.summary_id, e.summary_chars, e.erased_jobs,
+           e.erased_attempts, e.erased_summaries
+    FROM compaction.attempt_events AS e
+    WHERE e.conversation_id = p_conversation_id;
 
     -- The mark the delete guards look for, as SET LOCAL statements: Citus carries those
     -- (and only those) to the nodes that run the deletes, once told to.

@@ -1,7 +1,6 @@
 -- pycompactor stored logic, section 5: audit views.
 --
--- compaction_auditor reads these and compaction.audit_events (the event log table) and
--- nothing else: metadata only (ids, ranges, hashes, models, versions, states, reasons,
+-- compaction_auditor reads these and nothing else: metadata only (ids, ranges, hashes, models, versions, states, reasons,
 -- times, lengths), never message or summary text. Recipes: docs/audit.md.
 --
 -- Each audit view over engine tables is a facade over a body view of the same name with
@@ -202,6 +201,85 @@ CREATE VIEW compaction.audit_queue_rows AS
 COMMENT ON VIEW compaction.audit_queue_rows IS
     'Internal: the body of compaction.audit_queue (granted to nobody)';
 
+-- The event log (DESIGN §10), revision 0027: the events the attempt rows record (each
+-- attempt's claim, and its end as the completion, failure or lease expiry it was), and
+-- compaction.event_log, which holds the rest (imports, erasures, the events of erased
+-- attempts, everything written before 0027). An attempt's event columns are set once
+-- (the claim's with the row, the end's by attempts_guard) and never change after, nor do
+-- its job's, nor the summary a completion wrote: a row of this view never changes, and
+-- erase_conversation moves its attempts' rows into event_log before it deletes them.
+-- The columns are event_log's; an attempt's event shows what the row written at that
+-- moment held (no reason nor size at the claim; the summary written, at a completion).
+CREATE VIEW compaction.attempt_events AS
+    SELECT a.conversation_id,
+           a.claim_event_id AS event_id,
+           'claim'::text AS kind,
+           a.started_at AS occurred_at,
+           a.claim_recorded_at AS recorded_at,
+           a.claim_xact_id AS xact_id,
+           j.scope,
+           j.from_pair,
+           j.to_pair,
+           a.job_id,
+           a.attempt,
+           NULL::text AS reason,
+           a.worker,
+           j.model,
+           j.prompt_version,
+           j.source_hash,
+           NULL::bigint AS summary_id,
+           NULL::int AS summary_chars,
+           NULL::int AS erased_jobs,
+           NULL::int AS erased_attempts,
+           NULL::int AS erased_summaries
+    FROM compaction.attempts AS a
+    JOIN compaction.jobs AS j
+      ON j.conversation_id = a.conversation_id AND j.job_id = a.job_id
+    WHERE a.claim_event_id IS NOT NULL
+    UNION ALL
+    SELECT a.conversation_id,
+           a.finish_event_id,
+           CASE WHEN a.state = 'completed' THEN 'completion'
+                WHEN a.reason = 'lease_expired' THEN 'lease_expiry'
+                ELSE 'failure' END,
+           a.finished_at,
+           a.finish_recorded_at,
+           a.finish_xact_id,
+           j.scope,
+           j.from_pair,
+           j.to_pair,
+           a.job_id,
+           a.attempt,
+           a.reason,
+           a.worker,
+           j.model,
+           j.prompt_version,
+           j.source_hash,
+           s.summary_id,
+           a.summary_chars,
+           NULL::int,
+           NULL::int,
+           NULL::int
+    FROM compaction.attempts AS a
+    JOIN compaction.jobs AS j
+      ON j.conversation_id = a.conversation_id AND j.job_id = a.job_id
+    LEFT JOIN compaction.job_summaries AS s
+      ON s.conversation_id = a.conversation_id AND s.job_id = a.job_id AND s.attempt = a.attempt
+    WHERE a.finish_event_id IS NOT NULL;
+COMMENT ON VIEW compaction.attempt_events IS
+    'Internal: the events the attempt rows record since revision 0027 (claim; completion, failure or lease_expiry), in event_log''s columns (granted to nobody)';
+
+CREATE VIEW compaction.audit_events_rows AS
+    SELECT l.conversation_id, l.event_id, l.kind, l.occurred_at, l.recorded_at, l.xact_id,
+           l.scope, l.from_pair, l.to_pair, l.job_id, l.attempt, l.reason, l.worker,
+           l.model, l.prompt_version, l.source_hash, l.summary_id, l.summary_chars,
+           l.erased_jobs, l.erased_attempts, l.erased_summaries
+    FROM compaction.event_log AS l
+    UNION ALL
+    SELECT * FROM compaction.attempt_events;
+COMMENT ON VIEW compaction.audit_events_rows IS
+    'Internal: the body of compaction.audit_events (granted to nobody)';
+
 -- The definer functions the facades read through on Citus: the body with the owner's
 -- rights, so its shard queries run as the owner (who may log in on the nodes), and a
 -- caller's filter applies on the coordinator, after the body (a filter pushed into the
@@ -265,6 +343,26 @@ $$;
 COMMENT ON FUNCTION compaction.read_audit_queue() IS
     'Internal: the rows of audit_queue with the owner''s rights (what the view reads on Citus)';
 
+CREATE FUNCTION compaction.read_audit_events()
+RETURNS TABLE (
+        conversation_id text, event_id bigint, kind text, occurred_at timestamptz,
+        recorded_at timestamptz, xact_id xid8, scope text, from_pair int, to_pair int,
+        job_id bigint, attempt int, reason text, worker text, model text,
+        prompt_version text, source_hash text, summary_id bigint, summary_chars int,
+        erased_jobs int, erased_attempts int, erased_summaries int)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM compaction.audit_events_rows;
+END
+$$;
+COMMENT ON FUNCTION compaction.read_audit_events() IS
+    'Internal: the rows of audit_events with the owner''s rights (what the view reads on Citus)';
+
 -- The facades, as one node has them (compaction.place_audit_views() chooses the form).
 CREATE VIEW compaction.audit_jobs AS SELECT * FROM compaction.audit_jobs_rows;
 COMMENT ON VIEW compaction.audit_jobs IS
@@ -277,3 +375,11 @@ COMMENT ON VIEW compaction.audit_exhausted IS
 CREATE VIEW compaction.audit_queue AS SELECT * FROM compaction.audit_queue_rows;
 COMMENT ON VIEW compaction.audit_queue IS
     'Audit: the work queue per scope: entries waiting (queued, of which expired_leases were leased by a worker that did not finish), entries under a live lease (leased), and the oldest waiting entry''s enqueue time and age';
+
+CREATE VIEW compaction.audit_events AS SELECT * FROM compaction.audit_events_rows;
+COMMENT ON VIEW compaction.audit_events IS
+    'Audit: the append-only event log, one row per state change (claim, completion, failure, lease_expiry, import, erasure), in (recorded_at, event_id) order; metadata only, never text';
+-- Its rows never change (DESIGN §10): the view is not updatable (a UNION), so an UPDATE or
+-- DELETE is refused in every session, session_replication_role = replica included (an
+-- INSTEAD OF trigger cannot be enabled ALWAYS, and under replica a disabled one would make
+-- such a statement a silent no-op); event_log's guard refuses them on the table (CP011).

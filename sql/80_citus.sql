@@ -29,7 +29,7 @@ AS $$
            ('compaction.jobs', 'distributed', 8, 'conversation'),
            ('compaction.attempts', 'distributed', 9, 'conversation'),
            ('compaction.job_summaries', 'distributed', 10, 'conversation'),
-           ('compaction.audit_events', 'distributed', 11, 'conversation'),
+           ('compaction.event_log', 'distributed', 11, 'conversation'),
            ('compaction.queue', 'distributed', 12, 'queue'),
            ('compaction.conversation_state', 'distributed', 13, 'conversation'),
            ('compaction.pairs', 'distributed', 14, 'conversation'),
@@ -79,6 +79,8 @@ BEGIN
             SELECT * FROM compaction.read_audit_exhausted();
         CREATE OR REPLACE VIEW compaction.audit_queue AS
             SELECT * FROM compaction.read_audit_queue();
+        CREATE OR REPLACE VIEW compaction.audit_events AS
+            SELECT * FROM compaction.read_audit_events();
     ELSE
         CREATE OR REPLACE VIEW compaction.audit_jobs AS
             SELECT * FROM compaction.audit_jobs_rows;
@@ -86,6 +88,8 @@ BEGIN
             SELECT * FROM compaction.audit_exhausted_rows;
         CREATE OR REPLACE VIEW compaction.audit_queue AS
             SELECT * FROM compaction.audit_queue_rows;
+        CREATE OR REPLACE VIEW compaction.audit_events AS
+            SELECT * FROM compaction.audit_events_rows;
     END IF;
 END
 $$;

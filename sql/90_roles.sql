@@ -91,12 +91,12 @@ GRANT EXECUTE ON FUNCTION compaction.source_hash(text, int), compaction.stale_su
 TO compaction_auditor;
 -- What the facades read on Citus (revision 0022): the rows their views show, no more.
 GRANT EXECUTE ON FUNCTION compaction.read_audit_jobs(), compaction.read_audit_exhausted(),
-                          compaction.read_audit_queue()
+                          compaction.read_audit_queue(), compaction.read_audit_events()
 TO compaction_auditor;
 
 -- TRUNCATE is refused by triggers as well; not even the owner holds the privilege.
 REVOKE TRUNCATE ON compaction.jobs, compaction.attempts, compaction.job_summaries,
-                   compaction.audit_events, compaction.admission, compaction.queue,
+                   compaction.event_log, compaction.admission, compaction.queue,
                    compaction.settings, compaction.prompt_versions
 FROM compaction_owner;
 

@@ -204,7 +204,7 @@ def test_audit_views_read_rows_from_before_the_time_checks(conn: Conn,
     """Attempts are append-only history: rows stored before 0007 with an infinite finish
     time stay (the checks are NOT VALID), and no audit view may fail on them."""
     conn.execute("ALTER TABLE compaction.attempts DROP CONSTRAINT attempts_rules")
-    conn.execute("ALTER TABLE compaction.audit_events DROP CONSTRAINT audit_events_times_finite")
+    conn.execute("ALTER TABLE compaction.event_log DROP CONSTRAINT audit_events_times_finite")
     conn.execute("UPDATE compaction.attempts SET state = 'failed', reason = 'lease_expired',"
                  " finished_at = 'infinity' WHERE job_id = %s", (running.job_id,))
     conn.execute("""
@@ -212,7 +212,7 @@ def test_audit_views_read_rows_from_before_the_time_checks(conn: Conn,
             compaction.attempt_rules_hold(attempt, state, reason, started_at, lease_expires_at,
                                           finished_at, input_tokens, output_tokens,
                                           figures_total, figures_kept)) NOT VALID""")
-    conn.execute("ALTER TABLE compaction.audit_events ADD CONSTRAINT audit_events_times_finite"
+    conn.execute("ALTER TABLE compaction.event_log ADD CONSTRAINT audit_events_times_finite"
                  " CHECK (pg_catalog.isfinite(occurred_at)) NOT VALID")
     audit_readable(running.auditor)
     row = running.auditor.execute("SELECT finished_at::text, duration FROM compaction.audit_jobs"

@@ -40,6 +40,7 @@ FAN_OUT = {
     "compaction.read_audit_jobs",
     "compaction.read_audit_exhausted",
     "compaction.read_audit_queue",
+    "compaction.read_audit_events",   # revision 0027
 }
 
 
@@ -313,7 +314,7 @@ def test_each_rule_catches_a_broken_copy(conn: Conn) -> None:
         ALTER TABLE compaction.queue ADD COLUMN bad_id int GENERATED ALWAYS AS IDENTITY;
         CREATE FUNCTION compaction.bad_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            INSERT INTO compaction.audit_events (conversation_id, kind, occurred_at)
+            INSERT INTO compaction.event_log (conversation_id, kind, occurred_at)
             VALUES (NEW.conversation_id, 'claim', now());
             RETURN NULL;
         END $$;

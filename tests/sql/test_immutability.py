@@ -14,8 +14,10 @@ from tests.sql.engine import GOOD, T0, claim, target
 
 Conn = psycopg.Connection[Any]
 
-ENGINE_TABLES = ["jobs", "attempts", "job_summaries", "audit_events", "admission", "queue",
+ENGINE_TABLES = ["jobs", "attempts", "job_summaries", "event_log", "admission", "queue",
                  "settings", "prompt_versions"]
+# Revision 0027: the event log is a view over the attempts and event_log.
+LOG_VIEW = "audit_events"
 # The derived state (a cache of the source) is guarded against TRUNCATE as well.
 DERIVED_TABLES = ["conversation_state", "pairs", "ranges", "summary_verdicts", "source_tracking"]
 # And the conversations' lock rows (revision 0018): emptied, reap would pass them over.
@@ -25,7 +27,7 @@ LOCK_TABLES = ["conversation_locks"]
 def snapshot(conn: Conn) -> dict[str, list[Any]]:
     return {
         table: conn.execute(f"SELECT * FROM compaction.{table} ORDER BY 1, 2").fetchall()
-        for table in ENGINE_TABLES
+        for table in [*ENGINE_TABLES, LOG_VIEW]
     }
 
 
@@ -63,6 +65,8 @@ def refused(conn: Conn, statement: str, sqlstates: tuple[str, ...]) -> None:
 
 IMMUTABLE = ("CP010",)
 APPEND_ONLY = ("CP011",)
+#: A view over a UNION is not updatable, in every session (replica included).
+NOT_UPDATABLE = ("55000",)
 
 
 def test_completed_summary_and_identity_never_change(actor: Conn) -> None:
@@ -90,6 +94,7 @@ def test_completed_summary_and_identity_never_change(actor: Conn) -> None:
         else ("CP012",)
     for table in ENGINE_TABLES:
         refused(conn, f"TRUNCATE compaction.{table} CASCADE", truncate_states)
+    refused(conn, f"TRUNCATE compaction.{LOG_VIEW}", ("42809",))  # not a table
     assert snapshot(conn) == before
 
 
@@ -118,13 +123,30 @@ def test_attempt_log_is_append_only(actor: Conn) -> None:
 
 def test_event_log_rows_never_change(actor: Conn) -> None:
     conn = actor
+    # event_log holds what no attempt row records (and every event from before revision
+    # 0027); two rows written directly stand for those
+    conn.execute("INSERT INTO compaction.event_log (conversation_id, kind, occurred_at)"
+                 " VALUES ('c9', 'claim', now()), ('c9', 'failure', now())")
     before = snapshot(conn)
-    assert len(before["audit_events"]) == 5  # 3 claims, 1 completion, 1 failure
+    # 3 claims, 1 completion, 1 failure recorded by the attempts; 2 from event_log
+    assert len(before["audit_events"]) == 7
+    assert len(before["event_log"]) == 2
     for statement in [
         "UPDATE compaction.audit_events SET reason = 'forged'",
         "UPDATE compaction.audit_events SET kind = 'claim' WHERE kind = 'failure'",
         "DELETE FROM compaction.audit_events",
         "DELETE FROM compaction.audit_events WHERE kind = 'claim'",
+    ]:
+        refused(conn, statement, NOT_UPDATABLE)
+        # the table behind it, with what the view's rows are made of: its guard
+        refused(conn, statement.replace("audit_events", "event_log"), APPEND_ONLY)
+    # revision 0027: the events an attempt row records are set once (the claim's with the
+    # row, the end's by the guard): the attempt log's own rules refuse changing them
+    for statement in [
+        "UPDATE compaction.attempts SET claim_recorded_at = now() WHERE conversation_id = 'c3'",
+        "UPDATE compaction.attempts SET claim_event_id = 1 WHERE conversation_id = 'c3'",
+        "UPDATE compaction.attempts SET finish_event_id = 1 WHERE conversation_id = 'c3'",
+        "UPDATE compaction.attempts SET finish_recorded_at = now() WHERE conversation_id = 'c1'",
     ]:
         refused(conn, statement, APPEND_ONLY)
     assert snapshot(conn) == before

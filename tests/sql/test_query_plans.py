@@ -160,7 +160,7 @@ def test_large_conversation_counts(crowded: Conn) -> None:
 
 #: The tables every claim -> complete cycle looks rows up in by key.
 CYCLE_TABLES = ("compaction.jobs", "compaction.attempts", "compaction.job_summaries",
-                "compaction.summary_verdicts", "compaction.audit_events")
+                "compaction.summary_verdicts")
 
 
 def seq_scans(reader: Conn, worker: Conn) -> dict[str, int]:

@@ -14,7 +14,7 @@ from tests.sql.conftest import LoginRole, connect_as
 from tests.sql.engine import GOOD, LEASE, MODEL, T0, V3, claim, scalar, target
 
 Conn = psycopg.Connection[Any]
-ENGINE_TABLES = ["jobs", "attempts", "job_summaries", "audit_events", "admission", "queue",
+ENGINE_TABLES = ["jobs", "attempts", "job_summaries", "event_log", "admission", "queue",
                  "settings", "prompt_versions", "conversation_locks"]
 MARKER = "ZQXJ-TEXT-MARKER"
 
@@ -177,6 +177,7 @@ def test_auditor_sees_metadata_only(conn: Conn, login_role: LoginRole) -> None:
                                   "compaction.read_audit_jobs()",
                                   "compaction.read_audit_exhausted()",
                                   "compaction.read_audit_queue()",
+                                  "compaction.read_audit_events()",
                                   "compaction.explain_runs(text)",
                                   "compaction.verify_conversation(text)",
                                   "compaction.derived_state_status()"}
