@@ -26,6 +26,7 @@ import psycopg
 import pytest
 
 from pycompactor import db, schema
+from pycompactor.models import Target
 from tests import history as history_module
 from tests.history import History
 from tests.sql.engine import GOOD, MODEL, T0, V3, claim
@@ -77,7 +78,7 @@ def assert_same(left: dict[str, list[Any]], right: dict[str, list[Any]]) -> None
             assert a == b, (view, row)
 
 
-def target(conn: Conn, conversation_id: str, from_pair: int = 0) -> db.Target:
+def target(conn: Conn, conversation_id: str, from_pair: int = 0) -> Target:
     return next(t for t in db.plan_targets(conn, conversation_id) if t.from_pair == from_pair)
 
 
