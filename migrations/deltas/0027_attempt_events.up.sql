@@ -33,12 +33,23 @@ BEGIN
                  ADD COLUMN finish_xact_id xid8';
 END
 $$;
+-- One default a statement: Citus refuses a nextval default beside other subcommands.
 DO $$
 BEGIN
     EXECUTE 'ALTER TABLE compaction.attempts
                  ALTER COLUMN claim_event_id
-                     SET DEFAULT pg_catalog.nextval(''compaction.audit_events_event_id_seq''),
-                 ALTER COLUMN claim_recorded_at SET DEFAULT pg_catalog.clock_timestamp(),
+                     SET DEFAULT pg_catalog.nextval(''compaction.audit_events_event_id_seq'')';
+END
+$$;
+DO $$
+BEGIN
+    EXECUTE 'ALTER TABLE compaction.attempts
+                 ALTER COLUMN claim_recorded_at SET DEFAULT pg_catalog.clock_timestamp()';
+END
+$$;
+DO $$
+BEGIN
+    EXECUTE 'ALTER TABLE compaction.attempts
                  ALTER COLUMN claim_xact_id SET DEFAULT pg_catalog.pg_current_xact_id()';
 END
 $$;
