@@ -945,11 +945,17 @@ BEGIN
         v_in_batch := 0;
         v_batch_at := pg_catalog.clock_timestamp();
         LOOP
+            -- The next conversation in key order, as the first row of an ordered read:
+            -- over a view that is not one table (the Agents SDK recipe's runs come from
+            -- its messages) min() aggregated every row after the resume point at each
+            -- step, a rebuild quadratic in the conversations (revision 0028).
             v_next := least(
-                (SELECT min(sr.conversation_id) FROM compaction.source_runs AS sr
-                 WHERE sr.conversation_id > v_after),
-                (SELECT min(cs.conversation_id) FROM compaction.conversation_state AS cs
-                 WHERE cs.conversation_id > v_after));
+                (SELECT sr.conversation_id FROM compaction.source_runs AS sr
+                 WHERE sr.conversation_id > v_after
+                 ORDER BY sr.conversation_id LIMIT 1),
+                (SELECT cs.conversation_id FROM compaction.conversation_state AS cs
+                 WHERE cs.conversation_id > v_after
+                 ORDER BY cs.conversation_id LIMIT 1));
             EXIT WHEN v_next IS NULL;
             PERFORM compaction.rederive_conversation(v_next);
             v_after := v_next;

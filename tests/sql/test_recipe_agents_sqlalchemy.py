@@ -339,3 +339,50 @@ def test_indexes_build_without_parallel_workers_and_the_setting_comes_back(conn:
     assert conn.execute("SELECT workers FROM public.build_settings").fetchall() == [("0",)] * 3
     assert conn.execute("SHOW max_parallel_maintenance_workers").fetchone() == ("3",)
 
+
+
+def messages_read(reader: Conn, rebuilder: Conn) -> int:
+    """Rows of public.agent_messages read so far (sequential and by index), the
+    rebuilder's included: its counters are flushed before its next ReadyForQuery."""
+    rebuilder.execute("SELECT pg_stat_force_next_flush()")
+    reader.execute("SELECT pg_stat_clear_snapshot()")
+    row = reader.execute(
+        "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)"
+        " FROM pg_stat_user_tables WHERE relid = 'public.agent_messages'::regclass").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def seed_sessions(conn: Conn, first: int, count: int) -> None:
+    """count sessions of three turns each (a user message and a reply), written with COPY."""
+    with conn.cursor() as cur:
+        with cur.copy("COPY public.agent_sessions (session_id) FROM STDIN") as copy:
+            for s in range(first, first + count):
+                copy.write_row((f"s{s:05d}",))
+        with cur.copy("COPY public.agent_messages (session_id, message_data) FROM STDIN") as copy:
+            for s in range(first, first + count):
+                for t in range(3):
+                    for item in (user(f"Q{s}.{t}"), said(f"A{s}.{t}")):
+                        copy.write_row((f"s{s:05d}", json.dumps(item, separators=(",", ":"))))
+
+
+def test_the_rebuild_reads_the_messages_linearly(conn: Conn, dsn: str) -> None:
+    """Revision 0028: the rebuild steps to the next conversation by an ordered read of one
+    row. Over this recipe's views (a run is its user message, among all messages) its
+    min() read every message after the resume point at each step: twice the sessions
+    took four times the reads. Counted in rows read, not timed."""
+    conn.execute(SDK_TABLES_DDL)
+    seed_sessions(conn, 0, 150)
+    install_agents_sqlalchemy(conn, rebuild=False)
+    with psycopg.connect(dsn, autocommit=True) as reader:
+        reads = []
+        for first in (150, 300):  # 150 sessions, then 300 sessions in all
+            before = messages_read(reader, conn)
+            conn.execute("CALL compaction.rebuild_derived_state(p_restart => true)")
+            reads.append(messages_read(reader, conn) - before)
+            if first == 150:
+                seed_sessions(conn, first, 150)
+    assert conn.execute("SELECT count(*) FROM compaction.conversation_state").fetchone() \
+        == (300,)
+    # linear: twice the sessions, about twice the rows read (quadratic gave four times)
+    assert reads[1] <= 2.5 * reads[0], reads
