@@ -816,6 +816,22 @@ BEGIN
     EXECUTE 'ALTER TABLE compaction.event_log RENAME TO audit_events';
 END
 $$;
+-- PostgreSQL 18: the NOT NULL constraints' names of a table made audit_events.
+DO $$
+DECLARE
+    v_name text;
+BEGIN
+    FOR v_name IN
+        SELECT c.conname FROM pg_catalog.pg_constraint AS c
+        WHERE c.conrelid = 'compaction.audit_events'::regclass AND c.contype = 'n'
+          AND c.conname LIKE 'event\_log\_%'
+        ORDER BY 1
+    LOOP
+        EXECUTE pg_catalog.format('ALTER TABLE compaction.audit_events RENAME CONSTRAINT %I TO %I',
+                                  v_name, 'audit_events_' || pg_catalog.substr(v_name, 11));
+    END LOOP;
+END
+$$;
 COMMENT ON TABLE compaction.audit_events IS
     'Append-only event log, one row per state change (claim, completion, failure, lease_expiry, import, erasure), in (recorded_at, event_id) order; metadata only, never text';
 GRANT SELECT ON compaction.audit_events TO compaction_auditor;

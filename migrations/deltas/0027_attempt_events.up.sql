@@ -16,6 +16,23 @@ BEGIN
     EXECUTE 'ALTER TABLE compaction.audit_events RENAME TO event_log';
 END
 $$;
+-- PostgreSQL 18 keeps NOT NULL constraints by name, and a renamed table keeps the names
+-- they had: the names a new event_log gets, so that both paths build the same catalog.
+DO $$
+DECLARE
+    v_name text;
+BEGIN
+    FOR v_name IN
+        SELECT c.conname FROM pg_catalog.pg_constraint AS c
+        WHERE c.conrelid = 'compaction.event_log'::regclass AND c.contype = 'n'
+          AND c.conname LIKE 'audit\_events\_%'
+        ORDER BY 1
+    LOOP
+        EXECUTE pg_catalog.format('ALTER TABLE compaction.event_log RENAME CONSTRAINT %I TO %I',
+                                  v_name, 'event_log_' || pg_catalog.substr(v_name, 14));
+    END LOOP;
+END
+$$;
 COMMENT ON TABLE compaction.event_log IS
     'Internal: the events no attempt row records (import, erasure; the events of erased attempts; every event written before revision 0027), append-only; read them through compaction.audit_events';
 -- The auditor reads the log through its view, like every other audit view.
