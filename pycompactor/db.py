@@ -1051,6 +1051,22 @@ def projection_frame_query(conversation_id: str, scope: str, pairs: int) -> Quer
             {"conversation_id": conversation_id, "scope": scope, "pairs": pairs})
 
 
+def projection_read_query(conversation_id: str, scope: str, pairs: int, budget: int,
+                          marker_bytes: int) -> Query:
+    """Rows of compaction.projection_read: first projection_frame's row (its 11 columns,
+    then message_id, summary_id, content NULL), then one (11 NULLs, message_id,
+    summary_id, content) per text the engine's walk of that frame includes under
+    `budget` bytes (none when the derived state is not in use or the walk needs older
+    pairs than the newest `pairs`)."""
+    return ("SELECT derived, pair_count, first_pair, user_message_ids, assistant_message_ids,"
+            " user_bytes, assistant_bytes, summary_ids, summary_from_pairs, summary_reasons,"
+            " summary_bytes, message_id, summary_id, content"
+            " FROM compaction.projection_read(%(conversation_id)s::text, %(scope)s::text,"
+            " %(pairs)s::int, %(budget)s::bigint, %(marker_bytes)s::int)",
+            {"conversation_id": conversation_id, "scope": scope, "pairs": pairs,
+             "budget": budget, "marker_bytes": marker_bytes})
+
+
 def projection_texts_query(conversation_id: str, message_ids: Sequence[str],
                            summary_ids: Sequence[int]) -> Query:
     """Rows (message_id, summary_id, content): the texts a plan includes."""

@@ -107,6 +107,12 @@ def message_cost(content: str) -> int:
     return utf8_len(content) + MESSAGE_OVERHEAD_BYTES
 
 
+#: UTF-8 bytes of the marker line without its two pair numbers: the engine's walk
+#: (compaction.projection_read) adds the numbers' digits. The rendering stays here; only
+#: its size travels.
+_MARKER_BYTES: Final = utf8_len(SUMMARY_MARKER.format(from_pair="", to_pair=""))
+
+
 # --------------------------------------------------------------------------- inputs
 
 
@@ -714,7 +720,10 @@ def render_projection(
         raise HistoryChanged(
             f"history changed while projecting ({exc.args[0]!r} disappeared); project again"
         ) from None
-    used = sum(message_cost(m["content"]) for m in messages)
+    # message_cost of each, summed with one call per message (a projection's last step,
+    # paid on every call).
+    used = (sum(len(m["content"].encode("utf-8")) for m in messages)
+            + MESSAGE_OVERHEAD_BYTES * len(messages))
     if used != plan.used_bytes or used > plan.budget_bytes:
         raise HistoryChanged(
             f"history changed while projecting (planned {plan.used_bytes} bytes, "
@@ -787,39 +796,55 @@ def _next_read(given: int, spent: int, budget: int) -> int:
     return min(wanted + (-wanted) % PAIRS_PER_RANGE, _MAX_PAIRS_READ)
 
 
-def _projection_steps(conversation_id: str, budget: int, scope: str) -> Steps:
-    """The reads of a projection, driver-free: yields each statement, receives its rows,
-    and returns the plan. `project_history` (psycopg.Connection) and `aproject_history`
-    (psycopg.AsyncConnection) run the same steps, so both give the same projection.
+def _frame_step(frame: Sequence[Any], budget: int) -> Plan | int | None:
+    """What projection_frame's row (its first 11 columns) decides: the plan when the walk
+    finished within its pairs; else how many of the newest pairs to read next; None when
+    the derived state is not in use (the caller judges from the views)."""
+    (derived, count, first, users, assistants, user_sizes, assistant_sizes,
+     summary_ids, from_pairs, reasons, sizes) = frame[:11]
+    if not derived:
+        return None
+    pairs = [PairMeta(first + i, u, a, ub, ab) for i, (u, a, ub, ab)
+             in enumerate(zip(users, assistants, user_sizes, assistant_sizes, strict=True))]
+    chosen = {f: _Chosen(sid, f, f + PAIRS_PER_RANGE - 1, size)
+              for sid, f, reason, size in zip(summary_ids, from_pairs, reasons, sizes,
+                                              strict=True)
+              if reason is None and size is not None}
+    walk = _walk(pairs, first, chosen, budget)
+    if not walk.finished:
+        return _next_read(count - first, budget - walk.remaining, budget)
+    verdicts: Iterable[tuple[int, int, Reason | None]] = zip(
+        summary_ids, from_pairs, map(_reason, reasons), strict=True)
+    keys = list(zip(from_pairs, summary_ids, strict=True))
+    if any(a > b for a, b in pairwise(keys)):
+        verdicts = sorted(verdicts, key=lambda v: (v[1], v[0]))
+    return _plan(walk, verdicts, budget)
+
+
+def _projection_steps(conversation_id: str, budget: int, scope: str,
+                      wanted: int | None = None) -> Steps:
+    """The reads of a projection in a snapshot, driver-free: yields each statement,
+    receives its rows, and returns the plan. `project_history` (psycopg.Connection) and
+    `aproject_history` (psycopg.AsyncConnection) run the same steps, so both give the
+    same projection. They run them when the one statement of `_one_read_query` did not
+    give all a plan needs.
 
     While the derived state is in use, one statement (compaction.projection_frame) gives
-    the newest pairs' metadata and every summary's verdict; if the walk gets past those
-    pairs, it is asked again for as many as the rest of the budget may need. Otherwise
-    all pair metadata and every summary's metadata, judged from the views. No text is
-    read here: the texts the plan includes are read by the driver (`_texts_query`).
+    the newest `wanted` pairs' metadata and every summary's verdict; if the walk gets
+    past those pairs, it is asked again for as many as the rest of the budget may need.
+    Otherwise all pair metadata and every summary's metadata, judged from the views. No
+    text is read here: the texts the plan includes are read by the driver
+    (`_texts_query`).
     """
-    wanted = _first_read(budget)
+    wanted = _first_read(budget) if wanted is None else wanted
     while True:
         [frame] = yield db.projection_frame_query(conversation_id, scope, wanted)
-        (derived, count, first, users, assistants, user_sizes, assistant_sizes,
-         summary_ids, from_pairs, reasons, sizes) = frame
-        if not derived:
+        step = _frame_step(frame, budget)
+        if isinstance(step, Plan):
+            return step
+        if step is None:
             break
-        pairs = [PairMeta(first + i, u, a, ub, ab) for i, (u, a, ub, ab)
-                 in enumerate(zip(users, assistants, user_sizes, assistant_sizes, strict=True))]
-        chosen = {f: _Chosen(sid, f, f + PAIRS_PER_RANGE - 1, size)
-                  for sid, f, reason, size in zip(summary_ids, from_pairs, reasons, sizes,
-                                                  strict=True)
-                  if reason is None and size is not None}
-        walk = _walk(pairs, first, chosen, budget)
-        if walk.finished:
-            verdicts: Iterable[tuple[int, int, Reason | None]] = zip(
-                summary_ids, from_pairs, map(_reason, reasons), strict=True)
-            keys = list(zip(from_pairs, summary_ids, strict=True))
-            if any(a > b for a, b in pairwise(keys)):
-                verdicts = sorted(verdicts, key=lambda v: (v[1], v[0]))
-            return _plan(walk, verdicts, budget)
-        wanted = _next_read(count - first, budget - walk.remaining, budget)
+        wanted = step
 
     # Judged from the views: every pair, every summary.
     # Plain tuples, then PairMeta._make: one per eligible pair, so per-row cost counts.
@@ -829,6 +854,33 @@ def _projection_steps(conversation_id: str, budget: int, scope: str) -> Steps:
                                   r[8], r[9])
                  for r in (yield db.projection_summaries_query(conversation_id, scope))]
     return plan_projection(all_pairs, summaries, budget)
+
+
+def _one_read_query(conversation_id: str, budget: int, scope: str) -> db.Query:
+    """The usual projection's one statement (compaction.projection_read): the frame of
+    the newest pairs and the texts of what the engine's walk of it includes."""
+    return db.projection_read_query(conversation_id, scope, _first_read(budget), budget,
+                                    _MARKER_BYTES)
+
+
+#: A plan and the texts it names: message texts by id, summary texts by summary id.
+_Read = tuple[Plan, dict[str, str], dict[int, str]]
+
+
+def _one_read(rows: Sequence[Sequence[Any]], budget: int) -> _Read | int:
+    """The plan and its texts from `_one_read_query`'s rows, when they hold every text the
+    plan includes; else how many of the newest pairs the reads in a snapshot
+    (`_projection_steps`) start from. The driver's walk decides: the engine's walk only
+    chose which texts to send, so a text it did not send costs a second read, never a
+    different projection."""
+    step = _frame_step(rows[0], budget)
+    if not isinstance(step, Plan):
+        return _first_read(budget) if step is None else step
+    message_texts, summary_texts = _texts(rows[1:])
+    if (all(m in message_texts for m in step.message_ids)
+            and all(s in summary_texts for s in step.summary_ids)):
+        return step, message_texts, summary_texts
+    return _first_read(budget)
 
 
 _REASONS: Final[dict[str | None, Reason | None]] = {
@@ -854,16 +906,24 @@ def _texts_query(conversation_id: str, plan: Plan) -> db.Query | None:
     return db.projection_texts_query(conversation_id, plan.message_ids, plan.summary_ids)
 
 
-def _finish(plan: Plan, text_rows: Iterable[tuple[Any, ...]]) -> Projection:
-    """Render the plan with the texts read (rows of db.projection_texts_query) and tell
-    the observers (pycompactor.metrics counts the refusals)."""
+def _texts(rows: Iterable[Sequence[Any]]) -> tuple[dict[str, str], dict[int, str]]:
+    """Message and summary texts from rows ending in (message_id, summary_id, content):
+    db.projection_texts_query's, or projection_read's text rows."""
     message_texts: dict[str, str] = {}
     summary_texts: dict[int, str] = {}
-    for message_id, summary_id, content in text_rows:
+    for row in rows:
+        message_id, summary_id, content = row[-3], row[-2], row[-1]
         if message_id is not None:
             message_texts[message_id] = content
         elif summary_id is not None:
             summary_texts[summary_id] = content
+    return message_texts, summary_texts
+
+
+def _finish(plan: Plan, message_texts: Mapping[str, str],
+            summary_texts: Mapping[int, str]) -> Projection:
+    """Render the plan with the texts read and tell the observers (pycompactor.metrics
+    counts the refusals)."""
     projection = render_projection(plan, message_texts, summary_texts)
     for observer in _observers:
         observer(projection)
@@ -926,18 +986,48 @@ def project_history(
 ) -> Projection:
     """History for the next Run of a conversation under a UTF-8 byte budget (DESIGN §9).
 
-    Reads the newest pairs' metadata and every summary's verdict (no text; whether a
-    summary's source is current comes from the engine's derived state), plans, then
-    reads only the texts the plan includes: on an autocommit connection two round trips
-    in one snapshot, and text read in proportion to the budget, whatever the
-    conversation's length. Every summary gets its reason (a stale one is `stale_source`
-    whatever the budget).
+    Reads the newest pairs' metadata and every summary's verdict (whether a summary's
+    source is current comes from the engine's derived state), plans, and renders only
+    the texts the plan includes: usually one statement (compaction.projection_read, one
+    round trip and one snapshot; on an autocommit connection no transaction of its own),
+    text read in proportion to the budget, whatever the conversation's length. When that
+    statement cannot give all the plan needs (the derived state out of use, a budget that
+    reaches further back than its pairs), the reads run again in one read-only snapshot.
+    Every summary gets its reason (a stale one is `stale_source` whatever the budget).
     An unknown conversation gives an empty projection; a negative budget raises UsageError.
     """
     budget = check_budget(budget_bytes)
-    steps = _projection_steps(conversation_id, budget, scope)
+    with wrap_exceptions():
+        read = _read_once(conn, conversation_id, budget, scope)
+        if isinstance(read, int):
+            read = _read_in_snapshot(conn, conversation_id, budget, scope, read)
+    return _finish(*read)
+
+
+def _read_once(conn: psycopg.Connection[Any], conversation_id: str, budget: int,
+               scope: str) -> _Read | int:
+    """`_one_read_query` as one statement: its own snapshot on an autocommit connection,
+    the caller's transaction inside one, else a transaction of ours closed at once."""
+    query = _one_read_query(conversation_id, budget, scope)
+    with conn.cursor(row_factory=tuple_row) as cur:
+        if conn.autocommit or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            cur.execute(*query)
+            rows = cur.fetchall()
+        else:
+            with conn.transaction():
+                cur.execute(*query)
+                rows = cur.fetchall()
+    return _one_read(rows, budget)
+
+
+def _read_in_snapshot(conn: psycopg.Connection[Any], conversation_id: str, budget: int,
+                      scope: str, wanted: int) -> _Read:
+    """`_projection_steps` from `wanted` pairs, then the texts, in one snapshot: on an
+    autocommit connection two round trips (BEGIN with the first read, COMMIT with the
+    texts)."""
+    steps = _projection_steps(conversation_id, budget, scope, wanted)
     text_rows: list[tuple[Any, ...]] = []
-    with wrap_exceptions(), _snapshot(conn) as own, conn.cursor(row_factory=tuple_row) as cur:
+    with _snapshot(conn) as own, conn.cursor(row_factory=tuple_row) as cur:
         begin = own
         try:
             query = next(steps)
@@ -962,7 +1052,7 @@ def project_history(
             cur.execute(*texts)
         if texts is not None:
             text_rows = cur.fetchall()
-    return _finish(plan, text_rows)
+    return (plan, *_texts(text_rows))
 
 
 async def aproject_history(
@@ -972,35 +1062,60 @@ async def aproject_history(
     budget_bytes: int,
     scope: str = "default",
 ) -> Projection:
-    """`project_history` on a `psycopg.AsyncConnection`: the same statements in the same
-    read-only snapshot, the same plan and rendering, so the same projection."""
+    """`project_history` on a `psycopg.AsyncConnection`: the same statements, in one
+    statement or in the same read-only snapshot, the same plan and rendering, so the
+    same projection."""
     budget = check_budget(budget_bytes)
-    steps = _projection_steps(conversation_id, budget, scope)
-    text_rows: list[tuple[Any, ...]] = []
     with wrap_exceptions():
-        async with _asnapshot(conn) as own, conn.cursor(row_factory=tuple_row) as cur:
-            begin = own
-            try:
-                query = next(steps)
-                while True:
-                    if begin:
-                        async with conn.pipeline():
-                            await conn.execute(db.PROJECTION_BEGIN_SQL)
-                            await cur.execute(*query)
-                        begin = False
-                    else:
+        read = await _aread_once(conn, conversation_id, budget, scope)
+        if isinstance(read, int):
+            read = await _aread_in_snapshot(conn, conversation_id, budget, scope, read)
+    return _finish(*read)
+
+
+async def _aread_once(conn: psycopg.AsyncConnection[Any], conversation_id: str,
+                      budget: int, scope: str) -> _Read | int:
+    """`_read_once` on an async connection."""
+    query = _one_read_query(conversation_id, budget, scope)
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        if conn.autocommit or conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            await cur.execute(*query)
+            rows = await cur.fetchall()
+        else:
+            async with conn.transaction():
+                await cur.execute(*query)
+                rows = await cur.fetchall()
+    return _one_read(rows, budget)
+
+
+async def _aread_in_snapshot(conn: psycopg.AsyncConnection[Any], conversation_id: str,
+                             budget: int, scope: str, wanted: int) -> _Read:
+    """`_read_in_snapshot` on an async connection."""
+    steps = _projection_steps(conversation_id, budget, scope, wanted)
+    text_rows: list[tuple[Any, ...]] = []
+    async with _asnapshot(conn) as own, conn.cursor(row_factory=tuple_row) as cur:
+        begin = own
+        try:
+            query = next(steps)
+            while True:
+                if begin:
+                    async with conn.pipeline():
+                        await conn.execute(db.PROJECTION_BEGIN_SQL)
                         await cur.execute(*query)
-                    query = steps.send(await cur.fetchall())
-            except StopIteration as done:
-                plan: Plan = done.value
-            texts = _texts_query(conversation_id, plan)
-            if own:
-                async with conn.pipeline():
-                    if texts is not None:
-                        await cur.execute(*texts)
-                    await conn.execute(db.PROJECTION_END_SQL)
-            elif texts is not None:
-                await cur.execute(*texts)
-            if texts is not None:
-                text_rows = await cur.fetchall()
-    return _finish(plan, text_rows)
+                    begin = False
+                else:
+                    await cur.execute(*query)
+                query = steps.send(await cur.fetchall())
+        except StopIteration as done:
+            plan: Plan = done.value
+        texts = _texts_query(conversation_id, plan)
+        if own:
+            async with conn.pipeline():
+                if texts is not None:
+                    await cur.execute(*texts)
+                await conn.execute(db.PROJECTION_END_SQL)
+        elif texts is not None:
+            await cur.execute(*texts)
+        if texts is not None:
+            text_rows = await cur.fetchall()
+    return (plan, *_texts(text_rows))

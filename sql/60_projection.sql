@@ -328,12 +328,16 @@ BEGIN
     v_first := v_first - v_first % 10;
     RETURN QUERY
     WITH suffix AS (
-        SELECT pg_catalog.array_agg(p.user_message_id ORDER BY p.pair_index) AS users,
-               pg_catalog.array_agg(p.assistant_message_id ORDER BY p.pair_index) AS assistants,
-               pg_catalog.array_agg(p.user_bytes ORDER BY p.pair_index) AS user_sizes,
-               pg_catalog.array_agg(p.assistant_bytes ORDER BY p.pair_index) AS assistant_sizes
-        FROM compaction.pairs AS p
-        WHERE p.conversation_id = p_conversation_id AND p.pair_index >= v_first
+        -- The four arrays take the rows in the subquery's order, read in index order
+        -- (revision 0029: an ORDER BY in each aggregate sorted them four times).
+        SELECT pg_catalog.array_agg(p.user_message_id) AS users,
+               pg_catalog.array_agg(p.assistant_message_id) AS assistants,
+               pg_catalog.array_agg(p.user_bytes) AS user_sizes,
+               pg_catalog.array_agg(p.assistant_bytes) AS assistant_sizes
+        FROM (SELECT q.user_message_id, q.assistant_message_id, q.user_bytes, q.assistant_bytes
+              FROM compaction.pairs AS q
+              WHERE q.conversation_id = p_conversation_id AND q.pair_index >= v_first
+              ORDER BY q.pair_index) AS p
     ), verdicts AS (
         -- One sort for the four arrays: they take the rows in the subquery's order (an
         -- ORDER BY in each aggregate sorted them four times). The driver checks the order
@@ -367,3 +371,159 @@ END
 $$;
 COMMENT ON FUNCTION compaction.projection_frame(text, text, int) IS
     'What a projection plans from while the derived state is in use, in one row: the pair count, the metadata of the newest p_pairs pairs (from first_pair, whole ranges; no text), every rejected summary of the conversation and scope with its reason (version_not_projectable, stale_source, superseded), and the chosen summary (reason NULL) of each range those pairs cover with its UTF-8 byte length; derived = false (nothing else) when the derived state is not in use';
+
+-- The projection in one statement (revision 0029): the frame, then the texts of what the
+-- budget walk includes, so a projection is one round trip in one snapshot (the
+-- statement's own: an autocommit caller needs no transaction for it). When the walk gets
+-- past the frame's pairs, the frame is read again further back within the statement. The
+-- walk here is pycompactor.projection._walk's twin (and the step back _next_read's), used
+-- only to choose which texts to send: the driver walks the returned frame itself and, if
+-- a text it needs is not among these, reads again in a snapshot of its own; so a
+-- difference between the two walks costs a read, never a different projection (a test
+-- holds them equal). p_marker_bytes is the UTF-8 size of the driver's summary marker line
+-- without its two pair numbers: the rendering is the driver's, only its size is needed.
+CREATE FUNCTION compaction.projection_read(
+    p_conversation_id text, p_scope text, p_pairs int, p_budget_bytes bigint,
+    p_marker_bytes int)
+RETURNS TABLE (
+    derived               boolean,
+    pair_count            int,
+    first_pair            int,
+    user_message_ids      text[],
+    assistant_message_ids text[],
+    user_bytes            int[],
+    assistant_bytes       int[],
+    summary_ids           bigint[],
+    summary_from_pairs    int[],
+    summary_reasons       text[],
+    summary_bytes         int[],
+    message_id            text,
+    summary_id            bigint,
+    content               text
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    f             record;
+    -- The frame's arrays as variables of their own: PL/pgSQL subscripts those in place,
+    -- where a record's field would be copied whole at every subscript.
+    v_users       text[];
+    v_assistants  text[];
+    v_user_sizes  int[];
+    v_sizes       int[];
+    v_froms       int[];
+    v_reasons     text[];
+    v_ids         bigint[];
+    v_bytes       int[];
+    v_first       int;
+    v_wanted      bigint := p_pairs;
+    v_given       bigint;
+    v_finished    boolean;
+    v_remaining   bigint;
+    v_index       int;
+    v_start       int;
+    v_at          int;
+    v_chosen      int;
+    v_cost        bigint;
+    v_dropped     int := -1;
+    v_message_ids text[] := '{}';
+    v_summary_ids bigint[] := '{}';
+BEGIN
+    IF p_budget_bytes IS NULL OR p_budget_bytes < 0 THEN
+        RAISE EXCEPTION 'p_budget_bytes must be 0 or more, got %', p_budget_bytes
+            USING ERRCODE = 'CP020';
+    END IF;
+    IF p_marker_bytes IS NULL OR p_marker_bytes < 0 THEN
+        RAISE EXCEPTION 'p_marker_bytes must be 0 or more, got %', p_marker_bytes
+            USING ERRCODE = 'CP020';
+    END IF;
+    LOOP
+        SELECT * INTO f FROM compaction.projection_frame(p_conversation_id, p_scope, v_wanted::int);
+        EXIT WHEN NOT f.derived;
+        v_users := f.user_message_ids;
+        v_assistants := f.assistant_message_ids;
+        v_user_sizes := f.user_bytes;
+        v_sizes := f.assistant_bytes;
+        v_froms := f.summary_from_pairs;
+        v_reasons := f.summary_reasons;
+        v_ids := f.summary_ids;
+        v_bytes := f.summary_bytes;
+        v_first := f.first_pair;
+        v_remaining := p_budget_bytes;
+        v_dropped := -1;
+        v_message_ids := '{}';
+        v_summary_ids := '{}';
+        v_finished := true;
+        -- Newest first. The verdicts come in from_pair order, so one cursor (v_chosen)
+        -- moving down them finds each range's chosen summary (reason NULL, with its size).
+        v_chosen := coalesce(pg_catalog.array_length(v_ids, 1), 0);
+        v_index := f.pair_count - 1;
+        WHILE v_index >= 0 LOOP
+            IF v_index < v_first THEN
+                v_finished := false;  -- the walk needs pairs older than the frame's
+                EXIT;
+            END IF;
+            v_start := v_index - v_index % 10;
+            WHILE v_chosen > 0 AND (v_froms[v_chosen] > v_start
+                                    OR v_reasons[v_chosen] IS NOT NULL) LOOP
+                v_chosen := v_chosen - 1;
+            END LOOP;
+            IF v_chosen > 0 AND v_froms[v_chosen] = v_start AND v_bytes[v_chosen] IS NOT NULL
+               AND v_dropped <> v_start THEN
+                -- The block: the range's user messages, then the summary message (marker
+                -- line with the two pair numbers, newline, summary).
+                v_at := v_start - v_first + 1;
+                v_cost := p_marker_bytes + pg_catalog.length(v_start::text)
+                          + pg_catalog.length((v_start + 9)::text) + 1 + v_bytes[v_chosen] + 16;
+                FOR v_k IN v_at .. v_at + 9 LOOP
+                    v_cost := v_cost + v_user_sizes[v_k] + 16;
+                END LOOP;
+                IF v_cost <= v_remaining THEN
+                    v_remaining := v_remaining - v_cost;
+                    v_message_ids := v_message_ids || v_users[v_at : v_at + 9];
+                    v_summary_ids := v_summary_ids || v_ids[v_chosen];
+                    v_index := v_start - 1;
+                    CONTINUE;
+                END IF;
+                v_dropped := v_start;  -- it does not fit: this range's raw pairs instead
+            END IF;
+            v_at := v_index - v_first + 1;
+            v_cost := v_user_sizes[v_at] + v_sizes[v_at] + 32;
+            EXIT WHEN v_cost > v_remaining;
+            v_remaining := v_remaining - v_cost;
+            v_message_ids := v_message_ids || v_users[v_at] || v_assistants[v_at];
+            v_index := v_index - 1;
+        END LOOP;
+        EXIT WHEN v_finished;
+        -- Read further back, in this statement's snapshot: as many pairs as the whole
+        -- budget would take at the rate it was spent, a quarter more, at least twice as
+        -- many, in whole ranges (the driver's _next_read). The frame reaches pair 0 in
+        -- the end, where every walk finishes.
+        v_given := f.pair_count - v_first;
+        v_wanted := greatest(2 * v_given,
+                             (v_given * p_budget_bytes * 5 + 4 * greatest(p_budget_bytes - v_remaining, 1) - 1)
+                             / (4 * greatest(p_budget_bytes - v_remaining, 1)));
+        v_wanted := least(v_wanted + (10 - v_wanted % 10) % 10, 2147483640);
+    END LOOP;
+    RETURN QUERY SELECT f.derived, f.pair_count, f.first_pair, f.user_message_ids,
+                        f.assistant_message_ids, f.user_bytes, f.assistant_bytes,
+                        f.summary_ids, f.summary_from_pairs, f.summary_reasons,
+                        f.summary_bytes, NULL::text, NULL::bigint, NULL::text;
+    IF NOT f.derived THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT NULL::boolean, NULL::int, NULL::int, NULL::text[], NULL::text[], NULL::int[],
+               NULL::int[], NULL::bigint[], NULL::int[], NULL::text[], NULL::int[],
+               t.message_id, t.summary_id, t.content
+        FROM compaction.projection_texts(p_conversation_id, v_message_ids, v_summary_ids) AS t;
+END
+$$;
+COMMENT ON FUNCTION compaction.projection_read(text, text, int, bigint, int) IS
+    'A projection''s reads in one statement: first projection_frame''s row for the newest p_pairs pairs or, when the budget walk gets past them, for as many more as it needs (text columns NULL), then (message_id, summary_id, content) of each message and summary the walk includes (frame columns NULL); no text rows when the derived state is not in use. p_marker_bytes: UTF-8 bytes of the summary marker line without its pair numbers';

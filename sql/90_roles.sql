@@ -105,7 +105,8 @@ FROM compaction_owner;
 GRANT EXECUTE ON FUNCTION
     compaction.projection_summaries(text, text),
     compaction.projection_texts(text, text[], bigint[]),
-    compaction.projection_frame(text, text, int)
+    compaction.projection_frame(text, text, int),
+    compaction.projection_read(text, text, int, bigint, int)
 TO compaction_worker, compaction_reader;
 
 -- Derived state (revision 0005). The worker plans from it and reads a claimed range's
