@@ -6,10 +6,11 @@ application must do: walk the conversation's messages newest first (the
 (conversation_id, seq) index) and stop once the same byte budget is spent, in one
 statement. The per-statement breakdown and `indexed_pairs` alone show where the rest goes.
 
-Each cell also times the engine statements of that projection alone (the frame and the
-texts, as project_history sent them, replayed as plain autocommit statements with their
-rows fetched: no snapshot, no planning, no rendering). That is the floor of a projection
-that reads metadata first and then only the texts it includes.
+Each cell also times the engine statements of that projection alone (as project_history
+sent them: since revision 0029 usually the one compaction.projection_read, the frame and
+the texts; replayed as plain autocommit statements with their rows fetched: no planning
+or rendering in Python). That is the floor of a projection that plans from metadata and
+reads only the texts it includes.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from pycompactor import Projection, db, project_history, source_hash
+from pycompactor import projection as projection_module
 from pycompactor.errors import PycompactorError, UsageError
 from pycompactor.hashing import source_message_ids
 from pycompactor.projection import marker_line, message_cost
@@ -241,6 +242,21 @@ def test_works_inside_the_callers_transaction(dsn: str) -> None:
         assert [p.placement for p in projection.pairs] == ["raw"] * 3
 
 
+@pytest.mark.parametrize("judged", [False, True], ids=["one-statement", "from-the-views"])
+def test_a_connection_with_autocommit_off_is_left_idle(dsn: str, judged: bool) -> None:
+    """Not autocommit and no transaction open: psycopg would leave open the transaction
+    its first statement begins; the driver's own is committed before it returns."""
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        pairs = History(setup).pairs("ac", 30)
+        import_summary(setup, "ac", pairs, 0)
+        if judged:
+            judge_from_the_views(setup)
+    with psycopg.connect(dsn) as conn:
+        projection = project_history(conn, "ac", budget_bytes=BIG)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert [p.placement for p in projection.pairs] == ["summarized"] * 10 + ["raw"] * 20
+
+
 def judge_from_the_views(conn: Conn) -> None:
     """Put the derived state out of use (a tracking trigger disabled): every call judges
     from the views, as before the install's rebuild and on Citus."""
@@ -360,11 +376,15 @@ def test_range_hashes_is_range_hash_for_each_range(conn: Conn) -> None:
     assert raised.value.sqlstate == "CP020"
 
 
-class RecordingCursor(psycopg.Cursor[Any]):
-    """Records each statement whose rows are read, its parameters, and the rows and bytes
-    of its result (at fetch time: in a pipeline the result arrives after execute)."""
+Logged = tuple[str, Any, int, int, list[Any]]
 
-    log: ClassVar[list[tuple[str, Any, int, int]]] = []
+
+class RecordingCursor(psycopg.Cursor[Any]):
+    """Records each statement whose rows are read, its parameters, the number of rows and
+    bytes of its result, and the rows (at fetch time: in a pipeline the result arrives
+    after execute)."""
+
+    log: ClassVar[list[Logged]] = []
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         self._recorded = (str(query), params)
@@ -378,12 +398,12 @@ class RecordingCursor(psycopg.Cursor[Any]):
             for c in range(res.nfields if res is not None else 0):
                 value = res.get_value(r, c) if res is not None else None
                 size += len(value) if value is not None else 0
-        RecordingCursor.log.append((*self._recorded, len(rows), size))
+        RecordingCursor.log.append((*self._recorded, len(rows), size, rows))
         return rows
 
 
 def recorded(conn: Conn, conversation_id: str, budget: int
-             ) -> tuple[Projection, list[tuple[str, Any, int, int]]]:
+             ) -> tuple[Projection, list[Logged]]:
     RecordingCursor.log = []
     conn.cursor_factory = RecordingCursor
     try:
@@ -393,17 +413,26 @@ def recorded(conn: Conn, conversation_id: str, budget: int
     return projection, RecordingCursor.log
 
 
-def statement(log: list[tuple[str, Any, int, int]], function: str
-              ) -> tuple[str, Any, int, int] | None:
+def statement(log: list[Logged], function: str) -> Logged | None:
     found = [entry for entry in log if f"compaction.{function}(" in entry[0]]
     assert len(found) <= 1
     return found[0] if found else None
 
 
-def required(log: list[tuple[str, Any, int, int]], function: str) -> tuple[str, Any, int, int]:
+def required(log: list[Logged], function: str) -> Logged:
     found = statement(log, function)
     assert found is not None, function
     return found
+
+
+def text_message_ids(read: Logged) -> list[str]:
+    """The message ids whose texts a projection_read statement sent (its rows after the
+    frame's)."""
+    return [row[-3] for row in read[4][1:] if row[-3] is not None]
+
+
+def text_summary_ids(read: Logged) -> list[int]:
+    return [row[-2] for row in read[4][1:] if row[-2] is not None]
 
 
 def test_the_summary_a_range_beyond_reach_would_use_is_not_listed(conn: Conn) -> None:
@@ -443,9 +472,12 @@ def test_stale_summary_beyond_reach_is_stale_source(conn: Conn) -> None:
     assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
         (preferred, "stale_source"), (other, "stale_source")]
     assert [p.placement for p in projection.pairs] == ["omitted"] * 38 + ["raw"] * 2
-    texts = required(log, "projection_texts")
-    assert texts[1]["message_ids"] == [m for p in pairs[38:]
-                                       for m in (p.user_message_id, p.assistant_message_id)]
+    # One statement: the frame and the texts the walk includes.
+    [read] = log
+    assert "compaction.projection_read(" in read[0]
+    assert sorted(text_message_ids(read)) == sorted(
+        m for p in pairs[38:] for m in (p.user_message_id, p.assistant_message_id))
+    assert text_summary_ids(read) == []
 
     # Enough to pass pairs 10-39 raw: the walk reaches range 0; the same reasons.
     within = raw_cost(pairs[10:])
@@ -453,6 +485,95 @@ def test_stale_summary_beyond_reach_is_stale_source(conn: Conn) -> None:
     assert [(r.summary_id, r.reason) for r in projection.rejected_summaries] == [
         (preferred, "stale_source"), (other, "stale_source")]
     assert [p.placement for p in projection.pairs] == ["omitted"] * 10 + ["raw"] * 30
+
+
+def included_texts(projection: Projection, pairs: Sequence[SeededPair]
+                   ) -> tuple[list[str], list[int]]:
+    """The message ids and summary ids whose texts a projection renders, from its
+    manifest: both messages of a raw pair, the user message of a summarized one."""
+    message_ids: list[str] = []
+    summary_ids: set[int] = set()
+    for placement in projection.pairs:
+        pair = pairs[placement.pair_index]
+        if placement.placement == "raw":
+            message_ids += [pair.user_message_id, pair.assistant_message_id]
+        elif placement.summary_id is not None:
+            message_ids.append(pair.user_message_id)
+            summary_ids.add(placement.summary_id)
+    return sorted(message_ids), sorted(summary_ids)
+
+
+def walk_edges(projection: Projection) -> list[int]:
+    """The byte totals of a projection's newest items, newest first (a raw pair: its two
+    messages; a summary block: its summary message and the 10 user messages before it)."""
+    costs: list[int] = []
+    messages = list(projection.messages)
+    while messages:
+        if messages[-1]["content"].startswith("[pycompactor summary"):
+            item, messages = messages[-11:], messages[:-11]
+        else:
+            item, messages = messages[-2:], messages[:-2]
+        costs.append(sum(message_cost(m["content"]) for m in item))
+    edges, spent = [], 0
+    for cost in costs:
+        spent += cost
+        edges.append(spent)
+    return edges
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_engine_walk_sends_exactly_the_texts_the_driver_includes(conn: Conn,
+                                                                    seed: int) -> None:
+    """compaction.projection_read walks the frame as the driver does (its twin in
+    PL/pgSQL): over random sizes, summaries (big ones whose blocks are dropped, rejected
+    and stale ones) and budgets, one statement serves every projection and sends exactly
+    the texts it renders, no more."""
+    rng = random.Random(seed)
+    conversation = f"walk{seed}"
+    history = History(conn)
+    history.conversation(conversation)
+    pairs = [history.pair(conversation, user="q" * rng.randrange(1, 400),
+                          assistant="净值" * rng.randrange(1, 900))
+             for _ in range(rng.randrange(30, 90))]
+    for start in range(0, len(pairs) - 29, 10):
+        if rng.random() < 0.8:
+            import_summary(conn, conversation, pairs, start,
+                           text="摘要 " * rng.randrange(1, 1500))
+        if rng.random() < 0.3:
+            import_summary(conn, conversation, pairs, start, version=V2)
+    if rng.random() < 0.5:
+        edit_pair_3(conn, pairs[rng.randrange(len(pairs) - 20)])
+    total = raw_cost(pairs)
+    # Where the walk is decided: each budget that the newest items fit exactly, and one
+    # byte less (so a block of the next range just fits, or is dropped for its raw pairs).
+    budgets = {0, 100, total, BIG} | {rng.randrange(total) for _ in range(5)}
+    for edge in walk_edges(project_history(conn, conversation, budget_bytes=BIG)):
+        budgets |= {edge, edge - 1}
+    for budget in sorted(budgets):
+        projection, log = recorded(conn, conversation, budget)
+        [read] = log
+        assert "compaction.projection_read(" in read[0]
+        expected_messages, expected_summaries = included_texts(projection, pairs)
+        assert sorted(text_message_ids(read)) == expected_messages, budget
+        assert sorted(text_summary_ids(read)) == expected_summaries, budget
+
+
+def test_a_text_the_engine_did_not_send_is_read_again_in_a_snapshot(
+        conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's walk decides. Told a wrong marker size, the engine's walk drops every
+    summary block the driver takes; the driver then reads frame and texts again in one
+    snapshot and gives the same projection."""
+    pairs = History(conn).pairs("fb", 50)
+    import_summary(conn, "fb", pairs, 0)
+    import_summary(conn, "fb", pairs, 10)
+    expected = project_history(conn, "fb", budget_bytes=BIG)
+    assert [p.placement for p in expected.pairs].count("summarized") == 20
+    monkeypatch.setattr(projection_module, "_MARKER_BYTES", BIG)
+    projection, log = recorded(conn, "fb", BIG)
+    assert projection == expected
+    assert [entry[0].split("compaction.")[1].split("(")[0] for entry in log] == [
+        "projection_read", "projection_frame", "projection_texts"]
+    assert text_summary_ids(log[0]) == []
 
 
 def seed_long_replies(conn: Conn, conversation_id: str, n: int, reply: str) -> list[SeededPair]:
@@ -554,18 +675,19 @@ def test_ten_thousand_summarized_pairs_read_only_what_the_budget_reaches(conn: C
     assert len(projection.pairs) == n
     assert projection.used_bytes <= budget
     assert 10 < len(summarized) < 100
-    # Two reads, whatever n: projection_frame (asked again, for twice as many pairs,
-    # while the walk gets past the pairs it gave), then the texts. The frame gives pair
-    # metadata only for the newest pairs and a verdict for every summary, but no text.
-    frames = [entry for entry in log if "compaction.projection_frame(" in entry[0]]
-    texts_stmt = required(log, "projection_texts")
-    assert len(log) == len(frames) + 1
-    assert 1 <= len(frames) <= 4
+    # One statement, whatever n: projection_read reads the frame (again, further back,
+    # while its walk gets past the pairs it gave), then the texts the walk includes. The
+    # frame gives pair metadata only for the newest pairs and a verdict for every
+    # summary, but no text.
+    [read] = log
+    assert "compaction.projection_read(" in read[0]
+    frame_row = read[4][0]
+    frame_pairs = frame_row[1] - frame_row[2]  # pair_count - first_pair
     reached = n - projection.pairs.omitted
-    assert frames[-1][1]["pairs"] < 2 * reached + 20
+    assert reached <= frame_pairs < 2 * reached + 20
     total_text = sum(len(p.user_content.encode()) + len(p.assistant_content.encode())
                      for p in pairs)
-    assert sum(f[3] for f in frames) < total_text / 100
+    assert read[3] < total_text / 100
     # Every summary's source was judged when it was written (all current here: none is
     # stale_source). The frame names the chosen summaries of the pairs it gave only; the
     # walk tried one block it could not fit (did_not_fit, DESIGN §9) and never reached
@@ -575,20 +697,16 @@ def test_ten_thousand_summarized_pairs_read_only_what_the_budget_reaches(conn: C
         (oldest_used - 10, "did_not_fit")]
     # The frame names the verdicts of the ranges its pairs cover and the rejected ones
     # (none here), not one per summary.
-    frame = conn.execute("SELECT * FROM compaction.projection_frame('big', 'default', %s)",
-                         (frames[-1][1]["pairs"],)).fetchone()
-    assert frame is not None
-    assert frame[2] == n - frames[-1][1]["pairs"]
-    assert len(frame[7]) == frames[-1][1]["pairs"] // 10
+    assert frame_row[2] == n - frame_pairs
+    assert len(frame_row[7]) == frame_pairs // 10
     # Texts: one row per projected message (a summary's text is its assistant message).
-    assert texts_stmt[2] == len(projection.messages)
-    assert texts_stmt[3] <= projection.used_bytes
+    assert read[2] == 1 + len(projection.messages)
 
-    # On the server, the text statement fetches exactly the rows it names, by key.
+    # On the server, the statement fetches exactly the rows of the texts it sends, by key.
     assert messages_fetched(
-        conn, "SELECT * FROM compaction.projection_texts('big', %s, %s)",
-        (texts_stmt[1]["message_ids"], texts_stmt[1]["summary_ids"])) == (
-        0, len(texts_stmt[1]["message_ids"]))
+        conn, "SELECT * FROM compaction.projection_read('big', 'default', %s, %s, %s)",
+        (read[1]["pairs"], budget, read[1]["marker_bytes"])) == (
+        0, len(text_message_ids(read)))
 
     # TOAST: what the call read is the included raw replies (a summary block carries user
     # texts, short here, never its replies); the pair metadata and judging every

@@ -171,10 +171,28 @@ def test_a_commit_refused_at_the_sync_raises_its_sqlstate_and_the_connection_goe
     assert conn.execute("SELECT k FROM public.deferred_check").fetchall() == [(2,)]
 
 
-def test_a_projection_is_two_round_trips(conn: Conn, dsn: str) -> None:
-    """project_history on an autocommit connection: BEGIN with the frame, then the texts
-    with COMMIT; each batch leaves whole before its answers come back."""
+def test_a_projection_is_one_statement_in_one_round_trip(conn: Conn, dsn: str) -> None:
+    """project_history on an autocommit connection (revision 0029): one statement,
+    compaction.projection_read, with no BEGIN or COMMIT: the statement's own snapshot
+    holds the frame and the texts."""
     History(conn).pairs("c", 40)
+    with db.connect(dsn) as reader:
+        results: list[Projection] = []
+        messages = wire(reader, lambda: results.append(
+            project_history(reader, "c", budget_bytes=64 * 1024)))
+        assert reader.info.transaction_status == pq.TransactionStatus.IDLE
+    [projection] = results
+    assert len(projection.messages) == 80
+    assert_one_round_trip(messages, statements=1)
+
+
+def test_a_projection_the_statement_cannot_serve_reads_again_in_one_snapshot(
+        conn: Conn, dsn: str) -> None:
+    """With the derived state out of use the one statement gives only derived = false;
+    the reads from the views and the texts then run in one repeatable-read snapshot:
+    BEGIN with the first read, COMMIT with the texts."""
+    History(conn).pairs("c", 40)
+    conn.execute("ALTER TABLE compaction_source.runs DISABLE TRIGGER runs_track_insert")
     with db.connect(dsn) as reader:
         results: list[Projection] = []
         messages = wire(reader, lambda: results.append(
@@ -184,14 +202,11 @@ def test_a_projection_is_two_round_trips(conn: Conn, dsn: str) -> None:
     assert len(projection.messages) == 80
     sent = [kind for direction, kind in messages if direction == "F"]
     assert "Query" not in sent
-    assert sent.count("Sync") == 2
-    assert [kind for direction, kind in messages if direction == "B"].count(
-        "ReadyForQuery") == 2
-    # Two batches: everything the client sends before the first answer, then everything
-    # it sends between the first ReadyForQuery and the next answer.
-    first_answer = next(i for i, (d, _) in enumerate(messages) if d == "B")
-    first_ready = next(i for i, (d, k) in enumerate(messages) if (d, k) == ("B", "ReadyForQuery"))
-    second_batch = [k for d, k in messages[first_ready + 1:] if d == "F"]
-    assert all(d == "B" for d, _ in messages[first_answer:first_ready + 1]), messages
-    assert sent[: sent.index("Sync")].count("Execute") == 2  # BEGIN, frame
-    assert second_batch.count("Execute") == 2  # texts, COMMIT
+    batches: list[list[str]] = [[]]
+    for direction, kind in messages:
+        if direction == "F":
+            batches[-1].append(kind)
+        elif kind == "ReadyForQuery":
+            batches.append([])
+    # projection_read; BEGIN + frame; the pairs; the summaries; texts + COMMIT.
+    assert [b.count("Execute") for b in batches if b] == [1, 2, 1, 1, 2], batches
