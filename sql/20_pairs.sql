@@ -69,38 +69,26 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_runs    text[];
     v_foreign text[];
 BEGIN
     -- §3: a run with a user or assistant message filed under another conversation is no
     -- pair. That is the one question that crosses conversations, so it is asked on its
     -- own, by run id alone (a plain read of every shard under Citus); everything else
     -- below addresses this conversation's rows only.
-    IF p_run_ids IS NULL THEN
-        -- The conversation's run ids first, in a statement of their own (revision 0030):
-        -- as a subquery of the read by run id, Citus ran them as a distributed subplan
-        -- and sent its result to every node before the read (about 2.5 ms of a
-        -- judgement); as a value, they travel with the read's tasks. Whole-conversation
-        -- judgements only (the views' path, the rebuild, always on Citus); tracking names
-        -- its few runs and keeps the one statement below.
-        SELECT pg_catalog.array_agg(sr.run_id) INTO v_runs
-        FROM compaction.source_runs AS sr
-        WHERE sr.conversation_id = p_conversation_id;
-        SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
-        FROM compaction.source_messages AS sm
-        WHERE sm.run_id = ANY (v_runs)
-          AND sm.role IN ('user', 'assistant')
-          AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
-    ELSE
-        SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
-        FROM compaction.source_messages AS sm
-        WHERE sm.run_id = ANY (ARRAY(SELECT sr.run_id
-                                     FROM compaction.source_runs AS sr
-                                     WHERE sr.run_id = ANY (p_run_ids)
-                                       AND sr.conversation_id = p_conversation_id))
-          AND sm.role IN ('user', 'assistant')
-          AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
-    END IF;
+    SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
+    FROM compaction.source_messages AS sm
+    -- Two arrays, one evaluated: a generic plan keeps an index scan for each form.
+    WHERE sm.run_id = ANY (CASE WHEN p_run_ids IS NULL
+                                THEN ARRAY(SELECT sr.run_id
+                                           FROM compaction.source_runs AS sr
+                                           WHERE sr.conversation_id = p_conversation_id)
+                                ELSE ARRAY(SELECT sr.run_id
+                                           FROM compaction.source_runs AS sr
+                                           WHERE sr.run_id = ANY (p_run_ids)
+                                             AND sr.conversation_id = p_conversation_id)
+                           END)
+      AND sm.role IN ('user', 'assistant')
+      AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
     RETURN QUERY
     -- A lateral aggregate per run: the messages of each run are fetched by the run_id
     -- index, so the cost follows this conversation's size, never the table's.

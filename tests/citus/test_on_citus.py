@@ -256,25 +256,6 @@ def test_erasure_outside_a_transaction_block_is_refused_and_changes_nothing(
     assert erased == (2,)
 
 
-def test_judging_a_conversation_sends_no_subplan_to_the_nodes(conn: Conn) -> None:
-    """Revision 0030: judge_runs reads the conversation's run ids in a statement of their
-    own. As a subquery of the read by run id across conversations, Citus ran them as a
-    distributed subplan and sent its result to every node first (read there with
-    read_intermediate_result): about 2.5 ms of each judgement, which every call pays on
-    Citus."""
-    conn.execute(_history_sql("judged"))
-    remote: list[str] = []
-    conn.add_notice_handler(lambda notice: remote.append(notice.message_primary or ""))
-    conn.execute("SET citus.log_remote_commands = on")
-    judged = conn.execute(
-        "SELECT count(*), count(*) FILTER (WHERE reason IS NULL)"
-        " FROM compaction.judge_runs('judged')").fetchone()
-    conn.execute("RESET citus.log_remote_commands")
-    assert judged == (35, 35)
-    assert any("issuing" in command for command in remote), remote  # the log is on
-    assert not [c for c in remote if "intermediate_result" in c or "format result" in c]
-
-
 def test_check_source_says_the_derived_state_is_not_kept_on_citus(
         conn: Conn, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The tracking triggers stay detached on Citus (docs/operations.md): check-source says

@@ -74,72 +74,37 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from nodes(child)
 
 
-def statements_into(body: str, variable: str) -> list[str]:
-    """The `SELECT ... INTO variable ...;` statements of a PL/pgSQL body, in order, each
-    without its INTO clause."""
-    found = []
-    marker = f" INTO {variable}"
-    at = body.find(marker)
-    while at != -1:
-        start = body.rfind("SELECT", 0, at)
-        end = body.index(";", at)
-        found.append(body[start:at] + body[at + len(marker):end])
-        at = body.find(marker, end)
-    return found
-
-
-def explain_prepared(conn: Conn, statement: str, types: str, arguments: str
-                     ) -> list[dict[str, Any]]:
-    """EXPLAIN ANALYZE a statement prepared with the given parameter types, executed with
-    the given (SQL) arguments, with the generic plan the functions keep (their
-    plan_cache_mode): its plan's nodes."""
-    conn.execute(f"PREPARE body({types}) AS {statement}".encode())
-    conn.execute("SET plan_cache_mode = force_generic_plan")
-    try:
-        row = conn.execute(
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE body({arguments})".encode()
-        ).fetchone()
-    finally:
-        conn.execute("RESET plan_cache_mode")
-        conn.execute("DEALLOCATE body")
-    assert row is not None
-    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
-    return list(nodes(plan[0]["Plan"]))
-
-
 def explain_body(conn: Conn, function: str, argument: str,
                  run_ids: str = "NULL::text[]", *, foreign_check: bool = False
                  ) -> list[dict[str, Any]]:
     """EXPLAIN ANALYZE the function's own statement, with the argument as a bind parameter.
 
-    judge_runs asks first whether a run's messages were filed under another conversation
-    (foreign_check, into v_foreign: for a whole conversation, after reading its run ids
-    into v_runs, whose statement's plan comes first here), then the verdicts (RETURN
-    QUERY)."""
+    judge_runs has two: the question whether a run's messages were filed under another
+    conversation (foreign_check, into v_foreign), then the verdicts (RETURN QUERY)."""
     row = conn.execute(
         "SELECT prosrc FROM pg_proc WHERE oid = %s::regprocedure", (function,)
     ).fetchone()
     assert row is not None
     body = row[0]
-    literal = sql.Literal(argument).as_string(conn)
     if foreign_check:
-        whole, named = statements_into(body, "v_foreign")
-        if run_ids == "NULL::text[]":
-            [runs] = statements_into(body, "v_runs")
-            runs = runs.replace("p_conversation_id", "$1")
-            found = conn.execute(runs.replace("$1", literal).encode()).fetchone()
-            assert found is not None
-            ids = sql.Literal(found[0]).as_string(conn)
-            return (explain_prepared(conn, runs, "text", literal)
-                    + explain_prepared(conn, whole.replace("p_conversation_id", "$1")
-                                       .replace("v_runs", "$2"),
-                                       "text, text[]", f"{literal}, {ids}::text[]"))
-        body = named
+        head, tail = body.split("INTO v_foreign", 1)
+        body = "SELECT pg_catalog.array_agg(DISTINCT sm.run_id)" + tail.split(";", 1)[0]
+        assert "SELECT pg_catalog.array_agg(DISTINCT sm.run_id)" in head
     elif "RETURN QUERY" in body:  # a PL/pgSQL function: its statement
         body = body.split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
     body = (body.replace("p_conversation_id", "$1").replace("p_run_ids", run_ids)
             .replace("v_foreign", "NULL::text[]"))
-    return explain_prepared(conn, body, "text", literal)
+    conn.execute(b"PREPARE body(text) AS " + body.encode())
+    try:
+        row = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE body({})").format(
+                sql.Literal(argument))
+        ).fetchone()
+    finally:
+        conn.execute("DEALLOCATE body")
+    assert row is not None
+    plan = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return list(nodes(plan[0]["Plan"]))
 
 
 def test_judging_runs_uses_indexes_and_reads_one_conversation(crowded: Conn) -> None:
@@ -151,9 +116,8 @@ def test_judging_runs_uses_indexes_and_reads_one_conversation(crowded: Conn) -> 
     # rows produced by the scans: this conversation's runs and messages, nothing else
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
     assert scanned == BIG_PAIRS * 3
-    # The question across conversations: this conversation's runs (a statement of its own
-    # since revision 0030), then their messages by run id, none of which is filed
-    # elsewhere here.
+    # The question across conversations: this conversation's runs, then their messages by
+    # run id, none of which is filed elsewhere here.
     plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG,
                         foreign_check=True)
     scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
