@@ -11,17 +11,19 @@ Two layers:
   summary's source with `pycompactor.source_hash`); tests drive it without a database.
   The manifest (`Manifest`) and the rejections (`Rejections`) are sequences whose
   entries are made when read: a long conversation costs no object per pair or summary.
-* a thin reading layer that feeds the core from PostgreSQL in one read-only
-  repeatable-read snapshot (so metadata and texts agree): while the engine keeps its
-  derived state, one statement gives the newest pairs' metadata and every summary's
-  verdict (`compaction.projection_frame`; the database judged them when their ranges or
-  they were written), otherwise every pair's and every summary's metadata, judged from
-  the views; then only the texts the plan includes. The text read and shipped grows with
-  the budget, not with the conversation (docs/projection.md, "Cost"). The reads are
-  written once, driver-free (`_projection_steps` yields statements and receives rows);
-  two small drivers run them, two round trips on an autocommit connection:
-  `project_history` on a `psycopg.Connection`, `aproject_history` on a
-  `psycopg.AsyncConnection`.
+* a thin reading layer that feeds the core from PostgreSQL in one snapshot (so metadata
+  and texts agree). While the engine keeps its derived state, one statement
+  (`compaction.projection_read`) gives the newest pairs' metadata, every summary's
+  verdict (the database judged them when their ranges or they were written) and the
+  texts of what the engine's walk of them includes; the driver plans from the metadata
+  itself (`_frame_step`) and renders if every text it needs came (`_one_read`). Otherwise
+  (the derived state out of use, or a text not sent) the reads run in one read-only
+  repeatable-read transaction (`_projection_steps`): the frame, or every pair's and
+  summary's metadata judged from the views, then only the texts the plan includes. The
+  text read and shipped grows with the budget, not with the conversation
+  (docs/projection.md, "Cost"). The reads are written once, driver-free; two small
+  drivers run them, usually one round trip: `project_history` on a
+  `psycopg.Connection`, `aproject_history` on a `psycopg.AsyncConnection`.
 
 The rules, the marker line and the manifest shape are documented in docs/projection.md.
 """

@@ -171,11 +171,9 @@ def test_a_commit_refused_at_the_sync_raises_its_sqlstate_and_the_connection_goe
     assert conn.execute("SELECT k FROM public.deferred_check").fetchall() == [(2,)]
 
 
-def test_a_projection_is_one_statement_in_one_round_trip(conn: Conn, dsn: str) -> None:
-    """project_history on an autocommit connection (revision 0029): one statement,
-    compaction.projection_read, with no BEGIN or COMMIT: the statement's own snapshot
-    holds the frame and the texts."""
-    History(conn).pairs("c", 40)
+def projected_on_the_wire(dsn: str) -> list[tuple[str, str]]:
+    """The protocol messages of one projection of conversation "c" (40 pairs) on a fresh
+    autocommit connection, which it leaves idle."""
     with db.connect(dsn) as reader:
         results: list[Projection] = []
         messages = wire(reader, lambda: results.append(
@@ -183,7 +181,15 @@ def test_a_projection_is_one_statement_in_one_round_trip(conn: Conn, dsn: str) -
         assert reader.info.transaction_status == pq.TransactionStatus.IDLE
     [projection] = results
     assert len(projection.messages) == 80
-    assert_one_round_trip(messages, statements=1)
+    return messages
+
+
+def test_a_projection_is_one_statement_in_one_round_trip(conn: Conn, dsn: str) -> None:
+    """project_history on an autocommit connection (revision 0029): one statement,
+    compaction.projection_read, with no BEGIN or COMMIT: the statement's own snapshot
+    holds the frame and the texts."""
+    History(conn).pairs("c", 40)
+    assert_one_round_trip(projected_on_the_wire(dsn), statements=1)
 
 
 def test_a_projection_the_statement_cannot_serve_reads_again_in_one_snapshot(
@@ -193,15 +199,8 @@ def test_a_projection_the_statement_cannot_serve_reads_again_in_one_snapshot(
     BEGIN with the first read, COMMIT with the texts."""
     History(conn).pairs("c", 40)
     conn.execute("ALTER TABLE compaction_source.runs DISABLE TRIGGER runs_track_insert")
-    with db.connect(dsn) as reader:
-        results: list[Projection] = []
-        messages = wire(reader, lambda: results.append(
-            project_history(reader, "c", budget_bytes=64 * 1024)))
-        assert reader.info.transaction_status == pq.TransactionStatus.IDLE
-    [projection] = results
-    assert len(projection.messages) == 80
-    sent = [kind for direction, kind in messages if direction == "F"]
-    assert "Query" not in sent
+    messages = projected_on_the_wire(dsn)
+    assert "Query" not in [kind for direction, kind in messages if direction == "F"]
     batches: list[list[str]] = [[]]
     for direction, kind in messages:
         if direction == "F":
