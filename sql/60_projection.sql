@@ -505,10 +505,12 @@ BEGIN
         -- budget would take at the rate it was spent, a quarter more, at least twice as
         -- many, in whole ranges (the driver's _next_read). The frame reaches pair 0 in
         -- the end, where every walk finishes.
+        -- In numeric: the budget may be as large as a bigint.
         v_given := f.pair_count - v_first;
-        v_wanted := greatest(2 * v_given,
-                             (v_given * p_budget_bytes * 5 + 4 * greatest(p_budget_bytes - v_remaining, 1) - 1)
-                             / (4 * greatest(p_budget_bytes - v_remaining, 1)));
+        v_wanted := least(greatest(2 * v_given,
+                                   pg_catalog.ceil(v_given::numeric * p_budget_bytes * 5
+                                                   / (4 * greatest(p_budget_bytes - v_remaining, 1)))),
+                          2147483640)::bigint;
         v_wanted := least(v_wanted + (10 - v_wanted % 10) % 10, 2147483640);
     END LOOP;
     RETURN QUERY SELECT f.derived, f.pair_count, f.first_pair, f.user_message_ids,

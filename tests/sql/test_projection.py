@@ -564,6 +564,25 @@ def test_the_engine_walk_sends_exactly_the_texts_the_driver_includes(conn: Conn,
         assert sorted(text_summary_ids(read)) == expected_summaries, budget
 
 
+def test_the_statement_reads_back_to_the_first_pair_under_the_largest_budget(
+        conn: Conn) -> None:
+    """projection_read asked for the 10 newest pairs under the largest budget reads the
+    frame again, back to pair 0, within the statement (its step back is computed in
+    numeric: in bigint it overflowed)."""
+    pairs = History(conn).pairs("huge", 40)
+    summary_id = import_summary(conn, "huge", pairs, 0)
+    rows = conn.execute(
+        "SELECT first_pair, message_id, summary_id"
+        " FROM compaction.projection_read('huge', 'default', 10, %s, %s)",
+        (projection_module.MAX_BUDGET_BYTES, projection_module._MARKER_BYTES)).fetchall()
+    assert rows[0][0] == 0
+    texts = rows[1:]
+    assert [t[2] for t in texts if t[2] is not None] == [summary_id]
+    assert sorted(t[1] for t in texts if t[1] is not None) == sorted(
+        [p.user_message_id for p in pairs[:10]]
+        + [m for p in pairs[10:] for m in (p.user_message_id, p.assistant_message_id)])
+
+
 def test_a_text_the_engine_did_not_send_is_read_again_in_a_snapshot(
         conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver's walk decides. Told a wrong marker size, the engine's walk drops every
