@@ -505,9 +505,10 @@ BEGIN
         -- budget would take at the rate it was spent, a quarter more, at least twice as
         -- many, in whole ranges (the driver's _next_read). The frame reaches pair 0 in
         -- the end, where every walk finishes.
-        -- In numeric: the budget may be as large as a bigint.
+        -- In numeric: the budget may be as large as a bigint. At least 10 more than
+        -- given, so a frame of no pairs (p_pairs 0) steps back too.
         v_given := f.pair_count - v_first;
-        v_wanted := least(greatest(2 * v_given,
+        v_wanted := least(greatest(2 * v_given, v_given + 10,
                                    pg_catalog.ceil(v_given::numeric * p_budget_bytes * 5
                                                    / (4 * greatest(p_budget_bytes - v_remaining, 1)))),
                           2147483640)::bigint;

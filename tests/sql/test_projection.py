@@ -583,6 +583,21 @@ def test_the_statement_reads_back_to_the_first_pair_under_the_largest_budget(
         + [m for p in pairs[10:] for m in (p.user_message_id, p.assistant_message_id)])
 
 
+def test_the_statement_asked_for_no_pairs_steps_back_all_the_same(conn: Conn) -> None:
+    """p_pairs 0 on a conversation of whole ranges gives a frame of no pairs; the step
+    back takes at least 10 more (twice nothing is nothing: the statement looped until
+    its timeout)."""
+    pairs = History(conn).pairs("none", 30)
+    conn.execute("SET statement_timeout = '10s'")
+    rows = conn.execute(
+        "SELECT first_pair, message_id FROM compaction.projection_read('none', 'default',"
+        " 0, %s, %s)", (raw_cost(pairs[-3:]), projection_module._MARKER_BYTES)).fetchall()
+    conn.execute("RESET statement_timeout")
+    assert rows[0][0] == 20
+    assert sorted(r[1] for r in rows[1:]) == sorted(
+        m for p in pairs[-3:] for m in (p.user_message_id, p.assistant_message_id))
+
+
 def test_a_text_the_engine_did_not_send_is_read_again_in_a_snapshot(
         conn: Conn, monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver's walk decides. Told a wrong marker size, the engine's walk drops every
