@@ -479,7 +479,7 @@ BEGIN
                 -- The block: the range's user messages, then the summary message (marker
                 -- line with the two pair numbers, newline, summary).
                 v_at := v_start - v_first + 1;
-                v_cost := p_marker_bytes + pg_catalog.length(v_start::text)
+                v_cost := p_marker_bytes::bigint + pg_catalog.length(v_start::text)
                           + pg_catalog.length((v_start + 9)::text) + 1 + v_bytes[v_chosen] + 16;
                 FOR v_k IN v_at .. v_at + 9 LOOP
                     v_cost := v_cost + v_user_sizes[v_k] + 16;
@@ -494,7 +494,7 @@ BEGIN
                 v_dropped := v_start;  -- it does not fit: this range's raw pairs instead
             END IF;
             v_at := v_index - v_first + 1;
-            v_cost := v_user_sizes[v_at] + v_sizes[v_at] + 32;
+            v_cost := v_user_sizes[v_at]::bigint + v_sizes[v_at] + 32;
             EXIT WHEN v_cost > v_remaining;
             v_remaining := v_remaining - v_cost;
             v_message_ids := v_message_ids || v_users[v_at] || v_assistants[v_at];

@@ -581,6 +581,17 @@ def test_the_statement_reads_back_to_the_first_pair_under_the_largest_budget(
     assert sorted(t[1] for t in texts if t[1] is not None) == sorted(
         [p.user_message_id for p in pairs[:10]]
         + [m for p in pairs[10:] for m in (p.user_message_id, p.assistant_message_id)])
+    # The largest marker size a caller can give: the block's cost passes an int and still
+    # fits the budget (no sum overflows); under a smaller budget it is dropped, and every
+    # pair is sent raw.
+    for budget, summaries, texts_sent in ((projection_module.MAX_BUDGET_BYTES, [summary_id],
+                                           10 + 1 + 60),
+                                          (2**31, [], 80)):
+        rows = conn.execute(
+            "SELECT summary_id FROM compaction.projection_read('huge', 'default', 10, %s,"
+            " %s)", (budget, 2**31 - 1)).fetchall()
+        assert len(rows) == 1 + texts_sent
+        assert [r[0] for r in rows[1:] if r[0] is not None] == summaries
 
 
 def test_the_statement_asked_for_no_pairs_steps_back_all_the_same(conn: Conn) -> None:
