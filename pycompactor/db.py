@@ -1056,8 +1056,9 @@ def projection_read_query(conversation_id: str, scope: str, pairs: int, budget: 
     """Rows of compaction.projection_read: first projection_frame's row (its 11 columns,
     then message_id, summary_id, content NULL), then one (11 NULLs, message_id,
     summary_id, content) per text the engine's walk of that frame includes under
-    `budget` bytes (none when the derived state is not in use or the walk needs older
-    pairs than the newest `pairs`)."""
+    `budget` bytes. The frame covers the newest `pairs` pairs, or more when the walk
+    needed older ones (the statement reads them itself); no text rows when the derived
+    state is not in use."""
     return ("SELECT derived, pair_count, first_pair, user_message_ids, assistant_message_ids,"
             " user_bytes, assistant_bytes, summary_ids, summary_from_pairs, summary_reasons,"
             " summary_bytes, message_id, summary_id, content"

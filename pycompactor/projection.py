@@ -993,8 +993,8 @@ def project_history(
     the texts the plan includes: usually one statement (compaction.projection_read, one
     round trip and one snapshot; on an autocommit connection no transaction of its own),
     text read in proportion to the budget, whatever the conversation's length. When that
-    statement cannot give all the plan needs (the derived state out of use, a budget that
-    reaches further back than its pairs), the reads run again in one read-only snapshot.
+    statement cannot give all the plan needs (the derived state out of use, or a text the
+    engine's walk did not send), the reads run again in one read-only snapshot.
     Every summary gets its reason (a stale one is `stale_source` whatever the budget).
     An unknown conversation gives an empty projection; a negative budget raises UsageError.
     """
