@@ -109,10 +109,12 @@ def message_cost(content: str) -> int:
     return utf8_len(content) + MESSAGE_OVERHEAD_BYTES
 
 
-#: UTF-8 bytes of the marker line without its two pair numbers: the engine's walk
-#: (compaction.projection_read) adds the numbers' digits. The rendering stays here; only
-#: its size travels.
-_MARKER_BYTES: Final = utf8_len(SUMMARY_MARKER.format(from_pair="", to_pair=""))
+#: UTF-8 bytes of the marker line without its two pair numbers (ASCII digits): the walk
+#: adds the numbers' digits rather than format the line.
+_MARKER_LINE_BYTES: Final = utf8_len(SUMMARY_MARKER.format(from_pair="", to_pair=""))
+#: The same size as the engine's walk (compaction.projection_read) is told it; the
+#: rendering stays here, only its size travels.
+_MARKER_BYTES: Final = _MARKER_LINE_BYTES
 
 
 # --------------------------------------------------------------------------- inputs
@@ -242,11 +244,17 @@ class Manifest(_Entries[PairPlacement]):
 
     The included history is a contiguous newest suffix, so every pair before it is
     `omitted`; those entries are made when read rather than stored, and a projection of a
-    long conversation costs what it includes, not one object per pair. It behaves like a
-    tuple of its entries (`_Entries`).
+    long conversation costs what it includes, not one object per pair. The included
+    pairs are kept as two columns (placement, summary id) and their entries are made
+    when read too: the walk, paid on every call, makes no object per pair. It behaves
+    like a tuple of its entries (`_Entries`).
     """
 
-    __slots__ = ("_included", "_omitted")
+    __slots__ = ("_omitted", "_placements", "_summary_ids")
+
+    _omitted: int
+    _placements: tuple[Placement, ...]
+    _summary_ids: tuple[int | None, ...]
 
     def __init__(self, omitted: int, included: Sequence[PairPlacement] = ()) -> None:
         if omitted < 0:
@@ -256,7 +264,19 @@ class Manifest(_Entries[PairPlacement]):
             raise ValueError("included must be the pairs after the omitted ones, in order,"
                              " none of them omitted")
         self._omitted = omitted
-        self._included = tuple(included)
+        self._placements = tuple(p.placement for p in included)
+        self._summary_ids = tuple(p.summary_id for p in included)
+
+    @classmethod
+    def _of_columns(cls, omitted: int, placements: Sequence[Placement],
+                    summary_ids: Sequence[int | None]) -> Manifest:
+        """The manifest of the walk's columns (the pairs after the omitted ones, in
+        order), unchecked: the walk makes them so."""
+        manifest = cls.__new__(cls)
+        manifest._omitted = omitted
+        manifest._placements = tuple(placements)
+        manifest._summary_ids = tuple(summary_ids)
+        return manifest
 
     @property
     def omitted(self) -> int:
@@ -264,23 +284,26 @@ class Manifest(_Entries[PairPlacement]):
         return self._omitted
 
     def __len__(self) -> int:
-        return self._omitted + len(self._included)
+        return self._omitted + len(self._placements)
 
     def _entry(self, position: int) -> PairPlacement:
         if position < self._omitted:
             return PairPlacement(position, OMITTED, None)
-        return self._included[position - self._omitted]
+        k = position - self._omitted
+        return PairPlacement(position, self._placements[k], self._summary_ids[k])
 
     def _key(self) -> tuple[object, ...]:
-        return (self._omitted, self._included)
+        return (self._omitted, self._placements, self._summary_ids)
 
     def __iter__(self) -> Iterator[PairPlacement]:
         for position in range(self._omitted):
             yield PairPlacement(position, OMITTED, None)
-        yield from self._included
+        for position, (placement, summary_id) in enumerate(
+                zip(self._placements, self._summary_ids, strict=True), self._omitted):
+            yield PairPlacement(position, placement, summary_id)
 
     def __repr__(self) -> str:
-        return f"Manifest(omitted={self._omitted}, included={self._included!r})"
+        return f"Manifest(omitted={self._omitted}, included={self[self._omitted:]!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,16 +517,20 @@ def _flat_ids(pairs: Sequence[PairMeta]) -> list[str]:
     return flat
 
 
+def _summary_message_bytes(from_pair: int, to_pair: int, summary_bytes: int) -> int:
+    """UTF-8 bytes of a summary message's content: the marker line (its pair numbers are
+    ASCII digits), a newline, the summary; without formatting the line."""
+    return _MARKER_LINE_BYTES + len(str(from_pair)) + len(str(to_pair)) + 1 + summary_bytes
+
+
 def block_cost(summary: ChosenSummary, pairs: Sequence[PairMeta], first: int = 0) -> int:
     """Cost of a summary block: the range's 10 user messages plus the summary message.
     `pairs` start at pair `first`."""
     users = pairs[summary.from_pair - first : summary.to_pair + 1 - first]
-    summary_message = (
-        utf8_len(marker_line(summary.from_pair, summary.to_pair)) + 1 + summary.summary_bytes
-    )
     return (
         sum(p.user_bytes + MESSAGE_OVERHEAD_BYTES for p in users)
-        + summary_message + MESSAGE_OVERHEAD_BYTES
+        + _summary_message_bytes(summary.from_pair, summary.to_pair, summary.summary_bytes)
+        + MESSAGE_OVERHEAD_BYTES
     )
 
 
@@ -567,20 +594,42 @@ class _Chosen:
     summary_bytes: int
 
 
+class _Columns(NamedTuple):
+    """Pairs `first`.. as four columns, the way projection_frame gives them: the walk reads
+    them by position and makes no object per pair."""
+
+    user_message_ids: Sequence[str]
+    assistant_message_ids: Sequence[str]
+    user_bytes: Sequence[int]
+    assistant_bytes: Sequence[int]
+
+
+def _columns(pairs: Sequence[PairMeta]) -> _Columns:
+    return _Columns([p.user_message_id for p in pairs], [p.assistant_message_id for p in pairs],
+                    [p.user_bytes for p in pairs], [p.assistant_bytes for p in pairs])
+
+
 class _Walk(NamedTuple):
-    """What the walk decided: newest first, the chosen summaries whose blocks it tried
-    and dropped, and the first pair it included. Not `finished` when it needed a pair
-    before those it was given."""
+    """What the walk decided: newest first, the plan items and each included pair's
+    placement and summary id; the chosen summaries whose blocks it tried and dropped,
+    and the first pair it included. Not `finished` when it needed a pair before those it
+    was given."""
 
     items: list[PlanItem]
-    included: list[PairPlacement]
+    placements: list[Placement]
+    summary_ids: list[int | None]
     dropped: set[int]
     remaining: int
     start: int
     finished: bool
 
 
-def _walk(pairs: Sequence[PairMeta], first: int, chosen: Mapping[int, ChosenSummary],
+_RAW_PAIR_OVERHEAD: Final = 2 * MESSAGE_OVERHEAD_BYTES
+_BLOCK_OVERHEAD: Final = (PAIRS_PER_RANGE + 1) * MESSAGE_OVERHEAD_BYTES
+_SUMMARIZED_RANGE: Final[list[Placement]] = [SUMMARIZED] * PAIRS_PER_RANGE
+
+
+def _walk(pairs: _Columns, first: int, chosen: Mapping[int, ChosenSummary],
           budget: int) -> _Walk:
     """The budget walk over pairs `first`.. (all pairs after them; `first` a multiple of
     10), newest first. Not finished when it would need a pair before `first` (the caller
@@ -589,16 +638,20 @@ def _walk(pairs: Sequence[PairMeta], first: int, chosen: Mapping[int, ChosenSumm
     A pair outside any chosen summary's range is taken raw; at a range with a chosen
     summary the whole block is tried, and if it does not fit (`dropped`: `did_not_fit`),
     that range's raw pairs newest first. The first thing that does not fit ends the
-    walk, so the included history is always a contiguous newest suffix.
+    walk, so the included history is always a contiguous newest suffix. Costs are
+    `block_cost` and `PairMeta.cost`, summed from the columns.
     """
+    users, assistants, user_bytes, assistant_bytes = pairs
     remaining = budget
     newest_first: list[PlanItem] = []
-    included: list[PairPlacement] = []
+    placements: list[Placement] = []
+    summary_ids: list[int | None] = []
     dropped: set[int] = set()
-    index = first + len(pairs) - 1
+    index = first + len(users) - 1
     while index >= 0:
         if index < first:
-            return _Walk(newest_first, included, dropped, remaining, index + 1, False)
+            return _Walk(newest_first, placements, summary_ids, dropped, remaining,
+                         index + 1, False)
         start = index - index % PAIRS_PER_RANGE
         summary = chosen.get(start)
         # A range's block is tried once: if it fits the walk moves past the range, and if
@@ -607,29 +660,29 @@ def _walk(pairs: Sequence[PairMeta], first: int, chosen: Mapping[int, ChosenSumm
             # A chosen summary's range is complete and the walk is contiguous, so the walk
             # meets the range at its last pair.
             assert index == summary.to_pair
-            cost = block_cost(summary, pairs, first)
+            low, high = start - first, index + 1 - first
+            cost = (sum(user_bytes[low:high]) + _BLOCK_OVERHEAD
+                    + _summary_message_bytes(start, index, summary.summary_bytes))
             if cost <= remaining:
                 remaining -= cost
-                block = pairs[start - first : summary.to_pair + 1 - first]
-                newest_first.append(SummaryItem(
-                    summary.summary_id, start, summary.to_pair,
-                    tuple(p.user_message_id for p in block),
-                ))
-                included.extend(PairPlacement(p.pair_index, SUMMARIZED, summary.summary_id)
-                                for p in reversed(block))
+                newest_first.append(SummaryItem(summary.summary_id, start, index,
+                                                tuple(users[low:high])))
+                placements += _SUMMARIZED_RANGE
+                summary_ids += (summary.summary_id,) * PAIRS_PER_RANGE
                 index = start - 1
                 continue
             # The block does not fit: fall back to this range's raw pairs, newest first.
             dropped.add(summary.summary_id)
-        pair = pairs[index - first]
-        if pair.cost > remaining:
+        position = index - first
+        cost = user_bytes[position] + assistant_bytes[position] + _RAW_PAIR_OVERHEAD
+        if cost > remaining:
             break
-        remaining -= pair.cost
-        newest_first.append(RawItem(pair.pair_index, pair.user_message_id,
-                                    pair.assistant_message_id))
-        included.append(PairPlacement(pair.pair_index, RAW, None))
+        remaining -= cost
+        newest_first.append(RawItem(index, users[position], assistants[position]))
+        placements.append(RAW)
+        summary_ids.append(None)
         index -= 1
-    return _Walk(newest_first, included, dropped, remaining, index + 1, True)
+    return _Walk(newest_first, placements, summary_ids, dropped, remaining, index + 1, True)
 
 
 def _plan(walk: _Walk, verdicts: Iterable[tuple[int, int, Reason | None]],
@@ -657,7 +710,8 @@ def _plan(walk: _Walk, verdicts: Iterable[tuple[int, int, Reason | None]],
         reasons.append(reason)
     return Plan(
         items=tuple(reversed(walk.items)),
-        pairs=Manifest(walk.start, walk.included[::-1]),
+        pairs=Manifest._of_columns(walk.start, walk.placements[::-1],
+                                   walk.summary_ids[::-1]),
         rejected_summaries=Rejections(ids, from_pairs, reasons),
         used_bytes=budget - walk.remaining,
         budget_bytes=budget,
@@ -680,7 +734,7 @@ def plan_projection(
     if any(p.pair_index != i for i, p in enumerate(pairs)):
         raise ValueError("pairs must be every eligible pair, ordered by pair_index from 0")
     selection = select_summaries(pairs, summaries)
-    walk = _walk(pairs, 0, selection.chosen, budget)
+    walk = _walk(_columns(pairs), 0, selection.chosen, budget)
     assert walk.finished  # it was given every pair
     chosen_ids = {s.summary_id for s in selection.chosen.values()}
     verdicts = sorted(
@@ -806,13 +860,15 @@ def _frame_step(frame: Sequence[Any], budget: int) -> Plan | int | None:
      summary_ids, from_pairs, reasons, sizes) = frame[:11]
     if not derived:
         return None
-    pairs = [PairMeta(first + i, u, a, ub, ab) for i, (u, a, ub, ab)
-             in enumerate(zip(users, assistants, user_sizes, assistant_sizes, strict=True))]
+    if not len(users) == len(assistants) == len(user_sizes) == len(assistant_sizes):
+        raise PycompactorError("the engine gave a frame whose pair columns differ in length;"
+                               " upgrade pycompactor to the version of the migrations")
     chosen = {f: _Chosen(sid, f, f + PAIRS_PER_RANGE - 1, size)
               for sid, f, reason, size in zip(summary_ids, from_pairs, reasons, sizes,
                                               strict=True)
               if reason is None and size is not None}
-    walk = _walk(pairs, first, chosen, budget)
+    walk = _walk(_Columns(users, assistants, user_sizes, assistant_sizes), first, chosen,
+                 budget)
     if not walk.finished:
         return _next_read(count - first, budget - walk.remaining, budget)
     verdicts: Iterable[tuple[int, int, Reason | None]] = zip(

@@ -661,6 +661,8 @@ def test_a_long_omitted_history_costs_no_entry_per_pair() -> None:
     plan = plan_projection(metas, [], 2 * (20 + 2 * 16))
     assert len(plan.pairs) == 10_000
     assert plan.pairs.omitted == 9_998
-    assert plan.pairs._included == (PairPlacement(9_998, "raw", None),
-                                    PairPlacement(9_999, "raw", None))
+    # Kept as columns of the two included pairs; entries are made when read.
+    assert (plan.pairs._placements, plan.pairs._summary_ids) == (("raw", "raw"), (None, None))
+    assert plan.pairs[plan.pairs.omitted:] == (PairPlacement(9_998, "raw", None),
+                                               PairPlacement(9_999, "raw", None))
     assert plan.pairs[123] == PairPlacement(123, "omitted", None)
