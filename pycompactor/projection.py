@@ -660,12 +660,12 @@ def _walk(pairs: _Columns, first: int, chosen: Mapping[int, ChosenSummary],
             # A chosen summary's range is complete and the walk is contiguous, so the walk
             # meets the range at its last pair.
             assert index == summary.to_pair
-            low, high = start - first, index + 1 - first
+            low, high = start - first, summary.to_pair + 1 - first
             cost = (sum(user_bytes[low:high]) + _BLOCK_OVERHEAD
-                    + _summary_message_bytes(start, index, summary.summary_bytes))
+                    + _summary_message_bytes(start, summary.to_pair, summary.summary_bytes))
             if cost <= remaining:
                 remaining -= cost
-                newest_first.append(SummaryItem(summary.summary_id, start, index,
+                newest_first.append(SummaryItem(summary.summary_id, start, summary.to_pair,
                                                 tuple(users[low:high])))
                 placements += _SUMMARIZED_RANGE
                 summary_ids += (summary.summary_id,) * PAIRS_PER_RANGE
