@@ -133,10 +133,6 @@ class PairMeta(NamedTuple):
     user_bytes: int
     assistant_bytes: int
 
-    @property
-    def cost(self) -> int:
-        return self.user_bytes + self.assistant_bytes + 2 * MESSAGE_OVERHEAD_BYTES
-
 
 @dataclass(frozen=True, slots=True)
 class SummaryBinding:
@@ -523,15 +519,25 @@ def _summary_message_bytes(from_pair: int, to_pair: int, summary_bytes: int) -> 
     return _MARKER_LINE_BYTES + len(str(from_pair)) + len(str(to_pair)) + 1 + summary_bytes
 
 
+#: A raw pair's cost beyond its texts' bytes: two messages.
+_RAW_PAIR_OVERHEAD: Final = 2 * MESSAGE_OVERHEAD_BYTES
+#: A summary block's cost beyond its texts' bytes: 10 user messages and the summary's.
+_BLOCK_OVERHEAD: Final = (PAIRS_PER_RANGE + 1) * MESSAGE_OVERHEAD_BYTES
+
+
+def _block_cost(user_bytes: Iterable[int], from_pair: int, to_pair: int,
+                summary_bytes: int) -> int:
+    """Cost of a summary block from its range's user messages' sizes and its summary's."""
+    return (sum(user_bytes) + _BLOCK_OVERHEAD
+            + _summary_message_bytes(from_pair, to_pair, summary_bytes))
+
+
 def block_cost(summary: ChosenSummary, pairs: Sequence[PairMeta], first: int = 0) -> int:
     """Cost of a summary block: the range's 10 user messages plus the summary message.
     `pairs` start at pair `first`."""
     users = pairs[summary.from_pair - first : summary.to_pair + 1 - first]
-    return (
-        sum(p.user_bytes + MESSAGE_OVERHEAD_BYTES for p in users)
-        + _summary_message_bytes(summary.from_pair, summary.to_pair, summary.summary_bytes)
-        + MESSAGE_OVERHEAD_BYTES
-    )
+    return _block_cost((p.user_bytes for p in users), summary.from_pair, summary.to_pair,
+                       summary.summary_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -624,8 +630,6 @@ class _Walk(NamedTuple):
     finished: bool
 
 
-_RAW_PAIR_OVERHEAD: Final = 2 * MESSAGE_OVERHEAD_BYTES
-_BLOCK_OVERHEAD: Final = (PAIRS_PER_RANGE + 1) * MESSAGE_OVERHEAD_BYTES
 _SUMMARIZED_RANGE: Final[list[Placement]] = [SUMMARIZED] * PAIRS_PER_RANGE
 
 
@@ -638,8 +642,8 @@ def _walk(pairs: _Columns, first: int, chosen: Mapping[int, ChosenSummary],
     A pair outside any chosen summary's range is taken raw; at a range with a chosen
     summary the whole block is tried, and if it does not fit (`dropped`: `did_not_fit`),
     that range's raw pairs newest first. The first thing that does not fit ends the
-    walk, so the included history is always a contiguous newest suffix. Costs are
-    `block_cost` and `PairMeta.cost`, summed from the columns.
+    walk, so the included history is always a contiguous newest suffix. A block costs
+    `_block_cost`, a raw pair its two texts' bytes and `_RAW_PAIR_OVERHEAD`.
     """
     users, assistants, user_bytes, assistant_bytes = pairs
     remaining = budget
@@ -661,8 +665,8 @@ def _walk(pairs: _Columns, first: int, chosen: Mapping[int, ChosenSummary],
             # meets the range at its last pair.
             assert index == summary.to_pair
             low, high = start - first, summary.to_pair + 1 - first
-            cost = (sum(user_bytes[low:high]) + _BLOCK_OVERHEAD
-                    + _summary_message_bytes(start, summary.to_pair, summary.summary_bytes))
+            cost = _block_cost(user_bytes[low:high], start, summary.to_pair,
+                               summary.summary_bytes)
             if cost <= remaining:
                 remaining -= cost
                 newest_first.append(SummaryItem(summary.summary_id, start, summary.to_pair,
