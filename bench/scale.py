@@ -8,9 +8,8 @@ transaction: the turn and its two messages); then every documented install step,
 with the application's p50/p99/longest transaction during that step beside it (and a
 baseline before any step): each index (CREATE INDEX CONCURRENTLY), ANALYZE, re-pointing
 the views, attaching the tracking, the rebuild (its rate: conversations and messages a
-second), the indexes of compaction.pairs rebuilt CONCURRENTLY to pack them, and the
-appends once tracked. Then the sizes: the host's tables, the derived state, and bytes
-of derived state per message.
+second), and the appends once tracked. Then the sizes: the host's tables, the derived
+state, and bytes of derived state per message.
 
     python -m bench.scale                                    # 500,000 and 2,000,000 messages
     python -m bench.scale --messages 50000 --out /tmp/scale  # one small size
@@ -195,7 +194,7 @@ def run_size(cluster: BenchCluster, messages: int) -> dict[str, Any]:
                         **loop.during(since, time.perf_counter())}
             steps.append(baseline)
             for block in ("grants-and-indexes", "statistics", "repoint", "tracking",
-                          "rebuild", "compact"):
+                          "rebuild"):
                 for statement in statements(block):
                     since = time.perf_counter()
                     conn.execute(statement.encode())

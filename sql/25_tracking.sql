@@ -15,6 +15,42 @@
 -- REPEATABLE READ or SERIALIZABLE it fails with a serialization error rather than number
 -- pairs from a snapshot that misses the other writer's rows.
 
+-- Revision 0030: whether a tracked write may leave a conversation to the rebuild under
+-- way. Called with the conversation's conversation_state row held, by a writer whose
+-- conversation lies after the rebuild's resume point. True when the derived state is not
+-- in use (so no call reads the conversation's rows meanwhile), the writer runs at READ
+-- COMMITTED (a snapshot older than the resume point would make the lock below fail), and
+-- the resume point, read under the lock, is still before the conversation. The lock (FOR
+-- KEY SHARE on source_tracking, held to the writer's end) is what the rebuild waits for
+-- before it moves the resume point past a batch: a conversation this writer creates is
+-- invisible to the rebuild's ordered reads until it commits, and the rebuild looks for
+-- such conversations once the lock is its own. A conversation the rebuild holds is not
+-- left to it: the writer waited for the rebuild's batch to commit on the row, and reads
+-- the resume point after that.
+CREATE FUNCTION compaction.defer_to_rebuild(p_conversation_id text)
+RETURNS boolean
+LANGUAGE plpgsql
+VOLATILE
+-- No SECURITY DEFINER and no SET clause: only the engine's owner may execute it, from
+-- compaction.rederive and the tracking trigger.
+AS $$
+DECLARE
+    v_after text;
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed'
+       OR compaction.derived_state_current() THEN
+        RETURN false;
+    END IF;
+    SELECT st.rebuild_after INTO v_after
+    FROM compaction.source_tracking AS st
+    WHERE st.singleton
+    FOR KEY SHARE;
+    RETURN coalesce(p_conversation_id > v_after, false);
+END
+$$;
+COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
+    'Internal: with the conversation''s conversation_state row held, true when a rebuild under way will derive this conversation after the calling transaction ends (the derived state is not in use, the rebuild has not reached it), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction when it may';
+
 -- Re-derives one conversation's pairs and ranges after a write touched the runs named
 -- (NULL: every run of the conversation). Most writes take a short path of a few lookups
 -- by key: the touched runs form no pair before or after the write (a Run inserted as
@@ -23,7 +59,16 @@
 -- at the end of the conversation; compaction.rederive_runs). Anything else (a pair
 -- changed, vanished or moved, a Run inserted before others) goes to
 -- compaction.rederive_general.
-CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[])
+--
+-- Revision 0030: the tracking triggers pass p_defer: while a rebuild runs and the derived
+-- state is not in use, a conversation the rebuild has not reached is left to it
+-- (compaction.defer_to_rebuild), after this row is taken. The rebuild derives it later
+-- from a snapshot that holds this write, so the write costs the row's update alone, and
+-- the rebuild's pairs go to the right end of pairs' indexes, where a page splits at the
+-- fill factor, not in two halves (a rebuild under an application writing a turn every 20
+-- ms left them 51% full; one left alone, 90%).
+CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],
+                                    p_defer boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -61,6 +106,12 @@ BEGIN
         ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1
         RETURNING cs.pair_count INTO v_count;
     END IF;
+    IF p_defer
+       AND EXISTS (SELECT 1 FROM compaction.source_tracking AS st
+                   WHERE st.singleton AND st.rebuild_after < p_conversation_id)
+       AND compaction.defer_to_rebuild(p_conversation_id) THEN
+        RETURN;
+    END IF;
 
     IF v_runs IS NULL THEN
         v_runs := ARRAY(SELECT sr.run_id FROM compaction.source_runs AS sr
@@ -84,8 +135,8 @@ BEGIN
     PERFORM compaction.rederive_runs(p_conversation_id, v_runs, v_count);
 END
 $$;
-COMMENT ON FUNCTION compaction.rederive(text, text[]) IS
-    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on';
+COMMENT ON FUNCTION compaction.rederive(text, text[], boolean) IS
+    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on; p_defer (the tracking triggers): unless a rebuild will derive the conversation after this transaction (compaction.defer_to_rebuild)';
 
 -- The rest of compaction.rederive, called with the conversation's conversation_state row
 -- held (p_pair_count is its pair count): judges the runs named, and appends their pairs
@@ -392,6 +443,7 @@ DECLARE
     v_first_seq           bigint;
     v_first_id            text;
     v_runs_known          boolean := v_run_column IS NOT NULL;
+    v_rebuild_after       text;
 BEGIN
     IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS NOT IN (2, 3)
        OR v_conversation_column IS NULL THEN
@@ -401,7 +453,13 @@ BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         -- No transition table says what went: stop trusting the derived state until a
         -- rebuild (every function judges from the views meanwhile, exact and slower).
-        UPDATE compaction.source_tracking SET stamp = NULL, object_oids = NULL, stamped_at = NULL;
+        -- A rebuild's resume point goes too (revision 0030): the conversations before it
+        -- lost rows no trigger re-derived, so the next rebuild starts over, and one under
+        -- way fails at its next commit instead of putting them in use.
+        UPDATE compaction.source_tracking
+        SET stamp = NULL, object_oids = NULL, stamped_at = NULL,
+            rebuild_stamp = NULL, rebuild_after = NULL, rebuild_done = NULL,
+            rebuild_total = NULL, rebuild_started_at = NULL, rebuild_updated_at = NULL;
         RETURN NULL;
     END IF;
 
@@ -491,7 +549,7 @@ BEGIN
     -- where the general grouping below costs several times as much to start.
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
         IF NOT v_runs_known THEN
-            PERFORM compaction.rederive(v_conversation, NULL);
+            PERFORM compaction.rederive(v_conversation, NULL, true);
             RETURN NULL;
         END IF;
         v_run_ids := pg_catalog.array_remove(v_runs, NULL);
@@ -505,7 +563,8 @@ BEGIN
         -- of a transaction that already holds this conversation's conversation_state row
         -- (see rederive), rederive's no-change question and the pair count, in one
         -- statement: its snapshot is taken after the lock was, so it sees what rederive
-        -- would see. An agent's second and third statements per Run end here.
+        -- would see. An agent's second and third statements per Run end here. With it,
+        -- the resume point of a rebuild under way (see compaction.rederive's p_defer).
         SELECT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
                        WHERE sr.run_id = ANY (v_run_ids)
                          AND sr.conversation_id <> v_conversation),
@@ -519,15 +578,20 @@ BEGIN
                    AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
                                    WHERE p.conversation_id = v_conversation
                                      AND p.run_id = ANY (v_run_ids))
-               END
-        INTO v_elsewhere, v_count, v_unchanged
+               END,
+               (SELECT st.rebuild_after FROM compaction.source_tracking AS st
+                WHERE st.singleton)
+        INTO v_elsewhere, v_count, v_unchanged, v_rebuild_after
         FROM (SELECT) AS one
         LEFT JOIN compaction.conversation_state AS cs
           ON cs.conversation_id = v_conversation
          AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
         IF NOT v_elsewhere THEN
             IF v_count IS NULL THEN
-                PERFORM compaction.rederive(v_conversation, v_run_ids);
+                PERFORM compaction.rederive(v_conversation, v_run_ids, true);
+            ELSIF v_rebuild_after < v_conversation
+                  AND compaction.defer_to_rebuild(v_conversation) THEN
+                NULL;  -- left to the rebuild (see compaction.rederive's p_defer)
             ELSIF NOT v_unchanged THEN
                 PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
             END IF;
@@ -558,9 +622,9 @@ BEGIN
         ORDER BY t.conversation_id
     LOOP
         IF v_run_column IS NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, NULL);
+            PERFORM compaction.rederive(v_touched.conversation_id, NULL, true);
         ELSIF v_touched.run_ids IS NOT NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids);
+            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, true);
         END IF;
     END LOOP;
     RETURN NULL;
@@ -870,9 +934,11 @@ COMMENT ON FUNCTION compaction.rederive_conversation(text) IS
     'Repair: re-derives one conversation''s pairs, ranges and summary verdicts from the source views (e.g. after writes with the tracking triggers disabled)';
 
 -- Every conversation, in conversation id order, then the stamp that puts the derived
--- state in use. Writes during the rebuild are tracked as usual; the stamp is set only if
--- the source stamp did not change while the rebuild ran. Call it outside a transaction
--- block: CALL compaction.rebuild_derived_state();
+-- state in use. Writes during the rebuild are tracked; while the derived state is not in
+-- use, a write to a conversation the rebuild has not reached is left to it (revision
+-- 0030, compaction.defer_to_rebuild). The stamp is set only if the source stamp did not
+-- change while the rebuild ran. Call it outside a transaction block:
+-- CALL compaction.rebuild_derived_state();
 --
 -- Revision 0019: it scales and resumes. The next conversation is one index probe (the
 -- least id after the last one done, among the source's runs and the derived state's
@@ -885,6 +951,14 @@ COMMENT ON FUNCTION compaction.rederive_conversation(text) IS
 -- second, and the view compaction.rebuild_progress. Each conversation is re-derived by
 -- compaction.rederive_conversation(id), which addresses that conversation alone (DESIGN
 -- §11).
+--
+-- Revision 0030: before a commit moves the resume point past a batch, the rebuild takes
+-- source_tracking's row FOR UPDATE, so it waits for the writers that left a conversation
+-- of the batch to it; a conversation one of them created was invisible to the ordered
+-- reads, so the resume point moves only up to the first such conversation, and the next
+-- batch derives it. The last commit stamps the derived state under that lock. A TRUNCATE
+-- under way clears the resume point (the trigger above): the rebuild then fails at its
+-- next commit.
 CREATE PROCEDURE compaction.rebuild_derived_state(p_batch int DEFAULT 100,
                                                   p_restart boolean DEFAULT false)
 LANGUAGE plpgsql
@@ -893,14 +967,17 @@ AS $$
 DECLARE
     v_stamp    text;
     v_after    text;
+    v_from     text;
     v_next     text;
+    v_batch    text[];
+    v_held     text;
+    v_missed   text;
     v_done     bigint;
     v_total    bigint;
     v_resumed  bigint;
     v_began    timestamptz := pg_catalog.clock_timestamp();
     v_batch_at timestamptz;
     v_noted_at timestamptz := pg_catalog.clock_timestamp();
-    v_in_batch int;
     v_rate     double precision;
 BEGIN
     IF p_batch IS NULL OR p_batch < 1 THEN
@@ -942,7 +1019,8 @@ BEGIN
         PERFORM pg_catalog.set_config('enable_seqscan', 'off', true);
         PERFORM pg_catalog.set_config('jit', 'off', true);
         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
-        v_in_batch := 0;
+        v_from := v_after;
+        v_batch := '{}';
         v_batch_at := pg_catalog.clock_timestamp();
         LOOP
             -- The next conversation in key order, as the first row of an ordered read:
@@ -959,12 +1037,38 @@ BEGIN
             EXIT WHEN v_next IS NULL;
             PERFORM compaction.rederive_conversation(v_next);
             v_after := v_next;
-            v_in_batch := v_in_batch + 1;
-            EXIT WHEN v_in_batch >= p_batch
+            v_batch := v_batch || v_next;
+            EXIT WHEN pg_catalog.cardinality(v_batch) >= p_batch
                    OR pg_catalog.clock_timestamp() - v_batch_at >= interval '20 milliseconds';
         END LOOP;
-        EXIT WHEN v_in_batch = 0;
-        v_done := v_done + v_in_batch;
+        -- The writers that left a conversation of this batch (or, at the end, any after
+        -- it) to the rebuild have ended once this lock is had; see the comment above.
+        SELECT st.rebuild_stamp INTO v_held
+        FROM compaction.source_tracking AS st
+        WHERE st.singleton
+        FOR UPDATE;
+        IF v_held IS DISTINCT FROM v_stamp THEN
+            RAISE EXCEPTION 'the source was truncated, or a rebuild under changed source views started, while this rebuild ran; run it again'
+                USING ERRCODE = 'CP021';
+        END IF;
+        SELECT cs.conversation_id INTO v_missed
+        FROM compaction.conversation_state AS cs
+        WHERE cs.conversation_id > v_from
+          AND (v_next IS NULL OR cs.conversation_id <= v_after)
+          AND cs.conversation_id <> ALL (v_batch)
+        ORDER BY cs.conversation_id
+        LIMIT 1;
+        IF v_missed IS NOT NULL THEN
+            -- Up to the conversation before it: the next batch starts with it.
+            v_batch := ARRAY(SELECT b.id FROM pg_catalog.unnest(v_batch) AS b (id)
+                             WHERE b.id < v_missed);
+            v_after := coalesce((SELECT max(b.id) FROM pg_catalog.unnest(v_batch) AS b (id)),
+                                v_from);
+        ELSIF v_next IS NULL THEN
+            v_done := v_done + pg_catalog.cardinality(v_batch);
+            EXIT;  -- every conversation derived; stamped below, under this lock
+        END IF;
+        v_done := v_done + pg_catalog.cardinality(v_batch);
         UPDATE compaction.source_tracking AS st
         SET rebuild_after = v_after, rebuild_done = v_done,
             rebuild_updated_at = pg_catalog.clock_timestamp()

@@ -34,8 +34,7 @@ def run_example(conn: Conn, name: str) -> None:
 
 
 #: Every block of the worked example, in the order the page gives them.
-STEPS = ("host-schema", "grants-and-indexes", "statistics", "repoint", "tracking", "rebuild",
-         "compact")
+STEPS = ("host-schema", "grants-and-indexes", "statistics", "repoint", "tracking", "rebuild")
 
 
 @pytest.fixture

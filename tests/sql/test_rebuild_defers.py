@@ -1,0 +1,262 @@
+"""Revision 0030: while a rebuild runs and the derived state is not in use, a tracked write
+to a conversation the rebuild has not reached is left to the rebuild, which derives it
+from a snapshot holding the write; and a TRUNCATE clears the rebuild's resume point."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.history import History
+from tests.sql.test_tracking import generations, pair_indexes, problems, state
+
+Conn = psycopg.Connection[Any]
+
+
+def take_out_of_use(conn: Conn) -> None:
+    """The tracking triggers replaced (as a re-pointed source would be): not in use."""
+    conn.execute("ALTER TABLE compaction_source.messages DISABLE TRIGGER messages_track_update")
+    conn.execute("ALTER TABLE compaction_source.messages"
+                 " ENABLE ALWAYS TRIGGER messages_track_update")
+    assert state(conn) == "not_rebuilt"
+
+
+def stop_rebuild_after(conn: Conn, conversation_id: str, total: int) -> None:
+    """A rebuild under the current source, stopped after `conversation_id`."""
+    conn.execute("UPDATE compaction.source_tracking SET rebuild_stamp = compaction.source_stamp(),"
+                 " rebuild_after = %s, rebuild_done = 0, rebuild_total = %s,"
+                 " rebuild_started_at = now(), rebuild_updated_at = now()",
+                 (conversation_id, total))
+
+
+def waiting_pids(conn: Conn) -> list[int]:
+    return [int(p) for (p,) in conn.execute(
+        "SELECT pid FROM pg_catalog.pg_locks WHERE NOT granted")]
+
+
+def all_clean(conn: Conn) -> dict[str, list[tuple[str, str]]]:
+    return {str(c): problems(conn, str(c)) for (c,) in conn.execute(
+        "SELECT DISTINCT conversation_id FROM compaction_source.runs")
+        if problems(conn, str(c))}
+
+
+def test_a_write_after_the_resume_point_is_left_to_the_rebuild(conn: Conn) -> None:
+    history = History(conn)
+    for k in range(6):
+        history.pairs(f"c{k}", 3)
+    take_out_of_use(conn)
+    stop_rebuild_after(conn, "c2", 6)
+    before = generations(conn)
+
+    history.pair("c4")  # after the resume point: left to the rebuild
+    history.pair("c9")  # a new conversation after it: the same
+    history.pair("c1")  # before it: derived at once, as ever
+    assert pair_indexes(conn, "c4") == [0, 1, 2]
+    assert pair_indexes(conn, "c9") == []
+    assert generations(conn)["c4"] > before["c4"]  # its writers still serialise on the row
+    assert pair_indexes(conn, "c1") == [0, 1, 2, 3]
+    assert problems(conn, "c1") == []
+    assert problems(conn, "c4") != []  # not in use meanwhile: every call judges the views
+
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    conn.execute("CALL compaction.rebuild_derived_state()")
+    assert notices[0].startswith("derived state: resuming after conversation c2")
+    assert state(conn) == "in_use"
+    assert pair_indexes(conn, "c4") == [0, 1, 2, 3]
+    assert pair_indexes(conn, "c9") == [0]
+    assert all_clean(conn) == {}
+
+
+def test_writes_are_derived_at_once_while_the_derived_state_is_in_use(conn: Conn) -> None:
+    """A rebuild stopped midway over a derived state in use (a repair): the calls read the
+    derived state, so every write keeps it."""
+    history = History(conn)
+    for k in range(3):
+        history.pairs(f"c{k}", 3)
+    stop_rebuild_after(conn, "c0", 3)
+    assert state(conn) == "in_use"
+    history.pair("c2")
+    assert pair_indexes(conn, "c2") == [0, 1, 2, 3]
+    assert problems(conn, "c2") == []
+
+
+def test_a_repeatable_read_writer_derives_at_once(dsn: str, conn: Conn) -> None:
+    """Its snapshot may predate the resume point it would read under the lock (which would
+    fail it): it derives, as before revision 0030."""
+    history = History(conn)
+    for k in range(3):
+        history.pairs(f"c{k}", 3)
+    take_out_of_use(conn)
+    stop_rebuild_after(conn, "c0", 3)
+    with psycopg.connect(dsn) as writer:
+        writer.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        History(writer).pair("c2")
+        writer.commit()
+    assert pair_indexes(conn, "c2") == [0, 1, 2, 3]
+    assert problems(conn, "c2") == []
+
+
+def test_a_conversation_created_while_the_rebuild_passes_it_is_derived(
+        dsn: str, conn: Conn) -> None:
+    """A conversation a writer creates is invisible to the rebuild's ordered reads until
+    the writer commits. The writer holds source_tracking FOR KEY SHARE; the rebuild waits
+    for it before its last commit, then finds the conversation and derives it before it
+    puts the derived state in use."""
+    history = History(conn)
+    history.pairs("c0", 3)
+    history.pairs("c2", 3)
+    take_out_of_use(conn)
+    stop_rebuild_after(conn, "", 2)
+    failure: list[BaseException] = []
+    with psycopg.connect(dsn) as writer, \
+            psycopg.connect(dsn, autocommit=True) as rebuilder:
+        History(writer).pair("c1")  # uncommitted: left to the rebuild
+        pid = rebuilder.info.backend_pid
+
+        def rebuild() -> None:
+            try:
+                rebuilder.execute("CALL compaction.rebuild_derived_state()")
+            except BaseException as exc:  # handed to the test's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=rebuild)
+        thread.start()
+        # The barrier: the rebuild waits for the writer (it must not finish before).
+        while pid not in waiting_pids(conn):
+            assert thread.is_alive(), failure or "the rebuild did not wait for the writer"
+        writer.commit()
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+    assert failure == []
+    assert state(conn) == "in_use"
+    assert pair_indexes(conn, "c1") == [0]
+    assert all_clean(conn) == {}
+
+
+def test_truncate_clears_a_stopped_rebuild(conn: Conn) -> None:
+    """The conversations before the resume point lost rows that no trigger re-derived: the
+    next rebuild starts over."""
+    history = History(conn)
+    for k in range(4):
+        history.pairs(f"c{k}", 3)
+    stop_rebuild_after(conn, "c2", 4)
+    conn.execute("TRUNCATE compaction_source.messages")
+    assert conn.execute("SELECT count(*) FROM compaction.rebuild_progress").fetchone() == (0,)
+    history.pairs("c0", 2)
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    conn.execute("CALL compaction.rebuild_derived_state()")
+    assert notices[0].startswith("derived state: rebuilding about ")
+    assert state(conn) == "in_use"
+    assert pair_indexes(conn, "c0") == [0, 1]
+    assert all_clean(conn) == {}
+
+
+def test_a_truncate_under_a_running_rebuild_fails_it(dsn: str, conn: Conn) -> None:
+    """The rebuild has committed c0-c2 and waits for c3 (another connection holds its row)
+    when the messages are truncated: it must not go on to put c0-c2's stale rows in use."""
+    history = History(conn)
+    for k in range(6):
+        history.pairs(f"c{k}", 3)
+    failure: list[BaseException] = []
+    with psycopg.connect(dsn) as blocker, \
+            psycopg.connect(dsn, autocommit=True) as rebuilder, \
+            psycopg.connect(dsn, autocommit=True) as truncater:
+        blocker.execute("SELECT 1 FROM compaction.conversation_state"
+                        " WHERE conversation_id = 'c3' FOR UPDATE")
+        pid = rebuilder.info.backend_pid
+
+        def rebuild() -> None:
+            try:
+                rebuilder.execute("CALL compaction.rebuild_derived_state(1)")
+            except BaseException as exc:  # handed to the test's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=rebuild)
+        thread.start()
+        while pid not in waiting_pids(conn):
+            assert thread.is_alive(), failure
+        truncate = threading.Thread(
+            target=lambda: truncater.execute("TRUNCATE compaction_source.messages"))
+        truncate.start()
+        # Either order is covered: the TRUNCATE before the rebuild's next commit, or
+        # after it (then it holds the messages until the rebuild's next batch reads them).
+        while truncate.is_alive() and truncater.info.backend_pid not in waiting_pids(conn):
+            pass
+        blocker.rollback()
+        truncate.join(timeout=60)
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+        assert not truncate.is_alive()
+    assert len(failure) == 1
+    assert isinstance(failure[0], psycopg.Error)
+    assert failure[0].sqlstate == "CP021"
+    assert "truncated" in str(failure[0])
+    assert state(conn) == "not_rebuilt"
+    conn.execute("CALL compaction.rebuild_derived_state()")
+    assert state(conn) == "in_use"
+    assert all_clean(conn) == {}
+
+
+@pytest.mark.parametrize("in_transactions", [False, True])
+def test_writers_racing_a_rebuild_leave_every_conversation_exact(
+        dsn: str, conn: Conn, in_transactions: bool) -> None:
+    """Eight writers and a rebuild in small batches, started together: writes before,
+    inside and after the rebuild's batches, to old and new conversations, each pair in
+    three autocommit statements or in one transaction. Every pair is counted and every
+    conversation verifies."""
+    history = History(conn)
+    names = [f"c{k:02d}" for k in range(0, 40, 2)]
+    for name in names:
+        history.pairs(name, 4)
+    take_out_of_use(conn)
+    writers, per_writer = 8, 25
+    plans = [[random.Random(w * 97 + i).choice(
+        names + [f"c{k:02d}" for k in range(1, 40, 2)]) for i in range(per_writer)]
+        for w in range(writers)]
+    start = threading.Barrier(writers + 1)
+    failure: list[BaseException] = []
+
+    def write(plan: list[str]) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as writer:
+                own = History(writer)
+                start.wait()
+                for name in plan:
+                    if in_transactions:
+                        with writer.transaction():
+                            own.pair(name)
+                    else:
+                        own.pair(name)
+        except BaseException as exc:  # reported by the test's thread
+            failure.append(exc)
+
+    def rebuild() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as rebuilder:
+                start.wait()
+                rebuilder.execute("CALL compaction.rebuild_derived_state(3)")
+        except BaseException as exc:  # reported by the test's thread
+            failure.append(exc)
+
+    threads = [threading.Thread(target=write, args=(plan,)) for plan in plans]
+    threads.append(threading.Thread(target=rebuild))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+        assert not thread.is_alive()
+    assert failure == []
+    assert state(conn) == "in_use"
+    written = {name: 0 for name in names}
+    for plan in plans:
+        for name in plan:
+            written[name] = written.get(name, 0) + 1
+    for name, count in written.items():
+        assert pair_indexes(conn, name) == list(range((4 if name in names else 0) + count))
+    assert all_clean(conn) == {}
