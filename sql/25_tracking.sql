@@ -15,18 +15,21 @@
 -- REPEATABLE READ or SERIALIZABLE it fails with a serialization error rather than number
 -- pairs from a snapshot that misses the other writer's rows.
 
--- Revision 0030: whether a tracked write may leave a conversation to the rebuild under
--- way. Called with the conversation's conversation_state row held, by a writer whose
--- conversation lies after the rebuild's resume point. True when the derived state is not
--- in use (so no call reads the conversation's rows meanwhile), the writer runs at READ
+-- Revision 0030: whether a tracked write may leave a conversation to a rebuild. Called
+-- by compaction.rederive with the conversation's conversation_state row held, when the
+-- conversation lies after the resume point of a rebuild under way, or when no rebuild is
+-- under way and the calling trigger is not one the derived state was stamped under (the
+-- tracking was just attached, or a TRUNCATE took the derived state out of use): the
+-- window before an install's rebuild starts. True when the derived state is not in use
+-- (so no call reads the conversation's rows meanwhile), the writer runs at READ
 -- COMMITTED (a snapshot older than the resume point would make the lock below fail), and
--- the resume point, read under the lock, is still before the conversation. The lock (FOR
--- KEY SHARE on source_tracking, held to the writer's end) is what the rebuild waits for
--- before it moves the resume point past a batch: a conversation this writer creates is
--- invisible to the rebuild's ordered reads until it commits, and the rebuild looks for
--- such conversations once the lock is its own. A conversation the rebuild holds is not
--- left to it: the writer waited for the rebuild's batch to commit on the row, and reads
--- the resume point after that.
+-- the rebuild has not reached the conversation, judged under the lock. The lock (FOR KEY
+-- SHARE on source_tracking, held to the writer's end) is what a rebuild waits for before
+-- it moves its resume point past a batch, and before it stamps: a conversation this
+-- writer creates is invisible to the rebuild's ordered reads until it commits, and the
+-- rebuild looks for such conversations once the lock is its own. A conversation a
+-- rebuild's open batch holds is not left to it: the writer waited for that batch to
+-- commit on the row, and reads the resume point after it.
 CREATE FUNCTION compaction.defer_to_rebuild(p_conversation_id text)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -37,19 +40,23 @@ AS $$
 DECLARE
     v_after text;
 BEGIN
-    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed'
-       OR compaction.derived_state_current() THEN
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN false;
     END IF;
     SELECT st.rebuild_after INTO v_after
     FROM compaction.source_tracking AS st
     WHERE st.singleton
     FOR KEY SHARE;
-    RETURN coalesce(p_conversation_id > v_after, false);
+    -- After the lock: a rebuild that finished while this writer waited for it has put the
+    -- derived state in use (and cleared the resume point).
+    IF compaction.derived_state_current() THEN
+        RETURN false;
+    END IF;
+    RETURN v_after IS NULL OR p_conversation_id > v_after;
 END
 $$;
 COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
-    'Internal: with the conversation''s conversation_state row held, true when a rebuild under way will derive this conversation after the calling transaction ends (the derived state is not in use, the rebuild has not reached it), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction when it may';
+    'Internal: with the conversation''s conversation_state row held, true when a rebuild will derive this conversation after the calling transaction ends (the derived state is not in use, and no rebuild has reached the conversation), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction';
 
 -- Re-derives one conversation's pairs and ranges after a write touched the runs named
 -- (NULL: every run of the conversation). Most writes take a short path of a few lookups
@@ -60,15 +67,15 @@ COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
 -- changed, vanished or moved, a Run inserted before others) goes to
 -- compaction.rederive_general.
 --
--- Revision 0030: the tracking triggers pass p_defer: while a rebuild runs and the derived
--- state is not in use, a conversation the rebuild has not reached is left to it
--- (compaction.defer_to_rebuild), after this row is taken. The rebuild derives it later
--- from a snapshot that holds this write, so the write costs the row's update alone, and
--- the rebuild's pairs go to the right end of pairs' indexes, where a page splits at the
--- fill factor, not in two halves (a rebuild under an application writing a turn every 20
--- ms left them 51% full; one left alone, 90%).
+-- Revision 0030: the tracking triggers pass p_trigger, their own oid: while the derived
+-- state is not in use and a rebuild is under way or about to start, a conversation no
+-- rebuild has reached is left to it (compaction.defer_to_rebuild), after this row is
+-- taken. The rebuild derives it later from a snapshot that holds this write, so the write
+-- costs the row's update alone, and the rebuild's pairs go to the right end of pairs'
+-- indexes, where a page splits at the fill factor, not in two halves (a rebuild under an
+-- application writing a turn every 20 ms left them 51% full; one left alone, 90%).
 CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],
-                                    p_defer boolean DEFAULT false)
+                                    p_trigger oid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -106,9 +113,12 @@ BEGIN
         ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1
         RETURNING cs.pair_count INTO v_count;
     END IF;
-    IF p_defer
+    IF p_trigger IS NOT NULL
        AND EXISTS (SELECT 1 FROM compaction.source_tracking AS st
-                   WHERE st.singleton AND st.rebuild_after < p_conversation_id)
+                   WHERE st.singleton
+                     AND (st.rebuild_after < p_conversation_id
+                          OR (st.rebuild_after IS NULL
+                              AND NOT p_trigger = ANY (coalesce(st.object_oids, '{}')))))
        AND compaction.defer_to_rebuild(p_conversation_id) THEN
         RETURN;
     END IF;
@@ -135,8 +145,8 @@ BEGIN
     PERFORM compaction.rederive_runs(p_conversation_id, v_runs, v_count);
 END
 $$;
-COMMENT ON FUNCTION compaction.rederive(text, text[], boolean) IS
-    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on; p_defer (the tracking triggers): unless a rebuild will derive the conversation after this transaction (compaction.defer_to_rebuild)';
+COMMENT ON FUNCTION compaction.rederive(text, text[], oid) IS
+    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on; from a tracking trigger (p_trigger, its oid), not when a rebuild will derive the conversation after this transaction (compaction.defer_to_rebuild)';
 
 -- The rest of compaction.rederive, called with the conversation's conversation_state row
 -- held (p_pair_count is its pair count): judges the runs named, and appends their pairs
@@ -443,7 +453,8 @@ DECLARE
     v_first_seq           bigint;
     v_first_id            text;
     v_runs_known          boolean := v_run_column IS NOT NULL;
-    v_rebuild_after       text;
+    v_may_defer           boolean;
+    v_trigger             oid;
 BEGIN
     IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS NOT IN (2, 3)
        OR v_conversation_column IS NULL THEN
@@ -510,6 +521,9 @@ BEGIN
     END IF;
 
     v_conversation := v_conversations[1];
+    -- This trigger, as compaction.rederive and compaction.defer_to_rebuild know it.
+    v_trigger := (SELECT t.oid FROM pg_catalog.pg_trigger AS t
+                  WHERE t.tgrelid = TG_RELID AND t.tgname = TG_NAME);
 
     -- A table without a run column (its runs are derived by the views, as in the Agents
     -- SDK recipe) that names its message id column: an INSERT into one conversation
@@ -549,7 +563,7 @@ BEGIN
     -- where the general grouping below costs several times as much to start.
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
         IF NOT v_runs_known THEN
-            PERFORM compaction.rederive(v_conversation, NULL, true);
+            PERFORM compaction.rederive(v_conversation, NULL, v_trigger);
             RETURN NULL;
         END IF;
         v_run_ids := pg_catalog.array_remove(v_runs, NULL);
@@ -564,7 +578,7 @@ BEGIN
         -- (see rederive), rederive's no-change question and the pair count, in one
         -- statement: its snapshot is taken after the lock was, so it sees what rederive
         -- would see. An agent's second and third statements per Run end here. With it,
-        -- the resume point of a rebuild under way (see compaction.rederive's p_defer).
+        -- whether the conversation may be left to a rebuild (compaction.rederive's test).
         SELECT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
                        WHERE sr.run_id = ANY (v_run_ids)
                          AND sr.conversation_id <> v_conversation),
@@ -579,19 +593,21 @@ BEGIN
                                    WHERE p.conversation_id = v_conversation
                                      AND p.run_id = ANY (v_run_ids))
                END,
-               (SELECT st.rebuild_after FROM compaction.source_tracking AS st
+               (SELECT st.rebuild_after < v_conversation
+                       OR (st.rebuild_after IS NULL
+                           AND NOT v_trigger = ANY (coalesce(st.object_oids, '{}')))
+                FROM compaction.source_tracking AS st
                 WHERE st.singleton)
-        INTO v_elsewhere, v_count, v_unchanged, v_rebuild_after
+        INTO v_elsewhere, v_count, v_unchanged, v_may_defer
         FROM (SELECT) AS one
         LEFT JOIN compaction.conversation_state AS cs
           ON cs.conversation_id = v_conversation
          AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
         IF NOT v_elsewhere THEN
             IF v_count IS NULL THEN
-                PERFORM compaction.rederive(v_conversation, v_run_ids, true);
-            ELSIF v_rebuild_after < v_conversation
-                  AND compaction.defer_to_rebuild(v_conversation) THEN
-                NULL;  -- left to the rebuild (see compaction.rederive's p_defer)
+                PERFORM compaction.rederive(v_conversation, v_run_ids, v_trigger);
+            ELSIF v_may_defer AND compaction.defer_to_rebuild(v_conversation) THEN
+                NULL;  -- left to the rebuild (see compaction.rederive)
             ELSIF NOT v_unchanged THEN
                 PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
             END IF;
@@ -622,9 +638,9 @@ BEGIN
         ORDER BY t.conversation_id
     LOOP
         IF v_run_column IS NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, NULL, true);
+            PERFORM compaction.rederive(v_touched.conversation_id, NULL, v_trigger);
         ELSIF v_touched.run_ids IS NOT NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, true);
+            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, v_trigger);
         END IF;
     END LOOP;
     RETURN NULL;
@@ -935,9 +951,10 @@ COMMENT ON FUNCTION compaction.rederive_conversation(text) IS
 
 -- Every conversation, in conversation id order, then the stamp that puts the derived
 -- state in use. Writes during the rebuild are tracked; while the derived state is not in
--- use, a write to a conversation the rebuild has not reached is left to it (revision
--- 0030, compaction.defer_to_rebuild). The stamp is set only if the source stamp did not
--- change while the rebuild ran. Call it outside a transaction block:
+-- use, a write to a conversation the rebuild has not reached (or, before a rebuild starts,
+-- a write through a trigger attached since the stamp) is left to it (revision 0030,
+-- compaction.defer_to_rebuild). The stamp is set only if the source stamp did not change
+-- while the rebuild ran. Call it outside a transaction block:
 -- CALL compaction.rebuild_derived_state();
 --
 -- Revision 0019: it scales and resumes. The next conversation is one index probe (the

@@ -159,6 +159,30 @@ def test_the_worked_example_on_existing_history_checks_clean(conn: Conn) -> None
                         (thread,)).fetchall() == []
 
 
+def test_writes_between_attaching_and_the_rebuild_are_left_to_it(conn: Conn) -> None:
+    """Revision 0030: once the tracking is attached and before the rebuild starts, a write
+    derives nothing (a pair derived then would sit ahead of the rebuild in pairs'
+    indexes, and every page the rebuild filled before it would split in halves); the
+    rebuild derives it with the rest."""
+    run_example(conn, "host-schema")
+    load_history(conn, threads=20, turns=3)
+    for name in STEPS[1:5]:
+        run_example(conn, name)
+    thread = uuid.UUID(str(conn.execute(
+        "SELECT id FROM agent.threads ORDER BY id DESC LIMIT 1").fetchone()[0]))  # type: ignore[index]
+    add_turn(conn, thread, 100)
+    assert conn.execute("SELECT count(*) FROM compaction.pairs").fetchone() == (0,)
+    run_example(conn, "rebuild")
+    assert conn.execute("SELECT compaction.derived_state_status()").fetchone() == ("in_use",)
+    assert conn.execute("SELECT pair_count FROM compaction.conversation_state"
+                        " WHERE conversation_id = %s", (str(thread),)).fetchone() == (4,)
+    assert conn.execute("SELECT * FROM compaction.verify_conversation(%s)",
+                        (str(thread),)).fetchall() == []
+    add_turn(conn, thread, 101)  # in use: derived at once
+    assert conn.execute("SELECT pair_count FROM compaction.conversation_state"
+                        " WHERE conversation_id = %s", (str(thread),)).fetchone() == (5,)
+
+
 def test_views_without_tracking_are_named_and_still_exact(conn: Conn) -> None:
     for name in ("host-schema", "grants-and-indexes", "statistics", "repoint"):
         run_example(conn, name)
