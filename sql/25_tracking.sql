@@ -67,7 +67,7 @@ COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
 -- changed, vanished or moved, a Run inserted before others) goes to
 -- compaction.rederive_general.
 --
--- Revision 0030: the tracking triggers pass p_trigger, their own oid: while the derived
+-- Revision 0030: the tracking triggers pass their table (p_table): while the derived
 -- state is not in use and a rebuild is under way or about to start, a conversation no
 -- rebuild has reached is left to it (compaction.defer_to_rebuild), after this row is
 -- taken. The rebuild derives it later from a snapshot that holds this write, so the write
@@ -75,7 +75,7 @@ COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
 -- indexes, where a page splits at the fill factor, not in two halves (a rebuild under an
 -- application writing a turn every 20 ms left them 51% full; one left alone, 90%).
 CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],
-                                    p_trigger oid DEFAULT NULL)
+                                    p_table oid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -113,12 +113,19 @@ BEGIN
         ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1
         RETURNING cs.pair_count INTO v_count;
     END IF;
-    IF p_trigger IS NOT NULL
+    -- Cheap first (one statement, the common answer no): a rebuild under way has not
+    -- reached the conversation, or none is under way and no trigger of the calling table
+    -- is one the derived state was stamped under (its tracking was attached since); then
+    -- defer_to_rebuild decides under its lock. (No name-typed argument: its collation,
+    -- "C", would become the text parameters' and keep every lookup here off its index.)
+    IF p_table IS NOT NULL
        AND EXISTS (SELECT 1 FROM compaction.source_tracking AS st
                    WHERE st.singleton
                      AND (st.rebuild_after < p_conversation_id
                           OR (st.rebuild_after IS NULL
-                              AND NOT p_trigger = ANY (coalesce(st.object_oids, '{}')))))
+                              AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
+                                              WHERE t.tgrelid = p_table
+                                                AND t.oid = ANY (st.object_oids)))))
        AND compaction.defer_to_rebuild(p_conversation_id) THEN
         RETURN;
     END IF;
@@ -146,7 +153,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.rederive(text, text[], oid) IS
-    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on; from a tracking trigger (p_trigger, its oid), not when a rebuild will derive the conversation after this transaction (compaction.defer_to_rebuild)';
+    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on; from a tracking trigger (p_table, its table), not when a rebuild will derive the conversation after this transaction (compaction.defer_to_rebuild)';
 
 -- The rest of compaction.rederive, called with the conversation's conversation_state row
 -- held (p_pair_count is its pair count): judges the runs named, and appends their pairs
@@ -453,8 +460,6 @@ DECLARE
     v_first_seq           bigint;
     v_first_id            text;
     v_runs_known          boolean := v_run_column IS NOT NULL;
-    v_may_defer           boolean;
-    v_trigger             oid;
 BEGIN
     IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS NOT IN (2, 3)
        OR v_conversation_column IS NULL THEN
@@ -521,9 +526,6 @@ BEGIN
     END IF;
 
     v_conversation := v_conversations[1];
-    -- This trigger, as compaction.rederive and compaction.defer_to_rebuild know it.
-    v_trigger := (SELECT t.oid FROM pg_catalog.pg_trigger AS t
-                  WHERE t.tgrelid = TG_RELID AND t.tgname = TG_NAME);
 
     -- A table without a run column (its runs are derived by the views, as in the Agents
     -- SDK recipe) that names its message id column: an INSERT into one conversation
@@ -563,7 +565,7 @@ BEGIN
     -- where the general grouping below costs several times as much to start.
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
         IF NOT v_runs_known THEN
-            PERFORM compaction.rederive(v_conversation, NULL, v_trigger);
+            PERFORM compaction.rederive(v_conversation, NULL, TG_RELID);
             RETURN NULL;
         END IF;
         v_run_ids := pg_catalog.array_remove(v_runs, NULL);
@@ -577,8 +579,7 @@ BEGIN
         -- of a transaction that already holds this conversation's conversation_state row
         -- (see rederive), rederive's no-change question and the pair count, in one
         -- statement: its snapshot is taken after the lock was, so it sees what rederive
-        -- would see. An agent's second and third statements per Run end here. With it,
-        -- whether the conversation may be left to a rebuild (compaction.rederive's test).
+        -- would see. An agent's second and third statements per Run end here.
         SELECT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
                        WHERE sr.run_id = ANY (v_run_ids)
                          AND sr.conversation_id <> v_conversation),
@@ -592,23 +593,27 @@ BEGIN
                    AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
                                    WHERE p.conversation_id = v_conversation
                                      AND p.run_id = ANY (v_run_ids))
-               END,
-               (SELECT st.rebuild_after < v_conversation
-                       OR (st.rebuild_after IS NULL
-                           AND NOT v_trigger = ANY (coalesce(st.object_oids, '{}')))
-                FROM compaction.source_tracking AS st
-                WHERE st.singleton)
-        INTO v_elsewhere, v_count, v_unchanged, v_may_defer
+               END
+        INTO v_elsewhere, v_count, v_unchanged
         FROM (SELECT) AS one
         LEFT JOIN compaction.conversation_state AS cs
           ON cs.conversation_id = v_conversation
          AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
         IF NOT v_elsewhere THEN
             IF v_count IS NULL THEN
-                PERFORM compaction.rederive(v_conversation, v_run_ids, v_trigger);
-            ELSIF v_may_defer AND compaction.defer_to_rebuild(v_conversation) THEN
-                NULL;  -- left to the rebuild (see compaction.rederive)
-            ELSIF NOT v_unchanged THEN
+                PERFORM compaction.rederive(v_conversation, v_run_ids, TG_RELID);
+            ELSIF v_unchanged THEN
+                NULL;
+            ELSIF EXISTS (SELECT 1 FROM compaction.source_tracking AS st
+                          WHERE st.singleton
+                            AND (st.rebuild_after < v_conversation
+                                 OR (st.rebuild_after IS NULL
+                                     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
+                                                     WHERE t.tgrelid = TG_RELID
+                                                       AND t.oid = ANY (st.object_oids)))))
+                  AND compaction.defer_to_rebuild(v_conversation) THEN
+                NULL;  -- left to the rebuild (compaction.rederive's test)
+            ELSE
                 PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
             END IF;
             RETURN NULL;
@@ -638,9 +643,9 @@ BEGIN
         ORDER BY t.conversation_id
     LOOP
         IF v_run_column IS NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, NULL, v_trigger);
+            PERFORM compaction.rederive(v_touched.conversation_id, NULL, TG_RELID);
         ELSIF v_touched.run_ids IS NOT NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, v_trigger);
+            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, TG_RELID);
         END IF;
     END LOOP;
     RETURN NULL;

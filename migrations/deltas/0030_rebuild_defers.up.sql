@@ -11,7 +11,7 @@
 -- point, so a rebuild does not resume past conversations that lost rows, and one under
 -- way fails at its next commit instead of stamping them.
 --
--- compaction.rederive gains p_trigger (its signature changes: dropped and created);
+-- compaction.rederive gains p_table (its signature changes: dropped and created);
 -- track_source_changes and rebuild_derived_state are replaced whole.
 
 DROP FUNCTION compaction.rederive(text, text[]);
@@ -45,7 +45,7 @@ COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
     'Internal: with the conversation''s conversation_state row held, true when a rebuild will derive this conversation after the calling transaction ends (the derived state is not in use, and no rebuild has reached the conversation), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction';
 
 CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],
-                                    p_trigger oid DEFAULT NULL)
+                                    p_table oid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -83,12 +83,19 @@ BEGIN
         ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1
         RETURNING cs.pair_count INTO v_count;
     END IF;
-    IF p_trigger IS NOT NULL
+    -- Cheap first (one statement, the common answer no): a rebuild under way has not
+    -- reached the conversation, or none is under way and no trigger of the calling table
+    -- is one the derived state was stamped under (its tracking was attached since); then
+    -- defer_to_rebuild decides under its lock. (No name-typed argument: its collation,
+    -- "C", would become the text parameters' and keep every lookup here off its index.)
+    IF p_table IS NOT NULL
        AND EXISTS (SELECT 1 FROM compaction.source_tracking AS st
                    WHERE st.singleton
                      AND (st.rebuild_after < p_conversation_id
                           OR (st.rebuild_after IS NULL
-                              AND NOT p_trigger = ANY (coalesce(st.object_oids, '{}')))))
+                              AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
+                                              WHERE t.tgrelid = p_table
+                                                AND t.oid = ANY (st.object_oids)))))
        AND compaction.defer_to_rebuild(p_conversation_id) THEN
         RETURN;
     END IF;
@@ -116,7 +123,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.rederive(text, text[], oid) IS
-    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on; from a tracking trigger (p_trigger, its oid), not when a rebuild will derive the conversation after this transaction (compaction.defer_to_rebuild)';
+    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on; from a tracking trigger (p_table, its table), not when a rebuild will derive the conversation after this transaction (compaction.defer_to_rebuild)';
 
 CREATE OR REPLACE FUNCTION compaction.track_source_changes()
 RETURNS trigger
@@ -148,8 +155,6 @@ DECLARE
     v_first_seq           bigint;
     v_first_id            text;
     v_runs_known          boolean := v_run_column IS NOT NULL;
-    v_may_defer           boolean;
-    v_trigger             oid;
 BEGIN
     IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS NOT IN (2, 3)
        OR v_conversation_column IS NULL THEN
@@ -216,9 +221,6 @@ BEGIN
     END IF;
 
     v_conversation := v_conversations[1];
-    -- This trigger, as compaction.rederive and compaction.defer_to_rebuild know it.
-    v_trigger := (SELECT t.oid FROM pg_catalog.pg_trigger AS t
-                  WHERE t.tgrelid = TG_RELID AND t.tgname = TG_NAME);
 
     -- A table without a run column (its runs are derived by the views, as in the Agents
     -- SDK recipe) that names its message id column: an INSERT into one conversation
@@ -258,7 +260,7 @@ BEGIN
     -- where the general grouping below costs several times as much to start.
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
         IF NOT v_runs_known THEN
-            PERFORM compaction.rederive(v_conversation, NULL, v_trigger);
+            PERFORM compaction.rederive(v_conversation, NULL, TG_RELID);
             RETURN NULL;
         END IF;
         v_run_ids := pg_catalog.array_remove(v_runs, NULL);
@@ -272,8 +274,7 @@ BEGIN
         -- of a transaction that already holds this conversation's conversation_state row
         -- (see rederive), rederive's no-change question and the pair count, in one
         -- statement: its snapshot is taken after the lock was, so it sees what rederive
-        -- would see. An agent's second and third statements per Run end here. With it,
-        -- whether the conversation may be left to a rebuild (compaction.rederive's test).
+        -- would see. An agent's second and third statements per Run end here.
         SELECT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
                        WHERE sr.run_id = ANY (v_run_ids)
                          AND sr.conversation_id <> v_conversation),
@@ -287,23 +288,27 @@ BEGIN
                    AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
                                    WHERE p.conversation_id = v_conversation
                                      AND p.run_id = ANY (v_run_ids))
-               END,
-               (SELECT st.rebuild_after < v_conversation
-                       OR (st.rebuild_after IS NULL
-                           AND NOT v_trigger = ANY (coalesce(st.object_oids, '{}')))
-                FROM compaction.source_tracking AS st
-                WHERE st.singleton)
-        INTO v_elsewhere, v_count, v_unchanged, v_may_defer
+               END
+        INTO v_elsewhere, v_count, v_unchanged
         FROM (SELECT) AS one
         LEFT JOIN compaction.conversation_state AS cs
           ON cs.conversation_id = v_conversation
          AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
         IF NOT v_elsewhere THEN
             IF v_count IS NULL THEN
-                PERFORM compaction.rederive(v_conversation, v_run_ids, v_trigger);
-            ELSIF v_may_defer AND compaction.defer_to_rebuild(v_conversation) THEN
-                NULL;  -- left to the rebuild (see compaction.rederive)
-            ELSIF NOT v_unchanged THEN
+                PERFORM compaction.rederive(v_conversation, v_run_ids, TG_RELID);
+            ELSIF v_unchanged THEN
+                NULL;
+            ELSIF EXISTS (SELECT 1 FROM compaction.source_tracking AS st
+                          WHERE st.singleton
+                            AND (st.rebuild_after < v_conversation
+                                 OR (st.rebuild_after IS NULL
+                                     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
+                                                     WHERE t.tgrelid = TG_RELID
+                                                       AND t.oid = ANY (st.object_oids)))))
+                  AND compaction.defer_to_rebuild(v_conversation) THEN
+                NULL;  -- left to the rebuild (compaction.rederive's test)
+            ELSE
                 PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
             END IF;
             RETURN NULL;
@@ -333,9 +338,9 @@ BEGIN
         ORDER BY t.conversation_id
     LOOP
         IF v_run_column IS NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, NULL, v_trigger);
+            PERFORM compaction.rederive(v_touched.conversation_id, NULL, TG_RELID);
         ELSIF v_touched.run_ids IS NOT NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, v_trigger);
+            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, TG_RELID);
         END IF;
     END LOOP;
     RETURN NULL;
