@@ -38,6 +38,34 @@ def waiting_pids(conn: Conn) -> list[int]:
         "SELECT pid FROM pg_catalog.pg_locks WHERE NOT granted")]
 
 
+class RebuildInThread:
+    """`CALL compaction.rebuild_derived_state(batch)` on a connection of its own, in a
+    thread, so the test can hold rows and locks against it; an error is kept for the
+    test's thread."""
+
+    def __init__(self, rebuilder: Conn, batch: int = 100) -> None:
+        self.pid = rebuilder.info.backend_pid
+        self.failure: list[BaseException] = []
+
+        def rebuild() -> None:
+            try:
+                rebuilder.execute("CALL compaction.rebuild_derived_state(%s)", (batch,))
+            except BaseException as exc:  # handed to the test's thread
+                self.failure.append(exc)
+
+        self.thread = threading.Thread(target=rebuild)
+        self.thread.start()
+
+    def wait_until_blocked(self, conn: Conn, why: str) -> None:
+        """Until the rebuild waits on a lock (the barrier); it must not end first."""
+        while self.pid not in waiting_pids(conn):
+            assert self.thread.is_alive(), self.failure or why
+
+    def join(self) -> None:
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive()
+
+
 def all_clean(conn: Conn) -> dict[str, list[tuple[str, str]]]:
     return {str(c): problems(conn, str(c)) for (c,) in conn.execute(
         "SELECT DISTINCT conversation_id FROM compaction_source.runs")
@@ -112,27 +140,14 @@ def test_a_conversation_created_while_the_rebuild_passes_it_is_derived(
     history.pairs("c2", 3)
     take_out_of_use(conn)
     stop_rebuild_after(conn, "", 2)
-    failure: list[BaseException] = []
     with psycopg.connect(dsn) as writer, \
             psycopg.connect(dsn, autocommit=True) as rebuilder:
         History(writer).pair("c1")  # uncommitted: left to the rebuild
-        pid = rebuilder.info.backend_pid
-
-        def rebuild() -> None:
-            try:
-                rebuilder.execute("CALL compaction.rebuild_derived_state()")
-            except BaseException as exc:  # handed to the test's thread
-                failure.append(exc)
-
-        thread = threading.Thread(target=rebuild)
-        thread.start()
-        # The barrier: the rebuild waits for the writer (it must not finish before).
-        while pid not in waiting_pids(conn):
-            assert thread.is_alive(), failure or "the rebuild did not wait for the writer"
+        rebuild = RebuildInThread(rebuilder)
+        rebuild.wait_until_blocked(conn, "the rebuild did not wait for the writer")
         writer.commit()
-        thread.join(timeout=60)
-        assert not thread.is_alive()
-    assert failure == []
+        rebuild.join()
+    assert rebuild.failure == []
     assert state(conn) == "in_use"
     assert pair_indexes(conn, "c1") == [0]
     assert all_clean(conn) == {}
@@ -164,24 +179,13 @@ def test_a_truncate_under_a_running_rebuild_fails_it(dsn: str, conn: Conn) -> No
     history = History(conn)
     for k in range(6):
         history.pairs(f"c{k}", 3)
-    failure: list[BaseException] = []
     with psycopg.connect(dsn) as blocker, \
             psycopg.connect(dsn, autocommit=True) as rebuilder, \
             psycopg.connect(dsn, autocommit=True) as truncater:
         blocker.execute("SELECT 1 FROM compaction.conversation_state"
                         " WHERE conversation_id = 'c3' FOR UPDATE")
-        pid = rebuilder.info.backend_pid
-
-        def rebuild() -> None:
-            try:
-                rebuilder.execute("CALL compaction.rebuild_derived_state(1)")
-            except BaseException as exc:  # handed to the test's thread
-                failure.append(exc)
-
-        thread = threading.Thread(target=rebuild)
-        thread.start()
-        while pid not in waiting_pids(conn):
-            assert thread.is_alive(), failure
+        rebuild = RebuildInThread(rebuilder, batch=1)
+        rebuild.wait_until_blocked(conn, "the rebuild did not wait for c3")
         truncate = threading.Thread(
             target=lambda: truncater.execute("TRUNCATE compaction_source.messages"))
         truncate.start()
@@ -191,13 +195,12 @@ def test_a_truncate_under_a_running_rebuild_fails_it(dsn: str, conn: Conn) -> No
             pass
         blocker.rollback()
         truncate.join(timeout=60)
-        thread.join(timeout=60)
-        assert not thread.is_alive()
         assert not truncate.is_alive()
-    assert len(failure) == 1
-    assert isinstance(failure[0], psycopg.Error)
-    assert failure[0].sqlstate == "CP021"
-    assert "truncated" in str(failure[0])
+        rebuild.join()
+    [failure] = rebuild.failure
+    assert isinstance(failure, psycopg.Error)
+    assert failure.sqlstate == "CP021"
+    assert "truncated" in str(failure)
     assert state(conn) == "not_rebuilt"
     conn.execute("CALL compaction.rebuild_derived_state()")
     assert state(conn) == "in_use"
