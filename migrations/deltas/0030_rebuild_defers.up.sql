@@ -441,13 +441,24 @@ BEGIN
             RAISE EXCEPTION 'the source was truncated, or a rebuild under changed source views started, while this rebuild ran; run it again'
                 USING ERRCODE = 'CP021';
         END IF;
-        SELECT cs.conversation_id INTO v_missed
-        FROM compaction.conversation_state AS cs
-        WHERE cs.conversation_id > v_from
-          AND (v_next IS NULL OR cs.conversation_id <= v_after)
-          AND cs.conversation_id <> ALL (v_batch)
-        ORDER BY cs.conversation_id
-        LIMIT 1;
+        -- Two statements, so that the batch's end bounds the index scan: with the bound
+        -- in an OR, a repair over a populated derived state read every conversation after
+        -- the batch at each commit.
+        IF v_next IS NULL THEN
+            SELECT cs.conversation_id INTO v_missed
+            FROM compaction.conversation_state AS cs
+            WHERE cs.conversation_id > v_from
+              AND cs.conversation_id <> ALL (v_batch)
+            ORDER BY cs.conversation_id
+            LIMIT 1;
+        ELSE
+            SELECT cs.conversation_id INTO v_missed
+            FROM compaction.conversation_state AS cs
+            WHERE cs.conversation_id > v_from AND cs.conversation_id <= v_after
+              AND cs.conversation_id <> ALL (v_batch)
+            ORDER BY cs.conversation_id
+            LIMIT 1;
+        END IF;
         IF v_missed IS NOT NULL THEN
             -- Up to the conversation before it: the next batch starts with it.
             v_batch := ARRAY(SELECT b.id FROM pg_catalog.unnest(v_batch) AS b (id)

@@ -264,3 +264,31 @@ def test_writers_racing_a_rebuild_leave_every_conversation_exact(
     for name, count in written.items():
         assert pair_indexes(conn, name) == list(range((4 if name in names else 0) + count))
     assert all_clean(conn) == {}
+
+
+def test_a_repair_rebuild_reads_the_conversation_states_linearly(dsn: str, conn: Conn) -> None:
+    """Before each commit the rebuild looks for conversations that appeared in its batch's
+    span. Over a populated derived state (a repair with the state in use), a scan not
+    bounded by the batch's end read every conversation after it at each commit: twice the
+    conversations took four times the index entries. Counted, not timed."""
+    history = History(conn)
+
+    def entries_read(reader: Conn) -> int:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        reader.execute("SELECT pg_stat_clear_snapshot()")
+        row = reader.execute(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes"
+            " WHERE indexrelid = 'compaction.conversation_state_pkey'::regclass").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    reads = []
+    with psycopg.connect(dsn, autocommit=True) as reader:
+        for first in (0, 100):  # 100 conversations, then 200 in all
+            for k in range(first, first + 100):
+                history.pairs(f"c{k:04d}", 1)
+            before = entries_read(reader)
+            conn.execute("CALL compaction.rebuild_derived_state(5, p_restart => true)")
+            reads.append(entries_read(reader) - before)
+    assert state(conn) == "in_use"
+    assert reads[1] <= 2.5 * reads[0], reads
