@@ -1097,11 +1097,10 @@ BEGIN
                              WHERE b.id < v_missed);
             v_after := coalesce((SELECT max(b.id) FROM pg_catalog.unnest(v_batch) AS b (id)),
                                 v_from);
-        ELSIF v_next IS NULL THEN
-            v_done := v_done + pg_catalog.cardinality(v_batch);
-            EXIT;  -- every conversation derived; stamped below, under this lock
         END IF;
         v_done := v_done + pg_catalog.cardinality(v_batch);
+        -- Every conversation derived: stamped below, under this lock.
+        EXIT WHEN v_next IS NULL AND v_missed IS NULL;
         UPDATE compaction.source_tracking AS st
         SET rebuild_after = v_after, rebuild_done = v_done,
             rebuild_updated_at = pg_catalog.clock_timestamp()
