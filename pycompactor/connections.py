@@ -17,6 +17,10 @@ from pycompactor.errors import DatabaseTimeout, DatabaseUnavailable, Pycompactor
 # Connection-class SQLSTATEs (connection exception, rollback, resources, operator
 # intervention): the database may be back soon, so the loop reconnects and retries.
 _TRANSIENT_SQLSTATE_CLASSES: Final = frozenset({"08", "40", "53", "57"})
+# Operator intervention that ends the session (admin/crash shutdown, cannot connect now,
+# database dropped, idle session timeout); 57014, a cancelled statement, leaves it usable.
+_SESSION_ENDED: Final = frozenset({"57P01", "57P02", "57P03", "57P04", "57P05"})
+
 
 class Connections:
     """Idle autocommit connections shared by the worker's threads.
@@ -36,10 +40,14 @@ class Connections:
             conn = self._idle.pop() if self._idle else None
         if conn is None:
             conn = self._connect()
+        lost = False
         try:
             yield conn
+        except BaseException as exc:
+            lost = connection_lost(exc)
+            raise
         finally:
-            if conn.closed or conn.broken:
+            if lost or conn.closed or conn.broken:
                 conn.close()
             else:
                 with self._lock:
@@ -50,6 +58,20 @@ class Connections:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """True when the error says the server ended the session. libpq marks the connection
+    bad only once it reads the socket's end; a FATAL read before that leaves it looking
+    usable, and handed out again it would fail the next call too."""
+    cause = exc.__cause__ if isinstance(exc, PycompactorError) else exc
+    if isinstance(exc, DatabaseUnavailable):
+        return True
+    if not isinstance(cause, psycopg.Error):
+        return False
+    sqlstate = cause.sqlstate or ""
+    return ((isinstance(cause, psycopg.OperationalError) and not sqlstate)
+            or sqlstate[:2] == "08" or sqlstate in _SESSION_ENDED)
 
 
 def is_transient(exc: BaseException) -> bool:
