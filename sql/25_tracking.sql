@@ -981,26 +981,39 @@ COMMENT ON FUNCTION compaction.rederive_conversation(text) IS
 -- batch derives it. The last commit stamps the derived state under that lock. A TRUNCATE
 -- under way clears the resume point (the trigger above): the rebuild then fails at its
 -- next commit.
+--
+-- Revision 0031: the rebuild never waits for a writer long while it holds a batch. A
+-- writer's transaction may hold one conversation (or source_tracking's row, having left a
+-- conversation to the rebuild) and then ask for a conversation the batch holds; had the
+-- rebuild waited for the writer meanwhile, PostgreSQL would break the deadlock after
+-- deadlock_timeout by failing whichever began waiting first, often the writer. So a
+-- conversation a writer holds ends the batch before it, and the lock on source_tracking
+-- is waited for at most 100 ms: past that, the batch is rolled back, the rebuild waits
+-- holding nothing, and derives the batch again. Two rebuilds may run at once (each
+-- process of a deploy runs `pycompactor migrate`): the shared resume point only moves
+-- forward, and one that finds the derived state put in use by the other returns.
 CREATE PROCEDURE compaction.rebuild_derived_state(p_batch int DEFAULT 100,
                                                   p_restart boolean DEFAULT false)
 LANGUAGE plpgsql
 -- No SET clause: a procedure with one cannot COMMIT. Every name below is qualified.
 AS $$
 DECLARE
-    v_stamp    text;
-    v_after    text;
-    v_from     text;
-    v_next     text;
-    v_batch    text[];
-    v_held     text;
-    v_missed   text;
-    v_done     bigint;
-    v_total    bigint;
-    v_resumed  bigint;
-    v_began    timestamptz := pg_catalog.clock_timestamp();
-    v_batch_at timestamptz;
-    v_noted_at timestamptz := pg_catalog.clock_timestamp();
-    v_rate     double precision;
+    v_stamp     text;
+    v_after     text;
+    v_from      text;
+    v_next      text;
+    v_batch     text[];
+    v_held      text;
+    v_missed    text;
+    v_gave_way  boolean := false;
+    v_lock_wait text;
+    v_done      bigint;
+    v_total     bigint;
+    v_resumed   bigint;
+    v_began     timestamptz := pg_catalog.clock_timestamp();
+    v_batch_at  timestamptz;
+    v_noted_at  timestamptz := pg_catalog.clock_timestamp();
+    v_rate      double precision;
 BEGIN
     IF p_batch IS NULL OR p_batch < 1 THEN
         RAISE EXCEPTION 'rebuild_derived_state needs a batch size of at least 1' USING ERRCODE = 'CP020';
@@ -1020,9 +1033,14 @@ BEGIN
         v_done := 0;
         SELECT count(*) INTO v_total
         FROM (SELECT DISTINCT sr.conversation_id FROM compaction.source_runs AS sr) AS c;
-        UPDATE compaction.source_tracking
-        SET rebuild_stamp = v_stamp, rebuild_after = v_after, rebuild_done = 0,
-            rebuild_total = v_total, rebuild_started_at = pg_catalog.now(),
+        -- The shared resume point never moves back under one source stamp (revision
+        -- 0031): another rebuild may be under way, and a writer must not leave it a
+        -- conversation it has derived already (see the batch's end).
+        UPDATE compaction.source_tracking AS st
+        SET rebuild_stamp = v_stamp,
+            rebuild_after = CASE WHEN st.rebuild_stamp = v_stamp THEN st.rebuild_after
+                                 ELSE v_after END,
+            rebuild_done = 0, rebuild_total = v_total, rebuild_started_at = pg_catalog.now(),
             rebuild_updated_at = pg_catalog.now();
         COMMIT;
         RAISE NOTICE 'derived state: rebuilding about % conversations', v_total;
@@ -1041,6 +1059,14 @@ BEGIN
         PERFORM pg_catalog.set_config('enable_seqscan', 'off', true);
         PERFORM pg_catalog.set_config('jit', 'off', true);
         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+        IF v_gave_way THEN
+            -- The last batch gave way (below): wait for the writers it waited for while
+            -- holding nothing, then derive it again.
+            PERFORM FROM compaction.source_tracking AS st WHERE st.singleton FOR UPDATE;
+            COMMIT;
+            v_gave_way := false;
+            CONTINUE;
+        END IF;
         v_from := v_after;
         v_batch := '{}';
         v_batch_at := pg_catalog.clock_timestamp();
@@ -1057,6 +1083,18 @@ BEGIN
                  WHERE cs.conversation_id > v_after
                  ORDER BY cs.conversation_id LIMIT 1));
             EXIT WHEN v_next IS NULL;
+            -- A conversation a writer holds ends the batch before it (revision 0031): the
+            -- next transaction waits for it holding nothing, so the writer may go on to a
+            -- conversation of this batch without a deadlock, which PostgreSQL would
+            -- resolve by failing whichever of the two began waiting first.
+            IF pg_catalog.cardinality(v_batch) > 0
+               AND EXISTS (SELECT FROM compaction.conversation_state AS cs
+                           WHERE cs.conversation_id = v_next) THEN
+                PERFORM FROM compaction.conversation_state AS cs
+                WHERE cs.conversation_id = v_next
+                FOR NO KEY UPDATE SKIP LOCKED;
+                EXIT WHEN NOT FOUND;
+            END IF;
             PERFORM compaction.rederive_conversation(v_next);
             v_after := v_next;
             v_batch := v_batch || v_next;
@@ -1064,12 +1102,36 @@ BEGIN
                    OR pg_catalog.clock_timestamp() - v_batch_at >= interval '20 milliseconds';
         END LOOP;
         -- The writers that left a conversation of this batch (or, at the end, any after
-        -- it) to the rebuild have ended once this lock is had; see the comment above.
-        SELECT st.rebuild_stamp INTO v_held
-        FROM compaction.source_tracking AS st
-        WHERE st.singleton
-        FOR UPDATE;
+        -- it) to the rebuild have ended once this lock is had; see the comment above. A
+        -- writer that holds it may be waiting for a conversation of the batch: past 100
+        -- ms (well below deadlock_timeout, 1 s by default) the batch gives way, undone,
+        -- rather than let PostgreSQL fail the writer (revision 0031).
+        v_lock_wait := pg_catalog.current_setting('lock_timeout');
+        PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
+        BEGIN
+            SELECT st.rebuild_stamp INTO v_held
+            FROM compaction.source_tracking AS st
+            WHERE st.singleton
+            FOR UPDATE;
+        EXCEPTION WHEN lock_not_available THEN
+            v_gave_way := true;
+        END;
+        IF v_gave_way THEN
+            ROLLBACK;
+            v_after := v_from;
+            CONTINUE;
+        END IF;
+        PERFORM pg_catalog.set_config('lock_timeout', v_lock_wait, true);
         IF v_held IS DISTINCT FROM v_stamp THEN
+            -- Another rebuild under the same source (a second `pycompactor migrate` of a
+            -- deploy) derived every conversation and stamped: this one's work is done.
+            IF v_held IS NULL AND compaction.derived_state_current()
+               AND (SELECT st.stamp FROM compaction.source_tracking AS st) = v_stamp THEN
+                COMMIT;
+                RAISE NOTICE 'derived state: in use, put there by another rebuild (% conversations this run)',
+                    v_done - v_resumed + pg_catalog.cardinality(v_batch);
+                RETURN;
+            END IF;
             RAISE EXCEPTION 'the source was truncated, or a rebuild under changed source views started, while this rebuild ran; run it again'
                 USING ERRCODE = 'CP021';
         END IF;
@@ -1101,8 +1163,11 @@ BEGIN
         v_done := v_done + pg_catalog.cardinality(v_batch);
         -- Every conversation derived: stamped below, under this lock.
         EXIT WHEN v_next IS NULL AND v_missed IS NULL;
+        -- Forward only: a rebuild ahead of this one has derived the conversations up to
+        -- its point, and a writer must find them past the resume point, not left to a
+        -- rebuild that another's stamp may end first.
         UPDATE compaction.source_tracking AS st
-        SET rebuild_after = v_after, rebuild_done = v_done,
+        SET rebuild_after = GREATEST(st.rebuild_after, v_after), rebuild_done = v_done,
             rebuild_updated_at = pg_catalog.clock_timestamp()
         WHERE st.singleton;
         COMMIT;
@@ -1124,7 +1189,7 @@ BEGIN
 END
 $$;
 COMMENT ON PROCEDURE compaction.rebuild_derived_state(int, boolean) IS
-    'Repair and upgrade step: re-derives every conversation in id order, committing at most p_batch conversations or 20 ms of work at a time, resuming after the last committed one when the source is unchanged (p_restart: start over), then puts the derived state in use; CALL outside a transaction block';
+    'Repair and upgrade step: re-derives every conversation in id order, committing at most p_batch conversations or 20 ms of work at a time and never waiting for a writer long while it holds them, resuming after the last committed one when the source is unchanged (p_restart: start over), then puts the derived state in use; CALL outside a transaction block';
 
 CREATE FUNCTION compaction.stamp_derived_state(p_stamp text)
 RETURNS boolean

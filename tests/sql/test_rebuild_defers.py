@@ -43,13 +43,14 @@ class RebuildInThread:
     thread, so the test can hold rows and locks against it; an error is kept for the
     test's thread."""
 
-    def __init__(self, rebuilder: Conn, batch: int = 100) -> None:
+    def __init__(self, rebuilder: Conn, batch: int = 100, restart: bool = False) -> None:
         self.pid = rebuilder.info.backend_pid
         self.failure: list[BaseException] = []
 
         def rebuild() -> None:
             try:
-                rebuilder.execute("CALL compaction.rebuild_derived_state(%s)", (batch,))
+                rebuilder.execute("CALL compaction.rebuild_derived_state(%s, %s)",
+                                  (batch, restart))
             except BaseException as exc:  # handed to the test's thread
                 self.failure.append(exc)
 
