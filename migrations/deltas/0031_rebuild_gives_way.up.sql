@@ -3,8 +3,9 @@
 -- after leaving a conversation to the rebuild (revision 0030), and then asks for a
 -- conversation of the rebuild's open batch, deadlocked with a rebuild that waited for it;
 -- PostgreSQL broke the cycle after deadlock_timeout by failing whichever began waiting
--- first, often the application's transaction. Now a conversation a writer holds ends the
--- batch before it (the next transaction waits for it holding nothing), and the batch's
+-- first, often the application's transaction. Now a conversation a writer holds, or whose
+-- conversation_state row a writer is creating, ends the batch before it (the next
+-- transaction waits for it holding nothing), and the batch's
 -- wait for source_tracking's row lasts at most 100 ms: past that the batch is rolled
 -- back, the rebuild waits holding nothing, and derives it again.
 --
@@ -32,6 +33,8 @@ DECLARE
     v_missed    text;
     v_gave_way  boolean := false;
     v_lock_wait text;
+    v_placed    int;
+    v_busy      boolean;
     v_done      bigint;
     v_total     bigint;
     v_resumed   bigint;
@@ -94,6 +97,7 @@ BEGIN
         END IF;
         v_from := v_after;
         v_batch := '{}';
+        v_placed := 0;
         v_batch_at := pg_catalog.clock_timestamp();
         LOOP
             -- The next conversation in key order, as the first row of an ordered read:
@@ -112,13 +116,36 @@ BEGIN
             -- next transaction waits for it holding nothing, so the writer may go on to a
             -- conversation of this batch without a deadlock, which PostgreSQL would
             -- resolve by failing whichever of the two began waiting first.
-            IF pg_catalog.cardinality(v_batch) > 0
-               AND EXISTS (SELECT FROM compaction.conversation_state AS cs
-                           WHERE cs.conversation_id = v_next) THEN
+            IF pg_catalog.cardinality(v_batch) = 0 THEN
+                NULL;  -- the first of a transaction: waiting for it holds nothing
+            ELSIF EXISTS (SELECT FROM compaction.conversation_state AS cs
+                          WHERE cs.conversation_id = v_next) THEN
                 PERFORM FROM compaction.conversation_state AS cs
                 WHERE cs.conversation_id = v_next
                 FOR NO KEY UPDATE SKIP LOCKED;
                 EXIT WHEN NOT FOUND;
+            ELSE
+                -- No committed row (a conversation written before the tracking was
+                -- attached): its first tracked write may be creating the row now,
+                -- unseen, and inserting it would wait for that writer. Insert it without
+                -- waiting, in a subtransaction; at most 32 a batch, well under the 64 a
+                -- backend's snapshot entry holds before every snapshot taken anywhere
+                -- must look subtransactions up.
+                EXIT WHEN v_placed >= 32;
+                v_placed := v_placed + 1;
+                v_busy := false;
+                v_lock_wait := pg_catalog.current_setting('lock_timeout');
+                PERFORM pg_catalog.set_config('lock_timeout', '1ms', true);
+                BEGIN
+                    INSERT INTO compaction.conversation_state AS cs
+                        (conversation_id, pair_count, generation)
+                    VALUES (v_next, 0, 1)
+                    ON CONFLICT (conversation_id) DO NOTHING;
+                EXCEPTION WHEN lock_not_available THEN
+                    v_busy := true;
+                END;
+                PERFORM pg_catalog.set_config('lock_timeout', v_lock_wait, true);
+                EXIT WHEN v_busy;
             END IF;
             PERFORM compaction.rederive_conversation(v_next);
             v_after := v_next;

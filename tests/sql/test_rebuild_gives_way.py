@@ -92,6 +92,39 @@ def test_a_writer_that_needs_a_conversation_of_the_batch_never_deadlocks(
     assert all_clean(conn) == {}
 
 
+def test_a_writer_creating_a_conversations_first_row_never_deadlocks(
+        dsn: str, conn: Conn) -> None:
+    """c2 was written before the tracking was attached (it has no derived rows at all,
+    as every conversation has when an install's rebuild starts). The writer's first
+    tracked write to it creates its conversation_state row, unseen by the rebuild, and
+    leaves it to the rebuild; then the writer writes c1. A rebuild that inserted c2's row
+    while holding c0 and c1 waited for the writer and deadlocked with it; now it ends the
+    batch before c2."""
+    history = History(conn)
+    for name in ("c0", "c1", "c2"):
+        history.pairs(name, 3)
+    take_out_of_use(conn)
+    for table in ("ranges", "pairs", "conversation_state"):
+        conn.execute(f"DELETE FROM compaction.{table} WHERE conversation_id = 'c2'")
+    stop_rebuild_after(conn, "", 3)
+    with psycopg.connect(dsn) as writer, psycopg.connect(dsn, autocommit=True) as rebuilder:
+        History(writer).pair("c2")  # creates c2's row, uncommitted; left to the rebuild
+        rebuild = RebuildInThread(rebuilder)
+        rebuild.wait_until_blocked(conn, "the rebuild did not wait at c2")
+        write = WriteInThread(writer, "c1")
+        write.wait_until_done_or_blocked(conn)
+        write.join()
+        if not write.failure:
+            writer.commit()
+        rebuild.join()
+    assert write.failure == []
+    assert rebuild.failure == []
+    assert state(conn) == "in_use"
+    assert pair_indexes(conn, "c1") == [0, 1, 2, 3]
+    assert pair_indexes(conn, "c2") == [0, 1, 2, 3]
+    assert all_clean(conn) == {}
+
+
 def test_two_rebuilds_at_once_both_succeed_and_leave_every_conversation_exact(
         dsn: str, conn: Conn) -> None:
     """Each process of a deploy runs `pycompactor migrate`, so two rebuilds run at once.
