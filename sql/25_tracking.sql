@@ -990,9 +990,10 @@ COMMENT ON FUNCTION compaction.rederive_conversation(text) IS
 -- conversation a writer holds, or whose conversation_state row a writer is creating (its
 -- first tracked write since the tracking was attached), ends the batch before it; and
 -- the lock on source_tracking is waited for at most 100 ms: past that, the batch is
--- rolled back, the rebuild waits holding nothing, and derives the batch again. Two rebuilds may run at once (each
--- process of a deploy runs `pycompactor migrate`): the shared resume point only moves
--- forward, and one that finds the derived state put in use by the other returns.
+-- rolled back, the rebuild waits holding nothing, and derives the batch again. Two
+-- rebuilds may run at once (each process of a deploy runs `pycompactor migrate`): the
+-- shared resume point only moves forward, and one that finds the derived state put in
+-- use by the other returns.
 CREATE PROCEDURE compaction.rebuild_derived_state(p_batch int DEFAULT 100,
                                                   p_restart boolean DEFAULT false)
 LANGUAGE plpgsql

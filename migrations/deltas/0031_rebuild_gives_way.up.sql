@@ -5,9 +5,9 @@
 -- PostgreSQL broke the cycle after deadlock_timeout by failing whichever began waiting
 -- first, often the application's transaction. Now a conversation a writer holds, or whose
 -- conversation_state row a writer is creating, ends the batch before it (the next
--- transaction waits for it holding nothing), and the batch's
--- wait for source_tracking's row lasts at most 100 ms: past that the batch is rolled
--- back, the rebuild waits holding nothing, and derives it again.
+-- transaction waits for it holding nothing), and the batch's wait for source_tracking's
+-- row lasts at most 100 ms: past that the batch is rolled back, the rebuild waits holding
+-- nothing, and derives it again.
 --
 -- Two rebuilds at once (each process of a deploy runs `pycompactor migrate`): the second
 -- to finish failed with CP021 once the first had stamped, and a rebuild behind the other
