@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -38,33 +39,43 @@ def waiting_pids(conn: Conn) -> list[int]:
         "SELECT pid FROM pg_catalog.pg_locks WHERE NOT granted")]
 
 
-class RebuildInThread:
-    """`CALL compaction.rebuild_derived_state(batch)` on a connection of its own, in a
-    thread, so the test can hold rows and locks against it; an error is kept for the
-    test's thread."""
+class InThread:
+    """`work` on a connection of its own, in a thread, so the test can hold rows and locks
+    against it (or go on while it waits); an error is kept for the test's thread."""
 
-    def __init__(self, rebuilder: Conn, batch: int = 100, restart: bool = False) -> None:
-        self.pid = rebuilder.info.backend_pid
+    def __init__(self, conn: Conn, work: Callable[[Conn], object]) -> None:
+        self.pid = conn.info.backend_pid
         self.failure: list[BaseException] = []
 
-        def rebuild() -> None:
+        def run() -> None:
             try:
-                rebuilder.execute("CALL compaction.rebuild_derived_state(%s, %s)",
-                                  (batch, restart))
+                work(conn)
             except BaseException as exc:  # handed to the test's thread
                 self.failure.append(exc)
 
-        self.thread = threading.Thread(target=rebuild)
+        self.thread = threading.Thread(target=run)
         self.thread.start()
 
     def wait_until_blocked(self, conn: Conn, why: str) -> None:
-        """Until the rebuild waits on a lock (the barrier); it must not end first."""
+        """Until the work waits on a lock (the barrier); it must not end first."""
         while self.pid not in waiting_pids(conn):
             assert self.thread.is_alive(), self.failure or why
+
+    def wait_until_done_or_blocked(self, conn: Conn) -> None:
+        while self.thread.is_alive() and self.pid not in waiting_pids(conn):
+            pass
 
     def join(self) -> None:
         self.thread.join(timeout=60)
         assert not self.thread.is_alive()
+
+
+class RebuildInThread(InThread):
+    """`CALL compaction.rebuild_derived_state(batch, restart)` in a thread."""
+
+    def __init__(self, rebuilder: Conn, batch: int = 100, restart: bool = False) -> None:
+        super().__init__(rebuilder, lambda conn: conn.execute(
+            "CALL compaction.rebuild_derived_state(%s, %s)", (batch, restart)))
 
 
 def all_clean(conn: Conn) -> dict[str, list[tuple[str, str]]]:

@@ -7,7 +7,6 @@ pg_locks (the barrier); under revision 0030 each of them ends in a deadlock or a
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import psycopg
@@ -15,41 +14,21 @@ import pytest
 
 from tests.history import History
 from tests.sql.test_rebuild_defers import (
+    InThread,
     RebuildInThread,
     all_clean,
     stop_rebuild_after,
     take_out_of_use,
-    waiting_pids,
 )
 from tests.sql.test_tracking import pair_indexes, state
 
 Conn = psycopg.Connection[Any]
 
 
-class WriteInThread:
-    """One more pair written by an open transaction, in a thread: the write may wait for
-    the rebuild, and the test must go on meanwhile. An error is kept for the test."""
-
-    def __init__(self, writer: Conn, conversation_id: str) -> None:
-        self.pid = writer.info.backend_pid
-        self.failure: list[BaseException] = []
-
-        def write() -> None:
-            try:
-                History(writer).pair(conversation_id)
-            except BaseException as exc:  # handed to the test's thread
-                self.failure.append(exc)
-
-        self.thread = threading.Thread(target=write)
-        self.thread.start()
-
-    def wait_until_done_or_blocked(self, conn: Conn) -> None:
-        while self.thread.is_alive() and self.pid not in waiting_pids(conn):
-            pass
-
-    def join(self) -> None:
-        self.thread.join(timeout=60)
-        assert not self.thread.is_alive()
+def write_in_thread(writer: Conn, conversation_id: str) -> InThread:
+    """One more pair written by the writer's open transaction, in a thread: the write may
+    wait for the rebuild, and the test must go on meanwhile."""
+    return InThread(writer, lambda conn: History(conn).pair(conversation_id))
 
 
 @pytest.mark.parametrize("c2_held_by", ["the writer", "another transaction"])
@@ -76,7 +55,7 @@ def test_a_writer_that_needs_a_conversation_of_the_batch_never_deadlocks(
                           " WHERE conversation_id = 'c2' FOR UPDATE")
         rebuild = RebuildInThread(rebuilder)
         rebuild.wait_until_blocked(conn, "the rebuild did not wait at c2")
-        write = WriteInThread(writer, "c1")
+        write = write_in_thread(writer, "c1")
         write.wait_until_done_or_blocked(conn)
         other.rollback()
         write.join()
@@ -111,7 +90,7 @@ def test_a_writer_creating_a_conversations_first_row_never_deadlocks(
         History(writer).pair("c2")  # creates c2's row, uncommitted; left to the rebuild
         rebuild = RebuildInThread(rebuilder)
         rebuild.wait_until_blocked(conn, "the rebuild did not wait at c2")
-        write = WriteInThread(writer, "c1")
+        write = write_in_thread(writer, "c1")
         write.wait_until_done_or_blocked(conn)
         write.join()
         if not write.failure:
