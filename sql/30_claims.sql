@@ -116,6 +116,15 @@ VALUES ('conversation-compaction@1', 'mixed', false, false),
 -- operators included, is schema-qualified, so no search_path can change what they mean.
 -- valid_source_ids needs a subquery, which rules inlining out: PL/pgSQL keeps its plan
 -- for the session instead.
+--
+-- Revision 0032: the rules a CHECK constraint calls are PL/pgSQL (attempt_rules_hold
+-- already was). PostgreSQL prepares a table's CHECK expressions again in every statement
+-- that writes the table, and an SQL function inlined there has its body parsed each time:
+-- summary_problem and valid_source_hash, inlined into the CHECKs of job_summaries and
+-- jobs, were 5.5% of a claim -> complete cycle's instructions (docs/benchmarks.md).
+-- PL/pgSQL compiles a body once per session. valid_source_hash also tests its characters
+-- with ltrim instead of a regular expression: the pattern's 64-fold repetition cost about
+-- 75,000 instructions a call, twice a cycle, where the test below costs a few thousand.
 CREATE FUNCTION compaction.valid_source_ids(p_source_message_ids text[])
 RETURNS boolean
 LANGUAGE plpgsql
@@ -136,11 +145,17 @@ COMMENT ON FUNCTION compaction.valid_source_ids(text[]) IS
 
 CREATE FUNCTION compaction.valid_source_hash(p_source_hash text)
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
-    SELECT p_source_hash IS NOT NULL AND p_source_hash OPERATOR(pg_catalog.~) '^[0-9a-f]{64}$'
+BEGIN
+    -- What '^[0-9a-f]{64}$' matches: 64 bytes, every one of them in the set (a character
+    -- outside it, multibyte or not, is left by ltrim).
+    RETURN p_source_hash IS NOT NULL
+       AND pg_catalog.octet_length(p_source_hash) OPERATOR(pg_catalog.=) 64
+       AND pg_catalog.ltrim(p_source_hash, '0123456789abcdef') OPERATOR(pg_catalog.=) '';
+END
 $$;
 COMMENT ON FUNCTION compaction.valid_source_hash(text) IS
     'Internal: true when the text is 64 lowercase hexadecimal characters (a SHA-256 in hex)';
@@ -148,15 +163,17 @@ COMMENT ON FUNCTION compaction.valid_source_hash(text) IS
 -- NULL when the text is an acceptable summary, else the reason it is not.
 CREATE FUNCTION compaction.summary_problem(p_summary text)
 RETURNS text
-LANGUAGE sql
+LANGUAGE plpgsql
 IMMUTABLE
 PARALLEL SAFE
 AS $$
-    SELECT CASE
+BEGIN
+    RETURN CASE
                WHEN NOT compaction.has_content(p_summary) THEN 'empty'
                -- characters, not bytes: 6,000 four-byte emoji are a valid summary
                WHEN pg_catalog.char_length(p_summary) OPERATOR(pg_catalog.>) 6000 THEN 'too_long'
-           END
+           END;
+END
 $$;
 COMMENT ON FUNCTION compaction.summary_problem(text) IS
     'Internal: NULL for a valid summary text, else empty (NULL or whitespace only) or too_long (over 6,000 characters)';
