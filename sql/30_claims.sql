@@ -121,7 +121,7 @@ VALUES ('conversation-compaction@1', 'mixed', false, false),
 -- already was). PostgreSQL prepares a table's CHECK expressions again in every statement
 -- that writes the table, and an SQL function inlined there has its body parsed each time:
 -- summary_problem and valid_source_hash, inlined into the CHECKs of job_summaries and
--- jobs, were 5.5% of a claim -> complete cycle's instructions (docs/benchmarks.md).
+-- jobs, were 6.1% of a claim -> complete cycle's instructions (docs/benchmarks.md).
 -- PL/pgSQL compiles a body once per session. valid_source_hash also tests its characters
 -- with ltrim instead of a regular expression: the pattern's 64-fold repetition cost about
 -- 75,000 instructions a call, twice a cycle, where the test below costs a few thousand.
