@@ -1,7 +1,7 @@
 -- 0030_rebuild_defers, downgrade: every tracked write derives its conversation at once
 -- (0029's rederive, trigger and rebuild).
 
-DROP FUNCTION compaction.rederive(text, text[], boolean);
+DROP FUNCTION compaction.rederive(text, text[], oid);
 DROP FUNCTION compaction.defer_to_rebuild(text);
 
 CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[])

@@ -1,7 +1,5 @@
 -- 0031_rebuild_gives_way, undone: revision 0030's rederive, deferral test, tracking
--- trigger and rebuild, as that revision was released.
-
-DROP FUNCTION compaction.rederive(text, text[], oid);
+-- trigger and rebuild, as that revision's delta defines them (its landed form).
 
 CREATE OR REPLACE FUNCTION compaction.defer_to_rebuild(p_conversation_id text)
 RETURNS boolean
@@ -13,22 +11,26 @@ AS $$
 DECLARE
     v_after text;
 BEGIN
-    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed'
-       OR compaction.derived_state_current() THEN
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN false;
     END IF;
     SELECT st.rebuild_after INTO v_after
     FROM compaction.source_tracking AS st
     WHERE st.singleton
     FOR KEY SHARE;
-    RETURN coalesce(p_conversation_id > v_after, false);
+    -- After the lock: a rebuild that finished while this writer waited for it has put the
+    -- derived state in use (and cleared the resume point).
+    IF compaction.derived_state_current() THEN
+        RETURN false;
+    END IF;
+    RETURN v_after IS NULL OR p_conversation_id > v_after;
 END
 $$;
 COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
-    'Internal: with the conversation''s conversation_state row held, true when a rebuild under way will derive this conversation after the calling transaction ends (the derived state is not in use, the rebuild has not reached it), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction when it may';
+    'Internal: with the conversation''s conversation_state row held, true when a rebuild will derive this conversation after the calling transaction ends (the derived state is not in use, and no rebuild has reached the conversation), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction';
 
-CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],
-                                    p_defer boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],
+                                    p_table oid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 VOLATILE
@@ -66,9 +68,19 @@ BEGIN
         ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1
         RETURNING cs.pair_count INTO v_count;
     END IF;
-    IF p_defer
+    -- Cheap first (one statement, the common answer no): a rebuild under way has not
+    -- reached the conversation, or none is under way and no trigger of the calling table
+    -- is one the derived state was stamped under (its tracking was attached since); then
+    -- defer_to_rebuild decides under its lock. (No name-typed argument: its collation,
+    -- "C", would become the text parameters' and keep every lookup here off its index.)
+    IF p_table IS NOT NULL
        AND EXISTS (SELECT 1 FROM compaction.source_tracking AS st
-                   WHERE st.singleton AND st.rebuild_after < p_conversation_id)
+                   WHERE st.singleton
+                     AND (st.rebuild_after < p_conversation_id
+                          OR (st.rebuild_after IS NULL
+                              AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
+                                              WHERE t.tgrelid = p_table
+                                                AND t.oid = ANY (st.object_oids)))))
        AND compaction.defer_to_rebuild(p_conversation_id) THEN
         RETURN;
     END IF;
@@ -95,8 +107,8 @@ BEGIN
     PERFORM compaction.rederive_runs(p_conversation_id, v_runs, v_count);
 END
 $$;
-COMMENT ON FUNCTION compaction.rederive(text, text[], boolean) IS
-    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on; p_defer (the tracking triggers): unless a rebuild will derive the conversation after this transaction (compaction.defer_to_rebuild)';
+COMMENT ON FUNCTION compaction.rederive(text, text[], oid) IS
+    'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on; from a tracking trigger (p_table, its table), not when a rebuild will derive the conversation after this transaction (compaction.defer_to_rebuild)';
 
 CREATE OR REPLACE FUNCTION compaction.track_source_changes()
 RETURNS trigger
@@ -128,7 +140,6 @@ DECLARE
     v_first_seq           bigint;
     v_first_id            text;
     v_runs_known          boolean := v_run_column IS NOT NULL;
-    v_rebuild_after       text;
 BEGIN
     IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS NOT IN (2, 3)
        OR v_conversation_column IS NULL THEN
@@ -234,7 +245,7 @@ BEGIN
     -- where the general grouping below costs several times as much to start.
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
         IF NOT v_runs_known THEN
-            PERFORM compaction.rederive(v_conversation, NULL, true);
+            PERFORM compaction.rederive(v_conversation, NULL, TG_RELID);
             RETURN NULL;
         END IF;
         v_run_ids := pg_catalog.array_remove(v_runs, NULL);
@@ -248,8 +259,7 @@ BEGIN
         -- of a transaction that already holds this conversation's conversation_state row
         -- (see rederive), rederive's no-change question and the pair count, in one
         -- statement: its snapshot is taken after the lock was, so it sees what rederive
-        -- would see. An agent's second and third statements per Run end here. With it,
-        -- the resume point of a rebuild under way (see compaction.rederive's p_defer).
+        -- would see. An agent's second and third statements per Run end here.
         SELECT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
                        WHERE sr.run_id = ANY (v_run_ids)
                          AND sr.conversation_id <> v_conversation),
@@ -263,21 +273,27 @@ BEGIN
                    AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
                                    WHERE p.conversation_id = v_conversation
                                      AND p.run_id = ANY (v_run_ids))
-               END,
-               (SELECT st.rebuild_after FROM compaction.source_tracking AS st
-                WHERE st.singleton)
-        INTO v_elsewhere, v_count, v_unchanged, v_rebuild_after
+               END
+        INTO v_elsewhere, v_count, v_unchanged
         FROM (SELECT) AS one
         LEFT JOIN compaction.conversation_state AS cs
           ON cs.conversation_id = v_conversation
          AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
         IF NOT v_elsewhere THEN
             IF v_count IS NULL THEN
-                PERFORM compaction.rederive(v_conversation, v_run_ids, true);
-            ELSIF v_rebuild_after < v_conversation
+                PERFORM compaction.rederive(v_conversation, v_run_ids, TG_RELID);
+            ELSIF v_unchanged THEN
+                NULL;
+            ELSIF EXISTS (SELECT 1 FROM compaction.source_tracking AS st
+                          WHERE st.singleton
+                            AND (st.rebuild_after < v_conversation
+                                 OR (st.rebuild_after IS NULL
+                                     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
+                                                     WHERE t.tgrelid = TG_RELID
+                                                       AND t.oid = ANY (st.object_oids)))))
                   AND compaction.defer_to_rebuild(v_conversation) THEN
-                NULL;  -- left to the rebuild (see compaction.rederive's p_defer)
-            ELSIF NOT v_unchanged THEN
+                NULL;  -- left to the rebuild (compaction.rederive's test)
+            ELSE
                 PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
             END IF;
             RETURN NULL;
@@ -307,9 +323,9 @@ BEGIN
         ORDER BY t.conversation_id
     LOOP
         IF v_run_column IS NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, NULL, true);
+            PERFORM compaction.rederive(v_touched.conversation_id, NULL, TG_RELID);
         ELSIF v_touched.run_ids IS NOT NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, true);
+            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, TG_RELID);
         END IF;
     END LOOP;
     RETURN NULL;
@@ -410,24 +426,34 @@ BEGIN
             RAISE EXCEPTION 'the source was truncated, or a rebuild under changed source views started, while this rebuild ran; run it again'
                 USING ERRCODE = 'CP021';
         END IF;
-        SELECT cs.conversation_id INTO v_missed
-        FROM compaction.conversation_state AS cs
-        WHERE cs.conversation_id > v_from
-          AND (v_next IS NULL OR cs.conversation_id <= v_after)
-          AND cs.conversation_id <> ALL (v_batch)
-        ORDER BY cs.conversation_id
-        LIMIT 1;
+        -- Two statements, so that the batch's end bounds the index scan: with the bound
+        -- in an OR, a repair over a populated derived state read every conversation after
+        -- the batch at each commit.
+        IF v_next IS NULL THEN
+            SELECT cs.conversation_id INTO v_missed
+            FROM compaction.conversation_state AS cs
+            WHERE cs.conversation_id > v_from
+              AND cs.conversation_id <> ALL (v_batch)
+            ORDER BY cs.conversation_id
+            LIMIT 1;
+        ELSE
+            SELECT cs.conversation_id INTO v_missed
+            FROM compaction.conversation_state AS cs
+            WHERE cs.conversation_id > v_from AND cs.conversation_id <= v_after
+              AND cs.conversation_id <> ALL (v_batch)
+            ORDER BY cs.conversation_id
+            LIMIT 1;
+        END IF;
         IF v_missed IS NOT NULL THEN
             -- Up to the conversation before it: the next batch starts with it.
             v_batch := ARRAY(SELECT b.id FROM pg_catalog.unnest(v_batch) AS b (id)
                              WHERE b.id < v_missed);
             v_after := coalesce((SELECT max(b.id) FROM pg_catalog.unnest(v_batch) AS b (id)),
                                 v_from);
-        ELSIF v_next IS NULL THEN
-            v_done := v_done + pg_catalog.cardinality(v_batch);
-            EXIT;  -- every conversation derived; stamped below, under this lock
         END IF;
         v_done := v_done + pg_catalog.cardinality(v_batch);
+        -- Every conversation derived: stamped below, under this lock.
+        EXIT WHEN v_next IS NULL AND v_missed IS NULL;
         UPDATE compaction.source_tracking AS st
         SET rebuild_after = v_after, rebuild_done = v_done,
             rebuild_updated_at = pg_catalog.clock_timestamp()

@@ -16,18 +16,15 @@
 -- now only moves forward under one source stamp, and a rebuild that finds the derived
 -- state put in use under its stamp returns.
 --
--- It also carries what revision 0030 became after its first commit on main (a released
--- migration is never edited): the window before a rebuild starts is deferred too (a
--- write through a trigger attached since the stamp, or after a TRUNCATE), judged after
--- the lock; the deferral test moved out of the tracking's fast path and asked only when
--- a pair would change; rederive takes the trigger's table (an oid) instead of a boolean;
--- the rebuild's look for conversations that appeared in its batch is bounded by the
--- batch's end.
---
--- compaction.rederive changes signature (dropped and created); defer_to_rebuild,
--- track_source_changes and rebuild_derived_state are replaced whole.
+-- Revision 0030 was released in two forms: as first committed, with rederive taking a
+-- boolean, and as it stood when it landed, with rederive taking the trigger's table (an
+-- oid), the window before a rebuild deferred too and the rebuild's look for new
+-- conversations bounded by its batch's end. The delta in this repository is the landed
+-- form. This revision upgrades either: the boolean rederive is dropped where it exists,
+-- and rederive, defer_to_rebuild, track_source_changes and rebuild_derived_state are
+-- replaced whole.
 
-DROP FUNCTION compaction.rederive(text, text[], boolean);
+DROP FUNCTION IF EXISTS compaction.rederive(text, text[], boolean);
 
 CREATE OR REPLACE FUNCTION compaction.defer_to_rebuild(p_conversation_id text)
 RETURNS boolean
@@ -57,7 +54,7 @@ $$;
 COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
     'Internal: with the conversation''s conversation_state row held, true when a rebuild will derive this conversation after the calling transaction ends (the derived state is not in use, and no rebuild has reached the conversation), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction';
 
-CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],
+CREATE OR REPLACE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],
                                     p_table oid DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql

@@ -1,8 +1,8 @@
 """The rebuild never waits for a writer long while it holds a batch: a conversation a writer
 holds ends the batch, and the batch's wait for the writers that left conversations to it
 gives way after 100 ms, so no application transaction deadlocks with it; two rebuilds
-may run at once. Also carries what revision 0030 became after its first commit on main
-(the deferral of the window before a rebuild starts, rederive taking the trigger's table).
+may run at once. Upgrades either released form of revision 0030 (rederive taking a
+boolean, as first committed; or the trigger's table, as landed).
 
 Revision ID: 0031_rebuild_gives_way
 Revises: 0030_rebuild_defers

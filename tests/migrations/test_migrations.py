@@ -79,6 +79,29 @@ def test_downgrade_to_base_then_upgrade_round_trips(
     assert schema.current_revision(dsn) == schema.heads()[0]
 
 
+def test_the_first_released_form_of_0030_upgrades_to_head(
+    pg_bindir: Path, new_database: NewDatabase
+) -> None:
+    """Revision 0030 was released in two forms, which differ only in rederive's third
+    parameter: a boolean as first committed, the trigger's table (an oid) as landed, the
+    form of the delta here. A database migrated with the first form reaches the same
+    schema as every other (0031 once dropped the boolean form unconditionally, and the
+    landed form failed there)."""
+    from_sql = new_database()
+    with psycopg.connect(from_sql) as conn:
+        schema.apply_current_definition(conn)
+    dsn = new_database()
+    schema.upgrade(dsn, "0030_rebuild_defers")
+    with psycopg.connect(dsn) as conn:
+        conn.execute("DROP FUNCTION compaction.rederive(text, text[], oid)")
+        conn.execute(
+            "CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],"
+            " p_deferrable boolean DEFAULT false) RETURNS void LANGUAGE plpgsql"
+            " AS $$ BEGIN END $$")
+    schema.upgrade(dsn)
+    assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
+
+
 def test_each_revision_downgrades_one_step(pg_bindir: Path, new_database: NewDatabase) -> None:
     dsn = new_database()
     schema.upgrade(dsn)
