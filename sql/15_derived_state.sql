@@ -43,12 +43,20 @@ CREATE TABLE compaction.pairs (
     user_bytes           int NOT NULL,
     assistant_message_id text NOT NULL,
     assistant_bytes      int NOT NULL,
-    CONSTRAINT pairs_pkey PRIMARY KEY (conversation_id, run_id),
-    CONSTRAINT pairs_pair_index_key UNIQUE (conversation_id, pair_index),
+    CONSTRAINT pairs_pkey PRIMARY KEY (conversation_id, pair_index),
     CONSTRAINT pairs_pair_index_not_negative CHECK (pair_index >= 0)
 );
 COMMENT ON TABLE compaction.pairs IS
     'Derived state: the eligible pairs of each conversation (DESIGN §3) with pair_index, ids and UTF-8 sizes; no text';
+-- The tracking finds a written Run's pair by its run id (always with the conversation's
+-- id beside it). A hash index answers that equality from a 4-byte hash code a pair: a
+-- third of a B-tree on (conversation_id, run_id), which holds both text ids a pair and
+-- was the largest part of the derived state after the rows (revision 0033,
+-- docs/operations.md "Space to plan"). Run ids are unique in practice (DESIGN §2), and
+-- nothing reads pairs in run id order.
+CREATE INDEX pairs_run_idx ON compaction.pairs USING hash (run_id);
+COMMENT ON INDEX compaction.pairs_run_idx IS
+    'The pair of a Run, by run id (a hash index: equality is the only question asked of it)';
 
 CREATE TABLE compaction.ranges (
     conversation_id    text NOT NULL,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -228,3 +229,96 @@ def test_loader_sends_percent_and_colon_names_verbatim(
     with conn.cursor() as cur:
         schema.execute_file(cur, sql_file)
     assert conn.execute("SELECT t FROM public.tricky").fetchone() == ("100% :name %s %(x)s",)
+
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+
+
+def prebuilt_index_statements() -> list[str]:
+    """docs/operations.md's statements that build revision 0033's indexes beforehand."""
+    section = OPERATIONS.read_text(encoding="utf-8").split(
+        "### Revisions that build an index on the derived state", 1)[1]
+    match = re.search(r"```sql\n(.*?)```", section, flags=re.DOTALL)
+    assert match, "docs/operations.md lost the statements that build 0033's indexes"
+    return [s.strip() for s in match.group(1).split(";") if s.strip()]
+
+
+def seed_pairs(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO compaction_source.conversations VALUES ('c1'), ('c2')")
+        conn.execute(
+            "INSERT INTO compaction_source.runs (conversation_id, run_id, status)"
+            " SELECT c, c || '/r' || i, 'completed'"
+            " FROM unnest(ARRAY['c1', 'c2']) AS c, generate_series(1, 25) AS i")
+        conn.execute(
+            "INSERT INTO compaction_source.messages"
+            " (conversation_id, message_id, run_id, role, status, content, seq)"
+            " SELECT c, c || '/' || r || i, c || '/r' || i, r, 'completed', r || ' ' || i,"
+            "        2 * i + (r = 'assistant')::int"
+            " FROM unnest(ARRAY['c1', 'c2']) AS c, generate_series(1, 25) AS i,"
+            "      unnest(ARRAY['user', 'assistant']) AS r")
+
+
+def index_oids(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        return dict(conn.execute(
+            "SELECT c.relname, c.oid::int FROM pg_catalog.pg_index AS i"
+            " JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid"
+            " WHERE i.indrelid = 'compaction.pairs'::regclass").fetchall())
+
+
+def assert_pairs_consistent(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM compaction.pairs").fetchone() == (50,)
+        assert conn.execute(
+            "SELECT v.* FROM unnest(ARRAY['c1', 'c2']) AS c,"
+            " compaction.verify_conversation(c) AS v").fetchall() == []
+
+
+def test_0033_takes_the_indexes_a_dba_built_concurrently(
+    pg_bindir: Path, new_database: NewDatabase
+) -> None:
+    """docs/operations.md's statements, run on a live database before the migration: the
+    migration keeps the indexes they built (the same relations) and reaches the schema
+    sql/ describes."""
+    from_sql = new_database()
+    with psycopg.connect(from_sql) as conn:
+        schema.apply_current_definition(conn)
+    dsn = new_database()
+    schema.upgrade(dsn, "0032_checks_compiled_once")
+    seed_pairs(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # CONCURRENTLY: no transaction
+        for statement in prebuilt_index_statements():
+            conn.execute(statement.encode())
+    before = index_oids(dsn)
+    assert set(before) == {"pairs_pkey", "pairs_pair_index_key", "pairs_run_idx",
+                           "pairs_pair_index_pkey"}
+    schema.upgrade(dsn)
+    assert index_oids(dsn) == {"pairs_pkey": before["pairs_pair_index_pkey"],
+                               "pairs_run_idx": before["pairs_run_idx"]}
+    assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
+    assert_pairs_consistent(dsn)
+
+
+def test_0033_builds_again_an_index_a_failed_concurrent_build_left_invalid(
+    pg_bindir: Path, new_database: NewDatabase
+) -> None:
+    from_sql = new_database()
+    with psycopg.connect(from_sql) as conn:
+        schema.apply_current_definition(conn)
+    dsn = new_database()
+    schema.upgrade(dsn, "0032_checks_compiled_once")
+    seed_pairs(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in prebuilt_index_statements():
+            conn.execute(statement.encode())
+        # What a cancelled or failed CREATE INDEX CONCURRENTLY leaves: an invalid index.
+        conn.execute("UPDATE pg_catalog.pg_index SET indisvalid = false"
+                     " WHERE indexrelid = 'compaction.pairs_pair_index_pkey'::regclass")
+    invalid = index_oids(dsn)["pairs_pair_index_pkey"]
+    schema.upgrade(dsn)
+    after = index_oids(dsn)
+    assert set(after) == {"pairs_pkey", "pairs_run_idx"}
+    assert after["pairs_pkey"] != invalid
+    assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
+    assert_pairs_consistent(dsn)
