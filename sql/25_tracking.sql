@@ -144,6 +144,9 @@ BEGIN
                         AND sr.status IN ('completed', 'partial', 'clarify_pending'))
           AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
                           WHERE p.conversation_id = p_conversation_id
+                            AND pg_catalog.hashtext(p.run_id)
+                                = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
+                                             FROM pg_catalog.unnest(v_runs) AS k (run_id)))
                             AND p.run_id = ANY (v_runs)) THEN
         -- No touched Run can form a pair, and none had one: nothing derived changes.
         -- One statement instead of judging the Runs' messages.
@@ -189,7 +192,11 @@ BEGIN
             FROM fresh AS f),
            (SELECT coalesce(array_agg(p), '{}')
             FROM compaction.pairs AS p
-            WHERE p.conversation_id = p_conversation_id AND p.run_id = ANY (p_run_ids)),
+            WHERE p.conversation_id = p_conversation_id
+              AND pg_catalog.hashtext(p.run_id)
+                  = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
+                               FROM pg_catalog.unnest(p_run_ids) AS k (run_id)))
+              AND p.run_id = ANY (p_run_ids)),
            l.user_message_id,
            NOT EXISTS (SELECT 1 FROM fresh AS f
                        WHERE NOT CASE WHEN l.user_seq IS NULL THEN
@@ -282,6 +289,7 @@ DECLARE
     v_runs     text[] := p_run_ids;
     v_fresh    compaction.pairs[] := p_fresh;
     v_stale    compaction.pairs[] := p_stale;
+    v_touched  text[] := ARRAY(SELECT f.run_id FROM pg_catalog.unnest(p_fresh) AS f);
     v_moved    compaction.pairs[];
     v_from_seq bigint;
     v_from_id  text;
@@ -295,7 +303,9 @@ BEGIN
         assistant_message_id = f.assistant_message_id,
         assistant_bytes = f.assistant_bytes
     FROM pg_catalog.unnest(v_fresh) AS f
-    WHERE p.conversation_id = p_conversation_id AND p.run_id = f.run_id
+    WHERE p.conversation_id = p_conversation_id
+      AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(f.run_id)
+      AND p.run_id = f.run_id
       AND p.user_seq IS NOT DISTINCT FROM f.user_seq AND p.user_message_id = f.user_message_id
       AND (p.user_bytes, p.assistant_message_id, p.assistant_bytes)
           IS DISTINCT FROM (f.user_bytes, f.assistant_message_id, f.assistant_bytes);
@@ -359,6 +369,8 @@ BEGIN
               SELECT f.* FROM pg_catalog.unnest(v_fresh) AS f
               WHERE NOT EXISTS (SELECT 1 FROM compaction.pairs AS q
                                 WHERE q.conversation_id = p_conversation_id
+                                  AND pg_catalog.hashtext(q.run_id)
+                                      = pg_catalog.hashtext(f.run_id)
                                   AND q.run_id = f.run_id)) AS x;
         SELECT coalesce(max(p.pair_index) + 1, 0) INTO v_count
         FROM compaction.pairs AS p
@@ -375,14 +387,20 @@ BEGIN
         SELECT p.pair_index / 10 * 10
         FROM compaction.pairs AS p
         WHERE p.conversation_id = p_conversation_id
-          AND p.run_id IN (SELECT f.run_id FROM pg_catalog.unnest(v_fresh) AS f));
+          AND pg_catalog.hashtext(p.run_id)
+              = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
+                           FROM pg_catalog.unnest(v_touched) AS k (run_id)))
+          AND p.run_id = ANY (v_touched));
     WITH wanted AS (
         SELECT DISTINCT w.from_pair,
                w.from_pair IN (SELECT p.pair_index / 10 * 10
                                FROM compaction.pairs AS p
                                WHERE p.conversation_id = p_conversation_id
-                                 AND p.run_id IN (SELECT f.run_id
-                                                  FROM pg_catalog.unnest(v_fresh) AS f))
+                                 AND pg_catalog.hashtext(p.run_id)
+                                     = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
+                                                  FROM pg_catalog.unnest(v_touched)
+                                                      AS k (run_id)))
+                                 AND p.run_id = ANY (v_touched))
                    AS touched
         FROM pg_catalog.unnest(v_ranges) AS w (from_pair)
         WHERE w.from_pair + 10 <= v_count
@@ -592,6 +610,10 @@ BEGIN
                                  AND sr.status IN ('completed', 'partial', 'clarify_pending'))
                    AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
                                    WHERE p.conversation_id = v_conversation
+                                     AND pg_catalog.hashtext(p.run_id)
+                                         = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
+                                                      FROM pg_catalog.unnest(v_run_ids)
+                                                          AS k (run_id)))
                                      AND p.run_id = ANY (v_run_ids))
                END
         INTO v_elsewhere, v_count, v_unchanged

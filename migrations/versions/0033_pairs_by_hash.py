@@ -1,6 +1,6 @@
-"""compaction.pairs finds a Run's pair through a hash index on run_id; its primary key is
-(conversation_id, pair_index), which was unique already. A third of the derived state's
-size was the B-tree on (conversation_id, run_id).
+"""compaction.pairs finds a Run's pair by its conversation and a hash of its run id; its
+primary key is (conversation_id, pair_index), which was unique already. The B-tree on
+(conversation_id, run_id) it replaces was 29% of the derived state's size.
 
 Revision ID: 0033_pairs_by_hash
 Revises: 0032_checks_compiled_once
