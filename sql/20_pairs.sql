@@ -75,6 +75,12 @@ BEGIN
     -- pair. That is the one question that crosses conversations, so it is asked on its
     -- own, by run id alone (a plain read of every shard under Citus); everything else
     -- below addresses this conversation's rows only.
+    -- Runs named are asked about as named (revision 0034): v_foreign is only compared
+    -- with this conversation's runs below, so a named run of another conversation
+    -- changes no verdict, and no read of the conversation's runs is needed. (That read,
+    -- by run id and conversation in the generic plan this function keeps, was planned on
+    -- the conversation's prefix of the runs' key when conversations are small on
+    -- average: a write to a 10,000-run conversation read all 10,000.)
     SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
     FROM compaction.source_messages AS sm
     -- Two arrays, one evaluated: a generic plan keeps an index scan for each form.
@@ -82,10 +88,7 @@ BEGIN
                                 THEN ARRAY(SELECT sr.run_id
                                            FROM compaction.source_runs AS sr
                                            WHERE sr.conversation_id = p_conversation_id)
-                                ELSE ARRAY(SELECT sr.run_id
-                                           FROM compaction.source_runs AS sr
-                                           WHERE sr.run_id = ANY (p_run_ids)
-                                             AND sr.conversation_id = p_conversation_id)
+                                ELSE p_run_ids
                            END)
       AND sm.role IN ('user', 'assistant')
       AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
@@ -99,9 +102,18 @@ BEGIN
         FROM compaction.source_runs AS sr
         WHERE p_run_ids IS NULL AND sr.conversation_id = p_conversation_id
         UNION ALL
-        SELECT sr.run_id, sr.conversation_id, sr.status
-        FROM compaction.source_runs AS sr
-        WHERE sr.run_id = ANY (p_run_ids) AND sr.conversation_id = p_conversation_id
+        -- The runs named, found by run id first (OFFSET 0 keeps the conversation's test
+        -- out of that scan): in this function's generic plan, both tests in one scan were
+        -- planned on the conversation's prefix of the runs' key wherever conversations
+        -- are small on average, reading every run of a large one (revision 0034). Only
+        -- re-derivation names runs, never on Citus, where a read by run id alone would
+        -- visit every shard.
+        SELECT n.run_id, n.conversation_id, n.status
+        FROM (SELECT sr.run_id, sr.conversation_id, sr.status
+              FROM compaction.source_runs AS sr
+              WHERE sr.run_id = ANY (p_run_ids)
+              OFFSET 0) AS n
+        WHERE n.conversation_id = p_conversation_id
     ),
     per_run AS (
         SELECT r.run_id,

@@ -142,7 +142,40 @@ def test_judging_named_runs_reads_only_those_runs(crowded: Conn) -> None:
                         foreign_check=True)
     assert not [n for n in plan if n["Node Type"] == "Seq Scan"], plan
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
-    assert scanned == 2  # the two runs; no message of theirs is filed elsewhere
+    # No run is read (revision 0034: the runs named are asked about as named), and no
+    # message of the two is filed elsewhere.
+    assert scanned == 0
+
+
+def test_judging_named_runs_of_a_large_conversation_reads_no_other_run(conn: Conn) -> None:
+    """judge_runs keeps one generic plan. Where conversations are small on average, its
+    question across conversations found the named runs among the conversation's runs on
+    the prefix of the runs' key, reading every run of a large conversation at each
+    tracked write; revision 0034 asks about the runs as named."""
+    with conn.transaction():
+        for k in range(300):
+            seed_plain(conn, f"small{k}", 5)
+        seed_plain(conn, BIG, 3_000)
+    conn.execute("VACUUM (ANALYZE) compaction_source.runs, compaction_source.messages")
+
+    def runs_read() -> int:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute("SELECT idx_tup_read FROM pg_stat_user_indexes"
+                           " WHERE indexrelid = 'compaction_source.runs_pkey'::regclass"
+                           ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    calls = 10  # more than five, as a tracking trigger's session makes
+    before = runs_read()
+    for k in range(calls):
+        rows = conn.execute("SELECT run_id, reason FROM compaction.judge_runs(%s, %s)",
+                            (BIG, [f"{BIG}/r{100 + k}"])).fetchall()
+        assert rows == [(f"{BIG}/r{100 + k}", None)]
+    read = runs_read() - before
+    # The named run, found by both key columns: one entry a call (3,000 a call before).
+    assert read <= 2 * calls, read
 
 
 def test_large_conversation_counts(crowded: Conn) -> None:
