@@ -16,6 +16,7 @@ from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor import schema
 from pycompactor.errors import NotUtf8Database
+from tests.history import History
 
 NewDatabase = Callable[..., str]
 
@@ -245,18 +246,9 @@ def prebuilt_index_statements() -> list[str]:
 
 def seed_pairs(dsn: str) -> None:
     with psycopg.connect(dsn) as conn:
-        conn.execute("INSERT INTO compaction_source.conversations VALUES ('c1'), ('c2')")
-        conn.execute(
-            "INSERT INTO compaction_source.runs (conversation_id, run_id, status)"
-            " SELECT c, c || '/r' || i, 'completed'"
-            " FROM unnest(ARRAY['c1', 'c2']) AS c, generate_series(1, 25) AS i")
-        conn.execute(
-            "INSERT INTO compaction_source.messages"
-            " (conversation_id, message_id, run_id, role, status, content, seq)"
-            " SELECT c, c || '/' || r || i, c || '/r' || i, r, 'completed', r || ' ' || i,"
-            "        2 * i + (r = 'assistant')::int"
-            " FROM unnest(ARRAY['c1', 'c2']) AS c, generate_series(1, 25) AS i,"
-            "      unnest(ARRAY['user', 'assistant']) AS r")
+        history = History(conn)
+        for conversation in ("c1", "c2"):
+            history.pairs(conversation, 25)
 
 
 def index_oids(dsn: str) -> dict[str, int]:
