@@ -136,18 +136,29 @@ BEGIN
                         UNION
                         SELECT p.run_id FROM compaction.pairs AS p
                         WHERE p.conversation_id = p_conversation_id);
-    ELSIF NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
-                      WHERE sr.run_id = ANY (v_runs)
-                        AND sr.conversation_id = p_conversation_id
-                        -- judge_runs' first rule: only a Run in one of these can pair
-                        -- (track_source_changes asks the same, word for word)
-                        AND sr.status IN ('completed', 'partial', 'clarify_pending'))
-          AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
-                          WHERE p.conversation_id = p_conversation_id
-                            AND pg_catalog.hashtext(p.run_id)
-                                = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
-                                             FROM pg_catalog.unnest(v_runs) AS k (run_id)))
-                            AND p.run_id = ANY (v_runs)) THEN
+    -- Each run named is looked up on its own (a lateral subquery per run, kept apart by
+    -- OFFSET 0), never as "run_id = ANY (the runs) of this conversation": the trigger's
+    -- generic plan prices an array as ten probes, so wherever conversations are small on
+    -- average it found them on the conversation's prefix of a key, and every tracked
+    -- write to a large conversation read all its runs and pairs (revision 0035).
+    ELSIF NOT EXISTS (SELECT 1
+                      FROM pg_catalog.unnest(v_runs) AS k (run_id)
+                      CROSS JOIN LATERAL (
+                          SELECT 1 FROM compaction.source_runs AS sr
+                          WHERE sr.run_id = k.run_id
+                            AND sr.conversation_id = p_conversation_id
+                            -- judge_runs' first rule: only a Run in one of these can pair
+                            -- (track_source_changes asks the same, word for word)
+                            AND sr.status IN ('completed', 'partial', 'clarify_pending')
+                          OFFSET 0) AS r)
+          AND NOT EXISTS (SELECT 1
+                          FROM pg_catalog.unnest(v_runs) AS k (run_id)
+                          CROSS JOIN LATERAL (
+                              SELECT 1 FROM compaction.pairs AS p
+                              WHERE p.conversation_id = p_conversation_id
+                                AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                                AND p.run_id = k.run_id
+                              OFFSET 0) AS q) THEN
         -- No touched Run can form a pair, and none had one: nothing derived changes.
         -- One statement instead of judging the Runs' messages.
         RETURN;
@@ -190,13 +201,16 @@ BEGIN
                                           f.assistant_message_id,
                                           f.assistant_bytes)::compaction.pairs), '{}')
             FROM fresh AS f),
-           (SELECT coalesce(array_agg(p), '{}')
-            FROM compaction.pairs AS p
-            WHERE p.conversation_id = p_conversation_id
-              AND pg_catalog.hashtext(p.run_id)
-                  = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
-                               FROM pg_catalog.unnest(p_run_ids) AS k (run_id)))
-              AND p.run_id = ANY (p_run_ids)),
+           -- Each run's pair looked up on its own, as in rederive (revision 0035); a run
+           -- named twice is looked up once.
+           (SELECT coalesce(array_agg(q.p), '{}')
+            FROM (SELECT DISTINCT k.run_id FROM pg_catalog.unnest(p_run_ids) AS k (run_id)) AS k
+            CROSS JOIN LATERAL (
+                SELECT p FROM compaction.pairs AS p
+                WHERE p.conversation_id = p_conversation_id
+                  AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                  AND p.run_id = k.run_id
+                OFFSET 0) AS q),
            l.user_message_id,
            NOT EXISTS (SELECT 1 FROM fresh AS f
                        WHERE NOT CASE WHEN l.user_seq IS NULL THEN
@@ -296,6 +310,7 @@ DECLARE
     v_base     int;
     v_count    int := p_pair_count;
     v_ranges   int[];
+    v_held     int[];
 BEGIN
     -- Sizes and the assistant side change in place; the position (seq, user id) cannot.
     UPDATE compaction.pairs AS p
@@ -382,26 +397,22 @@ BEGIN
 
     -- Ranges to look at: those re-numbered above, and those holding a touched pair (its
     -- text may have changed). Only ranges whose ids changed or that hold a touched pair
-    -- are hashed again, each from its 20 messages.
-    v_ranges := v_ranges || ARRAY(
-        SELECT p.pair_index / 10 * 10
-        FROM compaction.pairs AS p
-        WHERE p.conversation_id = p_conversation_id
-          AND pg_catalog.hashtext(p.run_id)
-              = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
-                           FROM pg_catalog.unnest(v_touched) AS k (run_id)))
-          AND p.run_id = ANY (v_touched));
+    -- are hashed again, each from its 20 messages. Each touched run's pair is looked up
+    -- on its own, as in rederive: plan_cache_mode = auto turns to a generic plan after
+    -- five calls, and "run_id = ANY (the runs)" read every pair of a large conversation
+    -- under it (revision 0035).
+    v_held := ARRAY(
+        SELECT q.pair_index / 10 * 10
+        FROM pg_catalog.unnest(v_touched) AS k (run_id)
+        CROSS JOIN LATERAL (
+            SELECT p.pair_index FROM compaction.pairs AS p
+            WHERE p.conversation_id = p_conversation_id
+              AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+              AND p.run_id = k.run_id
+            OFFSET 0) AS q);
+    v_ranges := v_ranges || v_held;
     WITH wanted AS (
-        SELECT DISTINCT w.from_pair,
-               w.from_pair IN (SELECT p.pair_index / 10 * 10
-                               FROM compaction.pairs AS p
-                               WHERE p.conversation_id = p_conversation_id
-                                 AND pg_catalog.hashtext(p.run_id)
-                                     = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
-                                                  FROM pg_catalog.unnest(v_touched)
-                                                      AS k (run_id)))
-                                 AND p.run_id = ANY (v_touched))
-                   AS touched
+        SELECT DISTINCT w.from_pair, w.from_pair = ANY (v_held) AS touched
         FROM pg_catalog.unnest(v_ranges) AS w (from_pair)
         WHERE w.from_pair + 10 <= v_count
     ), present AS (
@@ -604,17 +615,23 @@ BEGIN
                cs.pair_count,
                CASE WHEN cs.pair_count IS NOT NULL THEN
                    -- rederive's no-change test, word for word
-                   NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
-                               WHERE sr.run_id = ANY (v_run_ids)
-                                 AND sr.conversation_id = v_conversation
-                                 AND sr.status IN ('completed', 'partial', 'clarify_pending'))
-                   AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
-                                   WHERE p.conversation_id = v_conversation
-                                     AND pg_catalog.hashtext(p.run_id)
-                                         = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
-                                                      FROM pg_catalog.unnest(v_run_ids)
-                                                          AS k (run_id)))
-                                     AND p.run_id = ANY (v_run_ids))
+                   NOT EXISTS (SELECT 1
+                               FROM pg_catalog.unnest(v_run_ids) AS k (run_id)
+                               CROSS JOIN LATERAL (
+                                   SELECT 1 FROM compaction.source_runs AS sr
+                                   WHERE sr.run_id = k.run_id
+                                     AND sr.conversation_id = v_conversation
+                                     AND sr.status IN ('completed', 'partial', 'clarify_pending')
+                                   OFFSET 0) AS r)
+                   AND NOT EXISTS (SELECT 1
+                                   FROM pg_catalog.unnest(v_run_ids) AS k (run_id)
+                                   CROSS JOIN LATERAL (
+                                       SELECT 1 FROM compaction.pairs AS p
+                                       WHERE p.conversation_id = v_conversation
+                                         AND pg_catalog.hashtext(p.run_id)
+                                             = pg_catalog.hashtext(k.run_id)
+                                         AND p.run_id = k.run_id
+                                       OFFSET 0) AS q)
                END
         INTO v_elsewhere, v_count, v_unchanged
         FROM (SELECT) AS one

@@ -273,3 +273,60 @@ def test_tracked_appends_keep_index_plans(conn: Conn, dsn: str) -> None:
         after = counts(writer)
     assert sorted(before) == sorted(TRACKED_TABLES)
     assert {t: after[t] - before[t] for t in TRACKED_TABLES} == dict.fromkeys(TRACKED_TABLES, 0)
+
+
+#: The indexes of the tables whose rows a tracked write looks up by run.
+RUN_LOOKUP_TABLES = ("compaction_source.runs", "compaction.pairs")
+
+
+def test_tracked_writes_to_a_large_conversation_read_only_their_runs(conn: Conn,
+                                                                     dsn: str) -> None:
+    """The tracking trigger keeps generic plans. Where conversations are small on average,
+    "these run ids of this conversation" was planned on the conversation's prefix of the
+    runs' and the pairs' keys, so every tracked write to a large conversation read all its
+    runs and all its pairs, three times an append. Revision 0035 looks each run up on its
+    own. Counted, not timed: index entries of the runs and the pairs read per write, on a
+    writer connection past plpgsql's first plans, with every table analyzed."""
+    with conn.transaction():
+        for k in range(300):
+            seed_plain(conn, f"small{k}", 5)
+        seed_plain(conn, BIG, 3_000)
+    conn.execute("VACUUM (ANALYZE) compaction_source.runs, compaction_source.messages,"
+                 " compaction.pairs, compaction.ranges, compaction.conversation_state,"
+                 " compaction.queue")
+
+    def entries(writer: Conn) -> int:
+        writer.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute("SELECT sum(idx_tup_read) FROM pg_stat_user_indexes"
+                           " WHERE relid::regclass::text = ANY(%s)",
+                           (list(RUN_LOOKUP_TABLES),)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with psycopg.connect(dsn, autocommit=True) as writer:
+        own = History(writer)
+        own._seq[BIG] = 2 * 3_000 + 1  # after the seeded messages' seq
+        for _ in range(10):  # past plpgsql's first five custom plans, on small conversations
+            with writer.transaction():
+                own.pair("small1")
+        before = entries(writer)
+        appended = []
+        for _ in range(10):
+            with writer.transaction():
+                appended.append(own.pair(BIG))
+        appends = entries(writer) - before
+        before = entries(writer)
+        for k in range(10):  # an edit of a pair already derived: its run's pair is looked up
+            writer.execute("UPDATE compaction_source.messages SET content = content || '!'"
+                           " WHERE conversation_id = %s AND message_id = %s",
+                           (BIG, appended[k].assistant_message_id))
+        edits = entries(writer) - before
+    # Each append reads its run and the conversation's last pair by key: about 14 entries
+    # (18,000 before revision 0035). An edit also re-reads its range's ten pairs.
+    assert appends <= 10 * 30, appends
+    assert edits <= 10 * 60, edits
+    assert conn.execute("SELECT count(*) FROM compaction.verify_conversation(%s)",
+                        (BIG,)).fetchone() == (0,)
+    assert conn.execute("SELECT pair_count FROM compaction.conversation_state"
+                        " WHERE conversation_id = %s", (BIG,)).fetchone() == (3_010,)
