@@ -53,9 +53,12 @@ class Sizes:
     # 4. hashing
     hash_calls: int
     hash_sql_calls: int
-    # 5. writing: pairs of the bulk-loaded conversation, Runs appended to it per repetition
+    # 5. writing: pairs of the bulk-loaded conversation, Runs appended to it per repetition,
+    # and conversations of 5 pairs written first (most of a real database's conversations
+    # are short: generic plans are priced for them)
     write_pairs: int
     write_appends: int
+    write_crowd: int
     # 6. profile: operations of each kind measured under pg_stat_statements
     profile_ops: int
     # 7. quality: conversations of the evaluation corpus (None: the corpus's own size)
@@ -72,7 +75,7 @@ FULL = Sizes(
     finding_conversations=10_000, finding_small=100, finding_pairs=35, finding_changed=10,
     finding_new_pairs=10, finding_idle_passes=20,
     hash_calls=20_000, hash_sql_calls=300,
-    write_pairs=10_000, write_appends=100,
+    write_pairs=10_000, write_appends=100, write_crowd=2_000,
     profile_ops=300,
     quality_conversations=None,
     instruction_cycles=(60, 250),
@@ -86,7 +89,7 @@ SMOKE = Sizes(
     finding_conversations=30, finding_small=10, finding_pairs=35, finding_changed=2,
     finding_new_pairs=10, finding_idle_passes=2,
     hash_calls=50, hash_sql_calls=5,
-    write_pairs=100, write_appends=5,
+    write_pairs=100, write_appends=5, write_crowd=20,
     profile_ops=5,
     quality_conversations=3,
     instruction_cycles=(3, 5),

@@ -367,8 +367,15 @@ BEGIN
                        ''::bytea ORDER BY ids.ord)), 'hex')
                END
         FROM pg_catalog.unnest(p_message_ids) WITH ORDINALITY AS ids (id, ord)
-        JOIN compaction.source_messages AS m
-          ON m.conversation_id = p_conversation_id AND m.message_id = ids.id);
+        -- Each message looked up on its own (a lateral subquery, kept apart by OFFSET 0):
+        -- a join was planned, once this function's plan turned generic, as a hash join
+        -- over the conversation's messages wherever conversations are small on average,
+        -- and every range a write completed in a large conversation read all of its
+        -- messages (revision 0035).
+        CROSS JOIN LATERAL (
+            SELECT sm.content FROM compaction.source_messages AS sm
+            WHERE sm.conversation_id = p_conversation_id AND sm.message_id = ids.id
+            OFFSET 0) AS m);
 END
 $$;
 COMMENT ON FUNCTION compaction.range_hash(text, text[]) IS

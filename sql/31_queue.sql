@@ -216,7 +216,10 @@ BEGIN
     -- conversation the statement wrote (an earlier statement inserted, requeued or locked
     -- it, outside any subtransaction: its lock lasts until commit, so nobody else changes
     -- it) and the upsert below would not update it: it would find that row and change
-    -- nothing. An agent's later statements per Run end here.
+    -- nothing. An agent's later statements per Run end here. Each conversation's entry is
+    -- looked up on its own key (OFFSET 0 keeps each NOT EXISTS a subplan per row): as an
+    -- anti-join, planned on a queue without statistics, it read every entry through the
+    -- index on (scope, enqueued_at) at each statement (revision 0035).
     IF TG_OP = 'INSERT' THEN
         IF NOT EXISTS (SELECT 1 FROM new_rows AS n
                        WHERE n.conversation_id IS NOT NULL
@@ -224,7 +227,8 @@ BEGIN
                                          WHERE q.conversation_id = n.conversation_id
                                            AND q.scope = 'default'
                                            AND pg_catalog.pg_current_xact_id()::xid IN (q.xmin, q.xmax)
-                                           AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL))) THEN
+                                           AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL)
+                                         OFFSET 0)) THEN
             RETURN NULL;
         END IF;
     ELSIF TG_OP = 'DELETE' THEN
@@ -234,7 +238,8 @@ BEGIN
                                          WHERE q.conversation_id = o.conversation_id
                                            AND q.scope = 'default'
                                            AND pg_catalog.pg_current_xact_id()::xid IN (q.xmin, q.xmax)
-                                           AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL))) THEN
+                                           AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL)
+                                         OFFSET 0)) THEN
             RETURN NULL;
         END IF;
     ELSIF NOT EXISTS (SELECT 1
@@ -246,7 +251,8 @@ BEGIN
                                         WHERE q.conversation_id = c.conversation_id
                                           AND q.scope = 'default'
                                           AND pg_catalog.pg_current_xact_id()::xid IN (q.xmin, q.xmax)
-                                          AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL))) THEN
+                                          AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL)
+                                        OFFSET 0)) THEN
         RETURN NULL;
     END IF;
 

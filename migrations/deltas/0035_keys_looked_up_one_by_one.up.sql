@@ -1,5 +1,59 @@
--- 0035_runs_looked_up_one_by_one, downgrade: rederive, rederive_runs, rederive_general
--- and track_source_changes as revision 0033 left them.
+-- 0035_keys_looked_up_one_by_one: lookups that name a few keys of one conversation look
+-- each key up on its own. The engine's functions keep generic plans (the tracking
+-- trigger forces them; plan_cache_mode = auto takes one after five calls), which price
+-- "key = ANY (an array)" or a join against an unnested array as about ten rows, and the
+-- conversation's prefix of an index by its average size: wherever conversations are
+-- small on average, the planner read the whole conversation and filtered it. Measured
+-- on a 3,000-pair conversation among 300 of 5 pairs (tests/sql/test_query_plans.py):
+-- 18,000 index entries of the runs and pairs an append, 2,400 an edit of a pair.
+--
+-- * rederive's and track_source_changes' no-change test, rederive_runs' stale pairs and
+--   rederive_general's touched ranges (found once now, where it asked twice): a lateral
+--   subquery per run, kept apart by OFFSET 0, plans on the run's own index entries
+--   whatever the statistics;
+-- * range_hash, for each range a write completes: its 20 messages, each looked up the
+--   same way (a hash join had read every message of a large conversation);
+-- * source_enqueue's question whether this transaction holds every conversation's queue
+--   entry already: each NOT EXISTS kept a subplan per row by OFFSET 0 (as an anti-join
+--   on a queue without statistics, it read every entry at each statement).
+--
+-- The functions are replaced whole; only those lookups change.
+
+CREATE OR REPLACE FUNCTION compaction.range_hash(p_conversation_id text, p_message_ids text[])
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+-- plpgsql, not sql: PostgreSQL before 18 plans a SQL function's body again in every
+-- statement that calls it (about 0.3 ms for this join, paid by each Run that completes a
+-- range); plpgsql keeps the plan for the session.
+AS $$
+BEGIN
+    -- p_message_ids is [u0, a0, ..., u9, a9]: the hash input walks it two by two.
+    RETURN (
+        SELECT CASE WHEN pg_catalog.cardinality(p_message_ids) = 20
+                     AND count(*) = 20 THEN
+                   pg_catalog.encode(pg_catalog.sha256(pg_catalog.string_agg(
+                       pg_catalog.int4send(pg_catalog.octet_length(ids.id))
+                       || pg_catalog.convert_to(ids.id, 'UTF8')
+                       || pg_catalog.int4send(pg_catalog.octet_length(m.content))
+                       || pg_catalog.convert_to(m.content, 'UTF8'),
+                       ''::bytea ORDER BY ids.ord)), 'hex')
+               END
+        FROM pg_catalog.unnest(p_message_ids) WITH ORDINALITY AS ids (id, ord)
+        -- Each message looked up on its own (a lateral subquery, kept apart by OFFSET 0):
+        -- a join was planned, once this function's plan turned generic, as a hash join
+        -- over the conversation's messages wherever conversations are small on average,
+        -- and every range a write completed in a large conversation read all of its
+        -- messages (revision 0035).
+        CROSS JOIN LATERAL (
+            SELECT sm.content FROM compaction.source_messages AS sm
+            WHERE sm.conversation_id = p_conversation_id AND sm.message_id = ids.id
+            OFFSET 0) AS m);
+END
+$$;
 
 CREATE OR REPLACE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],
                                     p_table oid DEFAULT NULL)
@@ -63,18 +117,29 @@ BEGIN
                         UNION
                         SELECT p.run_id FROM compaction.pairs AS p
                         WHERE p.conversation_id = p_conversation_id);
-    ELSIF NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
-                      WHERE sr.run_id = ANY (v_runs)
-                        AND sr.conversation_id = p_conversation_id
-                        -- judge_runs' first rule: only a Run in one of these can pair
-                        -- (track_source_changes asks the same, word for word)
-                        AND sr.status IN ('completed', 'partial', 'clarify_pending'))
-          AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
-                          WHERE p.conversation_id = p_conversation_id
-                            AND pg_catalog.hashtext(p.run_id)
-                                = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
-                                             FROM pg_catalog.unnest(v_runs) AS k (run_id)))
-                            AND p.run_id = ANY (v_runs)) THEN
+    -- Each run named is looked up on its own (a lateral subquery per run, kept apart by
+    -- OFFSET 0), never as "run_id = ANY (the runs) of this conversation": the trigger's
+    -- generic plan prices an array as ten probes, so wherever conversations are small on
+    -- average it found them on the conversation's prefix of a key, and every tracked
+    -- write to a large conversation read all its runs and pairs (revision 0035).
+    ELSIF NOT EXISTS (SELECT 1
+                      FROM pg_catalog.unnest(v_runs) AS k (run_id)
+                      CROSS JOIN LATERAL (
+                          SELECT 1 FROM compaction.source_runs AS sr
+                          WHERE sr.run_id = k.run_id
+                            AND sr.conversation_id = p_conversation_id
+                            -- judge_runs' first rule: only a Run in one of these can pair
+                            -- (track_source_changes asks the same, word for word)
+                            AND sr.status IN ('completed', 'partial', 'clarify_pending')
+                          OFFSET 0) AS r)
+          AND NOT EXISTS (SELECT 1
+                          FROM pg_catalog.unnest(v_runs) AS k (run_id)
+                          CROSS JOIN LATERAL (
+                              SELECT 1 FROM compaction.pairs AS p
+                              WHERE p.conversation_id = p_conversation_id
+                                AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                                AND p.run_id = k.run_id
+                              OFFSET 0) AS q) THEN
         -- No touched Run can form a pair, and none had one: nothing derived changes.
         -- One statement instead of judging the Runs' messages.
         RETURN;
@@ -109,13 +174,16 @@ BEGIN
                                           f.assistant_message_id,
                                           f.assistant_bytes)::compaction.pairs), '{}')
             FROM fresh AS f),
-           (SELECT coalesce(array_agg(p), '{}')
-            FROM compaction.pairs AS p
-            WHERE p.conversation_id = p_conversation_id
-              AND pg_catalog.hashtext(p.run_id)
-                  = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
-                               FROM pg_catalog.unnest(p_run_ids) AS k (run_id)))
-              AND p.run_id = ANY (p_run_ids)),
+           -- Each run's pair looked up on its own, as in rederive (revision 0035); a run
+           -- named twice is looked up once.
+           (SELECT coalesce(array_agg(q.p), '{}')
+            FROM (SELECT DISTINCT k.run_id FROM pg_catalog.unnest(p_run_ids) AS k (run_id)) AS k
+            CROSS JOIN LATERAL (
+                SELECT p FROM compaction.pairs AS p
+                WHERE p.conversation_id = p_conversation_id
+                  AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                  AND p.run_id = k.run_id
+                OFFSET 0) AS q),
            l.user_message_id,
            NOT EXISTS (SELECT 1 FROM fresh AS f
                        WHERE NOT CASE WHEN l.user_seq IS NULL THEN
@@ -207,6 +275,7 @@ DECLARE
     v_base     int;
     v_count    int := p_pair_count;
     v_ranges   int[];
+    v_held     int[];
 BEGIN
     -- Sizes and the assistant side change in place; the position (seq, user id) cannot.
     UPDATE compaction.pairs AS p
@@ -293,26 +362,22 @@ BEGIN
 
     -- Ranges to look at: those re-numbered above, and those holding a touched pair (its
     -- text may have changed). Only ranges whose ids changed or that hold a touched pair
-    -- are hashed again, each from its 20 messages.
-    v_ranges := v_ranges || ARRAY(
-        SELECT p.pair_index / 10 * 10
-        FROM compaction.pairs AS p
-        WHERE p.conversation_id = p_conversation_id
-          AND pg_catalog.hashtext(p.run_id)
-              = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
-                           FROM pg_catalog.unnest(v_touched) AS k (run_id)))
-          AND p.run_id = ANY (v_touched));
+    -- are hashed again, each from its 20 messages. Each touched run's pair is looked up
+    -- on its own, as in rederive: plan_cache_mode = auto turns to a generic plan after
+    -- five calls, and "run_id = ANY (the runs)" read every pair of a large conversation
+    -- under it (revision 0035).
+    v_held := ARRAY(
+        SELECT q.pair_index / 10 * 10
+        FROM pg_catalog.unnest(v_touched) AS k (run_id)
+        CROSS JOIN LATERAL (
+            SELECT p.pair_index FROM compaction.pairs AS p
+            WHERE p.conversation_id = p_conversation_id
+              AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+              AND p.run_id = k.run_id
+            OFFSET 0) AS q);
+    v_ranges := v_ranges || v_held;
     WITH wanted AS (
-        SELECT DISTINCT w.from_pair,
-               w.from_pair IN (SELECT p.pair_index / 10 * 10
-                               FROM compaction.pairs AS p
-                               WHERE p.conversation_id = p_conversation_id
-                                 AND pg_catalog.hashtext(p.run_id)
-                                     = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
-                                                  FROM pg_catalog.unnest(v_touched)
-                                                      AS k (run_id)))
-                                 AND p.run_id = ANY (v_touched))
-                   AS touched
+        SELECT DISTINCT w.from_pair, w.from_pair = ANY (v_held) AS touched
         FROM pg_catalog.unnest(v_ranges) AS w (from_pair)
         WHERE w.from_pair + 10 <= v_count
     ), present AS (
@@ -509,17 +574,23 @@ BEGIN
                cs.pair_count,
                CASE WHEN cs.pair_count IS NOT NULL THEN
                    -- rederive's no-change test, word for word
-                   NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
-                               WHERE sr.run_id = ANY (v_run_ids)
-                                 AND sr.conversation_id = v_conversation
-                                 AND sr.status IN ('completed', 'partial', 'clarify_pending'))
-                   AND NOT EXISTS (SELECT 1 FROM compaction.pairs AS p
-                                   WHERE p.conversation_id = v_conversation
-                                     AND pg_catalog.hashtext(p.run_id)
-                                         = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
-                                                      FROM pg_catalog.unnest(v_run_ids)
-                                                          AS k (run_id)))
-                                     AND p.run_id = ANY (v_run_ids))
+                   NOT EXISTS (SELECT 1
+                               FROM pg_catalog.unnest(v_run_ids) AS k (run_id)
+                               CROSS JOIN LATERAL (
+                                   SELECT 1 FROM compaction.source_runs AS sr
+                                   WHERE sr.run_id = k.run_id
+                                     AND sr.conversation_id = v_conversation
+                                     AND sr.status IN ('completed', 'partial', 'clarify_pending')
+                                   OFFSET 0) AS r)
+                   AND NOT EXISTS (SELECT 1
+                                   FROM pg_catalog.unnest(v_run_ids) AS k (run_id)
+                                   CROSS JOIN LATERAL (
+                                       SELECT 1 FROM compaction.pairs AS p
+                                       WHERE p.conversation_id = v_conversation
+                                         AND pg_catalog.hashtext(p.run_id)
+                                             = pg_catalog.hashtext(k.run_id)
+                                         AND p.run_id = k.run_id
+                                       OFFSET 0) AS q)
                END
         INTO v_elsewhere, v_count, v_unchanged
         FROM (SELECT) AS one
@@ -575,6 +646,90 @@ BEGIN
             PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, TG_RELID);
         END IF;
     END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION compaction.source_enqueue()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- Nothing to do when this transaction already holds the queue entry of every
+    -- conversation the statement wrote (an earlier statement inserted, requeued or locked
+    -- it, outside any subtransaction: its lock lasts until commit, so nobody else changes
+    -- it) and the upsert below would not update it: it would find that row and change
+    -- nothing. An agent's later statements per Run end here. Each conversation's entry is
+    -- looked up on its own key (OFFSET 0 keeps each NOT EXISTS a subplan per row): as an
+    -- anti-join, planned on a queue without statistics, it read every entry through the
+    -- index on (scope, enqueued_at) at each statement (revision 0035).
+    IF TG_OP = 'INSERT' THEN
+        IF NOT EXISTS (SELECT 1 FROM new_rows AS n
+                       WHERE n.conversation_id IS NOT NULL
+                         AND NOT EXISTS (SELECT 1 FROM compaction.queue AS q
+                                         WHERE q.conversation_id = n.conversation_id
+                                           AND q.scope = 'default'
+                                           AND pg_catalog.pg_current_xact_id()::xid IN (q.xmin, q.xmax)
+                                           AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL)
+                                         OFFSET 0)) THEN
+            RETURN NULL;
+        END IF;
+    ELSIF TG_OP = 'DELETE' THEN
+        IF NOT EXISTS (SELECT 1 FROM old_rows AS o
+                       WHERE o.conversation_id IS NOT NULL
+                         AND NOT EXISTS (SELECT 1 FROM compaction.queue AS q
+                                         WHERE q.conversation_id = o.conversation_id
+                                           AND q.scope = 'default'
+                                           AND pg_catalog.pg_current_xact_id()::xid IN (q.xmin, q.xmax)
+                                           AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL)
+                                         OFFSET 0)) THEN
+            RETURN NULL;
+        END IF;
+    ELSIF NOT EXISTS (SELECT 1
+                      FROM (SELECT n.conversation_id FROM new_rows AS n
+                            UNION ALL
+                            SELECT o.conversation_id FROM old_rows AS o) AS c
+                      WHERE c.conversation_id IS NOT NULL
+                        AND NOT EXISTS (SELECT 1 FROM compaction.queue AS q
+                                        WHERE q.conversation_id = c.conversation_id
+                                          AND q.scope = 'default'
+                                          AND pg_catalog.pg_current_xact_id()::xid IN (q.xmin, q.xmax)
+                                          AND (q.lease_token IS NULL OR q.requeued_at IS NOT NULL)
+                                        OFFSET 0)) THEN
+        RETURN NULL;
+    END IF;
+
+    -- The upsert of compaction.enqueue, for every conversation the statement wrote, in
+    -- one sorted statement: concurrent bulk writers take queue row locks in one order.
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
+        SELECT DISTINCT n.conversation_id, 'default', pg_catalog.now()
+        FROM new_rows AS n
+        WHERE n.conversation_id IS NOT NULL
+        ORDER BY 1
+        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
+            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
+        SELECT DISTINCT o.conversation_id, 'default', pg_catalog.now()
+        FROM old_rows AS o
+        WHERE o.conversation_id IS NOT NULL
+        ORDER BY 1
+        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
+            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
+    ELSE
+        INSERT INTO compaction.queue AS q (conversation_id, scope, enqueued_at)
+        SELECT DISTINCT c.conversation_id, 'default', pg_catalog.now()
+        FROM (SELECT n.conversation_id FROM new_rows AS n
+              UNION ALL
+              SELECT o.conversation_id FROM old_rows AS o) AS c
+        WHERE c.conversation_id IS NOT NULL
+        ORDER BY 1
+        ON CONFLICT (conversation_id, scope) DO UPDATE SET requeued_at = EXCLUDED.enqueued_at
+            WHERE q.lease_token IS NOT NULL AND q.requeued_at IS NULL;
+    END IF;
     RETURN NULL;
 END
 $$;
