@@ -12,7 +12,9 @@ triggers, in the same database and run:
   before revision 0035 that made each append read every run and pair of the long one;
 * a bulk load: 10,000 pairs of one conversation in two statements (runs, then messages);
 * for reference, a Run inserted before all others of that conversation (everything
-  after it is numbered and hashed again).
+  after it is numbered and hashed again), and the conversation re-derived whole
+  (`compaction.rederive_conversation`, the repair path; the rebuild derives each
+  conversation so).
 """
 
 from __future__ import annotations
@@ -150,6 +152,15 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                              (f"bulk{rep}-first-u", f"bulk{rep}", f"bulk{rep}-first",
                               f"bulk{rep}-first-a", f"bulk{rep}", f"bulk{rep}-first"))
             early.append(time.perf_counter() - started)
+        # The repair path (and each conversation of a rebuild): a long conversation
+        # re-derived whole, after the session's plans turned generic on short ones.
+        for k in range(6):
+            conn.execute("SELECT compaction.rederive_conversation(%s)", (f"crowd{k + 1}",))
+        whole: list[float] = []
+        for rep in range(REPETITIONS):
+            started = time.perf_counter()
+            conn.execute("SELECT compaction.rederive_conversation(%s)", (f"bulk{rep}",))
+            whole.append(time.perf_counter() - started)
         problems = conn.execute(
             "SELECT count(*) FROM generate_series(0, %s) r,"
             " compaction.verify_conversation('bulk' || r)", (REPETITIONS - 1,)).fetchone()
@@ -174,5 +185,6 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             "ratio": ratio(median(bulk["engine"]), median(bulk["plain"])),
         },
         "insert_before_all_s": median(early),
+        "rederive_whole_s": median(whole),
         "verify_problems": int(problems[0]) if problems else None,
     }

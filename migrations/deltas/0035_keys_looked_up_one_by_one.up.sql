@@ -174,16 +174,30 @@ BEGIN
                                           f.assistant_message_id,
                                           f.assistant_bytes)::compaction.pairs), '{}')
             FROM fresh AS f),
-           -- Each run's pair looked up on its own, as in rederive (revision 0035); a run
-           -- named twice is looked up once.
-           (SELECT coalesce(array_agg(q.p), '{}')
-            FROM (SELECT DISTINCT k.run_id FROM pg_catalog.unnest(p_run_ids) AS k (run_id)) AS k
-            CROSS JOIN LATERAL (
-                SELECT p FROM compaction.pairs AS p
-                WHERE p.conversation_id = p_conversation_id
-                  AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
-                  AND p.run_id = k.run_id
-                OFFSET 0) AS q),
+           -- None where the conversation has no pair (a rebuild's first pass). A few runs
+           -- (a write's): each run's pair looked up on its own, as in rederive (revision
+           -- 0035), a run named twice once. Many (the whole conversation re-derived, a
+           -- bulk statement): the conversation's pairs joined with them, where as many
+           -- probes would cost more. A generic plan keeps both; the one-time tests pick.
+           (SELECT coalesce(array_agg(s.p), '{}')
+            FROM (SELECT q.p
+                  FROM (SELECT DISTINCT k.run_id
+                        FROM pg_catalog.unnest(p_run_ids) AS k (run_id)
+                        WHERE p_pair_count > 0 AND pg_catalog.cardinality(p_run_ids) <= 16) AS k
+                  CROSS JOIN LATERAL (
+                      SELECT p FROM compaction.pairs AS p
+                      WHERE p.conversation_id = p_conversation_id
+                        AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                        AND p.run_id = k.run_id
+                      OFFSET 0) AS q
+                  UNION ALL
+                  SELECT p FROM compaction.pairs AS p
+                  WHERE p_pair_count > 0 AND pg_catalog.cardinality(p_run_ids) > 16
+                    AND p.conversation_id = p_conversation_id
+                    -- a semi-join, not "= ANY": an array parameter is searched row by
+                    -- row, not hashed (30,000 runs: 23.9 s a conversation, revision 0034)
+                    AND p.run_id IN (SELECT k.run_id
+                                     FROM pg_catalog.unnest(p_run_ids) AS k (run_id))) AS s),
            l.user_message_id,
            NOT EXISTS (SELECT 1 FROM fresh AS f
                        WHERE NOT CASE WHEN l.user_seq IS NULL THEN
@@ -367,7 +381,7 @@ BEGIN
     -- five calls, and "run_id = ANY (the runs)" read every pair of a large conversation
     -- under it (revision 0035).
     v_held := ARRAY(
-        SELECT q.pair_index / 10 * 10
+        SELECT DISTINCT q.pair_index / 10 * 10
         FROM pg_catalog.unnest(v_touched) AS k (run_id)
         CROSS JOIN LATERAL (
             SELECT p.pair_index FROM compaction.pairs AS p
@@ -377,7 +391,12 @@ BEGIN
             OFFSET 0) AS q);
     v_ranges := v_ranges || v_held;
     WITH wanted AS (
-        SELECT DISTINCT w.from_pair, w.from_pair = ANY (v_held) AS touched
+        -- IN a subquery, hashed once, not "= ANY (v_held)": an array parameter is
+        -- searched row by row (the square of the pairs when a whole conversation is
+        -- re-derived)
+        SELECT DISTINCT w.from_pair,
+               w.from_pair IN (SELECT h.from_pair FROM pg_catalog.unnest(v_held) AS h (from_pair))
+                   AS touched
         FROM pg_catalog.unnest(v_ranges) AS w (from_pair)
         WHERE w.from_pair + 10 <= v_count
     ), present AS (
