@@ -1117,9 +1117,13 @@ BEGIN
         -- makes a commit lost in a crash cost only its batch again. JIT off as in every
         -- writer (revision 0020): with sequential scans priced out, the one-row UPDATE of
         -- the resume point costs above jit_above_cost and compiled for 35-90 ms at each
-        -- commit, 60% of a rebuild's time.
+        -- commit, 60% of a rebuild's time. Generic plans, as the tracking trigger forces
+        -- (revision 0035): re-derivation's statements are planned for one conversation at
+        -- a time, and a custom plan for each conversation cost more to make than to run
+        -- (about a tenth of a first rebuild at 200,000 messages).
         PERFORM pg_catalog.set_config('enable_seqscan', 'off', true);
         PERFORM pg_catalog.set_config('jit', 'off', true);
+        PERFORM pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
         IF v_gave_way THEN
             -- The last batch gave way (below): wait for the writers it waited for while
