@@ -39,6 +39,8 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
                 "floor_ratio", "ratio_to_floor"} <= set(run)
         assert len(run["floor_cycles_per_s"]) == 3
     assert data["writing"]["verify_problems"] == 0
+    assert data["writing"]["crowd"] > 0
+    assert data["writing"]["rederive_whole_s"] > 0
     assert {"engine_p50_ms", "plain_p50_ms", "ratio_p50"} <= set(data["writing"]["append"])
     cells = data["projection"]["cells"]
     assert len(cells) == 9
@@ -81,7 +83,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert counts["pycompactor"] > counts["floor"] > counts["plain"] > 0
     wal = data["instructions"]["wal_bytes_per_cycle"]
     assert wal["pycompactor"] > wal["plain"] > 0
-    assert len(data["targets"]) == 19  # thirteen engine targets, six quality goals
+    assert len(data["targets"]) == 20  # fourteen engine targets, six quality goals
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 
     table = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")
