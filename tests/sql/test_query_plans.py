@@ -275,7 +275,6 @@ def test_tracked_appends_keep_index_plans(conn: Conn, dsn: str) -> None:
     assert {t: after[t] - before[t] for t in TRACKED_TABLES} == dict.fromkeys(TRACKED_TABLES, 0)
 
 
-
 #: The tables a tracked write looks rows of its conversation up in by key.
 KEYED_TABLES = ("compaction_source.runs", "compaction_source.messages", "compaction.pairs",
                 "compaction.queue")
