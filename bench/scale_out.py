@@ -11,7 +11,13 @@ in, distribute; trust on loopback in place of the owner's password). On each:
   timed until every range has its summary;
 - projection: `project_history` at 64 KiB on a conversation of 100 pairs and one of
   10,000, every range summarized beforehand; p50 of repeated calls (15, or as many as
-  fit in a minute, at least 3; a warm-up call over a minute is the one sample).
+  fit in a minute, at least 3; a warm-up call over a minute is the one sample);
+- the price of exactness: what one read by key costs against one read of every shard of
+  an empty table co-located with the history (and of one with a shard per worker). A
+  derived state kept on the shards would still have to ask, at every call, whether a
+  message filed under another conversation names one of this conversation's runs
+  (DESIGN §3): on Citus only a read of every shard can answer that, and a shard's own
+  trigger may not run one, so that read is the least such a call pays.
 
     python -m bench.scale_out --pg-config /usr/lib/postgresql/15/bin/pg_config
     python -m bench.scale_out --pg-config ... --smoke     # tiny sizes: checks it runs
@@ -34,7 +40,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
@@ -62,12 +68,13 @@ class Sizes:
     drain_pairs: int
     projection_pairs: tuple[int, int]
     projection_calls: int
+    probe_calls: int
 
 
 FULL = Sizes(drain_conversations=38, drain_pairs=100, projection_pairs=(100, 10_000),
-             projection_calls=15)
+             projection_calls=15, probe_calls=300)
 SMOKE = Sizes(drain_conversations=3, drain_pairs=40, projection_pairs=(40, 200),
-              projection_calls=3)
+              projection_calls=3, probe_calls=5)
 
 
 def bindir_of(pg_config: str) -> Path:
@@ -193,11 +200,55 @@ def projection(dsn: str, sizes: Sizes) -> dict[str, Any]:
             "large_over_small": round(p50[large] / p50[small], 2)}
 
 
+def _p50_ms(conn: psycopg.Connection[Any], query: LiteralString, calls: int) -> float:
+    for _ in range(max(3, calls // 10)):  # warm-up: the executor's connections, plans
+        conn.execute(query).fetchall()
+    times: list[float] = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        conn.execute(query).fetchall()
+        times.append((time.perf_counter() - started) * 1000)
+    return round(median(times), 3)
+
+
+def price_of_exactness(dsn: str, sizes: Sizes, citus: bool) -> dict[str, Any]:
+    """p50 ms of a read by key, and of a read of every shard of an empty table: co-located
+    with the history (as many shards as it has), and with one shard per worker node."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS bench_probe")
+        for name in ("colocated", "per_worker"):
+            conn.execute(sql.SQL(
+                "CREATE TABLE bench_probe.{} (conversation_id text, message_id text,"
+                " run_id text, PRIMARY KEY (conversation_id, message_id))")
+                .format(sql.Identifier(name)))
+        shards = {"colocated": 1, "per_worker": 1}
+        if citus:
+            conn.execute("SELECT create_distributed_table('bench_probe.colocated',"
+                         " 'conversation_id', colocate_with => 'compaction_source.messages')")
+            workers = conn.execute("SELECT count(*) FROM pg_dist_node"
+                                   " WHERE noderole = 'primary' AND groupid <> 0").fetchone()
+            conn.execute("SELECT create_distributed_table('bench_probe.per_worker',"
+                         " 'conversation_id', shard_count => %s, colocate_with => 'none')",
+                         (int(workers[0]) if workers else 1,))
+            for row in conn.execute("SELECT logicalrelid::regclass::text, count(*)"
+                                    " FROM pg_dist_shard WHERE logicalrelid::regclass::text"
+                                    " LIKE 'bench_probe.%' GROUP BY 1").fetchall():
+                shards[str(row[0]).removeprefix("bench_probe.")] = int(row[1])
+        by_key = _p50_ms(conn, "SELECT pair_count FROM compaction.conversation_state"
+                               " WHERE conversation_id = 'probe'", sizes.probe_calls)
+        every = {name: _p50_ms(conn, f"SELECT EXISTS (SELECT 1 FROM bench_probe.{name})",
+                               sizes.probe_calls)
+                 for name in ("colocated", "per_worker")}
+        conn.execute("DROP SCHEMA bench_probe CASCADE")
+    return {"by_key_ms": by_key, "every_shard_ms": every, "shards": shards}
+
+
 def run(bindir: Path, sizes: Sizes) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name, setup in (("single_node", single_node), ("citus", citus_cluster)):
         with setup(bindir) as dsn:
-            results[name] = {"drain": drain(dsn, sizes), "projection": projection(dsn, sizes)}
+            results[name] = {"drain": drain(dsn, sizes), "projection": projection(dsn, sizes),
+                             "probe": price_of_exactness(dsn, sizes, name == "citus")}
             if name == "citus":
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     row = conn.execute("SELECT citus_version(), version()").fetchone()
@@ -244,7 +295,26 @@ def markdown(results: dict[str, Any], sizes: Sizes, label: str) -> str:
         f" | {citus['projection']['large_over_small']} | | <= 1.5 on Citus |"
         f" {met(goals['projection_scaling_met'])} |",
         "",
+        "The price of exactness (p50 ms of one statement; an exact call that trusted a"
+        " derived state kept on the shards would also read every shard once, DESIGN §3):",
+        "",
+        "| statement | one node | Citus | Citus / one node's projection at"
+        f" {large} pairs |",
+        "|---|---:|---:|---:|",
     ]
+    base = one["projection"]["p50_ms"][large]
+    probes = [("a read by key (`conversation_state`)", one["probe"]["by_key_ms"],
+               citus["probe"]["by_key_ms"])]
+    for name, what in (("colocated", "co-located with the history"),
+                       ("per_worker", "one shard per worker")):
+        probes.append((f"a read of every shard of an empty table, {what}"
+                       f" ({citus['probe']['shards'][name]} shards)",
+                       one["probe"]["every_shard_ms"][name],
+                       citus["probe"]["every_shard_ms"][name]))
+    for what, single, distributed in probes:
+        lines.append(f"| {what} | {single} | {distributed} |"
+                     f" {round(distributed / base, 2) if base else '-'} |")
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -284,7 +284,12 @@ def test_bench_citus_smoke(tmp_path: Any) -> None:
     for setup in ("single_node", "citus"):
         assert results[setup]["drain"]["ranges"] == results[setup]["drain"]["claimed"] > 0
         assert set(results[setup]["projection"]["p50_ms"]) == {"40", "200"}
+        assert set(results[setup]["probe"]["every_shard_ms"]) == {"colocated", "per_worker"}
+    # The probe's tables on Citus: as many shards as the history's, and one per worker.
+    assert results["citus"]["probe"]["shards"] == {"colocated": 32, "per_worker": 2}
     assert set(results["goals"]) == {
         "drain_citus_over_single", "drain_met", "projection_citus_over_single",
         "projection_met", "projection_large_over_small_citus", "projection_scaling_met"}
-    assert "| drain:" in (tmp_path / "scale_out.md").read_text(encoding="utf-8")
+    report = (tmp_path / "scale_out.md").read_text(encoding="utf-8")
+    assert "| drain:" in report
+    assert "a read of every shard of an empty table, co-located with the history (32" in report
