@@ -200,15 +200,34 @@ def projection(dsn: str, sizes: Sizes) -> dict[str, Any]:
             "large_over_small": round(p50[large] / p50[small], 2)}
 
 
-def _p50_ms(conn: psycopg.Connection[Any], query: LiteralString, calls: int) -> float:
+def _p50_ms(conn: psycopg.Connection[Any], query: LiteralString, calls: int,
+            params: dict[str, Any] | None = None) -> float:
     for _ in range(max(3, calls // 10)):  # warm-up: the executor's connections, plans
-        conn.execute(query).fetchall()
+        conn.execute(query, params).fetchall()
     times: list[float] = []
     for _ in range(calls):
         started = time.perf_counter()
-        conn.execute(query).fetchall()
+        conn.execute(query, params).fetchall()
         times.append((time.perf_counter() - started) * 1000)
     return round(median(times), 3)
+
+
+#: What a drained range costs, call by call: a worker pass reads its conversation's targets
+#: (worker_targets), claims (which judges the range with current_range), reads the replies
+#: (range_replies, which judges it again), and completes; claim and complete each write an
+#: admission slot, a row of a reference table. Each judging call reads the conversation
+#: from the views when the derived state is not in use (always on Citus), and judge_runs is
+#: the eligibility they all start from.
+RANGE_CALLS: dict[str, LiteralString] = {
+    "judge_runs": "SELECT count(*) FROM compaction.judge_runs(%(c)s)",
+    "current_range": "SELECT * FROM compaction.current_range(%(c)s, 0)",
+    "worker_targets": "SELECT * FROM compaction.worker_targets(%(c)s, 'default', %(m)s,"
+                      " 'conversation-compaction@3')",
+    "range_replies": "SELECT * FROM compaction.range_replies(%(c)s, 0, %(h)s)",
+    # In a transaction of its own, which commits (on Citus: on every node).
+    "admission_write": "UPDATE compaction.admission SET lease_expires_at = lease_expires_at"
+                       " WHERE slot = 1 RETURNING slot",
+}
 
 
 def price_of_exactness(dsn: str, sizes: Sizes, citus: bool) -> dict[str, Any]:
@@ -236,11 +255,18 @@ def price_of_exactness(dsn: str, sizes: Sizes, citus: bool) -> dict[str, Any]:
                 shards[str(row[0]).removeprefix("bench_probe.")] = int(row[1])
         by_key = _p50_ms(conn, "SELECT pair_count FROM compaction.conversation_state"
                                " WHERE conversation_id = 'probe'", sizes.probe_calls)
+        calls = max(3, sizes.probe_calls // 10)
+        first = conn.execute("SELECT t.source_hash FROM compaction.plan_targets('drain-0') AS t"
+                             " WHERE t.from_pair = 0").fetchone()
+        params = {"c": "drain-0", "m": OFFLINE_MODEL, "h": first[0] if first else None}
+        range_calls = {name: _p50_ms(conn, query, calls, params)
+                       for name, query in RANGE_CALLS.items()}
         every = {name: _p50_ms(conn, f"SELECT EXISTS (SELECT 1 FROM bench_probe.{name})",
                                sizes.probe_calls)
                  for name in ("colocated", "per_worker")}
         conn.execute("DROP SCHEMA bench_probe CASCADE")
-    return {"by_key_ms": by_key, "every_shard_ms": every, "shards": shards}
+    return {"by_key_ms": by_key, "every_shard_ms": every, "shards": shards,
+            "range_calls_ms": range_calls, "range_pairs": sizes.drain_pairs}
 
 
 def run(bindir: Path, sizes: Sizes) -> dict[str, Any]:
@@ -314,6 +340,22 @@ def markdown(results: dict[str, Any], sizes: Sizes, label: str) -> str:
     for what, single, distributed in probes:
         lines.append(f"| {what} | {single} | {distributed} |"
                      f" {round(distributed / base, 2) if base else '-'} |")
+    lines += [
+        "",
+        f"What a drained range's calls cost (p50 ms, a conversation of"
+        f" {one['probe']['range_pairs']} pairs; on Citus each call that judges reads the"
+        " conversation from the views):",
+        "",
+        "| call | one node | Citus | Citus / one node |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in RANGE_CALLS:
+        single, distributed = (one["probe"]["range_calls_ms"][name],
+                               citus["probe"]["range_calls_ms"][name])
+        label = ("an admission slot written and committed (a reference table on Citus)"
+                 if name == "admission_write" else f"`{name}`")
+        lines.append(f"| {label} | {single} | {distributed} |"
+                     f" {round(distributed / single, 1) if single else '-'} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -285,6 +285,8 @@ def test_bench_citus_smoke(tmp_path: Any) -> None:
         assert results[setup]["drain"]["ranges"] == results[setup]["drain"]["claimed"] > 0
         assert set(results[setup]["projection"]["p50_ms"]) == {"40", "200"}
         assert set(results[setup]["probe"]["every_shard_ms"]) == {"colocated", "per_worker"}
+        assert set(results[setup]["probe"]["range_calls_ms"]) == {
+            "judge_runs", "current_range", "worker_targets", "range_replies", "admission_write"}
     # The probe's tables on Citus: as many shards as the history's, and one per worker.
     assert results["citus"]["probe"]["shards"] == {"colocated": 32, "per_worker": 2}
     assert set(results["goals"]) == {
