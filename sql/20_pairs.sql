@@ -69,51 +69,83 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_foreign text[];
+    v_foreign      text[];
+    v_runs         text[];
+    v_many         boolean := false;
+    v_named_ids    text[];
+    v_named_status text[];
 BEGIN
     -- §3: a run with a user or assistant message filed under another conversation is no
     -- pair. That is the one question that crosses conversations, so it is asked on its
-    -- own, by run id alone (a plain read of every shard under Citus); everything else
-    -- below addresses this conversation's rows only.
+    -- own, by run id alone (a read of every shard under Citus); everything else below
+    -- addresses this conversation's rows only.
     -- Runs named are asked about as named (revision 0034): v_foreign is only compared
     -- with this conversation's runs below, so a named run of another conversation
     -- changes no verdict, and no read of the conversation's runs is needed. (That read,
     -- by run id and conversation in the generic plan this function keeps, was planned on
     -- the conversation's prefix of the runs' key when conversations are small on
     -- average: a write to a 10,000-run conversation read all 10,000.)
-    SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
-    FROM compaction.source_messages AS sm
-    -- Two arrays, one evaluated: a generic plan keeps an index scan for each form.
-    WHERE sm.run_id = ANY (CASE WHEN p_run_ids IS NULL
-                                THEN ARRAY(SELECT sr.run_id
-                                           FROM compaction.source_runs AS sr
-                                           WHERE sr.conversation_id = p_conversation_id)
-                                ELSE p_run_ids
-                           END)
-      AND sm.role IN ('user', 'assistant')
-      AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
+    -- A whole conversation's runs go into the question as a value when there are at most
+    -- 256 of them (revision 0036): under Citus, a subquery there became a distributed
+    -- subplan, its result sent to every worker before the read of every shard (9-10 ms
+    -- where the value costs 3.5-6 ms up to 100 runs). A larger value, copied into each
+    -- shard's query, costs more than the subplan (22 against 14 ms at 1,000 runs), so a
+    -- conversation with more runs keeps the subquery.
+    -- (Not read with a LIMIT: a LIMIT invites a plan that scans the table for the first
+    -- rows it finds, and a host's table behind the view may be large.)
+    IF p_run_ids IS NULL THEN
+        SELECT pg_catalog.array_agg(sr.run_id) INTO v_runs
+        FROM compaction.source_runs AS sr
+        WHERE sr.conversation_id = p_conversation_id;
+        v_many := coalesce(pg_catalog.cardinality(v_runs) > 256, false);
+    ELSE
+        v_runs := p_run_ids;
+    END IF;
+    IF v_many THEN
+        SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
+        FROM compaction.source_messages AS sm
+        WHERE sm.run_id = ANY (ARRAY(SELECT sr.run_id
+                                     FROM compaction.source_runs AS sr
+                                     WHERE sr.conversation_id = p_conversation_id))
+          AND sm.role IN ('user', 'assistant')
+          AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
+    ELSE
+        SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
+        FROM compaction.source_messages AS sm
+        WHERE sm.run_id = ANY (v_runs)
+          AND sm.role IN ('user', 'assistant')
+          AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
+    END IF;
+    -- The runs named, found by run id first (OFFSET 0 keeps the conversation's test out
+    -- of that scan): in this function's generic plan, both tests in one scan were
+    -- planned on the conversation's prefix of the runs' key wherever conversations are
+    -- small on average, reading every run of a large one (revision 0034). Read here, in
+    -- a statement of their own (revision 0036): inside the statement below, this read of
+    -- the runs by run id alone made Citus read every shard of the runs even for a whole
+    -- conversation (4.6 ms against 1.2 ms for one conversation's query, sent whole to the
+    -- node that holds it). Only re-derivation names runs, and it never runs on Citus.
+    IF p_run_ids IS NOT NULL THEN
+        SELECT pg_catalog.array_agg(n.run_id), pg_catalog.array_agg(n.status)
+        INTO v_named_ids, v_named_status
+        FROM (SELECT sr.run_id, sr.conversation_id, sr.status
+              FROM compaction.source_runs AS sr
+              WHERE sr.run_id = ANY (p_run_ids)
+              OFFSET 0) AS n
+        WHERE n.conversation_id = p_conversation_id;
+    END IF;
     RETURN QUERY
     -- A lateral aggregate per run: the messages of each run are fetched by the run_id
     -- index, so the cost follows this conversation's size, never the table's.
     WITH runs AS (
         -- Every run of the conversation, or only the runs named: re-derivation judges
         -- the runs a write touched by the run_id index, never the whole conversation.
-        SELECT sr.run_id, sr.conversation_id, sr.status
+        SELECT sr.run_id, sr.status
         FROM compaction.source_runs AS sr
         WHERE p_run_ids IS NULL AND sr.conversation_id = p_conversation_id
         UNION ALL
-        -- The runs named, found by run id first (OFFSET 0 keeps the conversation's test
-        -- out of that scan): in this function's generic plan, both tests in one scan were
-        -- planned on the conversation's prefix of the runs' key wherever conversations
-        -- are small on average, reading every run of a large one (revision 0034). Only
-        -- re-derivation names runs, never on Citus, where a read by run id alone would
-        -- visit every shard.
-        SELECT n.run_id, n.conversation_id, n.status
-        FROM (SELECT sr.run_id, sr.conversation_id, sr.status
-              FROM compaction.source_runs AS sr
-              WHERE sr.run_id = ANY (p_run_ids)
-              OFFSET 0) AS n
-        WHERE n.conversation_id = p_conversation_id
+        SELECT u.run_id, u.status
+        FROM ROWS FROM (pg_catalog.unnest(v_named_ids), pg_catalog.unnest(v_named_status))
+             AS u (run_id, status)
     ),
     per_run AS (
         SELECT r.run_id,

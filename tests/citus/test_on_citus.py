@@ -295,3 +295,93 @@ def test_bench_citus_smoke(tmp_path: Any) -> None:
     report = (tmp_path / "scale_out.md").read_text(encoding="utf-8")
     assert "| drain:" in report
     assert "a read of every shard of an empty table, co-located with the history (32" in report
+
+
+def _remote_commands(conn: Conn, query: str) -> tuple[list[Any], list[str]]:
+    """The query's rows and the commands Citus sent the workers to answer it."""
+    notices: list[str] = []
+
+    def keep(diagnostic: psycopg.errors.Diagnostic) -> None:
+        if diagnostic.message_primary and diagnostic.message_primary.startswith("issuing "):
+            notices.append(diagnostic.message_primary)
+
+    conn.add_notice_handler(keep)
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL citus.log_remote_commands = on")
+            rows = conn.execute(query).fetchall()
+    finally:
+        conn.remove_notice_handler(keep)
+    return rows, notices
+
+
+def test_judging_a_conversation_sends_no_intermediate_result_and_no_read_by_run_id(
+        conn: Conn) -> None:
+    """Every call that judges a conversation from the views (always on Citus) starts from
+    judge_runs. Revision 0036: its verdicts are one query of one conversation, sent whole
+    to the node that holds it, and a conversation of up to 256 runs asks the question
+    across conversations (DESIGN §3) with its runs as a value. Before, Citus read every
+    shard of the runs by run id for the named-runs branch, and sent the conversation's
+    runs to every worker as an intermediate result first: 81 commands for 100 runs."""
+    conn.execute(_history_sql("judged", runs=100))
+    conn.execute(_history_sql("judged-large", runs=300))
+    # A reply filed under the small conversation names one of the large one's runs.
+    conn.execute("INSERT INTO compaction_source.messages"
+                 " (conversation_id, message_id, run_id, role, status, content, seq)"
+                 " VALUES ('judged', 'stray', 'judged-large-r7', 'assistant', 'completed',"
+                 " 'filed elsewhere', 1000)")
+    shards = conn.execute("SELECT count(*) FROM pg_dist_shard"
+                          " WHERE logicalrelid = 'compaction_source.messages'::regclass"
+                          ).fetchone()
+    assert shards is not None
+    rows, issued = _remote_commands(
+        conn, "SELECT run_id, reason FROM compaction.judge_runs('judged')")
+    assert len(rows) == 100
+    assert {reason for _, reason in rows} == {None}
+    assert not [c for c in issued if c.startswith("issuing COPY")], issued
+    assert not [c for c in issued if "ANY (NULL::text[])" in c], issued
+    # The runs, the question on every shard of the messages, the verdicts (and the
+    # transactions around them).
+    queries = [c for c in issued if c.startswith("issuing SELECT")]
+    assert len(queries) == 1 + int(shards[0]) + 1, issued
+    # Above 256 runs the question keeps its subquery, and still finds the reply filed
+    # elsewhere.
+    rows, issued = _remote_commands(
+        conn, "SELECT run_id, reason FROM compaction.judge_runs('judged-large')"
+              " WHERE reason IS NOT NULL")
+    assert rows == [("judged-large-r7", "foreign_message")]
+    assert not [c for c in issued if "ANY (NULL::text[])" in c], issued
+
+
+def test_an_upgrade_keeps_judge_runs_planned_with_its_values_on_citus(
+        citus_nodes: dict[str, Any]) -> None:
+    """distribute_on_citus resets judge_runs' plan_cache_mode (Citus plans its queries
+    with the values bound); a revision that replaces the function gives it back its SET
+    clauses. Revision 0034 did, on a database distributed before it; 0036 resets it again
+    on the way up and on the way down."""
+    from pycompactor import schema
+    from tests.citus.conftest import create_distributed_database, drop_distributed_database
+
+    def settings(c: Conn) -> Any:
+        row = c.execute("SELECT proconfig FROM pg_proc"
+                        " WHERE oid = 'compaction.judge_runs(text, text[])'::regprocedure"
+                        ).fetchone()
+        assert row is not None
+        return [s for s in (row[0] or []) if s.startswith("plan_cache_mode")]
+
+    name = f"u_{uuid.uuid4().hex[:12]}"
+    try:
+        dsn = create_distributed_database(citus_nodes, name, revision="0033_pairs_by_hash")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(_history_sql("upgraded", runs=40))
+            assert settings(c) == []
+            schema.upgrade(dsn)
+            assert settings(c) == []
+            assert c.execute("SELECT count(*) FROM compaction.judge_runs('upgraded')"
+                             " WHERE reason IS NULL").fetchone() == (40,)
+            schema.downgrade(dsn, "0035_keys_looked_up_one_by_one")
+            assert settings(c) == []
+            schema.upgrade(dsn)
+            assert settings(c) == []
+    finally:
+        drop_distributed_database(citus_nodes, name)

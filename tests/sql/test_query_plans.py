@@ -4,6 +4,7 @@ conversation asked for, even among many others."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -75,26 +76,43 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from nodes(child)
 
 
-def explain_body(conn: Conn, function: str, argument: str,
-                 run_ids: str = "NULL::text[]", *, foreign_check: bool = False
-                 ) -> list[dict[str, Any]]:
-    """EXPLAIN ANALYZE the function's own statement, with the argument as a bind parameter.
+def function_statement(conn: Conn, function: str, statement: str) -> str:
+    """One statement of a PL/pgSQL function's body, its INTO clause taken out.
 
-    judge_runs has two: the question whether a run's messages were filed under another
-    conversation (foreign_check, into v_foreign), then the verdicts (RETURN QUERY)."""
+    judge_runs has these (revision 0036): "runs" (a whole conversation's runs, to tell a
+    small conversation from a large one), the question whether a run's
+    messages were filed under another conversation, as "foreign" (the runs as a value)
+    or "foreign_many" (by subquery, a conversation of more than 256 runs), "named" (the
+    runs a re-derivation names) and "verdicts" (RETURN QUERY)."""
     row = conn.execute(
         "SELECT prosrc FROM pg_proc WHERE oid = %s::regprocedure", (function,)
     ).fetchone()
     assert row is not None
-    body = row[0]
-    if foreign_check:
-        head, tail = body.split("INTO v_foreign", 1)
-        body = "SELECT pg_catalog.array_agg(DISTINCT sm.run_id)" + tail.split(";", 1)[0]
-        assert "SELECT pg_catalog.array_agg(DISTINCT sm.run_id)" in head
-    elif "RETURN QUERY" in body:  # a PL/pgSQL function: its statement
-        body = body.split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
-    body = (body.replace("p_conversation_id", "$1").replace("p_run_ids", run_ids)
-            .replace("v_foreign", "NULL::text[]"))
+    code = re.sub(r"--[^\n]*", "", row[0])
+    if statement == "verdicts":
+        return code.split("RETURN QUERY", 1)[1].split(";", 1)[0]
+    markers = {"runs": "INTO v_runs", "foreign": "ANY (v_runs)",
+               "foreign_many": "ANY (ARRAY(SELECT", "named": "INTO v_named_ids"}
+    chunks = [c for c in code.split(";") if markers[statement] in c]
+    assert len(chunks) == 1, (statement, chunks)
+    chunk = chunks[0]
+    text = chunk[chunk.rindex("SELECT pg_catalog.array_agg"):]
+    return re.sub(r"\bINTO [a-z_, ]+?\n", "\n", text)
+
+
+def explain_body(conn: Conn, function: str, argument: str,
+                 run_ids: str = "NULL::text[]", *, statement: str = "verdicts",
+                 values: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """EXPLAIN ANALYZE one statement of the function (function_statement), with the
+    argument as a bind parameter and the function's variables as the values given
+    (NULL when not given)."""
+    body = function_statement(conn, function, statement)
+    variables = {"v_foreign": "NULL::text[]", "v_runs": "NULL::text[]",
+                 "v_named_ids": "NULL::text[]", "v_named_status": "NULL::text[]"}
+    variables.update(values or {})
+    body = body.replace("p_conversation_id", "$1").replace("p_run_ids", run_ids)
+    for name, value in variables.items():
+        body = re.sub(rf"\b{name}\b", value, body)
     conn.execute(b"PREPARE body(text) AS " + body.encode())
     try:
         row = conn.execute(
@@ -117,10 +135,17 @@ def test_judging_runs_uses_indexes_and_reads_one_conversation(crowded: Conn) -> 
     # rows produced by the scans: this conversation's runs and messages, nothing else
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
     assert scanned == BIG_PAIRS * 3
-    # The question across conversations: this conversation's runs, then their messages by
-    # run id, none of which is filed elsewhere here.
+    # How many runs: the conversation's, by index.
     plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG,
-                        foreign_check=True)
+                        statement="runs")
+    assert not [n for n in plan if n["Node Type"] == "Seq Scan"], plan
+    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in plan
+               if "Relation Name" in n) == BIG_PAIRS
+    # The question across conversations (more than 256 runs: by subquery): this
+    # conversation's runs, then their messages by run id, none of which is filed
+    # elsewhere here.
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG,
+                        statement="foreign_many")
     scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
              if "Relation Name" in n or "Index Name" in n}
     assert not [s for s in scans if s[0] == "Seq Scan"], scans
@@ -132,14 +157,25 @@ def test_judging_runs_uses_indexes_and_reads_one_conversation(crowded: Conn) -> 
 def test_judging_named_runs_reads_only_those_runs(crowded: Conn) -> None:
     """What a tracking trigger pays per appended Run: the runs named, by index."""
     runs = f"ARRAY['{BIG}/r17', '{BIG}/r9000']"
-    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG, run_ids=runs)
+    # The runs named, by run id (revision 0036: in a statement of their own).
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG, run_ids=runs,
+                        statement="named")
     scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
              if "Relation Name" in n or "Index Name" in n}
     assert not [s for s in scans if s[0] == "Seq Scan"], scans
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
-    assert scanned == 2 * 3  # two runs and their two messages each
+    assert scanned == 2
+    # The verdicts: the two runs' messages, nothing else.
     plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG, run_ids=runs,
-                        foreign_check=True)
+                        values={"v_named_ids": runs,
+                                "v_named_status": "ARRAY['completed', 'completed']"})
+    scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
+             if "Relation Name" in n or "Index Name" in n}
+    assert not [s for s in scans if s[0] == "Seq Scan"], scans
+    scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
+    assert scanned == 2 * 2  # their two messages each
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG, run_ids=runs,
+                        statement="foreign", values={"v_runs": runs})
     assert not [n for n in plan if n["Node Type"] == "Seq Scan"], plan
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
     # No run is read (revision 0034: the runs named are asked about as named), and no
