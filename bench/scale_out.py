@@ -322,7 +322,8 @@ def markdown(results: dict[str, Any], sizes: Sizes, label: str) -> str:
         f" {met(goals['projection_scaling_met'])} |",
         "",
         "The price of exactness (p50 ms of one statement; an exact call that trusted a"
-        " derived state kept on the shards would also read every shard once, DESIGN §3):",
+        " derived state kept on the shards would also read every shard once,"
+        " [§3](contract.md#3-eligible-pairs)):",
         "",
         "| statement | one node | Citus | Citus / one node's projection at"
         f" {large} pairs |",
