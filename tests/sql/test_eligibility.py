@@ -115,6 +115,22 @@ def test_user_message_filed_elsewhere_also_breaks_the_run(conn: Conn) -> None:
     assert reasons(conn) == {run: "foreign_message"}
 
 
+@pytest.mark.parametrize("runs", [256, 257])
+def test_a_reply_filed_elsewhere_is_found_in_a_conversation_of_any_size(
+        conn: Conn, runs: int) -> None:
+    """judge_runs asks the question across conversations with a whole conversation's runs
+    as a value up to 256 runs, and by subquery above (revision 0036): both forms."""
+    h = History(conn)
+    pairs = h.pairs("c", runs)
+    h.conversation("other")
+    stray = pairs[runs // 2].run_id
+    h.message("other", stray, "assistant", "a reply filed under another conversation")
+    judged = conn.execute("SELECT run_id, reason FROM compaction.judge_runs('c')"
+                          " WHERE reason IS NOT NULL").fetchall()
+    assert judged == [(stray, "foreign_message")]
+    assert len(run_ids(conn)) == runs - 1
+
+
 @pytest.mark.parametrize("blank", ["", " ", "\t", "\n", "\r\n", "\f", "\v", " \t\n\r\f\v "])
 def test_ascii_whitespace_only_content_is_empty(conn: Conn, blank: str) -> None:
     h = History(conn)
