@@ -45,7 +45,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg import sql
 
-from bench.common import median, seed_conversations, text_pool, vacuum_analyze
+from bench.common import latencies, median, seed_conversations, text_pool, vacuum_analyze
 from pycompactor import db, schema
 from pycompactor.cluster import ThrowawayCluster
 from pycompactor.eventlog import EventLog
@@ -202,14 +202,11 @@ def projection(dsn: str, sizes: Sizes) -> dict[str, Any]:
 
 def _p50_ms(conn: psycopg.Connection[Any], query: LiteralString, calls: int,
             params: dict[str, Any] | None = None) -> float:
-    for _ in range(max(3, calls // 10)):  # warm-up: the executor's connections, plans
+    def call() -> None:
         conn.execute(query, params).fetchall()
-    times: list[float] = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        conn.execute(query, params).fetchall()
-        times.append((time.perf_counter() - started) * 1000)
-    return round(median(times), 3)
+
+    latencies(call, max(3, calls // 10))  # warm-up: the executor's connections, plans
+    return round(median(latencies(call, calls)), 3)
 
 
 #: What a drained range costs, call by call: a worker pass reads its conversation's targets
