@@ -1,0 +1,92 @@
+-- 0037_replies_from_the_claim: the worker's read of a claimed range's replies no longer
+-- judges the conversation when the derived state is not in use (always on Citus). There
+-- a drained range judged its conversation twice, in the claim and again in
+-- range_replies, each a fan-out to every shard (a profile of make bench-citus's drain on
+-- the coordinator: range_replies 20.9 ms a call, 20.0 of them in current_range). The
+-- replies now come from the ids of the job the claim bound, read with the hash of their
+-- texts in one statement, and only when it is the claimed hash (1.8 ms on the idle
+-- loopback cluster against 10.0). With the derived state in use nothing changes.
+
+CREATE OR REPLACE FUNCTION compaction.range_replies(
+    p_conversation_id text, p_from_pair int, p_source_hash text)
+RETURNS TABLE (pair_index int, assistant_message_id text, assistant_content text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids  text[];
+    v_hash text;
+BEGIN
+    IF p_source_hash IS NULL THEN
+        RETURN;
+    END IF;
+    -- Revision 0037: judged from the views (always on Citus, and on a source without
+    -- tracking), the range's current ids cost a judgment of the whole conversation, which
+    -- the claim made a moment before. The claim bound the range to the 20 ids its job
+    -- keeps: the replies are read with the hash of those ids' texts as they are now, in
+    -- one statement (one snapshot, one query to the node that holds the conversation),
+    -- and returned only when it is the claimed hash, so the model still never sees text
+    -- the hash does not cover. A range that moved with its texts unchanged is not
+    -- noticed here; its summary is then judged stale_source, as any summary of a range
+    -- that moved after it was written. With no job of that hash, the current range.
+    IF NOT compaction.derived_state_current() THEN
+        SELECT j.source_message_ids INTO v_ids
+        FROM compaction.jobs AS j
+        WHERE j.conversation_id = p_conversation_id AND j.from_pair = p_from_pair
+          AND j.source_hash = p_source_hash
+        LIMIT 1;
+        IF v_ids IS NOT NULL THEN
+            RETURN QUERY
+            WITH m AS (
+                -- Each message looked up on its own, as range_hash does.
+                SELECT u.ord, u.message_id, s.role, s.content
+                FROM pg_catalog.unnest(v_ids) WITH ORDINALITY AS u (message_id, ord)
+                CROSS JOIN LATERAL (
+                    SELECT sm.role, sm.content FROM compaction.source_messages AS sm
+                    WHERE sm.conversation_id = p_conversation_id
+                      AND sm.message_id = u.message_id
+                    OFFSET 0) AS s)
+            SELECT (p_from_pair + m.ord / 2 - 1)::int, m.message_id, m.content
+            FROM m
+            WHERE m.ord % 2 = 0 AND m.role = 'assistant'
+              -- range_hash's rule, over the rows this statement read
+              AND (SELECT CASE WHEN count(*) = 20 THEN
+                              pg_catalog.encode(pg_catalog.sha256(pg_catalog.string_agg(
+                                  pg_catalog.int4send(pg_catalog.octet_length(h.message_id))
+                                  || pg_catalog.convert_to(h.message_id, 'UTF8')
+                                  || pg_catalog.int4send(pg_catalog.octet_length(h.content))
+                                  || pg_catalog.convert_to(h.content, 'UTF8'),
+                                  ''::bytea ORDER BY h.ord)), 'hex')
+                          END
+                   FROM m AS h) = p_source_hash
+            ORDER BY m.ord;
+            RETURN;
+        END IF;
+    END IF;
+    -- Only while the range is what the claim bound: a range edited after the claim
+    -- returns no rows, so the model never summarises text the hash does not cover. The
+    -- range first, then the texts: one statement each (DESIGN §11).
+    SELECT r.source_message_ids, r.source_hash INTO v_ids, v_hash
+    FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+    IF v_hash IS DISTINCT FROM p_source_hash THEN
+        RETURN;
+    END IF;
+    -- source_message_ids is [u0, a0, ..., u9, a9]: the replies sit at the even positions.
+    RETURN QUERY
+    SELECT (p_from_pair + u.ord / 2 - 1)::int, m.message_id, m.content
+    FROM pg_catalog.unnest(v_ids) WITH ORDINALITY AS u (message_id, ord)
+    JOIN compaction.source_messages AS m
+      ON m.conversation_id = p_conversation_id AND m.message_id = u.message_id
+     AND m.role = 'assistant'
+    WHERE u.ord % 2 = 0
+    ORDER BY u.ord;
+END
+$$;
+COMMENT ON FUNCTION compaction.range_replies(text, int, text) IS
+    'The 10 assistant replies of range from_pair (pair_index, message id, text), only while their texts hash to the source hash given: the range''s current hash, or (judged from the views) that of the ids of the job claimed with that hash; no user text';
+
+CALL compaction.assign_ownership();
