@@ -353,6 +353,34 @@ def test_judging_a_conversation_sends_no_intermediate_result_and_no_read_by_run_
     assert not [c for c in issued if "ANY (NULL::text[])" in c], issued
 
 
+def test_the_replies_of_a_claimed_range_are_one_query_to_its_node(conn: Conn) -> None:
+    """Revision 0037: after a claim, range_replies reads the replies by the ids of the
+    claimed job, with the hash of their texts, in two queries to the node that holds the
+    conversation (the job's ids, then the texts and their hash), where it judged the whole
+    conversation again (a query on every shard of the messages among them). A text edited
+    since the claim still withholds every reply."""
+    from pycompactor import db
+
+    conn.execute(_history_sql("replied", runs=100))
+    target = db.plan_targets(conn, "replied")[2]
+    assert db.claim(conn, "replied", "default", target.from_pair, target.source_message_ids,
+                    target.source_hash, "test-model", "conversation-compaction@3",
+                    "w").claimed
+    query = ("SELECT pair_index, assistant_message_id, assistant_content"
+             f" FROM compaction.range_replies('replied', {target.from_pair},"
+             f" '{target.source_hash}')")
+    rows, issued = _remote_commands(conn, query)
+    assert [r[1] for r in rows] == target.source_message_ids[1::2]
+    assert [r[0] for r in rows] == list(range(target.from_pair, target.from_pair + 10))
+    queries = [c for c in issued if c.startswith(("issuing SELECT", "issuing WITH"))]
+    assert len(queries) == 2, issued
+    assert not [c for c in issued if c.startswith("issuing COPY")], issued
+    conn.execute("UPDATE compaction_source.messages SET content = content || '!'"
+                 " WHERE conversation_id = 'replied' AND message_id = %s",
+                 (target.source_message_ids[6],))
+    assert conn.execute(query).fetchall() == []
+
+
 def test_an_upgrade_keeps_judge_runs_planned_with_its_values_on_citus(
         citus_nodes: dict[str, Any]) -> None:
     """distribute_on_citus resets judge_runs' plan_cache_mode (Citus plans its queries
