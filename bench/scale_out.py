@@ -7,8 +7,9 @@ workers) set up as docs/operations.md says (extension, nodes, migrate, the owner
 in, distribute; trust on loopback in place of the owner's password). On each:
 
 - drain: conversations of 100 pairs (8 ranges each before the window), enqueued; one
-  `pycompactor worker --once` pass with 4 concurrent claims and the offline summarizer,
-  timed until every range has its summary;
+  `pycompactor worker --once --concurrency 4` pass with the offline summarizer, timed
+  until every range has its summary (the pass claims one range at a time and runs up to
+  four model calls, with their reads of the replies and their completions, at once);
 - projection: `project_history` at 64 KiB on a conversation of 100 pairs and one of
   10,000, every range summarized beforehand; p50 of repeated calls (15, or as many as
   fit in a minute, at least 3; a warm-up call over a minute is the one sample);
@@ -306,7 +307,7 @@ def markdown(results: dict[str, Any], sizes: Sizes, label: str) -> str:
         "| workload | one node | Citus | Citus / one node | goal | met |",
         "|---|---:|---:|---:|---|---|",
         f"| drain: {one['drain']['ranges']} ranges of {one['drain']['conversations']}"
-        f" conversations, `worker --once`, 4 concurrent claims (s) | {one['drain']['seconds']}"
+        f" conversations, `worker --once --concurrency 4` (s) | {one['drain']['seconds']}"
         f" | {citus['drain']['seconds']} | {goals['drain_citus_over_single']} | <= 4 |"
         f" {met(goals['drain_met'])} |",
         f"| `project_history` 64 KiB, {large} pairs, p50 (ms) |"

@@ -57,8 +57,9 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_ids  text[];
-    v_hash text;
+    v_derived boolean := compaction.derived_state_current();
+    v_ids     text[];
+    v_hash    text;
 BEGIN
     IF p_source_hash IS NULL THEN
         RETURN;
@@ -72,7 +73,7 @@ BEGIN
     -- the hash does not cover. A range that moved with its texts unchanged is not
     -- noticed here; its summary is then judged stale_source, as any summary of a range
     -- that moved after it was written. With no job of that hash, the current range.
-    IF NOT compaction.derived_state_current() THEN
+    IF NOT v_derived THEN
         SELECT j.source_message_ids INTO v_ids
         FROM compaction.jobs AS j
         WHERE j.conversation_id = p_conversation_id AND j.from_pair = p_from_pair
@@ -108,9 +109,17 @@ BEGIN
     END IF;
     -- Only while the range is what the claim bound: a range edited after the claim
     -- returns no rows, so the model never summarises text the hash does not cover. The
-    -- range first, then the texts: one statement each (DESIGN §11).
-    SELECT r.source_message_ids, r.source_hash INTO v_ids, v_hash
-    FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+    -- range first, then the texts: one statement each (DESIGN §11). With the derived
+    -- state in use the range is current_range's read of compaction.ranges, made here:
+    -- current_range would ask derived_state_current again.
+    IF v_derived THEN
+        SELECT r.source_message_ids, r.source_hash INTO v_ids, v_hash
+        FROM compaction.ranges AS r
+        WHERE r.conversation_id = p_conversation_id AND r.from_pair = p_from_pair;
+    ELSE
+        SELECT r.source_message_ids, r.source_hash INTO v_ids, v_hash
+        FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+    END IF;
     IF v_hash IS DISTINCT FROM p_source_hash THEN
         RETURN;
     END IF;
