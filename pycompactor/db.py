@@ -382,8 +382,10 @@ def worker_targets(conn: Connection, conversation_id: str, scope: str, model: st
 
 def range_replies(conn: Connection, conversation_id: str, from_pair: int,
                   source_hash: str) -> list[RangeReply]:
-    """The 10 assistant replies of a range, in pair order, only while its current source
-    hash is `source_hash` (else none): the text a claimed attempt summarizes."""
+    """The 10 assistant replies of a range, in pair order, only while their texts hash to
+    `source_hash` (else none): the text a claimed attempt summarizes. With the derived
+    state in use, the range's current hash; judged from the views, the hash of the ids
+    of the job claimed with `source_hash` (revision 0037), else the current range's."""
     return _rows(
         conn, class_row(RangeReply),
         "SELECT pair_index, assistant_message_id, assistant_content"

@@ -15,11 +15,13 @@ only moves data between the database and the model (STYLE.md):
 * a pass reads each conversation's targets with `worker_targets` (ids, hash, and whether
   that identity already holds a completed summary: those are skipped without a claim),
   claims the rest, and only then reads the claimed range's 10 assistant replies with
-  `range_replies`, which returns them only while the range's current source hash is the
-  claimed one. The model therefore summarizes exactly the claimed source, and a worker
-  reads no other message text (never user text). A range edited between the claim and
-  that read returns no replies: the attempt is failed `source_moved` without a model
-  call (its identity, bound to the old hash, is no longer a target anyway).
+  `range_replies`, which returns them only while their texts hash to the claimed source
+  hash (the range's current hash; judged from the views, since revision 0037, that of the
+  ids the claimed job keeps, with no second judgment of the conversation). The model
+  therefore summarizes exactly the claimed source, and a worker reads no other message
+  text (never user text). A range edited between the claim and that read returns no
+  replies: the attempt is failed `source_moved` without a model call (its identity,
+  bound to the old hash, is no longer a target anyway).
 
 Queue discipline. `compaction.dequeue` leases entries of the worker's scope (hidden from
 other workers for the lease, the worker's --lease-seconds) instead of removing them. Once
