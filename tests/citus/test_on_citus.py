@@ -353,7 +353,7 @@ def test_judging_a_conversation_sends_no_intermediate_result_and_no_read_by_run_
     assert not [c for c in issued if "ANY (NULL::text[])" in c], issued
 
 
-def test_the_replies_of_a_claimed_range_are_one_query_to_its_node(conn: Conn) -> None:
+def test_the_replies_of_a_claimed_range_are_two_queries_to_its_node(conn: Conn) -> None:
     """Revision 0037: after a claim, range_replies reads the replies by the ids of the
     claimed job, with the hash of their texts, in two queries to the node that holds the
     conversation (the job's ids, then the texts and their hash), where it judged the whole
