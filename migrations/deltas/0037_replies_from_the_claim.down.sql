@@ -1,4 +1,4 @@
--- 0037_replies_from_the_claim, downgrade: range_replies as revision 0005 made it (the
+-- 0037_replies_from_the_claim, downgrade: range_replies as revision 0013 left it (the
 -- current range, judged from the views when the derived state is not in use).
 
 CREATE OR REPLACE FUNCTION compaction.range_replies(
