@@ -3,11 +3,11 @@
 -- a source without tracking triggers). On Citus a drained range judged its conversation
 -- twice, in the claim and again in range_replies, each a fan-out to every shard (a
 -- profile of make bench-citus's drain on the coordinator: range_replies 20.9 ms a call,
--- 20.0 of them in current_range). The
--- replies now come from the ids of the job the claim bound, read with the hash of their
--- texts in one statement, and only when it is the claimed hash (1.8 ms on the idle
--- loopback cluster against 10.0). With the derived state in use the answer is as before:
--- the range's row of compaction.ranges, read here, with one call of derived_state_current.
+-- 20.0 of them in current_range). The replies now come from the ids of the job the
+-- claim bound, read with the hash of their texts in one statement, and only when it is
+-- the claimed hash (1.8 ms on the idle loopback cluster against 10.0). With the derived
+-- state in use the answer is as before: the range's row of compaction.ranges, read here,
+-- with one call of derived_state_current.
 
 CREATE OR REPLACE FUNCTION compaction.range_replies(
     p_conversation_id text, p_from_pair int, p_source_hash text)
