@@ -45,6 +45,7 @@ from pycompactor.models import (
     HeartbeatResult,
     Pair,
     QueuedConversation,
+    RangeClaim,
     RangeReply,
     RunVerdict,
     Target,
@@ -441,6 +442,41 @@ def claim(conn: Connection, conversation_id: str, scope: str, from_pair: int,
     )
 
 
+#: The most ranges compaction.claim_targets takes in one call.
+CLAIM_BATCH_LIMIT: Final = 100
+
+
+def claim_targets(conn: Connection, conversation_id: str, scope: str,
+                  ranges: Sequence[tuple[int, Sequence[str], str]], model: str,
+                  prompt_version: str, worker: str, *, lease: timedelta = DEFAULT_LEASE,
+                  now: datetime | None = None) -> list[RangeClaim]:
+    """Claim several ranges of one conversation, each (from_pair, source ids, hash), in one
+    call: one lock and one judgement of the conversation for all of them, each answered
+    as `claim` would answer it, in the order given. The first admission_full ends the
+    batch: the ranges after it get no answer."""
+    # One rectangular array of ids: a shorter row is padded with NULLs, which the
+    # database answers as claim would answer that row (invalid_source_ids).
+    width = max((len(r[1]) for r in ranges), default=0)
+    ids = [list(r[1]) + [None] * (width - len(r[1])) for r in ranges]
+    return _rows(
+        conn, class_row(RangeClaim),
+        "SELECT from_pair, claimed, reason, job_id, attempt, lease_expires_at"
+        " FROM compaction.claim_targets("
+        "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
+        " p_from_pairs => %(from_pairs)s::int[],"
+        " p_source_message_ids => %(source_message_ids)s::text[],"
+        " p_source_hashes => %(source_hashes)s::text[], p_model => %(model)s::text,"
+        " p_prompt_version => %(prompt_version)s::text, p_worker => %(worker)s::text,"
+        " p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)",
+        {"conversation_id": conversation_id, "scope": scope,
+         "from_pairs": [r[0] for r in ranges],
+         "source_message_ids": ids,
+         "source_hashes": [r[2] for r in ranges],
+         "model": model, "prompt_version": prompt_version, "worker": worker,
+         "lease": lease, "now": now},
+    )
+
+
 def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
              finish_reason: str | None, tool_call_count: int, *,
              response_id: str | None = None, now: datetime | None = None,
@@ -538,6 +574,8 @@ def summaries(conn: Connection, conversation_id: str) -> list[tuple[int, int, st
 #: What a worker calls, by signature: a schema older than this package lacks one of them.
 WORKER_FUNCTIONS: Final = (
     "compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz)",
+    "compaction.claim_targets(text, text, int[], text[], text[], text, text, text, interval,"
+    " timestamptz)",
     "compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text)",
     "compaction.fail(bigint, int, text, timestamptz, text)",
     "compaction.heartbeat(bigint, int, interval, timestamptz, text)",

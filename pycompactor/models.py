@@ -78,6 +78,19 @@ class ClaimResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RangeClaim:
+    """One range's answer from compaction.claim_targets: what compaction.claim would have
+    answered for that range (see ClaimResult), with the range it answers."""
+
+    from_pair: int
+    claimed: bool
+    reason: str
+    job_id: int | None
+    attempt: int | None
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class CompleteResult:
     """Answer of compaction.complete: 'completed' with the summary id, or why not."""
 

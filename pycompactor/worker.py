@@ -306,6 +306,10 @@ class Worker:
                 self._slots.release()
         return False
 
+    def _release_slots(self, count: int) -> None:
+        for _ in range(count):
+            self._slots.release()
+
     # -- running ---------------------------------------------------------------------
 
     def run(self) -> WorkerReport:
@@ -534,43 +538,62 @@ class Worker:
         claimed = 0
         requeue = False
         admission_full = False
-        for candidate in candidates:
+        remaining = list(candidates)
+        while remaining:
             if admission_full or not self._take_slot():
                 requeue = True  # stopping or throttled before every target was tried
                 break
+            # One claim call for as many targets as there are model calls free: the
+            # database locks and judges the conversation once for all of them (where it
+            # judges from the views, on Citus or an untracked source, that judgement is
+            # most of a claim's cost).
+            batch = [remaining.pop(0)]
+            while (remaining and len(batch) < db.CLAIM_BATCH_LIMIT and not self.stopping
+                   and self._slots.acquire(blocking=False)):
+                batch.append(remaining.pop(0))
             try:
-                result = self._db(
-                    db.claim, conversation_id, cfg.scope, candidate.from_pair,
-                    candidate.source_message_ids, candidate.source_hash, cfg.model,
-                    PROMPT_VERSION, cfg.worker_id, lease=cfg.lease,
+                results = self._db(
+                    db.claim_targets, conversation_id, cfg.scope,
+                    [(c.from_pair, c.source_message_ids, c.source_hash) for c in batch],
+                    cfg.model, PROMPT_VERSION, cfg.worker_id, lease=cfg.lease,
                 )
             except DatabaseTimeout as exc:
                 # A hung session holds this conversation's lock (or the database is
                 # overloaded): give up the conversation for this pass, keep it queued.
-                self._slots.release()
-                self._skipped(conversation_id, candidate.from_pair, exc)
+                self._release_slots(len(batch))
+                self._skipped(conversation_id, batch[0].from_pair, exc)
                 requeue = True
                 break
             except BaseException:
-                self._slots.release()
+                self._release_slots(len(batch))
                 raise
-            if not result.claimed:
-                self._slots.release()
-                with self._counts_lock:
-                    self._refused[result.reason] += 1
-                metrics.claim_refused(result.reason)
-                self._log.emit("claim_refused", conversation_id=conversation_id,
-                               from_pair=candidate.from_pair, job_id=result.job_id,
-                               outcome="refused", reason=result.reason)
-                requeue = requeue or result.reason in _RETRY_LATER
-                admission_full = result.reason == "admission_full"
-                continue
-            assert result.job_id is not None
-            assert result.attempt is not None
-            job = ClaimedJob(conversation_id, cfg.scope, candidate.from_pair, result.job_id,
-                             result.attempt, candidate.source_hash)
-            self._start(job, result.lease_expires_at)
-            claimed += 1
+            if len(results) < len(batch):
+                # The first admission_full ends a batch: the targets after it were not
+                # tried, and their slots go back.
+                self._release_slots(len(batch) - len(results))
+                requeue = True
+            for candidate, result in zip(batch, results, strict=False):
+                if result.from_pair != candidate.from_pair:
+                    raise RuntimeError(
+                        f"claim_targets answered range {result.from_pair} for range"
+                        f" {candidate.from_pair}: the schema and this package disagree")
+                if not result.claimed:
+                    self._slots.release()
+                    with self._counts_lock:
+                        self._refused[result.reason] += 1
+                    metrics.claim_refused(result.reason)
+                    self._log.emit("claim_refused", conversation_id=conversation_id,
+                                   from_pair=candidate.from_pair, job_id=result.job_id,
+                                   outcome="refused", reason=result.reason)
+                    requeue = requeue or result.reason in _RETRY_LATER
+                    admission_full = admission_full or result.reason == "admission_full"
+                    continue
+                assert result.job_id is not None
+                assert result.attempt is not None
+                job = ClaimedJob(conversation_id, cfg.scope, candidate.from_pair,
+                                 result.job_id, result.attempt, candidate.source_hash)
+                self._start(job, result.lease_expires_at)
+                claimed += 1
         # No re-queue after a successful claim: if this process dies mid-call, the reaper
         # expires the attempt and puts the conversation back on the queue itself.
         if requeue:

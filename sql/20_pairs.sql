@@ -553,7 +553,11 @@ $$;
 COMMENT ON FUNCTION compaction.current_ranges(text, int[]) IS
     'Internal: current_range for many ranges of one conversation (one judgement from the views, or one read of the derived state): each range asked for whose 10 pairs exist, with its 20 current source ids and hash';
 
-CREATE FUNCTION compaction.plan_targets(p_conversation_id text)
+-- Revision 0038: the targets among the ranges asked for (all of them when none is named),
+-- judged once. plan_targets is this with none named; compaction.claim_targets names the
+-- ranges a worker is about to claim, so that a batch of claims judges the conversation
+-- once, and hashes only the ranges it claims.
+CREATE FUNCTION compaction.target_ranges(p_conversation_id text, p_from_pairs int[] DEFAULT NULL)
 RETURNS TABLE (from_pair int, to_pair int, source_message_ids text[], source_hash text)
 LANGUAGE plpgsql
 STABLE
@@ -567,13 +571,24 @@ DECLARE
     v_ids  text[];
 BEGIN
     IF compaction.derived_state_current() THEN
-        RETURN QUERY
-        SELECT r.from_pair, r.from_pair + 9, r.source_message_ids, r.source_hash
-        FROM compaction.ranges AS r
-        JOIN compaction.conversation_state AS cs ON cs.conversation_id = r.conversation_id
-        WHERE r.conversation_id = p_conversation_id
-          AND compaction.is_target(r.from_pair, cs.pair_count)
-        ORDER BY r.from_pair;
+        IF p_from_pairs IS NULL THEN
+            RETURN QUERY
+            SELECT r.from_pair, r.from_pair + 9, r.source_message_ids, r.source_hash
+            FROM compaction.ranges AS r
+            JOIN compaction.conversation_state AS cs ON cs.conversation_id = r.conversation_id
+            WHERE r.conversation_id = p_conversation_id
+              AND compaction.is_target(r.from_pair, cs.pair_count)
+            ORDER BY r.from_pair;
+        ELSE
+            -- The ranges named, each by key (a worker names a few of a long conversation).
+            RETURN QUERY
+            SELECT r.from_pair, r.from_pair + 9, r.source_message_ids, r.source_hash
+            FROM compaction.ranges AS r
+            JOIN compaction.conversation_state AS cs ON cs.conversation_id = r.conversation_id
+            WHERE r.conversation_id = p_conversation_id AND r.from_pair = ANY (p_from_pairs)
+              AND compaction.is_target(r.from_pair, cs.pair_count)
+            ORDER BY r.from_pair;
+        END IF;
         RETURN;
     END IF;
     -- Judged from the views: the targets' ids, then all their hashes in one statement
@@ -594,6 +609,7 @@ BEGIN
                    AS ids
         FROM pairs AS p
         WHERE compaction.is_target(p.from_pair, p.n_pairs)
+          AND (p_from_pairs IS NULL OR p.from_pair = ANY (p_from_pairs))
         GROUP BY p.from_pair
     )
     SELECT pg_catalog.array_agg(r.from_pair::int ORDER BY r.from_pair),
@@ -608,6 +624,20 @@ BEGIN
       ON h.from_pair = u.from_pair
     ORDER BY u.from_pair;
 END
+$$;
+COMMENT ON FUNCTION compaction.target_ranges(text, int[]) IS
+    'Internal: the ranges named (all when NULL) that the window policy makes targets now, with their 20 source ids and hash, from one judgement (plan_targets and claim_targets)';
+
+CREATE FUNCTION compaction.plan_targets(p_conversation_id text)
+RETURNS TABLE (from_pair int, to_pair int, source_message_ids text[], source_hash text)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+    SELECT t.from_pair, t.to_pair, t.source_message_ids, t.source_hash
+    FROM compaction.target_ranges(p_conversation_id) AS t
 $$;
 COMMENT ON FUNCTION compaction.plan_targets(text) IS
     'Ranges of 10 pairs the fixed window policy makes targets now (N >= 10k + 30), with their 20 source ids [u0, a0, ..., u9, a9] and source hash';

@@ -708,7 +708,12 @@ $$;
 COMMENT ON FUNCTION compaction.lower_high_water(int, int, timestamptz) IS
     'Internal: sets settings.admission_high_water to p_max_running when every admission slot in (p_max_running, p_high_water] is free and lockable (called by claim)';
 
-CREATE FUNCTION compaction.claim(
+-- Revision 0038: a claim once the range has been judged (p_is_target: the window policy
+-- makes it a target now; p_target_ids and p_target_hash: its current ids and hash), under
+-- the conversation's lock, which the caller holds: the checks from not_eligible on, in the
+-- contract's order, and the writes. compaction.claim judges one range, claim_targets a
+-- batch of one conversation's ranges at once; both answer through here.
+CREATE FUNCTION compaction.claim_range(
     p_conversation_id    text,
     p_scope              text,
     p_from_pair          int,
@@ -717,8 +722,11 @@ CREATE FUNCTION compaction.claim(
     p_model              text,
     p_prompt_version     text,
     p_worker             text,
-    p_lease              interval DEFAULT '5 minutes',
-    p_now                timestamptz DEFAULT NULL)
+    p_now                timestamptz,
+    p_lease_expires_at   timestamptz,
+    p_is_target          boolean,
+    p_target_ids         text[],
+    p_target_hash        text)
 RETURNS TABLE (claimed boolean, reason text, job_id bigint, attempt int,
                lease_expires_at timestamptz)
 LANGUAGE plpgsql
@@ -726,23 +734,11 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
--- Every lookup in this call is by key. A worker's connection lives for hours, and a plan
--- cached while the engine's tables were still small (a new deployment, a first backlog)
--- would scan them instead, at a cost that grows with every job until autovacuum's ANALYZE
--- has them planned again (revision 0017 measured a claim -> complete cycle at less than
--- half its speed after 1,600 cycles on one connection). With sequential scans disabled
--- the first plans are the index plans, and they hold whatever the tables' size; jit off,
--- since the disabled scans' cost would cross jit_above_cost and compile on every call.
+-- As claim's: every lookup by key, whatever the tables' statistics when first planned.
 SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now         timestamptz := compaction.caller_now(p_now);
-    v_lease       timestamptz := v_now + compaction.checked_lease(p_lease);
-    v_accepts     boolean;
-    v_pairs       bigint;
-    v_target_ids  text[];
-    v_target_hash text;
     v_job         compaction.jobs;
     v_job_id      bigint;
     v_attempt_row compaction.attempts;
@@ -754,55 +750,14 @@ DECLARE
     v_overflow    boolean := false;
     v_room        boolean := true;
     v_expired     compaction.attempts;
-    v_oversized   text;
 BEGIN
-    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
-       OR p_model = '' OR p_worker IS NULL THEN
-        RAISE EXCEPTION 'claim needs a conversation, a non-empty scope, model and worker'
-            USING ERRCODE = 'CP020';
-    END IF;
-    v_oversized := compaction.oversized_identifier(p_conversation_id, p_scope, p_model, p_worker);
-    IF v_oversized IS NOT NULL THEN
-        RAISE EXCEPTION '%', v_oversized USING ERRCODE = 'CP020';
-    END IF;
-
-    -- Checks in the contract's order; the first failing one is the answer.
-    IF p_from_pair IS NULL OR p_from_pair < 0 OR p_from_pair % 10 <> 0 THEN
-        RETURN QUERY SELECT false, 'invalid_range'::text, NULL::bigint, NULL::int, NULL::timestamptz;
-        RETURN;
-    END IF;
-    IF NOT compaction.valid_source_ids(p_source_message_ids) THEN
-        RETURN QUERY SELECT false, 'invalid_source_ids'::text, NULL::bigint, NULL::int, NULL::timestamptz;
-        RETURN;
-    END IF;
-    SELECT pv.accepts_new_jobs INTO v_accepts
-    FROM compaction.prompt_versions AS pv
-    WHERE pv.prompt_version = p_prompt_version;
-    IF v_accepts IS NOT TRUE THEN
-        RETURN QUERY SELECT false, 'prompt_version_closed'::text, NULL::bigint, NULL::int, NULL::timestamptz;
-        RETURN;
-    END IF;
-
-    -- From here on the conversation's engine rows are ours until commit: the statement of
-    -- lock_conversation, written out here and in fence (revision 0018), where a call per
-    -- cycle would cost as much as the row lock itself.
-    INSERT INTO compaction.conversation_locks AS l (conversation_id)
-    VALUES (p_conversation_id)
-    ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
-        WHERE false;
-
-    -- The range as it is now, from the derived state (no message text read): the pair
-    -- count decides whether it is a target, the stored ids and hash whether it matches.
-    SELECT r.pair_count, r.source_message_ids, r.source_hash
-    INTO v_pairs, v_target_ids, v_target_hash
-    FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
-    IF NOT compaction.is_target(p_from_pair, v_pairs) THEN
+    IF NOT p_is_target THEN
         RETURN QUERY SELECT false, 'not_eligible'::text, NULL::bigint, NULL::int, NULL::timestamptz;
         RETURN;
     END IF;
     IF NOT compaction.valid_source_hash(p_source_hash)
-       OR v_target_hash IS DISTINCT FROM p_source_hash
-       OR v_target_ids IS DISTINCT FROM p_source_message_ids THEN
+       OR p_target_hash IS DISTINCT FROM p_source_hash
+       OR p_target_ids IS DISTINCT FROM p_source_message_ids THEN
         RETURN QUERY SELECT false, 'source_mismatch'::text, NULL::bigint, NULL::int, NULL::timestamptz;
         RETURN;
     END IF;
@@ -820,9 +775,9 @@ BEGIN
         -- Reap this identity: an expired attempt is a failed attempt.
         FOR v_expired IN
             UPDATE compaction.attempts AS a
-            SET state = 'failed', reason = 'lease_expired', finished_at = v_now
+            SET state = 'failed', reason = 'lease_expired', finished_at = p_now
             WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id
-              AND a.state = 'running' AND a.lease_expires_at <= v_now
+              AND a.state = 'running' AND a.lease_expires_at <= p_now
             RETURNING a.*
         LOOP
             PERFORM compaction.release_slot(p_conversation_id, v_expired);
@@ -868,10 +823,10 @@ BEGIN
         UPDATE compaction.admission AS ad
         SET lease_expires_at = ad.lease_expires_at
         WHERE ad.slot > v_max_running AND ad.slot <= v_high_water
-          AND ad.lease_expires_at > v_now;
+          AND ad.lease_expires_at > p_now;
         v_overflow := FOUND;
         IF NOT v_overflow THEN
-            PERFORM compaction.lower_high_water(v_max_running, v_high_water, v_now);
+            PERFORM compaction.lower_high_water(v_max_running, v_high_water, p_now);
         END IF;
     END IF;
     -- Counted only while the overflow lasts. As one condition with NOT v_overflow, the
@@ -880,13 +835,13 @@ BEGIN
     IF v_overflow THEN
         SELECT count(*) < v_max_running INTO v_room
         FROM compaction.admission AS ad
-        WHERE ad.slot <= v_high_water AND ad.lease_expires_at > v_now;
+        WHERE ad.slot <= v_high_water AND ad.lease_expires_at > p_now;
     END IF;
     IF v_room THEN
         SELECT ad.slot INTO v_slot
         FROM compaction.admission AS ad
         WHERE ad.slot <= v_max_running
-          AND (ad.lease_expires_at IS NULL OR ad.lease_expires_at <= v_now)
+          AND (ad.lease_expires_at IS NULL OR ad.lease_expires_at <= p_now)
         ORDER BY ad.slot
         LIMIT 1
         FOR UPDATE SKIP LOCKED;
@@ -905,7 +860,7 @@ BEGIN
             (conversation_id, scope, from_pair, to_pair, source_message_ids, source_hash,
              model, prompt_version, created_at)
         VALUES (p_conversation_id, p_scope, p_from_pair, p_from_pair + 9,
-                p_source_message_ids, p_source_hash, p_model, p_prompt_version, v_now)
+                p_source_message_ids, p_source_hash, p_model, p_prompt_version, p_now)
         ON CONFLICT DO NOTHING
         RETURNING * INTO v_job;
         v_job_id := v_job.job_id;
@@ -915,7 +870,7 @@ BEGIN
         INSERT INTO compaction.attempts
             (conversation_id, job_id, attempt, state, worker, started_at, lease_expires_at,
              claimed_by, slot)
-        VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, v_now, v_lease,
+        VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, p_now, p_lease_expires_at,
                 session_user, v_slot)
         ON CONFLICT DO NOTHING
         RETURNING * INTO v_attempt_row;
@@ -926,13 +881,246 @@ BEGIN
     END IF;
     UPDATE compaction.admission AS ad
     SET holder_conversation_id = p_conversation_id, holder_job_id = v_job_id,
-        holder_attempt = v_attempt, lease_expires_at = v_lease
+        holder_attempt = v_attempt, lease_expires_at = p_lease_expires_at
     WHERE ad.slot = v_slot;
-    RETURN QUERY SELECT true, 'claimed'::text, v_job_id, v_attempt, v_lease;
+    RETURN QUERY SELECT true, 'claimed'::text, v_job_id, v_attempt, p_lease_expires_at;
+END
+$$;
+COMMENT ON FUNCTION compaction.claim_range(text, text, int, text[], text, text, text, text, timestamptz, timestamptz, boolean, text[], text) IS
+    'Internal: the checks of a claim from not_eligible on, and its writes, for a range already judged, under the conversation''s lock its caller (claim, claim_targets) holds';
+
+CREATE FUNCTION compaction.claim(
+    p_conversation_id    text,
+    p_scope              text,
+    p_from_pair          int,
+    p_source_message_ids text[],
+    p_source_hash        text,
+    p_model              text,
+    p_prompt_version     text,
+    p_worker             text,
+    p_lease              interval DEFAULT '5 minutes',
+    p_now                timestamptz DEFAULT NULL)
+RETURNS TABLE (claimed boolean, reason text, job_id bigint, attempt int,
+               lease_expires_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+-- Every lookup in this call is by key. A worker's connection lives for hours, and a plan
+-- cached while the engine's tables were still small (a new deployment, a first backlog)
+-- would scan them instead, at a cost that grows with every job until autovacuum's ANALYZE
+-- has them planned again (revision 0017 measured a claim -> complete cycle at less than
+-- half its speed after 1,600 cycles on one connection). With sequential scans disabled
+-- the first plans are the index plans, and they hold whatever the tables' size; jit off,
+-- since the disabled scans' cost would cross jit_above_cost and compile on every call.
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now         timestamptz := compaction.caller_now(p_now);
+    v_lease       timestamptz := v_now + compaction.checked_lease(p_lease);
+    v_accepts     boolean;
+    v_pairs       bigint;
+    v_target_ids  text[];
+    v_target_hash text;
+    v_is_target   boolean;
+    v_oversized   text;
+BEGIN
+    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
+       OR p_model = '' OR p_worker IS NULL THEN
+        RAISE EXCEPTION 'claim needs a conversation, a non-empty scope, model and worker'
+            USING ERRCODE = 'CP020';
+    END IF;
+    v_oversized := compaction.oversized_identifier(p_conversation_id, p_scope, p_model, p_worker);
+    IF v_oversized IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_oversized USING ERRCODE = 'CP020';
+    END IF;
+
+    -- Checks in the contract's order; the first failing one is the answer.
+    IF p_from_pair IS NULL OR p_from_pair < 0 OR p_from_pair % 10 <> 0 THEN
+        RETURN QUERY SELECT false, 'invalid_range'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF NOT compaction.valid_source_ids(p_source_message_ids) THEN
+        RETURN QUERY SELECT false, 'invalid_source_ids'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT pv.accepts_new_jobs INTO v_accepts
+    FROM compaction.prompt_versions AS pv
+    WHERE pv.prompt_version = p_prompt_version;
+    IF v_accepts IS NOT TRUE THEN
+        RETURN QUERY SELECT false, 'prompt_version_closed'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    -- From here on the conversation's engine rows are ours until commit: the statement of
+    -- lock_conversation, written out here and in fence (revision 0018), where a call per
+    -- cycle would cost as much as the row lock itself.
+    INSERT INTO compaction.conversation_locks AS l (conversation_id)
+    VALUES (p_conversation_id)
+    ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+        WHERE false;
+
+    -- The range as it is now, from the derived state (no message text read): the pair
+    -- count decides whether it is a target, the stored ids and hash whether it matches.
+    SELECT r.pair_count, r.source_message_ids, r.source_hash
+    INTO v_pairs, v_target_ids, v_target_hash
+    FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+    v_is_target := compaction.is_target(p_from_pair, v_pairs);
+    RETURN QUERY
+    SELECT c.claimed, c.reason, c.job_id, c.attempt, c.lease_expires_at
+    FROM compaction.claim_range(p_conversation_id, p_scope, p_from_pair,
+                                p_source_message_ids, p_source_hash, p_model,
+                                p_prompt_version, p_worker, v_now, v_lease, v_is_target,
+                                v_target_ids, v_target_hash) AS c;
 END
 $$;
 COMMENT ON FUNCTION compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz) IS
     'Claims one attempt of an identity for a worker with a lease, bound to the calling login, or returns the first refusal reason (see DESIGN §6)';
+
+
+-- Revision 0038: claims of several ranges of one conversation in one call, for a worker
+-- with that many model calls free. Each range is answered exactly as compaction.claim
+-- would answer it, had the ranges been claimed one after another in the order given, at
+-- one instant: the same checks in the contract's order, the same writes, one row per
+-- range. The conversation is locked and judged once for the whole batch, where a claim
+-- per range judges it each time (from the views, on Citus or an untracked source, that
+-- judgement is most of a claim's cost). The first admission_full ends the batch: the
+-- ranges after it are not tried and get no row. p_source_message_ids holds one row of
+-- ids per range (a two-dimensional array, ranges by ids).
+CREATE FUNCTION compaction.claim_targets(
+    p_conversation_id    text,
+    p_scope              text,
+    p_from_pairs         int[],
+    p_source_message_ids text[],
+    p_source_hashes      text[],
+    p_model              text,
+    p_prompt_version     text,
+    p_worker             text,
+    p_lease              interval DEFAULT '5 minutes',
+    p_now                timestamptz DEFAULT NULL)
+RETURNS TABLE (from_pair int, claimed boolean, reason text, job_id bigint, attempt int,
+               lease_expires_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+-- As claim's: every lookup by key, whatever the tables' statistics when first planned.
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now        timestamptz := compaction.caller_now(p_now);
+    v_lease      timestamptz := v_now + compaction.checked_lease(p_lease);
+    v_n          int := coalesce(pg_catalog.cardinality(p_from_pairs), 0);
+    v_oversized  text;
+    v_accepts    boolean;
+    v_refusals   text[] := '{}';
+    v_judge      int[] := '{}';
+    v_from       int[];
+    v_target_ids text[];
+    v_hashes     text[];
+    v_at         int;
+    v_reason     text;
+BEGIN
+    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
+       OR p_model = '' OR p_worker IS NULL THEN
+        RAISE EXCEPTION 'claim_targets needs a conversation, a non-empty scope, model and worker'
+            USING ERRCODE = 'CP020';
+    END IF;
+    v_oversized := compaction.oversized_identifier(p_conversation_id, p_scope, p_model, p_worker);
+    IF v_oversized IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_oversized USING ERRCODE = 'CP020';
+    END IF;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    -- A batch is what a worker's free model calls can take: a few ranges, never a
+    -- conversation's history held under its lock at once.
+    IF v_n > 100 THEN
+        RAISE EXCEPTION 'claim_targets takes at most 100 ranges a call, got %', v_n
+            USING ERRCODE = 'CP020';
+    END IF;
+    IF pg_catalog.array_ndims(p_from_pairs) <> 1
+       OR pg_catalog.array_ndims(p_source_message_ids) IS DISTINCT FROM 2
+       OR pg_catalog.array_length(p_source_message_ids, 1) <> v_n
+       OR pg_catalog.array_ndims(p_source_hashes) IS DISTINCT FROM 1
+       OR pg_catalog.cardinality(p_source_hashes) <> v_n THEN
+        RAISE EXCEPTION 'claim_targets needs, for each of its % ranges, one row of source ids and one hash', v_n
+            USING ERRCODE = 'CP020',
+                  HINT = 'p_source_message_ids is a two-dimensional array: one row of 20 ids per range.';
+    END IF;
+
+    -- The checks before the conversation's lock, per range, in the contract's order.
+    SELECT pv.accepts_new_jobs INTO v_accepts
+    FROM compaction.prompt_versions AS pv
+    WHERE pv.prompt_version = p_prompt_version;
+    FOR i IN 1 .. v_n LOOP
+        v_reason := CASE
+            WHEN p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1] IS NULL
+              OR p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1] < 0
+              OR p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1] % 10 <> 0
+                THEN 'invalid_range'
+            WHEN NOT compaction.valid_source_ids(ARRAY(
+                     SELECT pg_catalog.unnest(p_source_message_ids[
+                         pg_catalog.array_lower(p_source_message_ids, 1) + i - 1 :
+                         pg_catalog.array_lower(p_source_message_ids, 1) + i - 1][:])))
+                THEN 'invalid_source_ids'
+            WHEN v_accepts IS NOT TRUE THEN 'prompt_version_closed'
+        END;
+        v_refusals := v_refusals || v_reason;
+        IF v_reason IS NULL THEN
+            v_judge := v_judge || p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1];
+        END IF;
+    END LOOP;
+
+    IF pg_catalog.cardinality(v_judge) > 0 THEN
+        -- The conversation's engine rows are ours until commit (claim's statement).
+        INSERT INTO compaction.conversation_locks AS l (conversation_id)
+        VALUES (p_conversation_id)
+        ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+            WHERE false;
+        -- One judgement for the batch: which of its ranges are targets now, with their
+        -- current ids (one row of 20 per target) and hashes.
+        SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
+               pg_catalog.array_agg(t.source_message_ids ORDER BY t.from_pair),
+               pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
+        INTO v_from, v_target_ids, v_hashes
+        FROM compaction.target_ranges(p_conversation_id, v_judge) AS t;
+    END IF;
+
+    FOR i IN 1 .. v_n LOOP
+        IF v_refusals[i] IS NOT NULL THEN
+            RETURN QUERY
+            SELECT p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1], false,
+                   v_refusals[i], NULL::bigint, NULL::int, NULL::timestamptz;
+            CONTINUE;
+        END IF;
+        from_pair := p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1];
+        v_at := pg_catalog.array_position(v_from, from_pair);
+        SELECT c.claimed, c.reason, c.job_id, c.attempt, c.lease_expires_at
+        INTO claimed, reason, job_id, attempt, lease_expires_at
+        FROM compaction.claim_range(
+                 p_conversation_id, p_scope, from_pair,
+                 ARRAY(SELECT pg_catalog.unnest(p_source_message_ids[
+                           pg_catalog.array_lower(p_source_message_ids, 1) + i - 1 :
+                           pg_catalog.array_lower(p_source_message_ids, 1) + i - 1][:])),
+                 p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1],
+                 p_model, p_prompt_version, p_worker, v_now, v_lease,
+                 v_at IS NOT NULL,
+                 CASE WHEN v_at IS NOT NULL
+                      THEN ARRAY(SELECT pg_catalog.unnest(v_target_ids[v_at:v_at][:])) END,
+                 v_hashes[v_at]) AS c;
+        RETURN NEXT;
+        -- No slot was free: the rest of the batch would find none either.
+        EXIT WHEN reason = 'admission_full';
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION compaction.claim_targets(text, text, int[], text[], text[], text, text, text, interval, timestamptz) IS
+    'Claims several ranges of one conversation under one lock and one judgement, each answered as compaction.claim would answer it in the order given (one row per range; the first admission_full ends the batch); for a worker with that many model calls free';
 
 -- The fencing step shared by complete, fail and heartbeat: locks the conversation and the
 -- attempt row, and answers whether (job_id, attempt) is still running with a live lease.

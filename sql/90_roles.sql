@@ -71,6 +71,10 @@ GRANT EXECUTE ON FUNCTION
     compaction.enqueue(text, text),
     compaction.reply_problem(text, text, int)
 TO compaction_worker;
+-- Revision 0038: a batch of one conversation's claims under one judgement.
+GRANT EXECUTE ON FUNCTION
+    compaction.claim_targets(text, text, int[], text[], text[], text, text, text, interval, timestamptz)
+TO compaction_worker;
 -- reply_problem is no definer: the worker runs its body with its own rights, and that
 -- body calls these two (revision 0016; until then the worker's own check of a stopped
 -- reply, --min-figure-retention, was refused EXECUTE on summary_problem). Pure functions

@@ -1,0 +1,293 @@
+-- Revision 0038 undone: claim and plan_targets as revision 0037 left them (their
+-- definitions of revisions 0027 and 0023), and the three functions 0038 added dropped.
+
+DROP FUNCTION compaction.claim_targets(text, text, int[], text[], text[], text, text, text, interval, timestamptz);
+CREATE OR REPLACE FUNCTION compaction.claim(
+    p_conversation_id    text,
+    p_scope              text,
+    p_from_pair          int,
+    p_source_message_ids text[],
+    p_source_hash        text,
+    p_model              text,
+    p_prompt_version     text,
+    p_worker             text,
+    p_lease              interval DEFAULT '5 minutes',
+    p_now                timestamptz DEFAULT NULL)
+RETURNS TABLE (claimed boolean, reason text, job_id bigint, attempt int,
+               lease_expires_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+-- Every lookup in this call is by key. A worker's connection lives for hours, and a plan
+-- cached while the engine's tables were still small (a new deployment, a first backlog)
+-- would scan them instead, at a cost that grows with every job until autovacuum's ANALYZE
+-- has them planned again (revision 0017 measured a claim -> complete cycle at less than
+-- half its speed after 1,600 cycles on one connection). With sequential scans disabled
+-- the first plans are the index plans, and they hold whatever the tables' size; jit off,
+-- since the disabled scans' cost would cross jit_above_cost and compile on every call.
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now         timestamptz := compaction.caller_now(p_now);
+    v_lease       timestamptz := v_now + compaction.checked_lease(p_lease);
+    v_accepts     boolean;
+    v_pairs       bigint;
+    v_target_ids  text[];
+    v_target_hash text;
+    v_job         compaction.jobs;
+    v_job_id      bigint;
+    v_attempt_row compaction.attempts;
+    v_failed      int;
+    v_attempt     int;
+    v_max_running int;
+    v_high_water  int;
+    v_slot        int;
+    v_overflow    boolean := false;
+    v_room        boolean := true;
+    v_expired     compaction.attempts;
+    v_oversized   text;
+BEGIN
+    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
+       OR p_model = '' OR p_worker IS NULL THEN
+        RAISE EXCEPTION 'claim needs a conversation, a non-empty scope, model and worker'
+            USING ERRCODE = 'CP020';
+    END IF;
+    v_oversized := compaction.oversized_identifier(p_conversation_id, p_scope, p_model, p_worker);
+    IF v_oversized IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_oversized USING ERRCODE = 'CP020';
+    END IF;
+
+    -- Checks in the contract's order; the first failing one is the answer.
+    IF p_from_pair IS NULL OR p_from_pair < 0 OR p_from_pair % 10 <> 0 THEN
+        RETURN QUERY SELECT false, 'invalid_range'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF NOT compaction.valid_source_ids(p_source_message_ids) THEN
+        RETURN QUERY SELECT false, 'invalid_source_ids'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT pv.accepts_new_jobs INTO v_accepts
+    FROM compaction.prompt_versions AS pv
+    WHERE pv.prompt_version = p_prompt_version;
+    IF v_accepts IS NOT TRUE THEN
+        RETURN QUERY SELECT false, 'prompt_version_closed'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    -- From here on the conversation's engine rows are ours until commit: the statement of
+    -- lock_conversation, written out here and in fence (revision 0018), where a call per
+    -- cycle would cost as much as the row lock itself.
+    INSERT INTO compaction.conversation_locks AS l (conversation_id)
+    VALUES (p_conversation_id)
+    ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+        WHERE false;
+
+    -- The range as it is now, from the derived state (no message text read): the pair
+    -- count decides whether it is a target, the stored ids and hash whether it matches.
+    SELECT r.pair_count, r.source_message_ids, r.source_hash
+    INTO v_pairs, v_target_ids, v_target_hash
+    FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+    IF NOT compaction.is_target(p_from_pair, v_pairs) THEN
+        RETURN QUERY SELECT false, 'not_eligible'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF NOT compaction.valid_source_hash(p_source_hash)
+       OR v_target_hash IS DISTINCT FROM p_source_hash
+       OR v_target_ids IS DISTINCT FROM p_source_message_ids THEN
+        RETURN QUERY SELECT false, 'source_mismatch'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    SELECT j.* INTO v_job
+    FROM compaction.jobs AS j
+    WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
+      AND j.from_pair = p_from_pair AND j.source_hash = p_source_hash
+      AND j.model = p_model AND j.prompt_version = p_prompt_version;
+    v_job_id := v_job.job_id;
+
+    IF v_job_id IS NULL THEN
+        v_attempt := 1;
+    ELSE
+        -- Reap this identity: an expired attempt is a failed attempt.
+        FOR v_expired IN
+            UPDATE compaction.attempts AS a
+            SET state = 'failed', reason = 'lease_expired', finished_at = v_now
+            WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id
+              AND a.state = 'running' AND a.lease_expires_at <= v_now
+            RETURNING a.*
+        LOOP
+            PERFORM compaction.release_slot(p_conversation_id, v_expired);
+        END LOOP;
+
+        IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
+                   WHERE s.conversation_id = p_conversation_id AND s.job_id = v_job_id) THEN
+            RETURN QUERY SELECT false, 'already_completed'::text, v_job_id, NULL::int, NULL::timestamptz;
+            RETURN;
+        END IF;
+        -- The job id is no secret (revision 0018): the running attempt belongs to the
+        -- login that claimed it, and only that login can finish or renew it.
+        IF EXISTS (SELECT 1 FROM compaction.attempts AS a
+                   WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id
+                     AND a.state = 'running') THEN
+            RETURN QUERY SELECT false, 'already_running'::text, v_job_id, NULL::int, NULL::timestamptz;
+            RETURN;
+        END IF;
+        SELECT count(*) INTO v_failed
+        FROM compaction.attempts AS a
+        WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id;
+        IF v_failed >= 2 THEN
+            RETURN QUERY SELECT false, 'attempts_exhausted'::text, v_job_id, NULL::int, NULL::timestamptz;
+            RETURN;
+        END IF;
+        v_attempt := v_failed + 1;
+    END IF;
+
+    -- Admission last, so refusals never touch it: a free slot (no holder, or a holder
+    -- whose lease ran out), locked to commit. SKIP LOCKED lets concurrent claims take
+    -- different slots instead of queueing on one lock; a slot being taken by an
+    -- uncommitted claim is as good as taken. Under REPEATABLE READ or SERIALIZABLE a
+    -- slot another claim took after this snapshot raises a serialization failure.
+    SELECT s.max_running, s.admission_high_water INTO v_max_running, v_high_water
+    FROM compaction.settings AS s;
+    -- Slots above max_running are held only by attempts admitted before it was lowered,
+    -- and none above admission_high_water, so the usual case (the two equal) costs
+    -- nothing. While any live holder is there, the free slots below do not tell the
+    -- count: claims serialise on the live holders above (the no-op update also makes a
+    -- claim whose snapshot missed another's fail at REPEATABLE READ) and count every
+    -- live holder.
+    IF v_high_water > v_max_running THEN
+        UPDATE compaction.admission AS ad
+        SET lease_expires_at = ad.lease_expires_at
+        WHERE ad.slot > v_max_running AND ad.slot <= v_high_water
+          AND ad.lease_expires_at > v_now;
+        v_overflow := FOUND;
+        IF NOT v_overflow THEN
+            PERFORM compaction.lower_high_water(v_max_running, v_high_water, v_now);
+        END IF;
+    END IF;
+    -- Counted only while the overflow lasts. As one condition with NOT v_overflow, the
+    -- count was a parameterised subquery that PL/pgSQL planned again at every claim (its
+    -- custom plan, with v_overflow false, pruned the count, so a generic plan never won).
+    IF v_overflow THEN
+        SELECT count(*) < v_max_running INTO v_room
+        FROM compaction.admission AS ad
+        WHERE ad.slot <= v_high_water AND ad.lease_expires_at > v_now;
+    END IF;
+    IF v_room THEN
+        SELECT ad.slot INTO v_slot
+        FROM compaction.admission AS ad
+        WHERE ad.slot <= v_max_running
+          AND (ad.lease_expires_at IS NULL OR ad.lease_expires_at <= v_now)
+        ORDER BY ad.slot
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+    END IF;
+    IF v_slot IS NULL THEN
+        RETURN QUERY SELECT false, 'admission_full'::text, v_job_id, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    -- The unique indexes are the final word. At READ COMMITTED the conversation lock has
+    -- already ordered competing claims, so no conflict arises; at REPEATABLE READ a
+    -- conflict with a winner this snapshot cannot see is a serialization failure (ON
+    -- CONFLICT's rule), never a second running attempt. No subtransaction needed.
+    IF v_job_id IS NULL THEN
+        INSERT INTO compaction.jobs
+            (conversation_id, scope, from_pair, to_pair, source_message_ids, source_hash,
+             model, prompt_version, created_at)
+        VALUES (p_conversation_id, p_scope, p_from_pair, p_from_pair + 9,
+                p_source_message_ids, p_source_hash, p_model, p_prompt_version, v_now)
+        ON CONFLICT DO NOTHING
+        RETURNING * INTO v_job;
+        v_job_id := v_job.job_id;
+    END IF;
+    IF v_job_id IS NOT NULL THEN
+        -- The attempt belongs to this login from now on (the fence compares).
+        INSERT INTO compaction.attempts
+            (conversation_id, job_id, attempt, state, worker, started_at, lease_expires_at,
+             claimed_by, slot)
+        VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, v_now, v_lease,
+                session_user, v_slot)
+        ON CONFLICT DO NOTHING
+        RETURNING * INTO v_attempt_row;
+    END IF;
+    IF v_job_id IS NULL OR NOT FOUND THEN
+        RETURN QUERY SELECT false, 'already_running'::text, v_job_id, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+    UPDATE compaction.admission AS ad
+    SET holder_conversation_id = p_conversation_id, holder_job_id = v_job_id,
+        holder_attempt = v_attempt, lease_expires_at = v_lease
+    WHERE ad.slot = v_slot;
+    RETURN QUERY SELECT true, 'claimed'::text, v_job_id, v_attempt, v_lease;
+END
+$$;
+COMMENT ON FUNCTION compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz) IS
+    'Claims one attempt of an identity for a worker with a lease, bound to the calling login, or returns the first refusal reason (see DESIGN §6)';
+
+DROP FUNCTION compaction.claim_range(text, text, int, text[], text, text, text, text, timestamptz, timestamptz, boolean, text[], text);
+
+CREATE OR REPLACE FUNCTION compaction.plan_targets(p_conversation_id text)
+RETURNS TABLE (from_pair int, to_pair int, source_message_ids text[], source_hash text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_from int[];
+    v_ids  text[];
+BEGIN
+    IF compaction.derived_state_current() THEN
+        RETURN QUERY
+        SELECT r.from_pair, r.from_pair + 9, r.source_message_ids, r.source_hash
+        FROM compaction.ranges AS r
+        JOIN compaction.conversation_state AS cs ON cs.conversation_id = r.conversation_id
+        WHERE r.conversation_id = p_conversation_id
+          AND compaction.is_target(r.from_pair, cs.pair_count)
+        ORDER BY r.from_pair;
+        RETURN;
+    END IF;
+    -- Judged from the views: the targets' ids, then all their hashes in one statement
+    -- (revision 0023; range_hash per target before).
+    WITH pairs AS (
+        SELECT j.pair_index / 10 * 10 AS from_pair,
+               j.pair_index,
+               j.user_message_id,
+               j.assistant_message_id,
+               count(*) OVER () AS n_pairs
+        FROM compaction.judged_pairs(p_conversation_id) AS j
+    ),
+    ranges AS (
+        SELECT p.from_pair,
+               -- unnest of the 10x2 array walks it row by row: [u0, a0, u1, a1, ...]
+               ARRAY(SELECT pg_catalog.unnest(array_agg(
+                   ARRAY[p.user_message_id, p.assistant_message_id] ORDER BY p.pair_index)))
+                   AS ids
+        FROM pairs AS p
+        WHERE compaction.is_target(p.from_pair, p.n_pairs)
+        GROUP BY p.from_pair
+    )
+    SELECT pg_catalog.array_agg(r.from_pair::int ORDER BY r.from_pair),
+           ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(r.ids ORDER BY r.from_pair)))
+    INTO v_from, v_ids
+    FROM ranges AS r;
+    RETURN QUERY
+    SELECT u.from_pair, u.from_pair + 9, v_ids[(u.k::int - 1) * 20 + 1 : u.k::int * 20],
+           h.source_hash
+    FROM ROWS FROM (pg_catalog.unnest(v_from)) WITH ORDINALITY AS u (from_pair, k)
+    LEFT JOIN compaction.range_hashes(p_conversation_id, v_from, v_ids) AS h
+      ON h.from_pair = u.from_pair
+    ORDER BY u.from_pair;
+END
+$$;
+COMMENT ON FUNCTION compaction.plan_targets(text) IS
+    'Ranges of 10 pairs the fixed window policy makes targets now (N >= 10k + 30), with their 20 source ids [u0, a0, ..., u9, a9] and source hash';
+DROP FUNCTION compaction.target_ranges(text, int[]);
+
+CALL compaction.assign_ownership();
