@@ -218,7 +218,7 @@ def test_one_pass_touches_only_the_conversation_with_new_history(
         "compaction.reap": 1,
         "compaction.dequeue": 2,        # one queued conversation, then an empty queue
         "compaction.worker_targets": 1,
-        "compaction.claim": 1,
+        "compaction.claim_targets": 1,  # every target of the conversation at once
         "compaction.ack": 1,            # the examined entry
         "compaction.range_replies": 1,  # the claimed range's 10 replies, nothing else
         "compaction.complete": 1,
@@ -467,6 +467,44 @@ def test_process_local_concurrency_bound(conn: Conn, dsn: str) -> None:
         assert len(server.requests) == 6
     assert in_flight[1] == 2
     assert result[0].outcomes == {"completed": 6}
+
+
+def test_targets_are_claimed_in_one_call_for_the_free_model_calls(
+        conn: Conn, dsn: str) -> None:
+    """Revision 0038: with four model calls free, a conversation's eight targets are
+    claimed four in one call (one judgement of the conversation), then as calls free up."""
+    seed(conn, "conv-8", 100)
+    gate = threading.Event()
+
+    def handler(_request: RecordedRequest) -> ScriptedResponse:
+        gate.wait(30)
+        return stop("s")
+
+    _STATEMENTS.clear()
+    with ModelServer(handler=handler) as server:
+        result: list[WorkerReport] = []
+        thread = threading.Thread(target=lambda: result.append(run_once(
+            dsn, server.base_url, concurrency=4, connect=lambda: psycopg.connect(
+                dsn, autocommit=True, cursor_factory=RecordingCursor))[0]))
+        thread.start()
+        try:
+            wait_for(lambda: len(attempts(conn)) == 4, what="four claims")
+            first = [params for query, params in list(_STATEMENTS)
+                     if "compaction.claim_targets" in query]
+        finally:
+            gate.set()
+            thread.join(60)
+    assert len(first) == 1
+    assert isinstance(first[0], dict)
+    assert first[0]["from_pairs"] == [0, 10, 20, 30]
+    # The batch's attempts share the claim's one clock reading.
+    assert len({row[0] for row in conn.execute(
+        "SELECT started_at FROM compaction.attempts WHERE attempt = 1"
+        " ORDER BY job_id LIMIT 4")}) == 1
+    assert result[0].outcomes == {"completed": 8}
+    batches = [params["from_pairs"] for query, params in _STATEMENTS
+               if "compaction.claim_targets" in query and isinstance(params, dict)]
+    assert sorted(p for batch in batches for p in batch) == list(range(0, 80, 10))
 
 
 def test_database_error_mid_pass_loses_no_queued_conversation(

@@ -72,7 +72,8 @@ def history(conn: Conn) -> dict[int, Target]:
     assert claim(conn, "c", targets[10], worker="w1").claimed      # already_running
     for _ in range(2):                                               # attempts_exhausted
         c = claim(conn, "c", targets[20])
-        assert c.job_id is not None and c.attempt is not None
+        assert c.job_id is not None
+        assert c.attempt is not None
         assert db.fail(conn, c.job_id, c.attempt, "model_error", now=T0).ok
     once = claim(conn, "c", targets[30])                             # claimed, attempt 2
     assert once.job_id is not None
