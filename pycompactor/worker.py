@@ -14,7 +14,9 @@ only moves data between the database and the model (STYLE.md):
   (job_id, attempt): a worker whose lease was lost is refused, never believed;
 * a pass reads each conversation's targets with `worker_targets` (ids, hash, and whether
   that identity already holds a completed summary: those are skipped without a claim),
-  claims the rest, and only then reads the claimed range's 10 assistant replies with
+  claims the rest, as many in one `claim_targets` call as it has model calls free (one
+  lock and one judgement of the conversation for the batch, each range answered as
+  `claim` answers it), and only then reads each claimed range's 10 assistant replies with
   `range_replies`, which returns them only while their texts hash to the claimed source
   hash (the range's current hash; judged from the views, since revision 0037, that of the
   ids the claimed job keeps, with no second judgment of the conversation). The model

@@ -341,6 +341,18 @@ BEGIN
         RETURN;
     END IF;
 
+    -- The range as it is now, from the derived state (no message text read): the pair
+    -- count decides whether it is a target, the stored ids and hash whether it matches.
+    -- Read before the conversation's lock (revision 0038): the lock orders the engine's
+    -- writers of the conversation, and none of them changes its history, so the answer
+    -- is the same either side of it; judged from the views (Citus, an untracked source)
+    -- it is most of a claim's time, which the conversation's other writers no longer wait
+    -- for.
+    SELECT r.pair_count, r.source_message_ids, r.source_hash
+    INTO v_pairs, v_target_ids, v_target_hash
+    FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+    v_is_target := compaction.is_target(p_from_pair, v_pairs);
+
     -- From here on the conversation's engine rows are ours until commit: the statement of
     -- lock_conversation, written out here and in fence (revision 0018), where a call per
     -- cycle would cost as much as the row lock itself.
@@ -348,13 +360,6 @@ BEGIN
     VALUES (p_conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
-
-    -- The range as it is now, from the derived state (no message text read): the pair
-    -- count decides whether it is a target, the stored ids and hash whether it matches.
-    SELECT r.pair_count, r.source_message_ids, r.source_hash
-    INTO v_pairs, v_target_ids, v_target_hash
-    FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
-    v_is_target := compaction.is_target(p_from_pair, v_pairs);
     RETURN QUERY
     SELECT c.claimed, c.reason, c.job_id, c.attempt, c.lease_expires_at
     FROM compaction.claim_range(p_conversation_id, p_scope, p_from_pair,
@@ -464,18 +469,19 @@ BEGIN
     END LOOP;
 
     IF pg_catalog.cardinality(v_judge) > 0 THEN
-        -- The conversation's engine rows are ours until commit (claim's statement).
-        INSERT INTO compaction.conversation_locks AS l (conversation_id)
-        VALUES (p_conversation_id)
-        ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
-            WHERE false;
-        -- One judgement for the batch: which of its ranges are targets now, with their
-        -- current ids (one row of 20 per target) and hashes.
+        -- One judgement for the batch, before the conversation's lock as in claim: which
+        -- of its ranges are targets now, with their current ids (one row of 20 per
+        -- target) and hashes.
         SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
                pg_catalog.array_agg(t.source_message_ids ORDER BY t.from_pair),
                pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
         INTO v_from, v_target_ids, v_hashes
         FROM compaction.target_ranges(p_conversation_id, v_judge) AS t;
+        -- The conversation's engine rows are ours until commit (claim's statement).
+        INSERT INTO compaction.conversation_locks AS l (conversation_id)
+        VALUES (p_conversation_id)
+        ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+            WHERE false;
     END IF;
 
     FOR i IN 1 .. v_n LOOP

@@ -194,6 +194,13 @@ from tests.sql.test_audit import (  # noqa: E402, F401
     test_audit_views,
     test_docs_audit_queries_run,
 )
+
+# A worker's batch of claims (revision 0038), answered as claims one by one, and raced:
+from tests.sql.test_claim_targets import (  # noqa: E402, F401
+    history,
+    test_concurrent_batches_claim_each_range_once_within_admission,
+    test_each_range_is_answered_as_claims_one_by_one_answer_it,
+)
 from tests.sql.test_claims import (  # noqa: E402, F401
     test_admission_full,
     test_claim_then_complete,
@@ -413,3 +420,41 @@ def test_an_upgrade_keeps_judge_runs_planned_with_its_values_on_citus(
             assert settings(c) == []
     finally:
         drop_distributed_database(citus_nodes, name)
+
+
+def test_a_batch_of_claims_asks_every_shard_once(conn: Conn) -> None:
+    """Revision 0038: four claims of one conversation, one by one, judge it four times
+    from the views, each judgement with a question to every shard of the messages; the
+    same four ranges in one claim_targets call ask it once."""
+    from pycompactor import db
+
+    shards = conn.execute("SELECT count(*) FROM pg_dist_shard"
+                          " WHERE logicalrelid = 'compaction_source.messages'::regclass"
+                          ).fetchone()
+    assert shards is not None
+
+    def every_shard(issued: list[str]) -> int:
+        # The cross-conversation question: the messages of these runs filed elsewhere.
+        return sum(1 for c in issued if c.startswith("issuing SELECT")
+                   and "IS DISTINCT FROM" in c)
+
+    issued_one_by_one: list[str] = []
+    conn.execute(_history_sql("one-by-one", runs=100))
+    for t in db.plan_targets(conn, "one-by-one")[:4]:
+        rows, issued = _remote_commands(
+            conn, "SELECT claimed FROM compaction.claim('one-by-one', 'default',"
+                  f" {t.from_pair}, ARRAY{t.source_message_ids!r}, '{t.source_hash}',"
+                  " 'test-model', 'conversation-compaction@3', 'w')")
+        assert rows == [(True,)]
+        issued_one_by_one += issued
+    conn.execute(_history_sql("batched", runs=100))
+    targets = db.plan_targets(conn, "batched")[:4]
+    ids = ", ".join(f"ARRAY{t.source_message_ids!r}" for t in targets)
+    hashes = ", ".join(f"'{t.source_hash}'" for t in targets)
+    rows, issued_batch = _remote_commands(
+        conn, "SELECT from_pair, claimed FROM compaction.claim_targets('batched', 'default',"
+              f" ARRAY{[t.from_pair for t in targets]!r}, ARRAY[{ids}], ARRAY[{hashes}],"
+              " 'test-model', 'conversation-compaction@3', 'w')")
+    assert rows == [(t.from_pair, True) for t in targets]
+    assert every_shard(issued_one_by_one) == 4 * int(shards[0]), issued_one_by_one
+    assert every_shard(issued_batch) == int(shards[0]), issued_batch
