@@ -17,7 +17,7 @@ from pycompactor import db
 from pycompactor.errors import PycompactorError
 from pycompactor.models import Target
 from tests.history import History
-from tests.sql.engine import GOOD, LEASE, MODEL, T0, V3, claim, scalar
+from tests.sql.engine import GOOD, LEASE, MODEL, T0, V3, claim, scalar, wait_until_blocked
 
 Conn = psycopg.Connection[Any]
 Range = tuple[int, list[str], str]
@@ -231,3 +231,38 @@ def test_concurrent_batches_claim_each_range_once_within_admission(conn: Conn) -
                         " WHERE state = 'running'") == 5
     refusals = Counter(a[2] for batch in answers for a in batch if not a[1])
     assert set(refusals) <= {"already_running", "admission_full"}
+
+
+@pytest.mark.parametrize("call", ["claim", "claim_targets"])
+def test_a_claim_judges_the_range_before_it_waits_for_the_conversation(
+        conn: Conn, dsn: str, call: str) -> None:
+    """Revision 0038: the conversation's lock orders its engine writers, none of which
+    changes its history, so a claim judges the range first and then waits for the lock
+    (judged from the views, the judgement is most of a claim's time, and the
+    conversation's other writers waited for it). A text edited while the claim waits is
+    not seen by it: it binds the range it judged, and the worker's read of the replies
+    then finds the hash moved (tests/sql/test_worker_reads.py)."""
+    History(conn).pairs("c", 30)
+    [t] = db.plan_targets(conn, "c")
+    answers: list[tuple[bool, str]] = []
+    with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as claimer:
+        holder.execute("SELECT compaction.lock_conversation('c')")
+
+        def send() -> None:
+            if call == "claim":
+                r = claim(claimer, "c", t)
+                answers.append((r.claimed, r.reason))
+            else:
+                [b] = db.claim_targets(claimer, "c", "default", [as_range(t)], MODEL, V3,
+                                       "w1", lease=LEASE, now=T0)
+                answers.append((b.claimed, b.reason))
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        wait_until_blocked(conn, claimer.info.backend_pid)
+        conn.execute("UPDATE compaction_source.messages SET content = content || '!'"
+                     " WHERE message_id = %s", (t.source_message_ids[1],))
+        holder.commit()
+        thread.join(30)
+    assert answers == [(True, "claimed")]
+    assert db.plan_targets(conn, "c")[0].source_hash != t.source_hash
