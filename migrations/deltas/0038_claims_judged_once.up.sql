@@ -113,16 +113,19 @@ CREATE FUNCTION compaction.claim_range(
     p_lease_expires_at   timestamptz,
     p_is_target          boolean,
     p_target_ids         text[],
-    p_target_hash        text)
-RETURNS TABLE (claimed boolean, reason text, job_id bigint, attempt int,
-               lease_expires_at timestamptz)
+    p_target_hash        text,
+    OUT claimed          boolean,
+    OUT reason           text,
+    OUT job_id           bigint,
+    OUT attempt          int,
+    OUT lease_expires_at timestamptz)
+RETURNS record
 LANGUAGE plpgsql
 VOLATILE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-SET jit = off
--- As claim's: every lookup by key, whatever the tables' statistics when first planned.
-SET enable_seqscan = off
+-- No SET clause and no SECURITY DEFINER: only the owner may execute it, and it runs
+-- inside claim and claim_targets, under their rights, search_path and planner settings
+-- (every lookup by key, whatever the tables' statistics when first planned). Either
+-- would cost each claim a second change of settings.
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -138,14 +141,16 @@ DECLARE
     v_room        boolean := true;
     v_expired     compaction.attempts;
 BEGIN
-    IF NOT p_is_target THEN
-        RETURN QUERY SELECT false, 'not_eligible'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+    IF p_is_target IS NOT TRUE THEN
+        claimed := false;
+        reason := 'not_eligible';
         RETURN;
     END IF;
     IF NOT compaction.valid_source_hash(p_source_hash)
        OR p_target_hash IS DISTINCT FROM p_source_hash
        OR p_target_ids IS DISTINCT FROM p_source_message_ids THEN
-        RETURN QUERY SELECT false, 'source_mismatch'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        claimed := false;
+        reason := 'source_mismatch';
         RETURN;
     END IF;
 
@@ -172,7 +177,9 @@ BEGIN
 
         IF EXISTS (SELECT 1 FROM compaction.job_summaries AS s
                    WHERE s.conversation_id = p_conversation_id AND s.job_id = v_job_id) THEN
-            RETURN QUERY SELECT false, 'already_completed'::text, v_job_id, NULL::int, NULL::timestamptz;
+            claimed := false;
+            reason := 'already_completed';
+            job_id := v_job_id;
             RETURN;
         END IF;
         -- The job id is no secret (revision 0018): the running attempt belongs to the
@@ -180,14 +187,18 @@ BEGIN
         IF EXISTS (SELECT 1 FROM compaction.attempts AS a
                    WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id
                      AND a.state = 'running') THEN
-            RETURN QUERY SELECT false, 'already_running'::text, v_job_id, NULL::int, NULL::timestamptz;
+            claimed := false;
+            reason := 'already_running';
+            job_id := v_job_id;
             RETURN;
         END IF;
         SELECT count(*) INTO v_failed
         FROM compaction.attempts AS a
         WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id;
         IF v_failed >= 2 THEN
-            RETURN QUERY SELECT false, 'attempts_exhausted'::text, v_job_id, NULL::int, NULL::timestamptz;
+            claimed := false;
+            reason := 'attempts_exhausted';
+            job_id := v_job_id;
             RETURN;
         END IF;
         v_attempt := v_failed + 1;
@@ -234,7 +245,9 @@ BEGIN
         FOR UPDATE SKIP LOCKED;
     END IF;
     IF v_slot IS NULL THEN
-        RETURN QUERY SELECT false, 'admission_full'::text, v_job_id, NULL::int, NULL::timestamptz;
+        claimed := false;
+        reason := 'admission_full';
+        job_id := v_job_id;
         RETURN;
     END IF;
 
@@ -263,14 +276,20 @@ BEGIN
         RETURNING * INTO v_attempt_row;
     END IF;
     IF v_job_id IS NULL OR NOT FOUND THEN
-        RETURN QUERY SELECT false, 'already_running'::text, v_job_id, NULL::int, NULL::timestamptz;
+        claimed := false;
+        reason := 'already_running';
+        job_id := v_job_id;
         RETURN;
     END IF;
     UPDATE compaction.admission AS ad
     SET holder_conversation_id = p_conversation_id, holder_job_id = v_job_id,
         holder_attempt = v_attempt, lease_expires_at = p_lease_expires_at
     WHERE ad.slot = v_slot;
-    RETURN QUERY SELECT true, 'claimed'::text, v_job_id, v_attempt, p_lease_expires_at;
+    claimed := true;
+    reason := 'claimed';
+    job_id := v_job_id;
+    attempt := v_attempt;
+    lease_expires_at := p_lease_expires_at;
 END
 $$;
 COMMENT ON FUNCTION compaction.claim_range(text, text, int, text[], text, text, text, text, timestamptz, timestamptz, boolean, text[], text) IS
@@ -360,12 +379,13 @@ BEGIN
     VALUES (p_conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
-    RETURN QUERY
     SELECT c.claimed, c.reason, c.job_id, c.attempt, c.lease_expires_at
+    INTO claimed, reason, job_id, attempt, lease_expires_at
     FROM compaction.claim_range(p_conversation_id, p_scope, p_from_pair,
                                 p_source_message_ids, p_source_hash, p_model,
                                 p_prompt_version, p_worker, v_now, v_lease, v_is_target,
                                 v_target_ids, v_target_hash) AS c;
+    RETURN NEXT;
 END
 $$;
 COMMENT ON FUNCTION compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz) IS
