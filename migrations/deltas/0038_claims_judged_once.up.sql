@@ -331,6 +331,7 @@ DECLARE
     v_target_ids  text[];
     v_target_hash text;
     v_is_target   boolean;
+    v_answer      record;
     v_oversized   text;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
@@ -379,12 +380,18 @@ BEGIN
     VALUES (p_conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
-    SELECT c.claimed, c.reason, c.job_id, c.attempt, c.lease_expires_at
-    INTO claimed, reason, job_id, attempt, lease_expires_at
-    FROM compaction.claim_range(p_conversation_id, p_scope, p_from_pair,
-                                p_source_message_ids, p_source_hash, p_model,
-                                p_prompt_version, p_worker, v_now, v_lease, v_is_target,
-                                v_target_ids, v_target_hash) AS c;
+    -- An assignment, not a query: a claim -> complete cycle costs 1.0% more
+    -- instructions than with the checks written out in claim (a query over the call,
+    -- 1.6%).
+    v_answer := compaction.claim_range(p_conversation_id, p_scope, p_from_pair,
+                                       p_source_message_ids, p_source_hash, p_model,
+                                       p_prompt_version, p_worker, v_now, v_lease,
+                                       v_is_target, v_target_ids, v_target_hash);
+    claimed := v_answer.claimed;
+    reason := v_answer.reason;
+    job_id := v_answer.job_id;
+    attempt := v_answer.attempt;
+    lease_expires_at := v_answer.lease_expires_at;
     RETURN NEXT;
 END
 $$;
@@ -436,6 +443,7 @@ DECLARE
     v_hashes     text[];
     v_at         int;
     v_reason     text;
+    v_answer     record;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
        OR p_model = '' OR p_worker IS NULL THEN
@@ -513,19 +521,22 @@ BEGIN
         END IF;
         from_pair := p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1];
         v_at := pg_catalog.array_position(v_from, from_pair);
-        SELECT c.claimed, c.reason, c.job_id, c.attempt, c.lease_expires_at
-        INTO claimed, reason, job_id, attempt, lease_expires_at
-        FROM compaction.claim_range(
-                 p_conversation_id, p_scope, from_pair,
-                 ARRAY(SELECT pg_catalog.unnest(p_source_message_ids[
-                           pg_catalog.array_lower(p_source_message_ids, 1) + i - 1 :
-                           pg_catalog.array_lower(p_source_message_ids, 1) + i - 1][:])),
-                 p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1],
-                 p_model, p_prompt_version, p_worker, v_now, v_lease,
-                 v_at IS NOT NULL,
-                 CASE WHEN v_at IS NOT NULL
-                      THEN ARRAY(SELECT pg_catalog.unnest(v_target_ids[v_at:v_at][:])) END,
-                 v_hashes[v_at]) AS c;
+        v_answer := compaction.claim_range(
+            p_conversation_id, p_scope, from_pair,
+            ARRAY(SELECT pg_catalog.unnest(p_source_message_ids[
+                      pg_catalog.array_lower(p_source_message_ids, 1) + i - 1 :
+                      pg_catalog.array_lower(p_source_message_ids, 1) + i - 1][:])),
+            p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1],
+            p_model, p_prompt_version, p_worker, v_now, v_lease,
+            v_at IS NOT NULL,
+            CASE WHEN v_at IS NOT NULL
+                 THEN ARRAY(SELECT pg_catalog.unnest(v_target_ids[v_at:v_at][:])) END,
+            v_hashes[v_at]);
+        claimed := v_answer.claimed;
+        reason := v_answer.reason;
+        job_id := v_answer.job_id;
+        attempt := v_answer.attempt;
+        lease_expires_at := v_answer.lease_expires_at;
         RETURN NEXT;
         -- No slot was free: the rest of the batch would find none either.
         EXIT WHEN reason = 'admission_full';
