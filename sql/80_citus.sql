@@ -201,6 +201,13 @@ BEGIN
     -- judge_runs keeps one generic plan on a single node (planning per call costs more
     -- than running); Citus can plan its queries only with the values bound.
     ALTER FUNCTION compaction.judge_runs(text, text[]) RESET plan_cache_mode;
+    -- Revision 0038: a judgement's question to every shard of the messages runs on one
+    -- connection per node. Its tasks are index probes of a few runs each; with more
+    -- connections the executor opened new ones to the workers in most judgements (14 ms
+    -- against 9.6 ms for a conversation of 100 runs on the loopback cluster, and the
+    -- drain of `make bench-citus` took 7.4-9.2 s against 5.6-5.8 s).
+    ALTER FUNCTION compaction.judge_runs(text, text[])
+        SET citus.max_adaptive_executor_pool_size = 1;
     CALL compaction.place_audit_views();
     CALL compaction.place_view_grants();
 END

@@ -1,6 +1,8 @@
 """compaction.claim_targets: a worker's claims of one conversation under one lock and one
 judgement, each answered as compaction.claim would answer it; claim and claim_targets
-share compaction.claim_range, plan_targets and claim_targets compaction.target_ranges.
+share compaction.claim_range, plan_targets and claim_targets compaction.target_ranges; a
+claim judges before the conversation's lock; on Citus, judge_runs' question to every shard
+runs on one connection per node.
 
 Revision ID: 0038_claims_judged_once
 Revises: 0037_replies_from_the_claim

@@ -458,3 +458,37 @@ def test_a_batch_of_claims_asks_every_shard_once(conn: Conn) -> None:
     assert rows == [(t.from_pair, True) for t in targets]
     assert every_shard(issued_one_by_one) == 4 * int(shards[0]), issued_one_by_one
     assert every_shard(issued_batch) == int(shards[0]), issued_batch
+
+
+def test_a_judgement_asks_every_shard_on_one_connection_per_node(
+        conn: Conn, citus_nodes: dict[str, Any]) -> None:
+    """Revision 0038: distribute_on_citus sets judge_runs' executor to one connection per
+    node (a judgement's question to every shard is index probes; more connections cost
+    more to open than they save). A database distributed at 0037 gets the setting in the
+    upgrade and loses it in the downgrade."""
+    from pycompactor import schema
+    from tests.citus.conftest import create_distributed_database, drop_distributed_database
+
+    def pool(c: Conn) -> list[str]:
+        row = c.execute("SELECT proconfig FROM pg_proc"
+                        " WHERE oid = 'compaction.judge_runs(text, text[])'::regprocedure"
+                        ).fetchone()
+        assert row is not None
+        return [s for s in (row[0] or []) if s.startswith("citus.")]
+
+    assert pool(conn) == ["citus.max_adaptive_executor_pool_size=1"]
+    name = f"u_{uuid.uuid4().hex[:12]}"
+    try:
+        dsn = create_distributed_database(citus_nodes, name,
+                                          revision="0037_replies_from_the_claim")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(_history_sql("pooled", runs=40))
+            assert pool(c) == []
+            schema.upgrade(dsn)
+            assert pool(c) == ["citus.max_adaptive_executor_pool_size=1"]
+            assert c.execute("SELECT count(*) FROM compaction.judge_runs('pooled')"
+                             " WHERE reason IS NULL").fetchone() == (40,)
+            schema.downgrade(dsn, "0037_replies_from_the_claim")
+            assert pool(c) == []
+    finally:
+        drop_distributed_database(citus_nodes, name)

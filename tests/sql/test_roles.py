@@ -190,8 +190,8 @@ def test_no_function_is_executable_by_public_and_writers_are_definers(conn: Conn
         "   AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) AS a"
         "                                    WHERE a.grantee = 0))").fetchall()
     assert public == []
-    writers = ["claim", "claim_targets", "complete", "fail", "heartbeat", "reap", "enqueue", "dequeue", "ack",
-               "release", "import_summary", "erase_conversation"]
+    writers = ["claim", "claim_targets", "complete", "fail", "heartbeat", "reap", "enqueue",
+               "dequeue", "ack", "release", "import_summary", "erase_conversation"]
     rows = conn.execute(
         "SELECT p.proname, p.prosecdef, p.proconfig, pg_get_userbyid(p.proowner)"
         " FROM pg_proc AS p WHERE p.pronamespace = 'compaction'::regnamespace"
