@@ -993,6 +993,17 @@ BEGIN
     VALUES (p_conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
+    -- The one writer under the lock that follows a change of history is an erasure (its
+    -- history deleted before it or with it): a conversation with an erasure's tombstone
+    -- is judged again, under the lock, so that no claim lands after an erasure on
+    -- history it judged before.
+    IF EXISTS (SELECT 1 FROM compaction.event_log AS e
+               WHERE e.conversation_id = p_conversation_id AND e.kind = 'erasure') THEN
+        SELECT r.pair_count, r.source_message_ids, r.source_hash
+        INTO v_pairs, v_target_ids, v_target_hash
+        FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+        v_is_target := compaction.is_target(p_from_pair, v_pairs);
+    END IF;
     -- An assignment, not a query: a claim -> complete cycle costs 1.0% more
     -- instructions than with the checks written out in claim (a query over the call,
     -- 1.6%).
@@ -1112,7 +1123,8 @@ BEGIN
     IF pg_catalog.cardinality(v_judge) > 0 THEN
         -- One judgement for the batch, before the conversation's lock as in claim: which
         -- of its ranges are targets now, with their current ids (one row of 20 per
-        -- target) and hashes.
+        -- target) and hashes. Judged again under the lock where an erasure's tombstone
+        -- is (as in claim).
         SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
                pg_catalog.array_agg(t.source_message_ids ORDER BY t.from_pair),
                pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
@@ -1123,6 +1135,14 @@ BEGIN
         VALUES (p_conversation_id)
         ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
             WHERE false;
+        IF EXISTS (SELECT 1 FROM compaction.event_log AS e
+                   WHERE e.conversation_id = p_conversation_id AND e.kind = 'erasure') THEN
+            SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
+                   pg_catalog.array_agg(t.source_message_ids ORDER BY t.from_pair),
+                   pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
+            INTO v_from, v_target_ids, v_hashes
+            FROM compaction.target_ranges(p_conversation_id, v_judge) AS t;
+        END IF;
     END IF;
 
     FOR i IN 1 .. v_n LOOP

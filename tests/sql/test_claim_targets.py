@@ -266,3 +266,35 @@ def test_a_claim_judges_the_range_before_it_waits_for_the_conversation(
         thread.join(30)
     assert answers == [(True, "claimed")]
     assert db.plan_targets(conn, "c")[0].source_hash != t.source_hash
+
+
+@pytest.mark.parametrize("call", ["claim", "claim_targets"])
+def test_a_claim_waiting_behind_an_erasure_judges_again(
+        conn: Conn, dsn: str, call: str) -> None:
+    """The one writer under the conversation's lock that follows a change of history is an
+    erasure: a claim that judged the range before an erasure (and the history's deletion)
+    took the lock judges it again once it holds the lock, and lands nothing."""
+    History(conn).pairs("c", 30)
+    [t] = db.plan_targets(conn, "c")
+    answers: list[tuple[bool, str]] = []
+    with psycopg.connect(dsn) as eraser, psycopg.connect(dsn, autocommit=True) as claimer:
+        eraser.execute("SELECT compaction.erase_conversation('c', 'erasure_request')")
+        eraser.execute("DELETE FROM compaction_source.messages WHERE conversation_id = 'c'")
+        eraser.execute("DELETE FROM compaction_source.runs WHERE conversation_id = 'c'")
+
+        def send() -> None:
+            if call == "claim":
+                r = claim(claimer, "c", t)
+                answers.append((r.claimed, r.reason))
+            else:
+                [b] = db.claim_targets(claimer, "c", "default", [as_range(t)], MODEL, V3,
+                                       "w1", lease=LEASE, now=T0)
+                answers.append((b.claimed, b.reason))
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        wait_until_blocked(conn, claimer.info.backend_pid)
+        eraser.commit()
+        thread.join(30)
+    assert answers == [(False, "not_eligible")]
+    assert scalar(conn, "SELECT count(*) FROM compaction.jobs") == 0
