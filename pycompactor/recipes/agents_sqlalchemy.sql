@@ -37,9 +37,33 @@ $$;
 COMMENT ON FUNCTION {role_fn}(text) IS
     'pycompactor recipe (Agents SDK SQLAlchemySession): the role of a message item, NULL for any other item';
 
+-- The text of a message item's content parts: its text (or refusal) parts joined by
+-- newlines, as PycompactorSession stores them.
+CREATE OR REPLACE FUNCTION {parts_fn}(p_content jsonb)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT coalesce((
+        SELECT string_agg(coalesce(
+                   CASE WHEN jsonb_typeof(e.part -> 'text') = 'string'
+                        THEN e.part ->> 'text' END,
+                   CASE WHEN jsonb_typeof(e.part -> 'refusal') = 'string'
+                        THEN e.part ->> 'refusal' END), E'\n' ORDER BY e.ord)
+        FROM jsonb_array_elements(p_content) WITH ORDINALITY AS e (part, ord)
+        WHERE jsonb_typeof(e.part -> 'text') = 'string'
+           OR jsonb_typeof(e.part -> 'refusal') = 'string'), '')
+$$;
+COMMENT ON FUNCTION {parts_fn}(jsonb) IS
+    'pycompactor recipe (Agents SDK SQLAlchemySession): the text and refusal parts of a message item''s content, joined by newlines';
+
 -- The text of an item (already parsed): a message's string content, or its text (or
 -- refusal) parts joined by newlines, as PycompactorSession stores them; any other item
--- is its JSON. jsonb decodes the \uXXXX escapes the SDK writes.
+-- is its JSON. jsonb decodes the \uXXXX escapes the SDK writes. No subquery here, so the
+-- planner inlines it into the view: an SQL function it must call costs more per item than
+-- reading the item. A content of one part (what the SDK writes for an answer) is read in
+-- place; more parts go through {parts_fn}, which must aggregate.
 CREATE OR REPLACE FUNCTION {content_fn}(p_item jsonb)
 RETURNS text
 LANGUAGE sql
@@ -51,16 +75,15 @@ AS $$
             THEN p_item::text
         WHEN jsonb_typeof(p_item -> 'content') = 'string'
             THEN p_item ->> 'content'
-        WHEN jsonb_typeof(p_item -> 'content') = 'array'
-            THEN coalesce((
-                SELECT string_agg(coalesce(
-                           CASE WHEN jsonb_typeof(e.part -> 'text') = 'string'
-                                THEN e.part ->> 'text' END,
-                           CASE WHEN jsonb_typeof(e.part -> 'refusal') = 'string'
-                                THEN e.part ->> 'refusal' END), E'\n' ORDER BY e.ord)
-                FROM jsonb_array_elements(p_item -> 'content') WITH ORDINALITY AS e (part, ord)
-                WHERE jsonb_typeof(e.part -> 'text') = 'string'
-                   OR jsonb_typeof(e.part -> 'refusal') = 'string'), '')
+        WHEN jsonb_typeof(p_item -> 'content') = 'array' THEN
+            CASE WHEN jsonb_array_length(p_item -> 'content') = 1 THEN
+                     coalesce(CASE WHEN jsonb_typeof(p_item -> 'content' -> 0 -> 'text') = 'string'
+                                   THEN p_item -> 'content' -> 0 ->> 'text' END,
+                              CASE WHEN jsonb_typeof(p_item -> 'content' -> 0 -> 'refusal') = 'string'
+                                   THEN p_item -> 'content' -> 0 ->> 'refusal' END,
+                              '')
+                 ELSE {parts_fn}(p_item -> 'content')
+            END
         ELSE ''
     END
 $$;
@@ -94,7 +117,8 @@ ANALYZE {messages};
 -- The views run with their owner's rights (compaction_owner).
 GRANT USAGE ON SCHEMA {schema} TO compaction_owner;
 GRANT SELECT ON {messages} TO compaction_owner;
-GRANT EXECUTE ON FUNCTION {role_fn}(text), {content_fn}(jsonb) TO compaction_owner;
+GRANT EXECUTE ON FUNCTION {role_fn}(text), {parts_fn}(jsonb), {content_fn}(jsonb)
+    TO compaction_owner;
 
 -- The runs: each user item with the id of the session's next user item, where its run
 -- ends. Both source views read runs here (a plain view: the planner inlines it, and the
