@@ -59,6 +59,7 @@ def _agents_sqlalchemy_names(schema: str, sessions_table: str,
         "role_idx": sql.Identifier(f"{prefix}_role_idx"),
         "session_idx": sql.Identifier(f"{prefix}_session_id_idx"),
         "id_idx": sql.Identifier(f"{prefix}_id_text_idx"),
+        "seq_idx": sql.Identifier(f"{prefix}_seq_idx"),
     }
 
 
@@ -101,7 +102,7 @@ def install_agents_sqlalchemy(conn: psycopg.Connection[Any], *, schema: str = "p
                               rebuild: bool = True) -> RecipeResult:
     """Point the source views at the Agents SDK's SQLAlchemySession tables.
 
-    Creates two IMMUTABLE helper functions, a helper view of the runs and three indexes on
+    Creates three IMMUTABLE helper functions, a helper view of the runs and four indexes on
     the messages table (in `schema`, named `pycompactor_<messages_table>_*`), grants the
     engine's owner role read access, re-points `compaction.source_runs` /
     `compaction.source_messages`, and attaches the change-tracking triggers to the
@@ -162,7 +163,7 @@ def _drop_invalid_indexes(conn: psycopg.Connection[Any], schema: str,
                           messages_table: str) -> None:
     """A CREATE INDEX CONCURRENTLY that failed or was cancelled leaves an INVALID index of
     its name, which IF NOT EXISTS would keep: drop the recipe's (concurrently too) first."""
-    for suffix in ("role_idx", "session_id_idx", "id_text_idx"):
+    for suffix in ("role_idx", "session_id_idx", "id_text_idx", "seq_idx"):
         index = sql.Identifier(schema, f"pycompactor_{messages_table}_{suffix}")
         row = conn.execute(
             "SELECT NOT i.indisvalid FROM pg_catalog.pg_index AS i"

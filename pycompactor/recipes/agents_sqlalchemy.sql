@@ -100,13 +100,21 @@ COMMENT ON FUNCTION {content_fn}(jsonb) IS
 -- * a run's items, from its user item up to the next run's start: (session_id, id)
 --   (the role index would read every role of the session for that range);
 -- * a run or a message by its text id (the engine's ids are text), with the role, so
---   "is this a user item" is answered from the index: (id::text, role).
+--   "is this a user item" is answered from the index: (id::text, role);
+-- * the item just before an append's first new item, newest first by the views' seq
+--   (the tracking's question which run an append may have cut short): (session_id,
+--   id::bigint). The integer id's order is the same, but the planner orders by the
+--   expression the view shows, and without this index it sorted the whole session,
+--   every item's run worked out, on every append (12 ms at 740 items, growing with the
+--   session).
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {role_idx}
     ON {messages} (session_id, {role_fn}(message_data), id);
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {session_idx}
     ON {messages} (session_id, id);
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {id_idx}
     ON {messages} ((id::text), {role_fn}(message_data));
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {seq_idx}
+    ON {messages} (session_id, (id::bigint));
 -- Statistics on the indexed role expression: without them the planner guesses how many
 -- items are user items, and may read a session's items whole where one probe would do.
 -- ANALYZE takes no lock that blocks reads or writes.
