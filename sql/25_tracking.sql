@@ -582,21 +582,34 @@ BEGIN
     -- re-derives its own run, not the whole conversation. Updates and deletes re-derive
     -- the conversation: the run a message left cannot be known once it has left. When
     -- the view shows none of the new messages, or one without a seq, the same.
+    -- Each new message is looked up by its id on its own (revision 0039, as revision
+    -- 0035 does for the runs): asked as "these ids of this conversation", the generic
+    -- plan priced the ids as ten and read the conversation's prefix of an index instead,
+    -- every entry of a long conversation twice an insert (in a 30,000-item session of
+    -- the Agents SDK's table, an append 4.5 ms against 2.2 ms at 600 items).
     IF NOT v_runs_known AND TG_NARGS = 3 AND TG_OP = 'INSERT'
        AND v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
         v_message_ids := ARRAY(SELECT j.fields ->> TG_ARGV[2]
                                FROM new_rows AS n
                                CROSS JOIN LATERAL (SELECT pg_catalog.to_jsonb(n) AS fields) AS j);
         SELECT sm.seq, sm.message_id INTO v_first_seq, v_first_id
-        FROM compaction.source_messages AS sm
-        WHERE sm.message_id = ANY (v_message_ids) AND sm.conversation_id = v_conversation
+        FROM pg_catalog.unnest(v_message_ids) AS k (message_id)
+        CROSS JOIN LATERAL (
+            SELECT s.seq, s.message_id
+            FROM compaction.source_messages AS s
+            WHERE s.message_id = k.message_id AND s.conversation_id = v_conversation
+            OFFSET 0) AS sm
         ORDER BY sm.seq NULLS FIRST, sm.message_id
         LIMIT 1;
         IF v_first_seq IS NOT NULL THEN
             v_runs := ARRAY(
                 SELECT sm.run_id
-                FROM compaction.source_messages AS sm
-                WHERE sm.message_id = ANY (v_message_ids) AND sm.conversation_id = v_conversation
+                FROM pg_catalog.unnest(v_message_ids) AS k (message_id)
+                CROSS JOIN LATERAL (
+                    SELECT s.run_id
+                    FROM compaction.source_messages AS s
+                    WHERE s.message_id = k.message_id AND s.conversation_id = v_conversation
+                    OFFSET 0) AS sm
                 UNION
                 (SELECT sp.run_id
                  FROM compaction.source_messages AS sp

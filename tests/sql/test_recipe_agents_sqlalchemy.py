@@ -520,3 +520,43 @@ def test_an_append_works_out_the_runs_of_a_few_items_however_long_the_session(
     assert probes["long"] <= probes["short"] + 5, probes
     assert probes["long"] < 100, probes
     assert conn.execute("SELECT * FROM compaction.verify_conversation('long')").fetchall() == []
+
+
+def test_an_append_reads_as_many_index_entries_however_long_the_session(
+        conn: Conn, dsn: str) -> None:
+    """Revision 0039: the tracking looks each new item up by its id on its own. Asked as
+    "these ids of this session" under its generic plan, it read the session's prefix of
+    an index (every item of the session, twice an insert) wherever sessions are short on
+    average. Index entries of the messages table read per append, counted, not timed."""
+    conn.execute(SDK_TABLES_DDL)
+    seed_sessions(conn, 0, 1000)
+    install_agents_sqlalchemy(conn)
+    for session, turns in (("short", 30), ("long", 300)):
+        write(conn, session, *[item for t in range(turns)
+                               for item in (user(f"Q{t}"), said(f"A{t}"))])
+    conn.execute("ANALYZE public.agent_messages")
+    entries: dict[str, int] = {}
+    with psycopg.connect(dsn, autocommit=True) as reader, \
+            psycopg.connect(dsn, autocommit=True) as writer:
+        for session in ("short", "long", "short", "long"):  # the second round is counted
+            before = index_entries_read(reader, writer)
+            with writer.transaction():
+                writer.execute(
+                    "INSERT INTO public.agent_messages (session_id, message_data)"
+                    " VALUES (%(s)s, %(q)s), (%(s)s, %(a)s)",
+                    {"s": session, "q": json.dumps(user("Q+")), "a": json.dumps(said("A+"))})
+            entries[session] = index_entries_read(reader, writer) - before
+    assert entries["long"] <= entries["short"] + 10, entries
+    assert conn.execute("SELECT * FROM compaction.verify_conversation('long')").fetchall() == []
+
+
+def index_entries_read(reader: Conn, writer: Conn) -> int:
+    """Index entries of public.agent_messages read so far, by every index of it, the
+    writer's included (flushed before its next ReadyForQuery)."""
+    writer.execute("SELECT pg_stat_force_next_flush()")
+    reader.execute("SELECT pg_stat_clear_snapshot()")
+    row = reader.execute(
+        "SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes"
+        " WHERE relid = 'public.agent_messages'::regclass").fetchone()
+    assert row is not None
+    return int(row[0])
