@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -477,16 +478,58 @@ def test_a_text_is_read_in_place_not_by_a_function_call(sdk: Conn) -> None:
     assert [r[4] for r in messages(sdk, "t1")] == ["Q", "A"]
 
 
-def role_index_scans(reader: Conn, writer: Conn) -> int:
+# --- an append to a short and to a long session: what the tracking reads ------------
+
+
+def role_index_scans(reader: Conn) -> int:
     """Scans of the recipe's role index so far (each probe for an item's run or role is
-    one), the writer's included (flushed before its next ReadyForQuery)."""
-    writer.execute("SELECT pg_stat_force_next_flush()")
-    reader.execute("SELECT pg_stat_clear_snapshot()")
+    one)."""
     row = reader.execute(
         "SELECT idx_scan FROM pg_stat_user_indexes"
         " WHERE indexrelid = 'public.pycompactor_agent_messages_role_idx'::regclass").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def index_entries_read(reader: Conn) -> int:
+    """Index entries of public.agent_messages read so far, by every index of it."""
+    row = reader.execute(
+        "SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes"
+        " WHERE relid = 'public.agent_messages'::regclass").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def per_append(conn: Conn, dsn: str, counter: Callable[[Conn], int]) -> dict[str, int]:
+    """`counter`'s growth over one append (a turn, in one statement) to a session of 60
+    items and to one of 600, among a thousand sessions of six items (on a table of two
+    sessions the planner reads a session whole for any question, which costs nothing
+    there). Each is appended to twice; the second append is counted (first plans made)."""
+    conn.execute(SDK_TABLES_DDL)
+    seed_sessions(conn, 0, 1000)
+    install_agents_sqlalchemy(conn)
+    for session, turns in (("short", 30), ("long", 300)):
+        write(conn, session, *[item for t in range(turns)
+                               for item in (user(f"Q{t}"), said(f"A{t}"))])
+    conn.execute("ANALYZE public.agent_messages")
+    grown: dict[str, int] = {}
+    with psycopg.connect(dsn, autocommit=True) as reader, \
+            psycopg.connect(dsn, autocommit=True) as writer:
+        def count() -> int:
+            writer.execute("SELECT pg_stat_force_next_flush()")  # the writer's counters too
+            reader.execute("SELECT pg_stat_clear_snapshot()")
+            return counter(reader)
+
+        for session in ("short", "long", "short", "long"):
+            before = count()
+            with writer.transaction():
+                writer.execute(
+                    "INSERT INTO public.agent_messages (session_id, message_data)"
+                    " VALUES (%(s)s, %(q)s), (%(s)s, %(a)s)",
+                    {"s": session, "q": json.dumps(user("Q+")), "a": json.dumps(said("A+"))})
+            grown[session] = count() - before
+    assert conn.execute("SELECT * FROM compaction.verify_conversation('long')").fetchall() == []
+    return grown
 
 
 def test_an_append_works_out_the_runs_of_a_few_items_however_long_the_session(
@@ -496,30 +539,10 @@ def test_an_append_works_out_the_runs_of_a_few_items_however_long_the_session(
     expression, that question sorted the session whole, each item's run and role worked
     out (probes of the role index) first, on every append: a session ten times longer
     probed ten times as often (12 ms an append at 740 items). The recipe's index on
-    (session_id, id::bigint) answers it from the session's end. Counted, not timed, among
-    a thousand sessions of six items (on a table of two sessions the planner reads a
-    session whole for any question, which costs nothing there)."""
-    conn.execute(SDK_TABLES_DDL)
-    seed_sessions(conn, 0, 1000)
-    install_agents_sqlalchemy(conn)
-    for session, turns in (("short", 30), ("long", 300)):
-        write(conn, session, *[item for t in range(turns)
-                               for item in (user(f"Q{t}"), said(f"A{t}"))])
-    conn.execute("ANALYZE public.agent_messages")
-    probes: dict[str, int] = {}
-    with psycopg.connect(dsn, autocommit=True) as reader, \
-            psycopg.connect(dsn, autocommit=True) as writer:
-        for session in ("short", "long", "short", "long"):  # the second round is counted
-            before = role_index_scans(reader, writer)
-            with writer.transaction():
-                writer.execute(
-                    "INSERT INTO public.agent_messages (session_id, message_data)"
-                    " VALUES (%(s)s, %(q)s), (%(s)s, %(a)s)",
-                    {"s": session, "q": json.dumps(user("Q+")), "a": json.dumps(said("A+"))})
-            probes[session] = role_index_scans(reader, writer) - before
+    (session_id, id::bigint) answers it from the session's end. Counted, not timed."""
+    probes = per_append(conn, dsn, role_index_scans)
     assert probes["long"] <= probes["short"] + 5, probes
     assert probes["long"] < 100, probes
-    assert conn.execute("SELECT * FROM compaction.verify_conversation('long')").fetchall() == []
 
 
 def test_an_append_reads_as_many_index_entries_however_long_the_session(
@@ -527,36 +550,6 @@ def test_an_append_reads_as_many_index_entries_however_long_the_session(
     """Revision 0039: the tracking looks each new item up by its id on its own. Asked as
     "these ids of this session" under its generic plan, it read the session's prefix of
     an index (every item of the session, twice an insert) wherever sessions are short on
-    average. Index entries of the messages table read per append, counted, not timed."""
-    conn.execute(SDK_TABLES_DDL)
-    seed_sessions(conn, 0, 1000)
-    install_agents_sqlalchemy(conn)
-    for session, turns in (("short", 30), ("long", 300)):
-        write(conn, session, *[item for t in range(turns)
-                               for item in (user(f"Q{t}"), said(f"A{t}"))])
-    conn.execute("ANALYZE public.agent_messages")
-    entries: dict[str, int] = {}
-    with psycopg.connect(dsn, autocommit=True) as reader, \
-            psycopg.connect(dsn, autocommit=True) as writer:
-        for session in ("short", "long", "short", "long"):  # the second round is counted
-            before = index_entries_read(reader, writer)
-            with writer.transaction():
-                writer.execute(
-                    "INSERT INTO public.agent_messages (session_id, message_data)"
-                    " VALUES (%(s)s, %(q)s), (%(s)s, %(a)s)",
-                    {"s": session, "q": json.dumps(user("Q+")), "a": json.dumps(said("A+"))})
-            entries[session] = index_entries_read(reader, writer) - before
+    average. Counted, not timed."""
+    entries = per_append(conn, dsn, index_entries_read)
     assert entries["long"] <= entries["short"] + 10, entries
-    assert conn.execute("SELECT * FROM compaction.verify_conversation('long')").fetchall() == []
-
-
-def index_entries_read(reader: Conn, writer: Conn) -> int:
-    """Index entries of public.agent_messages read so far, by every index of it, the
-    writer's included (flushed before its next ReadyForQuery)."""
-    writer.execute("SELECT pg_stat_force_next_flush()")
-    reader.execute("SELECT pg_stat_clear_snapshot()")
-    row = reader.execute(
-        "SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes"
-        " WHERE relid = 'public.agent_messages'::regclass").fetchone()
-    assert row is not None
-    return int(row[0])
