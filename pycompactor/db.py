@@ -864,6 +864,17 @@ def unmapped_sdk_tables(conn: Connection) -> list[tuple[str, str, list[str]]]:
     return _rows(conn, tuple_row, SDK_TABLES_SQL, {})
 
 
+def tracked_by_message_id(conn: Connection) -> bool:
+    """Whether some table carries an enabled tracking trigger that names its message id
+    column (a table without a run column: the Agents SDK recipe's), whose inserts ask for
+    the message just before the new ones."""
+    return bool(_row(conn, tuple_row,
+                     "SELECT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t"
+                     " WHERE t.tgfoid = pg_catalog.to_regprocedure("
+                     "'compaction.track_source_changes()') AND t.tgnargs = 3"
+                     " AND t.tgenabled <> 'D')", {})[0])
+
+
 def source_has_runs(conn: Connection) -> bool:
     """Whether compaction.source_runs has any row."""
     return bool(_row(conn, tuple_row,
@@ -906,6 +917,13 @@ SOURCE_LOOKUPS: Final[dict[str, str]] = {
         " WHERE m.run_id = {} AND m.role IN ('user', 'assistant')",
     "message_by_id":
         "SELECT m.content FROM compaction.source_messages AS m WHERE m.message_id = {}",
+    # What the tracking asks on each insert into a table tracked by message id: the run
+    # of the message just before the new ones (here: before none, the conversation's last).
+    "message_before":
+        "SELECT m.run_id FROM compaction.source_messages AS m"
+        " WHERE m.conversation_id = {}"
+        " AND (m.seq, m.message_id) < (9223372036854775807::bigint, '')"
+        " ORDER BY m.seq DESC, m.message_id DESC LIMIT 1",
 }
 
 
@@ -914,12 +932,18 @@ class LookupProbe:
     """One probed lookup: its wall time on this connection (None when it ran past the
     timeout), the first column of its first row, its plan under the session's own planner
     settings and statistics (what the engine's calls get), and its plan with sequential
-    scans disabled (whether any index can serve it at all)."""
+    scans disabled, and sorts too for an ordered lookup (whether any index can serve it at
+    all)."""
 
     milliseconds: float | None
     first: str | None
     plan: dict[str, Any]
     index_plan: dict[str, Any]
+
+
+#: Lookups whose order matters as much as their rows: their second plan disables
+#: sorting too, so a sort left in it is one no index can spare.
+ORDERED_LOOKUPS: Final = frozenset({"message_before"})
 
 
 def probe_lookup(conn: Connection, lookup: str, value: str, timeout_ms: int) -> LookupProbe:
@@ -951,6 +975,8 @@ def probe_lookup(conn: Connection, lookup: str, value: str, timeout_ms: int) -> 
                 cur.execute("SET TRANSACTION READ ONLY")
             plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
             cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
+            if lookup in ORDERED_LOOKUPS:
+                cur.execute("SELECT pg_catalog.set_config('enable_sort', 'off', true)")
             index_plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
     return LookupProbe(milliseconds, first, plan, index_plan)
 

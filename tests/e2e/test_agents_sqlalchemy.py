@@ -184,7 +184,7 @@ def test_sdk_tables_recipe_wrapper_worker_and_stale_edit(
     assert report["derived_state"] == "in_use"
     assert [(lk["lookup"], lk["uses_index"]) for lk in report["lookups"]] == [
         ("runs_by_conversation", True), ("run_by_id", True), ("messages_by_run", True),
-        ("message_by_id", True)]
+        ("message_by_id", True), ("message_before", True)]
     assert {s["conversation_id"]: (s["runs"], s["pairs"], s["excluded"])
             for s in report["samples"]} == {c: (n, n, {}) for c, n in TURNS.items()}
 

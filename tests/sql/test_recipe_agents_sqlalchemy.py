@@ -179,13 +179,16 @@ def test_check_source_flags_the_window_function_views_as_slow(sdk: Conn) -> None
     report = check_source(sdk)
     assert not report.ok
     slow = {r.lookup: r for r in report.lookups if not r.uses_index}
-    assert sorted(slow) == ["message_by_id", "messages_by_run"]
+    # the tracking's question of each insert (by message id) sorts the session the window
+    # reads whole
+    assert sorted(slow) == ["message_before", "message_by_id", "messages_by_run"]
+    assert slow.pop("message_before").sorts
     for lookup in slow.values():
         assert lookup.view == "compaction.source_messages"
         assert lookup.unindexed_table == "public.agent_messages"
         assert lookup.advice is not None
         assert "LATERAL" in lookup.advice
-    assert len(report.problems) == 2
+    assert len(report.problems) == 3
     assert all(p.startswith("compaction.source_messages: the lookup by ")
                for p in report.problems)
     assert report.samples == []  # not judged through a view that reads the table whole
@@ -193,6 +196,44 @@ def test_check_source_flags_the_window_function_views_as_slow(sdk: Conn) -> None
     install_agents_sqlalchemy(sdk)  # the recipe puts the fast views back
     again = check_source(sdk)
     assert again.ok, (again.problems, again.lookups)
+
+
+def test_check_source_names_a_seq_no_index_orders(sdk: Conn) -> None:
+    """A table tracked by message id asks on every insert for the message just before the
+    new ones, newest first by seq. check-source probes that question too (only where such
+    a table is tracked), with sorting disabled besides sequential scans: a sort left in
+    that plan is one no index can spare, whatever the table's size."""
+    write(sdk, "o1", user("Q"), said("A"), user("Q2"), said("A2"))
+    report = check_source(sdk)
+    assert report.ok, report.problems
+    [before] = [r for r in report.lookups if r.lookup == "message_before"]
+    assert (before.view, before.column, before.uses_index) == (
+        "compaction.source_messages", "seq", True)
+
+    sdk.execute("DROP INDEX public.pycompactor_agent_messages_seq_idx")
+    report = check_source(sdk)
+    assert not report.ok
+    [before] = [r for r in report.lookups if r.lookup == "message_before"]
+    assert before.sorts
+    assert not before.uses_index
+    assert before.unindexed_table == "public.agent_messages"
+    [problem] = report.problems
+    assert problem.startswith("compaction.source_messages: the lookup by seq (message_before)"
+                              " has no index in its order: it sorts a conversation of"
+                              " public.agent_messages whole"), problem
+    assert "(session_id, (id::bigint))" in problem, problem
+    assert "(m.id)::bigint" in problem, problem  # the sort's key, as the plan names it
+
+    # Tables tracked by their run column never ask it: not probed.
+    conn_lookups = [r.lookup for r in check_lookups_of_reference_tables(sdk)]
+    assert "message_before" not in conn_lookups
+
+
+def check_lookups_of_reference_tables(conn: Conn) -> list[Any]:
+    """check-source's lookups with the recipe's tracking detached (the views then read
+    a source tracked by run column only, as the reference tables are)."""
+    conn.execute("SELECT compaction.detach_source_tracking('public.agent_messages')")
+    return list(check_source(conn).lookups)
 
 
 def test_check_source_names_the_missing_index(sdk: Conn) -> None:
