@@ -941,12 +941,8 @@ class LookupProbe:
     index_plan: dict[str, Any]
 
 
-#: Lookups whose order matters as much as their rows: their second plan disables
-#: sorting too, so a sort left in it is one no index can spare.
-ORDERED_LOOKUPS: Final = frozenset({"message_before"})
-
-
-def probe_lookup(conn: Connection, lookup: str, value: str, timeout_ms: int) -> LookupProbe:
+def probe_lookup(conn: Connection, lookup: str, value: str, timeout_ms: int, *,
+                 ordered: bool = False) -> LookupProbe:
     """Run SOURCE_LOOKUPS[lookup] for `value` once (timed, bounded by `timeout_ms`), then
     EXPLAIN it as the planner plans it and again with sequential scans disabled, so a
     lookup no index serves shows a scan of the whole table. Read-only (fine on a hot
@@ -975,7 +971,7 @@ def probe_lookup(conn: Connection, lookup: str, value: str, timeout_ms: int) -> 
                 cur.execute("SET TRANSACTION READ ONLY")
             plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
             cur.execute("SELECT pg_catalog.set_config('enable_seqscan', 'off', true)")
-            if lookup in ORDERED_LOOKUPS:
+            if ordered:  # its order matters: a sort left in this plan no index can spare
                 cur.execute("SELECT pg_catalog.set_config('enable_sort', 'off', true)")
             index_plan = cur.execute(explain).fetchall()[0][0][0]["Plan"]
     return LookupProbe(milliseconds, first, plan, index_plan)

@@ -292,7 +292,7 @@ def _probe_order(conn: db.Connection, lookup: Lookup, value: str) -> LookupRepor
     sorting disabled is one no index can spare. A table tracked by message id asks it on
     every insert, so a view whose seq no index orders sorts the conversation each time
     (the Agents SDK recipe's before its seq index: 12 ms an append at 740 items)."""
-    probe = db.probe_lookup(conn, lookup.name, value, LOOKUP_TIMEOUT_MS)
+    probe = db.probe_lookup(conn, lookup.name, value, LOOKUP_TIMEOUT_MS, ordered=True)
     report = _judged(conn, lookup, value, probe)
     sort = next((n for n in _nodes(probe.index_plan) if n.get("Node Type") == "Sort"), None)
     if sort is None or not report.uses_index:
