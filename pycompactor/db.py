@@ -43,6 +43,7 @@ from pycompactor.models import (
     CompleteResult,
     FailResult,
     HeartbeatResult,
+    NextTarget,
     Pair,
     QueuedConversation,
     RangeClaim,
@@ -477,6 +478,30 @@ def claim_targets(conn: Connection, conversation_id: str, scope: str,
     )
 
 
+def claim_next_targets(conn: Connection, conversation_id: str, scope: str, limit: int,
+                       model: str, prompt_version: str, worker: str, *,
+                       lease: timedelta = DEFAULT_LEASE,
+                       now: datetime | None = None) -> list[NextTarget]:
+    """worker_targets and the first claims in one call, under one judgement of the
+    conversation: its targets in order, each with whether its identity holds a summary,
+    and up to `limit` claims (0 to CLAIM_BATCH_LIMIT) among those that do not, each tried
+    answered as `claim` would answer it. A range refused for itself gives its turn to the
+    next; the first admission_full or prompt_version_closed ends the claims. A target not
+    tried comes back with claimed None."""
+    return _rows(
+        conn, class_row(NextTarget),
+        "SELECT from_pair, to_pair, source_message_ids, source_hash, completed, claimed,"
+        " reason, job_id, attempt, lease_expires_at"
+        " FROM compaction.claim_next_targets("
+        "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
+        " p_limit => %(limit)s::int, p_model => %(model)s::text,"
+        " p_prompt_version => %(prompt_version)s::text, p_worker => %(worker)s::text,"
+        " p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)",
+        {"conversation_id": conversation_id, "scope": scope, "limit": limit, "model": model,
+         "prompt_version": prompt_version, "worker": worker, "lease": lease, "now": now},
+    )
+
+
 def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
              finish_reason: str | None, tool_call_count: int, *,
              response_id: str | None = None, now: datetime | None = None,
@@ -580,7 +605,7 @@ WORKER_FUNCTIONS: Final = (
     "compaction.fail(bigint, int, text, timestamptz, text)",
     "compaction.heartbeat(bigint, int, interval, timestamptz, text)",
     "compaction.dequeue(text, int, interval)",
-    "compaction.worker_targets(text, text, text, text)",
+    "compaction.claim_next_targets(text, text, int, text, text, text, interval, timestamptz)",
     "compaction.reply_problem(text, text, int)",
 )
 

@@ -91,6 +91,24 @@ class RangeClaim:
 
 
 @dataclass(frozen=True, slots=True)
+class NextTarget:
+    """One target from compaction.claim_next_targets: the range (as worker_targets gives
+    it) and, for a range the call tried to claim, what compaction.claim would have
+    answered (claimed None: not tried, left for claim_targets)."""
+
+    from_pair: int
+    to_pair: int
+    source_message_ids: list[str]
+    source_hash: str
+    completed: bool
+    claimed: bool | None
+    reason: str | None
+    job_id: int | None
+    attempt: int | None
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class CompleteResult:
     """Answer of compaction.complete: 'completed' with the summary id, or why not."""
 

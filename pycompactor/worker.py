@@ -12,11 +12,12 @@ only moves data between the database and the model (STYLE.md):
 * the result goes back through `complete` (a Reply: the database judges not_stopped,
   tool_calls, empty, too_long) or `fail` (a Failure: its reason), fenced by the token
   (job_id, attempt): a worker whose lease was lost is refused, never believed;
-* a pass reads each conversation's targets with `worker_targets` (ids, hash, and whether
-  that identity already holds a completed summary: those are skipped without a claim),
-  claims the rest, as many in one `claim_targets` call as it has model calls free (one
-  lock and one judgement of the conversation for the batch, each range answered as
-  `claim` answers it), and only then reads each claimed range's 10 assistant replies with
+* a pass looks at each conversation and claims in one call, `claim_next_targets` (one
+  lock and one judgement of the conversation): its targets (ids, hash, and whether that
+  identity already holds a completed summary: those are skipped without a claim), the
+  first of the rest claimed, as many as it has model calls free, each answered as
+  `claim` answers it; targets left over go in `claim_targets` batches as model calls
+  come free. Only then does it read each claimed range's 10 assistant replies with
   `range_replies`, which returns them only while their texts hash to the claimed source
   hash (the range's current hash; judged from the views, since revision 0037, that of the
   ids the claimed job keeps, with no second judgment of the conversation). The model
@@ -36,7 +37,7 @@ nothing: their leases run out and they become visible again in their original or
 the attempts it had claimed expire and `reap` re-queues their conversations. The worker
 puts a conversation back (`enqueue`) only when work is left that a later pass can do:
 after a claim refused for a transient reason (admission_full, or not_eligible /
-source_mismatch: the source moved between `worker_targets` and the claim), after a
+source_mismatch: the source moved between the look and a later batch's claim), after a
 timed-out examination, and after a failed first attempt (a later pass makes attempt 2).
 
 Nothing queued. A host whose writes do not queue conversations (re-pointed views without
@@ -75,7 +76,7 @@ from pycompactor.errors import (
 from pycompactor.eventlog import EventLog, LogFormat, secrets_of
 from pycompactor.figures import FigureStats, figure_stats
 from pycompactor.hashing import PAIRS_PER_RANGE
-from pycompactor.models import QueuedConversation, RangeReply
+from pycompactor.models import QueuedConversation, RangeClaim, RangeReply
 from pycompactor.outcomes import Failure, ModelOutcome, Reply
 from pycompactor.summarizer import DEFAULT_TIMEOUT_SECONDS, PROMPT_VERSION, Summarizer
 
@@ -530,25 +531,51 @@ class Worker:
                 self._unsettled.remove(entry)
 
     def _process(self, conversation_id: str) -> tuple[int, bool]:
-        """Examine one conversation and claim its claimable targets; (claimed, throttled)."""
+        """Examine one conversation and claim its claimable targets; (claimed, throttled).
+
+        The look and the first claims are one call (`claim_next_targets`, one judgement of
+        the conversation): it claims up to as many targets as there are model calls free
+        now (none: the look alone), passing over a range refused for itself. What it did
+        not try waits for free model calls and goes in `claim_targets` batches."""
         cfg = self.config
+        free = self._free_slots()
         try:
-            candidates = self._examine(conversation_id)
+            targets = self._db(db.claim_next_targets, conversation_id, cfg.scope, free,
+                               cfg.model, PROMPT_VERSION, cfg.worker_id, lease=cfg.lease)
         except DatabaseTimeout as exc:
+            self._release_slots(free)
             self._skipped(conversation_id, None, exc)
             return 0, False
-        claimed = 0
-        requeue = False
-        admission_full = False
-        remaining = list(candidates)
+        except BaseException:
+            self._release_slots(free)
+            raise
+        remaining: list[Candidate] = []
+        answered: list[tuple[Candidate, RangeClaim]] = []
+        for target in targets:
+            if target.completed:
+                metrics.target_skipped("already_completed")
+                self._log.emit("target_skipped", conversation_id=conversation_id,
+                               from_pair=target.from_pair, outcome="skipped",
+                               reason="already_completed")
+                continue
+            candidate = Candidate(conversation_id, target.from_pair,
+                                  target.source_message_ids, target.source_hash)
+            if target.claimed is None or target.reason is None:
+                remaining.append(candidate)
+            else:
+                answered.append((candidate, RangeClaim(
+                    target.from_pair, target.claimed, target.reason, target.job_id,
+                    target.attempt, target.lease_expires_at)))
+        # A claimed range keeps one of the slots taken; the rest go back.
+        self._release_slots(free - sum(1 for _, answer in answered if answer.claimed))
+        claimed, requeue, admission_full = self._answer(conversation_id, answered,
+                                                        slot_each=False)
         while remaining:
             if admission_full or not self._take_slot():
                 requeue = True  # stopping or throttled before every target was tried
                 break
             # One claim call for as many targets as there are model calls free: the
-            # database locks and judges the conversation once for all of them (where it
-            # judges from the views, on Citus or an untracked source, that judgement is
-            # most of a claim's cost).
+            # database locks and judges the conversation once for all of them.
             batch = [remaining.pop(0)]
             while (remaining and len(batch) < db.CLAIM_BATCH_LIMIT and not self.stopping
                    and self._slots.acquire(blocking=False)):
@@ -579,28 +606,54 @@ class Worker:
                     raise RuntimeError(
                         f"claim_targets answered range {result.from_pair} for range"
                         f" {candidate.from_pair}: the schema and this package disagree")
-                if not result.claimed:
-                    self._slots.release()
-                    with self._counts_lock:
-                        self._refused[result.reason] += 1
-                    metrics.claim_refused(result.reason)
-                    self._log.emit("claim_refused", conversation_id=conversation_id,
-                                   from_pair=candidate.from_pair, job_id=result.job_id,
-                                   outcome="refused", reason=result.reason)
-                    requeue = requeue or result.reason in _RETRY_LATER
-                    admission_full = admission_full or result.reason == "admission_full"
-                    continue
-                assert result.job_id is not None
-                assert result.attempt is not None
-                job = ClaimedJob(conversation_id, cfg.scope, candidate.from_pair,
-                                 result.job_id, result.attempt, candidate.source_hash)
-                self._start(job, result.lease_expires_at)
-                claimed += 1
+            n, again, full = self._answer(conversation_id, list(zip(batch, results,
+                                                                     strict=False)))
+            claimed += n
+            requeue = requeue or again
+            admission_full = admission_full or full
         # No re-queue after a successful claim: if this process dies mid-call, the reaper
         # expires the attempt and puts the conversation back on the queue itself.
         if requeue:
             self._enqueue(conversation_id)
         return claimed, admission_full
+
+    def _free_slots(self) -> int:
+        """Take every model call free now, without waiting (at most a claim batch)."""
+        taken = 0
+        while (taken < db.CLAIM_BATCH_LIMIT and not self.stopping
+               and self._slots.acquire(blocking=False)):
+            taken += 1
+        return taken
+
+    def _answer(self, conversation_id: str, answers: Sequence[tuple[Candidate, RangeClaim]],
+                *, slot_each: bool = True) -> tuple[int, bool, bool]:
+        """Start each claimed attempt (it keeps its slot) and log each refusal, giving its
+        slot back when each answer holds one (`slot_each`); (claimed, worth a later pass,
+        admission_full)."""
+        cfg = self.config
+        claimed = 0
+        requeue = False
+        admission_full = False
+        for candidate, result in answers:
+            if not result.claimed:
+                if slot_each:
+                    self._slots.release()
+                with self._counts_lock:
+                    self._refused[result.reason] += 1
+                metrics.claim_refused(result.reason)
+                self._log.emit("claim_refused", conversation_id=conversation_id,
+                               from_pair=candidate.from_pair, job_id=result.job_id,
+                               outcome="refused", reason=result.reason)
+                requeue = requeue or result.reason in _RETRY_LATER
+                admission_full = admission_full or result.reason == "admission_full"
+                continue
+            assert result.job_id is not None
+            assert result.attempt is not None
+            job = ClaimedJob(conversation_id, cfg.scope, candidate.from_pair,
+                             result.job_id, result.attempt, candidate.source_hash)
+            self._start(job, result.lease_expires_at)
+            claimed += 1
+        return claimed, requeue, admission_full
 
     def _skipped(self, conversation_id: str, from_pair: int | None,
                  exc: DatabaseTimeout) -> None:
@@ -636,28 +689,6 @@ class Worker:
                 time.sleep(pause)
         with self._pool.get() as conn:
             return call(conn, *args, **kwargs)
-
-    def _examine(self, conversation_id: str) -> list[Candidate]:
-        """The conversation's targets that still need a summary under this worker's
-        identity (scope, model, prompt version), from one worker_targets read.
-
-        A target whose identity already holds a completed summary is skipped without a
-        claim (logged `target_skipped`, reason `already_completed`). No message text is
-        read here.
-        """
-        cfg = self.config
-        candidates: list[Candidate] = []
-        for target in self._db(db.worker_targets, conversation_id, cfg.scope, cfg.model,
-                               PROMPT_VERSION):
-            if target.completed:
-                metrics.target_skipped("already_completed")
-                self._log.emit("target_skipped", conversation_id=conversation_id,
-                               from_pair=target.from_pair, outcome="skipped",
-                               reason="already_completed")
-                continue
-            candidates.append(Candidate(conversation_id, target.from_pair,
-                                        target.source_message_ids, target.source_hash))
-        return candidates
 
     # -- claimed attempts ----------------------------------------------------------------
 

@@ -75,6 +75,10 @@ TO compaction_worker;
 GRANT EXECUTE ON FUNCTION
     compaction.claim_targets(text, text, int[], text[], text[], text, text, text, interval, timestamptz)
 TO compaction_worker;
+-- Revision 0040: a worker's look at a conversation and its first claims in one call.
+GRANT EXECUTE ON FUNCTION
+    compaction.claim_next_targets(text, text, int, text, text, text, interval, timestamptz)
+TO compaction_worker;
 -- reply_problem is no definer: the worker runs its body with its own rights, and that
 -- body calls these two (revision 0016; until then the worker's own check of a stopped
 -- reply, --min-figure-retention, was refused EXECUTE on summary_problem). Pure functions

@@ -13,13 +13,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
+from unittest.mock import ANY
 
 import psycopg
 import pytest
 
 from pycompactor import db
 from pycompactor.eventlog import EventLog
-from pycompactor.models import RangeReply, WorkerTarget
+from pycompactor.models import NextTarget, RangeClaim, RangeReply
 from pycompactor.summarizer import OpenAISummarizer, Summarizer
 from pycompactor.worker import Worker, WorkerConfig, WorkerReport
 from tests.history import History
@@ -217,8 +218,8 @@ def test_one_pass_touches_only_the_conversation_with_new_history(
         "start-up check": 1,            # schema revision and grants, before `started`
         "compaction.reap": 1,
         "compaction.dequeue": 2,        # one queued conversation, then an empty queue
-        "compaction.worker_targets": 1,
-        "compaction.claim_targets": 1,  # every target of the conversation at once
+        # The look and the claim of every target of the conversation, one judgement.
+        "compaction.claim_next_targets": 1,
         "compaction.ack": 1,            # the examined entry
         "compaction.range_replies": 1,  # the claimed range's 10 replies, nothing else
         "compaction.complete": 1,
@@ -245,36 +246,39 @@ def _rewrite_reply(conn: Conn, message_id: str, text: str) -> None:
                  (text, message_id))
 
 
-def test_source_moving_between_plan_and_claim_is_refused(
+def test_source_moving_between_the_look_and_a_later_claim_is_refused(
         conn: Conn, dsn: str, model_server: ModelServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """History edited after worker_targets but before the claim: the claim binds the hash
-    that was planned, so the database refuses it (source_mismatch), the stale text never
+    """One model call free, two targets: the look claims range 0 and leaves range 10 for a
+    later batch. History edited before that batch's claim: the claim binds the hash that
+    was looked at, so the database refuses it (source_mismatch), the stale text never
     reaches the model, and the conversation is put back; the next pass summarizes the
     edited reply."""
-    seed(conn, "conv-1", 30)
-    real_plan = db.worker_targets
+    seed(conn, "conv-1", 40)
+    real_claim = db.claim_targets
 
-    def plan_then_edit(c: db.Connection, *args: Any) -> list[WorkerTarget]:
-        plan = real_plan(c, *args)
-        _rewrite_reply(conn, "conv-1-a003", "Edited after planning: NAV 99.99 on 2026-04-01.")
-        return plan
+    def edit_then_claim(c: db.Connection, *args: Any, **kwargs: Any) -> list[RangeClaim]:
+        _rewrite_reply(conn, "conv-1-a013", "Edited after the look: NAV 99.99 on 2026-04-01.")
+        return real_claim(c, *args, **kwargs)
 
-    monkeypatch.setattr(db, "worker_targets", plan_then_edit)
-    _report, log = run_once(dsn, model_server.base_url, conversation="conv-1")
-    assert [e["reason"] for e in events_named(log.events(), "claim_refused")] == [
-        "source_mismatch"]
-    assert attempts(conn) == []
-    assert model_server.requests == []
+    monkeypatch.setattr(db, "claim_targets", edit_then_claim)
+    model_server.enqueue(stop("range 0"))
+    _report, log = run_once(dsn, model_server.base_url, conversation="conv-1",
+                            concurrency=1)
+    assert [(e["from_pair"], e["reason"]) for e in events_named(log.events(),
+                                                                "claim_refused")] == [
+        (10, "source_mismatch")]
+    assert [(a.attempt, a.state) for a in attempts(conn)] == [(1, "completed")]
+    [request] = model_server.requests
+    assert b"Edited after the look" not in request.body
     assert conn.execute("SELECT conversation_id FROM compaction.queue").fetchall() == [
         ("conv-1",)]
 
-    monkeypatch.setattr(db, "worker_targets", real_plan)
-    model_server.enqueue(stop("ok"))
+    monkeypatch.setattr(db, "claim_targets", real_claim)
+    model_server.enqueue(stop("range 10"))
     run_once(dsn, model_server.base_url)
-    [request] = model_server.requests
-    assert b"Edited after planning: NAV 99.99 on 2026-04-01." in request.body
-    assert summaries(conn) == [("conv-1", 0, "ok")]
+    assert b"Edited after the look: NAV 99.99 on 2026-04-01." in model_server.requests[1].body
+    assert summaries(conn) == [("conv-1", 0, "range 0"), ("conv-1", 10, "range 10")]
 
 
 def test_source_moving_between_claim_and_read_fails_the_attempt_unsent(
@@ -327,7 +331,7 @@ def test_completed_identity_is_skipped_without_a_claim(
     assert report.claimed == 0
     assert report.refused == {}
     assert Counter(_function_of(q) for q, _ in _STATEMENTS if q != db.TIMEOUTS_SQL) == Counter(
-        {"start-up check": 1, "compaction.reap": 1, "compaction.worker_targets": 1})
+        {"start-up check": 1, "compaction.reap": 1, "compaction.claim_next_targets": 1})
     assert len(model_server.requests) == 1
 
 
@@ -471,8 +475,9 @@ def test_process_local_concurrency_bound(conn: Conn, dsn: str) -> None:
 
 def test_targets_are_claimed_in_one_call_for_the_free_model_calls(
         conn: Conn, dsn: str) -> None:
-    """Revision 0038: with four model calls free, a conversation's eight targets are
-    claimed four in one call (one judgement of the conversation), then as calls free up."""
+    """With four model calls free, a conversation's eight targets are claimed four in the
+    call that looks at it (revision 0040: one judgement of the conversation), then in
+    claim_targets batches (revision 0038) as calls free up."""
     seed(conn, "conv-8", 100)
     gate = threading.Event()
 
@@ -490,13 +495,17 @@ def test_targets_are_claimed_in_one_call_for_the_free_model_calls(
         try:
             wait_for(lambda: len(attempts(conn)) == 4, what="four claims")
             first = [params for query, params in list(_STATEMENTS)
-                     if "compaction.claim_targets" in query]
+                     if "compaction.claim_next_targets" in query
+                     or "compaction.claim_targets" in query]
         finally:
             gate.set()
             thread.join(60)
-    assert len(first) == 1
-    assert isinstance(first[0], dict)
-    assert first[0]["from_pairs"] == [0, 10, 20, 30]
+    assert first == [{"conversation_id": "conv-8", "scope": "default", "limit": 4,
+                      "model": ANY, "prompt_version": ANY, "worker": ANY, "lease": ANY,
+                      "now": None}]
+    assert [row[0] for row in conn.execute(
+        "SELECT j.from_pair FROM compaction.jobs AS j ORDER BY j.job_id LIMIT 4")] == [
+        0, 10, 20, 30]
     # The batch's attempts share the claim's one clock reading.
     assert len({row[0] for row in conn.execute(
         "SELECT started_at FROM compaction.attempts WHERE attempt = 1"
@@ -504,7 +513,7 @@ def test_targets_are_claimed_in_one_call_for_the_free_model_calls(
     assert result[0].outcomes == {"completed": 8}
     batches = [params["from_pairs"] for query, params in _STATEMENTS
                if "compaction.claim_targets" in query and isinstance(params, dict)]
-    assert sorted(p for batch in batches for p in batch) == list(range(0, 80, 10))
+    assert sorted(p for batch in batches for p in batch) == list(range(40, 80, 10))
 
 
 def test_database_error_mid_pass_loses_no_queued_conversation(
@@ -516,15 +525,15 @@ def test_database_error_mid_pass_loses_no_queued_conversation(
 
     seed(conn, "conv-0", 30)
     seed(conn, "conv-1", 30)
-    real_plan = db.worker_targets
+    real_look = db.claim_next_targets
     failures = [DatabaseUnavailable("cannot reach the database (test)")]
 
-    def flaky_plan(c: db.Connection, *args: Any) -> list[WorkerTarget]:
+    def flaky_look(c: db.Connection, *args: Any, **kwargs: Any) -> list[NextTarget]:
         if failures:
             raise failures.pop()
-        return real_plan(c, *args)
+        return real_look(c, *args, **kwargs)
 
-    monkeypatch.setattr(db, "worker_targets", flaky_plan)
+    monkeypatch.setattr(db, "claim_next_targets", flaky_look)
     log = StringLog()
     worker = make_worker(dsn, ExtractiveSummarizer(), log, once=False, concurrency=2,
                          poll_seconds=0.1)

@@ -233,7 +233,7 @@ def test_concurrent_batches_claim_each_range_once_within_admission(conn: Conn) -
     assert set(refusals) <= {"already_running", "admission_full"}
 
 
-@pytest.mark.parametrize("call", ["claim", "claim_targets"])
+@pytest.mark.parametrize("call", ["claim", "claim_targets", "claim_next_targets"])
 def test_a_claim_judges_the_range_before_it_waits_for_the_conversation(
         conn: Conn, dsn: str, call: str) -> None:
     """Revision 0038: the conversation's lock orders its engine writers, none of which
@@ -244,7 +244,7 @@ def test_a_claim_judges_the_range_before_it_waits_for_the_conversation(
     then finds the hash moved (tests/sql/test_worker_reads.py)."""
     History(conn).pairs("c", 30)
     [t] = db.plan_targets(conn, "c")
-    answers: list[tuple[bool, str]] = []
+    answers: list[tuple[bool | None, str | None]] = []
     with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as claimer:
         holder.execute("SELECT compaction.lock_conversation('c')")
 
@@ -252,10 +252,13 @@ def test_a_claim_judges_the_range_before_it_waits_for_the_conversation(
             if call == "claim":
                 r = claim(claimer, "c", t)
                 answers.append((r.claimed, r.reason))
-            else:
+            elif call == "claim_targets":
                 [b] = db.claim_targets(claimer, "c", "default", [as_range(t)], MODEL, V3,
                                        "w1", lease=LEASE, now=T0)
                 answers.append((b.claimed, b.reason))
+            else:
+                answers.extend((n.claimed, n.reason) for n in db.claim_next_targets(
+                    claimer, "c", "default", 1, MODEL, V3, "w1", lease=LEASE, now=T0))
 
         thread = threading.Thread(target=send)
         thread.start()
@@ -268,7 +271,7 @@ def test_a_claim_judges_the_range_before_it_waits_for_the_conversation(
     assert db.plan_targets(conn, "c")[0].source_hash != t.source_hash
 
 
-@pytest.mark.parametrize("call", ["claim", "claim_targets"])
+@pytest.mark.parametrize("call", ["claim", "claim_targets", "claim_next_targets"])
 def test_a_claim_waiting_behind_an_erasure_judges_again(
         conn: Conn, dsn: str, call: str) -> None:
     """The one writer under the conversation's lock that follows a change of history is an
@@ -276,7 +279,7 @@ def test_a_claim_waiting_behind_an_erasure_judges_again(
     took the lock judges it again once it holds the lock, and lands nothing."""
     History(conn).pairs("c", 30)
     [t] = db.plan_targets(conn, "c")
-    answers: list[tuple[bool, str]] = []
+    answers: list[tuple[bool | None, str | None]] = []
     with psycopg.connect(dsn) as eraser, psycopg.connect(dsn, autocommit=True) as claimer:
         eraser.execute("SELECT compaction.erase_conversation('c', 'erasure_request')")
         eraser.execute("DELETE FROM compaction_source.messages WHERE conversation_id = 'c'")
@@ -286,15 +289,19 @@ def test_a_claim_waiting_behind_an_erasure_judges_again(
             if call == "claim":
                 r = claim(claimer, "c", t)
                 answers.append((r.claimed, r.reason))
-            else:
+            elif call == "claim_targets":
                 [b] = db.claim_targets(claimer, "c", "default", [as_range(t)], MODEL, V3,
                                        "w1", lease=LEASE, now=T0)
                 answers.append((b.claimed, b.reason))
+            else:
+                answers.extend((n.claimed, n.reason) for n in db.claim_next_targets(
+                    claimer, "c", "default", 1, MODEL, V3, "w1", lease=LEASE, now=T0))
 
         thread = threading.Thread(target=send)
         thread.start()
         wait_until_blocked(conn, claimer.info.backend_pid)
         eraser.commit()
         thread.join(30)
-    assert answers == [(False, "not_eligible")]
+    # claim_next_targets judges which ranges are targets: after the erasure, none.
+    assert answers == ([] if call == "claim_next_targets" else [(False, "not_eligible")])
     assert scalar(conn, "SELECT count(*) FROM compaction.jobs") == 0
