@@ -453,7 +453,7 @@ def test_a_serialization_failure_costs_one_retry_of_that_call(
         return conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
             " AND application_name = 'pycompactor' AND wait_event_type = 'Lock'"
-            " AND query LIKE %s", (dbname, "%compaction.claim_targets(%")).fetchone() == (1,)
+            " AND query LIKE %s", (dbname, "%compaction.claim_next_targets(%")).fetchone() == (1,)
 
     with psycopg.connect(dsn) as holder:  # not autocommit: its claim stays uncommitted
         held = db.claim(holder, "conv-1", "default", 0, target.source_message_ids,
@@ -466,7 +466,8 @@ def test_a_serialization_failure_costs_one_retry_of_that_call(
             assert proc.wait() == 0, proc.stderr
     events = proc.events()
     [retry] = events_named(events, "db_retry")
-    assert (retry["call"], retry["sqlstate"], retry["retry"]) == ("claim_targets", "40001", 1)
+    assert (retry["call"], retry["sqlstate"], retry["retry"]) == (
+        "claim_next_targets", "40001", 1)
     assert not list(events_named(events, "db_error"))
     [claimed] = events_named(events, "claimed")
     [done] = events_named(events, "completed")
