@@ -195,6 +195,11 @@ from tests.sql.test_audit import (  # noqa: E402, F401
     test_docs_audit_queries_run,
 )
 
+# A worker's look with its first claims (revision 0040), raced.
+from tests.sql.test_claim_next_targets import (  # noqa: E402, F401
+    test_concurrent_looks_claim_each_range_once_within_admission,
+)
+
 # A worker's batches of claims (revision 0038), raced. (The test that compares a batch
 # with claims one by one rolls each back in one transaction, which Citus refuses when
 # the superuser reads placements the owner's functions wrote in it.)
@@ -458,6 +463,43 @@ def test_a_batch_of_claims_asks_every_shard_once(conn: Conn) -> None:
     assert rows == [(t.from_pair, True) for t in targets]
     assert every_shard(issued_one_by_one) == 4 * int(shards[0]), issued_one_by_one
     assert every_shard(issued_batch) == int(shards[0]), issued_batch
+
+
+def test_a_look_and_its_claims_ask_every_shard_once(conn: Conn) -> None:
+    """Revision 0040: worker_targets and then claim_targets judge a conversation twice, each
+    judgement with a question to every shard of the messages; claim_next_targets, which
+    looks and claims the same four ranges, asks it once."""
+    from pycompactor import db
+
+    shards = conn.execute("SELECT count(*) FROM pg_dist_shard"
+                          " WHERE logicalrelid = 'compaction_source.messages'::regclass"
+                          ).fetchone()
+    assert shards is not None
+
+    def every_shard(issued: list[str]) -> int:
+        return sum(1 for c in issued if "(conversation_id IS DISTINCT FROM" in c)
+
+    conn.execute(_history_sql("two-calls", runs=100))
+    rows, looked = _remote_commands(
+        conn, "SELECT from_pair, source_message_ids, source_hash FROM"
+              " compaction.worker_targets('two-calls', 'default', 'test-model',"
+              " 'conversation-compaction@3')")
+    targets = rows[:4]
+    ids = ", ".join(f"ARRAY{list(t[1])!r}" for t in targets)
+    hashes = ", ".join(f"'{t[2]}'" for t in targets)
+    rows, claimed = _remote_commands(
+        conn, "SELECT from_pair, claimed FROM compaction.claim_targets('two-calls', 'default',"
+              f" ARRAY{[t[0] for t in targets]!r}, ARRAY[{ids}], ARRAY[{hashes}],"
+              " 'test-model', 'conversation-compaction@3', 'w')")
+    assert rows == [(t[0], True) for t in targets]
+    conn.execute(_history_sql("one-call", runs=100))
+    rows, issued = _remote_commands(
+        conn, "SELECT from_pair, claimed FROM compaction.claim_next_targets('one-call',"
+              " 'default', 4, 'test-model', 'conversation-compaction@3', 'w')")
+    assert [r for r in rows if r[1] is not None] == [(t[0], True) for t in targets]
+    assert db.plan_targets(conn, "one-call")[4:] != []
+    assert every_shard(looked) + every_shard(claimed) == 2 * int(shards[0])
+    assert every_shard(issued) == int(shards[0]), issued
 
 
 def test_a_judgement_asks_every_shard_on_one_connection_per_node(
