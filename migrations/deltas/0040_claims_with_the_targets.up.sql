@@ -115,8 +115,9 @@ BEGIN
         attempt := NULL;
         lease_expires_at := NULL;
         IF NOT completed AND v_claims < p_limit AND NOT v_ended THEN
-            -- claim's checks in the contract's order; the range is a target with exactly
-            -- these ids and this hash, so not_eligible and source_mismatch cannot arise.
+            -- claim's checks in the contract's order. The range is a target with exactly
+            -- these ids and this hash: never not_eligible, and source_mismatch only where
+            -- its texts could not be hashed (no valid hash).
             IF NOT compaction.valid_source_ids(source_message_ids) THEN
                 claimed := false;
                 reason := 'invalid_source_ids';
