@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -18,6 +20,8 @@ MODEL = "test-model"
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 LEASE = timedelta(minutes=5)
 GOOD = "A faithful summary of ten assistant replies."
+
+Result = TypeVar("Result")
 
 
 def target(conn: psycopg.Connection[Any], conversation_id: str, n_pairs: int = 30,
@@ -49,6 +53,33 @@ def wait_until_blocked(observer: psycopg.Connection[Any], pid: int) -> None:
                             " AND NOT granted)", (pid,)).fetchone() == (True,):
             return
     raise AssertionError(f"backend {pid} never blocked")
+
+
+def at_once(dsn: str, n: int,
+            call: Callable[[psycopg.Connection[Any], int], Result]) -> list[Result]:
+    """`call(connection, k)` on n connections of their own (autocommit), released together
+    by a barrier once all are connected; the answers in k order. The first error is
+    raised once every call has ended."""
+    barrier = threading.Barrier(n)
+    answers: dict[int, Result] = {}
+    errors: list[BaseException] = []
+
+    def send(k: int) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as own:
+                barrier.wait()
+                answers[k] = call(own, k)
+        except BaseException as exc:  # raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return [answers[k] for k in range(n)]
 
 
 def function_calls(dsn: str, conversation_id: str, n_pairs: int) -> dict[str, int]:

@@ -6,7 +6,6 @@ targets without a summary, from the same state.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from typing import Any
 
@@ -18,7 +17,7 @@ from pycompactor.errors import PycompactorError
 from pycompactor.models import Target
 from tests.history import History
 from tests.sql import test_claim_targets
-from tests.sql.engine import LEASE, MODEL, T0, V3, scalar
+from tests.sql.engine import LEASE, MODEL, T0, V3, at_once, scalar
 from tests.sql.test_claim_targets import as_range, claim_targets, engine_rows
 
 Conn = psycopg.Connection[Any]
@@ -168,28 +167,7 @@ def test_concurrent_looks_claim_each_range_once_within_admission(conn: Conn) -> 
     ranges are claimed, each once, and every answer is a claim's."""
     History(conn).pairs("c", 100)
     conn.execute("UPDATE compaction.settings SET max_running = 5")
-    barrier = threading.Barrier(8)
-    answers: list[list[tuple[Any, ...]]] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def send(k: int) -> None:
-        try:
-            with psycopg.connect(conn.info.dsn, autocommit=True) as own:
-                barrier.wait()
-                got = look(own, 3, worker=f"w{k}")
-            with lock:
-                answers.append(got)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=send, args=(k,)) for k in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
-    assert len(answers) == 8
+    answers = at_once(conn.info.dsn, 8, lambda own, k: look(own, 3, worker=f"w{k}"))
     assert all([g[0] for g in got] == list(range(0, 80, 10)) for got in answers)
     claimed = Counter(g[0] for got in answers for g in got if g[5])
     assert sum(claimed.values()) == 5

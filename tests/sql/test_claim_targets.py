@@ -17,7 +17,17 @@ from pycompactor import db
 from pycompactor.errors import PycompactorError
 from pycompactor.models import Target
 from tests.history import History
-from tests.sql.engine import GOOD, LEASE, MODEL, T0, V3, claim, scalar, wait_until_blocked
+from tests.sql.engine import (
+    GOOD,
+    LEASE,
+    MODEL,
+    T0,
+    V3,
+    at_once,
+    claim,
+    scalar,
+    wait_until_blocked,
+)
 
 Conn = psycopg.Connection[Any]
 Range = tuple[int, list[str], str]
@@ -203,27 +213,8 @@ def test_concurrent_batches_claim_each_range_once_within_admission(conn: Conn) -
     conn.execute("UPDATE compaction.settings SET max_running = 5")
     ranges = [as_range(t) for t in db.plan_targets(conn, "c")]
     assert len(ranges) == 8
-    barrier = threading.Barrier(8)
-    answers: list[list[tuple[Any, ...]]] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def send(k: int) -> None:
-        try:
-            with psycopg.connect(conn.info.dsn, autocommit=True) as own:
-                barrier.wait()
-                got = claim_targets(own, ranges, worker=f"w{k}")
-            with lock:
-                answers.append(got)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=send, args=(k,)) for k in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    answers = at_once(conn.info.dsn, 8, lambda own, k: claim_targets(own, ranges,
+                                                                    worker=f"w{k}"))
     claimed = Counter(a[0] for batch in answers for a in batch if a[1])
     assert sum(claimed.values()) == 5
     assert set(claimed.values()) == {1}
