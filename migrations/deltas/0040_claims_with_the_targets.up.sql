@@ -66,29 +66,18 @@ BEGIN
             USING ERRCODE = 'CP020';
     END IF;
 
-    -- Judged before the conversation's lock, as in claim, with which identities hold a
-    -- summary (worker_targets' statements). With a claim to try, the conversation's
-    -- engine rows are then ours until commit (claim's statement), and it is judged again
-    -- under the lock where an erasure's tombstone is (as in claim). Nothing to claim, no
-    -- lock.
+    -- The look is worker_targets' answer, judged before the conversation's lock as in
+    -- claim. With a claim to try, the conversation's engine rows are then ours until
+    -- commit (claim's statement), and it is looked at again under the lock where an
+    -- erasure's tombstone is (as in claim). Nothing to claim, no lock.
     LOOP
         SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
                pg_catalog.array_agg(t.source_message_ids ORDER BY t.from_pair),
-               pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
-        INTO v_from, v_ids, v_hashes
-        FROM compaction.target_ranges(p_conversation_id) AS t;
-        SELECT pg_catalog.array_agg(EXISTS (
-                   SELECT 1
-                   FROM compaction.jobs AS j
-                   JOIN compaction.job_summaries AS s
-                     ON s.conversation_id = j.conversation_id AND s.job_id = j.job_id
-                   WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
-                     AND j.from_pair = t.from_pair AND j.source_hash = t.source_hash
-                     AND j.model = p_model AND j.prompt_version = p_prompt_version)
-                   ORDER BY t.k)
-        INTO v_done
-        FROM ROWS FROM (pg_catalog.unnest(v_from), pg_catalog.unnest(v_hashes))
-             WITH ORDINALITY AS t (from_pair, source_hash, k);
+               pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair),
+               pg_catalog.array_agg(t.completed ORDER BY t.from_pair)
+        INTO v_from, v_ids, v_hashes, v_done
+        FROM compaction.worker_targets(p_conversation_id, p_scope, p_model,
+                                       p_prompt_version) AS t;
         EXIT WHEN v_locked OR p_limit = 0 OR NOT coalesce(false = ANY (v_done), false);
         INSERT INTO compaction.conversation_locks AS l (conversation_id)
         VALUES (p_conversation_id)
