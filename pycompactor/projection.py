@@ -12,18 +12,18 @@ Two layers:
   The manifest (`Manifest`) and the rejections (`Rejections`) are sequences whose
   entries are made when read: a long conversation costs no object per pair or summary.
 * a thin reading layer that feeds the core from PostgreSQL in one snapshot (so metadata
-  and texts agree). While the engine keeps its derived state, one statement
-  (`compaction.projection_read`) gives the newest pairs' metadata, every summary's
-  verdict (the database judged them when their ranges or they were written) and the
-  texts of what the engine's walk of them includes; the driver plans from the metadata
-  itself (`_frame_step`) and renders if every text it needs came (`_one_read`). Otherwise
-  (the derived state out of use, or a text not sent) the reads run in one read-only
-  repeatable-read transaction (`_projection_steps`): the frame, or every pair's and
-  summary's metadata judged from the views, then only the texts the plan includes. The
-  text read and shipped grows with the budget, not with the conversation
-  (docs/projection.md, "Cost"). The reads are written once, driver-free; two small
-  drivers run them, usually one round trip: `project_history` on a
-  `psycopg.Connection`, `aproject_history` on a `psycopg.AsyncConnection`.
+  and texts agree). One statement (`compaction.projection_read`) gives the newest
+  pairs' metadata, every summary's verdict (while the engine keeps its derived state,
+  judged when their ranges or they were written; otherwise judged from the views in
+  that statement, with every pair) and the texts of what the engine's walk of them
+  includes; the driver plans from the metadata itself (`_frame_step`) and renders if
+  every text it needs came (`_one_read`). Otherwise (a text not sent) the reads run in
+  one read-only repeatable-read transaction (`_projection_steps`): the frame, then only
+  the texts the plan includes. With the derived state, the text read and shipped grows
+  with the budget, not with the conversation (docs/projection.md, "Cost"). The reads
+  are written once, driver-free; two small drivers run them, usually one round trip:
+  `project_history` on a `psycopg.Connection`, `aproject_history` on a
+  `psycopg.AsyncConnection`.
 
 The rules, the marker line and the manifest shape are documented in docs/projection.md.
 """
@@ -856,14 +856,17 @@ def _next_read(given: int, spent: int, budget: int) -> int:
     return min(wanted + (-wanted) % PAIRS_PER_RANGE, _MAX_PAIRS_READ)
 
 
-def _frame_step(frame: Sequence[Any], budget: int) -> Plan | int | None:
+def _frame_step(frame: Sequence[Any], budget: int) -> Plan | int:
     """What projection_frame's row (its first 11 columns) decides: the plan when the walk
-    finished within its pairs; else how many of the newest pairs to read next; None when
-    the derived state is not in use (the caller judges from the views)."""
-    (derived, count, first, users, assistants, user_sizes, assistant_sizes,
+    finished within its pairs; else how many of the newest pairs to read next. Judged
+    from the views (the derived state out of use: `derived` false) the frame holds every
+    pair, so the walk always finishes."""
+    (_derived, count, first, users, assistants, user_sizes, assistant_sizes,
      summary_ids, from_pairs, reasons, sizes) = frame[:11]
-    if not derived:
-        return None
+    if users is None:
+        # Before revision 0041 the engine gave no frame without its derived state.
+        raise PycompactorError("the engine gave no projection frame: its schema is older"
+                               " than this package; run `pycompactor migrate`")
     if not len(users) == len(assistants) == len(user_sizes) == len(assistant_sizes):
         raise PycompactorError("the engine gave a frame whose pair columns differ in length;"
                                " upgrade pycompactor to the version of the migrations")
@@ -891,12 +894,11 @@ def _projection_steps(conversation_id: str, budget: int, scope: str,
     same projection. They run them when the one statement of `_one_read_query` did not
     give all a plan needs.
 
-    While the derived state is in use, one statement (compaction.projection_frame) gives
-    the newest `wanted` pairs' metadata and every summary's verdict; if the walk gets
-    past those pairs, it is asked again for as many as the rest of the budget may need.
-    Otherwise all pair metadata and every summary's metadata, judged from the views. No
-    text is read here: the texts the plan includes are read by the driver
-    (`_texts_query`).
+    One statement (compaction.projection_frame) gives the newest `wanted` pairs'
+    metadata and every summary's verdict; if the walk gets past those pairs, it is asked
+    again for as many as the rest of the budget may need (judged from the views, the
+    frame holds every pair at once). No text is read here: the texts the plan includes
+    are read by the driver (`_texts_query`).
     """
     wanted = _first_read(budget) if wanted is None else wanted
     while True:
@@ -904,18 +906,7 @@ def _projection_steps(conversation_id: str, budget: int, scope: str,
         step = _frame_step(frame, budget)
         if isinstance(step, Plan):
             return step
-        if step is None:
-            break
         wanted = step
-
-    # Judged from the views: every pair, every summary.
-    # Plain tuples, then PairMeta._make: one per eligible pair, so per-row cost counts.
-    all_pairs = list(map(PairMeta._make, (yield db.projection_pairs_query(conversation_id))))
-    # Rows of db.projection_summaries_query; version_rank comes last there.
-    summaries = [SummaryCandidate(r[0], r[1], r[2], tuple(r[3]), r[4], r[5], r[6], r[10], r[7],
-                                  r[8], r[9])
-                 for r in (yield db.projection_summaries_query(conversation_id, scope))]
-    return plan_projection(all_pairs, summaries, budget)
 
 
 def _one_read_query(conversation_id: str, budget: int, scope: str) -> db.Query:
@@ -937,7 +928,7 @@ def _one_read(rows: Sequence[Sequence[Any]], budget: int) -> _Read | int:
     different projection."""
     step = _frame_step(rows[0], budget)
     if not isinstance(step, Plan):
-        return _first_read(budget) if step is None else step
+        return step
     message_texts, summary_texts = _texts(rows[1:])
     if (all(m in message_texts for m in step.message_ids)
             and all(s in summary_texts for s in step.summary_ids)):
@@ -1049,12 +1040,13 @@ def project_history(
     """History for the next Run of a conversation under a UTF-8 byte budget (DESIGN §9).
 
     Reads the newest pairs' metadata and every summary's verdict (whether a summary's
-    source is current comes from the engine's derived state), plans, and renders only
-    the texts the plan includes: usually one statement (compaction.projection_read, one
-    round trip and one snapshot; on an autocommit connection no transaction of its own),
-    text read in proportion to the budget, whatever the conversation's length. When that
-    statement cannot give all the plan needs (the derived state out of use, or a text the
-    engine's walk did not send), the reads run again in one read-only snapshot.
+    source is current comes from the engine's derived state, or is judged from the
+    views while that is out of use), plans, and renders only the texts the plan
+    includes: usually one statement (compaction.projection_read, one round trip and one
+    snapshot; on an autocommit connection no transaction of its own), text read in
+    proportion to the budget, whatever the conversation's length. When that statement
+    cannot give all the plan needs (a text the engine's walk did not send), the reads
+    run again in one read-only snapshot.
     Every summary gets its reason (a stale one is `stale_source` whatever the budget).
     An unknown conversation gives an empty projection; a negative budget raises UsageError.
     """

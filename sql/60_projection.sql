@@ -70,9 +70,10 @@ BEGIN
         WHERE v_derived AND r.conversation_id = p_conversation_id
           AND r.from_pair IN (SELECT x.from_pair FROM summaries AS x)
         UNION ALL
-        SELECT u.from_pair, v_ids[(u.k::int - 1) * 20 + 1 : u.k::int * 20], u.source_hash
+        SELECT u.from_pair, g.ids, u.source_hash
         FROM ROWS FROM (pg_catalog.unnest(v_from), pg_catalog.unnest(v_hashes))
              WITH ORDINALITY AS u (from_pair, source_hash, k)
+        JOIN compaction.id_ranges(v_ids) AS g ON g.k = u.k
         WHERE NOT v_derived
     )
     SELECT s.summary_id,
@@ -270,19 +271,181 @@ $$;
 COMMENT ON FUNCTION compaction.rederive_summary_verdicts(text, int[], bigint) IS
     'Internal: re-judges the summaries of the listed ranges of a conversation (every summary when NULL) into compaction.summary_verdicts, first adding p_new_summary_id''s row when given';
 
--- The projection's one read while the derived state is in use (revision 0014): what the
--- walk needs from the newest pairs back, and the verdicts it needs, in one statement, so
--- a projection costs two round trips (this, then projection_texts) and grows with the
--- budget rather than with the history. Pair metadata comes only for the newest p_pairs
--- pairs (rounded to whole ranges); Python asks again for more when its walk gets past
--- them. The verdicts (revision 0015) are every rejected summary's, wherever its range lies
--- (DESIGN §9: only did_not_fit depends on the budget), and the chosen summaries' of the
--- ranges those pairs cover, with their byte length: a chosen summary beyond the walk's
--- reach is not tried, so not listed. They come in (from_pair, summary_id) order (the
--- aggregates follow the sorted subquery; the driver checks it and sorts if not). derived
--- is false (and nothing else is returned) while the derived state is not in use: the
--- caller then reads through indexed_pairs and projection_summaries, which judge from the
--- views.
+-- Revision 0041: projection_frame's row judged from the views (before an install's
+-- rebuild has finished, after a source view is re-pointed, and always on Citus), from one
+-- judgement of the conversation. The judgement reads every pair anyway, so the frame
+-- holds them all (first_pair 0: a walk never reads again), and each summary of the scope
+-- gets the verdict judge_summaries gives it from the derived state, in DESIGN §9's
+-- order, against the ranges judged here. Only the ranges whose current ids are those of
+-- a projectable summary are hashed: the other summaries are not projectable or stale
+-- whatever the texts say. (Until this revision the driver read the pairs through
+-- indexed_pairs and then the verdicts' inputs through projection_summaries: two
+-- judgements, and two round trips more.) Each statement that calls an engine function
+-- stands alone (DESIGN §11); between statements the arrays are zipped by unnest, never
+-- subscripted in a query, where a subscript walks a text[] from its start.
+CREATE FUNCTION compaction.judged_frame(p_conversation_id text, p_scope text)
+RETURNS TABLE (
+    derived               boolean,
+    pair_count            int,
+    first_pair            int,
+    user_message_ids      text[],
+    assistant_message_ids text[],
+    user_bytes            int[],
+    assistant_bytes       int[],
+    summary_ids           bigint[],
+    summary_from_pairs    int[],
+    summary_reasons       text[],
+    summary_bytes         int[]
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_users       text[];
+    v_assistants  text[];
+    v_user_sizes  int[];
+    v_sizes       int[];
+    -- The scope's summaries, in (from_pair, summary_id) order; v_stored_ids holds their
+    -- 20 ids each (n x 20: a stored summary has exactly 20, jobs_valid_source_ids).
+    v_summary_ids bigint[];
+    v_froms       int[];
+    v_stored_ids  text[];
+    v_hashes      text[];
+    v_projectable boolean[];
+    v_ranks       int[];
+    v_completed   timestamptz[];
+    v_bytes       int[];
+    -- Per summary, whether its range exists now with its 20 ids; the ranges to hash.
+    v_same_ids    boolean[];
+    v_hash_froms  int[];
+    v_hash_ids    text[];
+    v_now_froms   int[];
+    v_now_hashes  text[];
+BEGIN
+    -- The one judgement: every eligible pair, in order.
+    SELECT pg_catalog.array_agg(j.user_message_id), pg_catalog.array_agg(j.assistant_message_id),
+           pg_catalog.array_agg(j.user_bytes), pg_catalog.array_agg(j.assistant_bytes)
+    INTO v_users, v_assistants, v_user_sizes, v_sizes
+    FROM (SELECT q.user_message_id, q.assistant_message_id, q.user_bytes, q.assistant_bytes
+          FROM compaction.judged_pairs(p_conversation_id) AS q
+          ORDER BY q.pair_index) AS j;
+    -- The scope's summaries, what judge_summaries reads of them.
+    SELECT pg_catalog.array_agg(s.summary_id), pg_catalog.array_agg(s.from_pair),
+           pg_catalog.array_agg(s.source_message_ids), pg_catalog.array_agg(s.source_hash),
+           pg_catalog.array_agg(s.projectable), pg_catalog.array_agg(s.version_rank),
+           pg_catalog.array_agg(s.completed_at), pg_catalog.array_agg(s.bytes)
+    INTO v_summary_ids, v_froms, v_stored_ids, v_hashes, v_projectable, v_ranks,
+         v_completed, v_bytes
+    FROM (SELECT x.summary_id, x.from_pair, x.source_message_ids, x.source_hash,
+                 coalesce(v.projectable, false) AS projectable,
+                 -- The version's number after '@', higher preferred; -1 without one.
+                 coalesce(pg_catalog.substring(x.prompt_version, '@([0-9]{1,9})$')::int, -1)
+                     AS version_rank,
+                 x.completed_at, pg_catalog.octet_length(x.summary) AS bytes
+          FROM compaction.summaries AS x
+          LEFT JOIN compaction.prompt_versions AS v ON v.prompt_version = x.prompt_version
+          WHERE x.conversation_id = p_conversation_id AND x.scope = p_scope
+          ORDER BY x.from_pair, x.summary_id) AS s;
+    -- Which summaries' ranges exist now with their ids, and the ranges whose hash decides
+    -- a verdict (a projectable summary's, with its ids), each once, with its 20 ids.
+    WITH pairs AS (
+        SELECT p.k - 1 AS pair_index, p.user_id, p.assistant_id
+        FROM ROWS FROM (pg_catalog.unnest(v_users), pg_catalog.unnest(v_assistants))
+             WITH ORDINALITY AS p (user_id, assistant_id, k)
+    ), ranges AS (
+        SELECT (q.pair_index / 10 * 10)::int AS from_pair,
+               pg_catalog.array_agg(x.id ORDER BY q.pair_index, x.n) AS ids
+        FROM pairs AS q
+        CROSS JOIN LATERAL (VALUES (1, q.user_id), (2, q.assistant_id)) AS x (n, id)
+        GROUP BY 1
+        HAVING count(*) = 20
+    ), compared AS MATERIALIZED (
+        SELECT u.k, u.from_pair, u.projectable, r.ids,
+               coalesce(r.ids = g.ids, false) AS same_ids
+        FROM ROWS FROM (pg_catalog.unnest(v_froms), pg_catalog.unnest(v_projectable))
+             WITH ORDINALITY AS u (from_pair, projectable, k)
+        JOIN compaction.id_ranges(ARRAY(SELECT pg_catalog.unnest(v_stored_ids))) AS g
+          ON g.k = u.k
+        LEFT JOIN ranges AS r ON r.from_pair = u.from_pair
+    ), hashed AS (
+        SELECT DISTINCT ON (c.from_pair) c.from_pair, c.ids
+        FROM compared AS c
+        WHERE c.projectable AND c.same_ids
+        ORDER BY c.from_pair
+    )
+    SELECT (SELECT pg_catalog.array_agg(c.same_ids ORDER BY c.k) FROM compared AS c),
+           (SELECT pg_catalog.array_agg(h.from_pair ORDER BY h.from_pair) FROM hashed AS h),
+           (SELECT pg_catalog.array_agg(e.id ORDER BY h.from_pair, e.n)
+            FROM hashed AS h
+            CROSS JOIN LATERAL pg_catalog.unnest(h.ids) WITH ORDINALITY AS e (id, n))
+    INTO v_same_ids, v_hash_froms, v_hash_ids;
+    SELECT pg_catalog.array_agg(h.from_pair), pg_catalog.array_agg(h.source_hash)
+    INTO v_now_froms, v_now_hashes
+    FROM compaction.range_hashes(p_conversation_id, v_hash_froms, v_hash_ids) AS h;
+    -- The verdicts: judge_summaries' rule, against the ranges judged above.
+    RETURN QUERY
+    WITH judged AS (
+        SELECT u.summary_id, u.from_pair, u.version_rank, u.completed_at, u.bytes,
+               CASE WHEN NOT u.projectable THEN 'version_not_projectable'
+                    WHEN NOT coalesce(u.same_ids AND h.source_hash = u.source_hash, false)
+                        THEN 'stale_source' END AS reason
+        FROM ROWS FROM (pg_catalog.unnest(v_summary_ids), pg_catalog.unnest(v_froms),
+                        pg_catalog.unnest(v_hashes), pg_catalog.unnest(v_projectable),
+                        pg_catalog.unnest(v_ranks), pg_catalog.unnest(v_completed),
+                        pg_catalog.unnest(v_bytes), pg_catalog.unnest(v_same_ids))
+             AS u (summary_id, from_pair, source_hash, projectable, version_rank,
+                   completed_at, bytes, same_ids)
+        LEFT JOIN ROWS FROM (pg_catalog.unnest(v_now_froms), pg_catalog.unnest(v_now_hashes))
+             AS h (from_pair, source_hash) ON h.from_pair = u.from_pair
+    ), verdicts AS (
+        SELECT j.summary_id, j.from_pair,
+               CASE WHEN j.reason IS NULL
+                         AND pg_catalog.row_number() OVER (
+                                 PARTITION BY j.from_pair, j.reason IS NULL
+                                 ORDER BY j.version_rank DESC, j.completed_at DESC,
+                                          j.summary_id DESC) > 1
+                    THEN 'superseded' ELSE j.reason END AS reason,
+               j.bytes
+        FROM judged AS j
+    ), listed AS (
+        -- In (from_pair, summary_id) order, as projection_frame gives them; a size only
+        -- for the summary a range uses.
+        SELECT pg_catalog.array_agg(o.summary_id) AS ids,
+               pg_catalog.array_agg(o.from_pair) AS froms,
+               pg_catalog.array_agg(o.reason) AS reasons,
+               pg_catalog.array_agg(o.bytes) AS sizes
+        FROM (SELECT v.summary_id, v.from_pair, v.reason,
+                     CASE WHEN v.reason IS NULL THEN v.bytes END AS bytes
+              FROM verdicts AS v
+              ORDER BY v.from_pair, v.summary_id) AS o
+    )
+    SELECT false, coalesce(pg_catalog.cardinality(v_users), 0), 0,
+           coalesce(v_users, '{}'), coalesce(v_assistants, '{}'),
+           coalesce(v_user_sizes, '{}'), coalesce(v_sizes, '{}'),
+           coalesce(l.ids, '{}'), coalesce(l.froms, '{}'), coalesce(l.reasons, '{}'),
+           coalesce(l.sizes, '{}')
+    FROM listed AS l;
+END
+$$;
+COMMENT ON FUNCTION compaction.judged_frame(text, text) IS
+    'Internal: projection_frame''s row judged from the views in one judgement: every eligible pair (first_pair 0) and every summary''s verdict of the scope, derived = false';
+
+-- The projection's one read (revision 0014): what the walk needs from the newest pairs
+-- back, and the verdicts it needs, in one statement, so a projection costs one round trip
+-- (projection_read) and, while the derived state is in use, grows with the budget rather
+-- than with the history. Pair metadata comes only for the newest p_pairs pairs (rounded
+-- to whole ranges); the walk asks again for more when it gets past them. The verdicts
+-- (revision 0015) are every rejected summary's, wherever its range lies (DESIGN §9: only
+-- did_not_fit depends on the budget), and the chosen summaries' of the ranges those pairs
+-- cover, with their byte length: a chosen summary beyond the walk's reach is not tried,
+-- so not listed. They come in (from_pair, summary_id) order (the aggregates follow the
+-- sorted subquery; the driver checks it and sorts if not). While the derived state is not
+-- in use, the row is judged_frame's (revision 0041): derived is false, and every pair
+-- and every verdict is given, judged from the views.
 CREATE FUNCTION compaction.projection_frame(p_conversation_id text, p_scope text, p_pairs int)
 RETURNS TABLE (
     derived               boolean,
@@ -315,9 +478,7 @@ BEGIN
         RAISE EXCEPTION 'p_pairs must be 0 or more, got %', p_pairs USING ERRCODE = 'CP020';
     END IF;
     IF NOT compaction.derived_state_current() THEN
-        RETURN QUERY SELECT false, NULL::int, NULL::int, NULL::text[], NULL::text[],
-                            NULL::int[], NULL::int[], NULL::bigint[], NULL::int[],
-                            NULL::text[], NULL::int[];
+        RETURN QUERY SELECT * FROM compaction.judged_frame(p_conversation_id, p_scope);
         RETURN;
     END IF;
     SELECT cs.pair_count INTO v_count
@@ -370,7 +531,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.projection_frame(text, text, int) IS
-    'What a projection plans from while the derived state is in use, in one row: the pair count, the metadata of the newest p_pairs pairs (from first_pair, whole ranges; no text), every rejected summary of the conversation and scope with its reason (version_not_projectable, stale_source, superseded), and the chosen summary (reason NULL) of each range those pairs cover with its UTF-8 byte length; derived = false (nothing else) when the derived state is not in use';
+    'What a projection plans from, in one row: the pair count, the metadata of the newest p_pairs pairs (from first_pair, whole ranges; no text), every rejected summary of the conversation and scope with its reason (version_not_projectable, stale_source, superseded), and the chosen summary (reason NULL) of each range those pairs cover with its UTF-8 byte length; while the derived state is not in use, derived = false and every pair and verdict, judged from the views (first_pair 0)';
 
 -- The projection in one statement (revision 0029): the frame, then the texts of what the
 -- budget walk includes, so a projection is one round trip in one snapshot (the
@@ -382,6 +543,8 @@ COMMENT ON FUNCTION compaction.projection_frame(text, text, int) IS
 -- difference between the two walks costs a read, never a different projection (a test
 -- holds them equal). p_marker_bytes is the UTF-8 size of the driver's summary marker line
 -- without its two pair numbers: the rendering is the driver's, only its size is needed.
+-- Judged from the views (revision 0041), the frame holds every pair, so the walk finishes
+-- on the first frame and the whole projection is still this one statement.
 CREATE FUNCTION compaction.projection_read(
     p_conversation_id text, p_scope text, p_pairs int, p_budget_bytes bigint,
     p_marker_bytes int)
@@ -445,7 +608,6 @@ BEGIN
     END IF;
     LOOP
         SELECT * INTO f FROM compaction.projection_frame(p_conversation_id, p_scope, v_wanted::int);
-        EXIT WHEN NOT f.derived;
         v_users := f.user_message_ids;
         v_assistants := f.assistant_message_ids;
         v_user_sizes := f.user_bytes;
@@ -518,9 +680,6 @@ BEGIN
                         f.assistant_message_ids, f.user_bytes, f.assistant_bytes,
                         f.summary_ids, f.summary_from_pairs, f.summary_reasons,
                         f.summary_bytes, NULL::text, NULL::bigint, NULL::text;
-    IF NOT f.derived THEN
-        RETURN;
-    END IF;
     RETURN QUERY
         SELECT NULL::boolean, NULL::int, NULL::int, NULL::text[], NULL::text[], NULL::int[],
                NULL::int[], NULL::bigint[], NULL::int[], NULL::text[], NULL::int[],
@@ -529,4 +688,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.projection_read(text, text, int, bigint, int) IS
-    'A projection''s reads in one statement: first projection_frame''s row for the newest p_pairs pairs or, when the budget walk gets past them, for as many more as it needs (text columns NULL), then (message_id, summary_id, content) of each message and summary the walk includes (frame columns NULL); no text rows when the derived state is not in use. p_marker_bytes: UTF-8 bytes of the summary marker line without its pair numbers';
+    'A projection''s reads in one statement: first projection_frame''s row for the newest p_pairs pairs or, when the budget walk gets past them, for as many more as it needs (text columns NULL), then (message_id, summary_id, content) of each message and summary the walk includes (frame columns NULL). p_marker_bytes: UTF-8 bytes of the summary marker line without its pair numbers';

@@ -312,8 +312,8 @@ def test_judged_from_the_views_a_projection_judges_the_conversation_once(conn: C
     summaries, and the targets) judge the conversation once and hash every summarized
     range in one statement, however many ranges are summarized (revision 0023: once per
     summarized range before, quadratic in the history's length; 81 s a projection at
-    10,000 pairs, docs/benchmarks.md). Counted, not timed: each function's calls in one
-    transaction."""
+    10,000 pairs, docs/benchmarks.md); a projection judges once in all (revision 0041).
+    Counted, not timed: each function's calls in one transaction."""
     pairs = History(conn).pairs("once", 75)
     for start in range(0, 50, 10):
         import_summary(conn, "once", pairs, start)
@@ -342,12 +342,63 @@ def test_judged_from_the_views_a_projection_judges_the_conversation_once(conn: C
             counted[0]: 1, counted[1]: 0, counted[2]: 1}
         assert stale == [(0,)]
         assert [t.from_pair for t in db.plan_targets(conn, "once")] == [0, 10, 20, 30, 40]
-        # project_history: the pairs' metadata, then the summaries' verdicts
+        # project_history: the pairs and the summaries' verdicts from one judgement
+        # (revision 0041: the pairs' metadata, then the verdicts, judged twice before)
         projection: list[Projection] = []
         assert calls(lambda: projection.append(
             project_history(conn, "once", budget_bytes=BIG))) == {
-            counted[0]: 2, counted[1]: 0, counted[2]: 1}
+            counted[0]: 1, counted[1]: 0, counted[2]: 1}
         assert {p.placement for p in projection[0].pairs[:50]} == {"summarized"}
+
+
+@pytest.mark.parametrize("scope", ["default", "other"])
+def test_judged_from_the_views_the_projection_is_the_derived_states(conn: Conn,
+                                                                     scope: str) -> None:
+    """Revision 0041: judged from the views, projection_frame gives every pair and every
+    summary's verdict from one judgement (judged_frame), and a projection is the one
+    statement it is with the derived state. Same state, same projection, at every
+    budget: current, superseded (by version and by completed_at), not projectable, stale
+    by an edited text (same ids: only the hash tells), by renumbered pairs and by a failed
+    run, a block that does not fit, summaries of another scope."""
+    pairs = History(conn).pairs("eq", 95)
+    import_summary(conn, "eq", pairs, 0)
+    import_summary(conn, "eq", pairs, 0, version=V2)
+    import_summary(conn, "eq", pairs, 0, version=V1)
+    import_summary(conn, "eq", pairs, 10)
+    import_summary(conn, "eq", pairs, 20)
+    import_summary(conn, "eq", pairs, 30, completed_at=T0)
+    import_summary(conn, "eq", pairs, 30, completed_at=T0 + timedelta(hours=1),
+                   model="other-model")
+    import_summary(conn, "eq", pairs, 40, text="x" * 5_000)
+    import_summary(conn, "eq", pairs, 50)
+    import_summary(conn, "eq", pairs, 50, scope="other")
+    import_summary(conn, "eq", pairs, 60, scope="other", version=V2)
+    import_summary(conn, "eq", pairs, 60)
+    edit_pair_3(conn, pairs[13])  # range 10: same ids, another hash
+    delete_message_3(conn, pairs[25])  # ranges 20..: renumbered
+    fail_run_3(conn, pairs[57])  # and again
+    # Every 1,500 bytes up to the whole history's cost: the walk stops in every range.
+    whole = project_history(conn, "eq", budget_bytes=BIG, scope=scope).used_bytes
+    budgets = [*range(0, whole + 1_500, 1_500), BIG]
+    derived = {b: project_history(conn, "eq", budget_bytes=b, scope=scope).to_dict()
+               for b in budgets}
+    reasons = {r["reason"] for r in derived[BIG]["rejected_summaries"]}
+    if scope == "default":
+        assert reasons == {"superseded", "version_not_projectable", "stale_source"}, reasons
+        assert any(r["reason"] == "did_not_fit"
+                   for b in budgets for r in derived[b]["rejected_summaries"])
+    judge_from_the_views(conn)
+    counted = ["compaction.judged_frame(text, text)", "compaction.judge_runs(text, text[])",
+               "compaction.indexed_pairs(text)"]
+    conn.execute("SET track_functions = 'all'")
+    with conn.transaction():
+        for budget in budgets:
+            before = calls_in_this_transaction(conn, counted)
+            judged = project_history(conn, "eq", budget_bytes=budget, scope=scope).to_dict()
+            after = calls_in_this_transaction(conn, counted)
+            assert judged == derived[budget], budget
+            assert {f: after[f] - before[f] for f in counted} == {
+                counted[0]: 1, counted[1]: 1, counted[2]: 0}, budget
 
 
 def test_range_hashes_is_range_hash_for_each_range(conn: Conn) -> None:

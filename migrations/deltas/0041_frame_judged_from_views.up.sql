@@ -1,0 +1,669 @@
+-- 0041_frame_judged_from_views: a projection judged from the views (before an install's
+-- rebuild has finished, after a source view is re-pointed, and always on Citus) judges
+-- the conversation once, in projection_read's one statement: projection_frame gives
+-- judged_frame's row, every pair and every summary's verdict, where the driver read the
+-- pairs (indexed_pairs) and then the summaries' inputs (projection_summaries), judging
+-- twice. And the callers that judge from the views no longer slice each range's ids out
+-- of one long array in a query (a cost in the square of the ranges): id_ranges cuts the
+-- array in one pass. Same answers; functions only.
+
+-- Revision 0041: a flat array of ids cut back into its ranges of 20 ([u0, a0, ..., u9,
+-- a9] each), numbered from 1 in order. The callers that judge from the views pass many
+-- ranges' ids between their statements in one array (DESIGN §11: a statement of their
+-- own for each engine function); a subscript of a text[] inside a query walks the array
+-- from its start, so slicing each range out of it cost the square of the ranges (55 ms
+-- for 1,000 ranges, more than hashing them). One pass instead. No SET clause, so it is
+-- inlined into its callers; every name is schema-qualified.
+CREATE FUNCTION compaction.id_ranges(p_ids text[])
+RETURNS TABLE (k bigint, ids text[])
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT (i.ord OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) 20 OPERATOR(pg_catalog.+) 1,
+           pg_catalog.array_agg(i.id ORDER BY i.ord)
+    FROM pg_catalog.unnest(p_ids) WITH ORDINALITY AS i (id, ord)
+    GROUP BY 1
+$$;
+COMMENT ON FUNCTION compaction.id_ranges(text[]) IS
+    'Internal: a flat array of ranges'' ids cut into its ranges of 20, numbered k = 1, 2, ... in order';
+
+-- Revision 0023: current_range for many ranges of one conversation. From the derived
+-- state, one read of the ranges asked for; judged from the views, one judgement and one
+-- statement of hashes for all of them, where a call of current_range per range judged
+-- the whole conversation each time (a projection or an audit of stale summaries cost the
+-- square of the history). Each range asked for whose 10 pairs exist now, with its 20
+-- ids and hash (NULL, as range_hash's, when its messages are not all found once).
+CREATE OR REPLACE FUNCTION compaction.current_ranges(p_conversation_id text, p_from_pairs int[])
+RETURNS TABLE (from_pair int, source_message_ids text[], source_hash text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_from int[];
+    v_ids  text[];
+BEGIN
+    IF compaction.derived_state_current() THEN
+        RETURN QUERY
+        SELECT r.from_pair, r.source_message_ids, r.source_hash
+        FROM compaction.ranges AS r
+        WHERE r.conversation_id = p_conversation_id AND r.from_pair = ANY (p_from_pairs)
+        ORDER BY r.from_pair;
+        RETURN;
+    END IF;
+    -- v_ids: each complete range's 20 ids [u0, a0, ..., u9, a9], in v_from's order; then
+    -- their hashes, one statement each (DESIGN §11).
+    SELECT pg_catalog.array_agg(c.from_pair ORDER BY c.from_pair),
+           ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(c.ids ORDER BY c.from_pair)))
+    INTO v_from, v_ids
+    FROM (SELECT (j.pair_index / 10 * 10)::int AS from_pair,
+                 ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(
+                     ARRAY[j.user_message_id, j.assistant_message_id] ORDER BY j.pair_index)))
+                     AS ids
+          FROM compaction.judged_pairs(p_conversation_id) AS j
+          WHERE j.pair_index / 10 * 10 = ANY (p_from_pairs)
+          GROUP BY j.pair_index / 10 * 10
+          HAVING count(*) = 10) AS c;
+    RETURN QUERY
+    SELECT u.from_pair, g.ids, h.source_hash
+    FROM ROWS FROM (pg_catalog.unnest(v_from)) WITH ORDINALITY AS u (from_pair, k)
+    JOIN compaction.id_ranges(v_ids) AS g ON g.k = u.k
+    LEFT JOIN compaction.range_hashes(p_conversation_id, v_from, v_ids) AS h
+      ON h.from_pair = u.from_pair
+    ORDER BY u.from_pair;
+END
+$$;
+COMMENT ON FUNCTION compaction.current_ranges(text, int[]) IS
+    'Internal: current_range for many ranges of one conversation (one judgement from the views, or one read of the derived state): each range asked for whose 10 pairs exist, with its 20 current source ids and hash';
+
+-- Revision 0038: the targets among the ranges asked for (all of them when none is named),
+-- judged once. plan_targets is this with none named; compaction.claim_targets names the
+-- ranges a worker is about to claim, so that a batch of claims judges the conversation
+-- once, and hashes only the ranges it claims.
+CREATE OR REPLACE FUNCTION compaction.target_ranges(p_conversation_id text, p_from_pairs int[] DEFAULT NULL)
+RETURNS TABLE (from_pair int, to_pair int, source_message_ids text[], source_hash text)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_from int[];
+    v_ids  text[];
+BEGIN
+    IF compaction.derived_state_current() THEN
+        IF p_from_pairs IS NULL THEN
+            RETURN QUERY
+            SELECT r.from_pair, r.from_pair + 9, r.source_message_ids, r.source_hash
+            FROM compaction.ranges AS r
+            JOIN compaction.conversation_state AS cs ON cs.conversation_id = r.conversation_id
+            WHERE r.conversation_id = p_conversation_id
+              AND compaction.is_target(r.from_pair, cs.pair_count)
+            ORDER BY r.from_pair;
+        ELSE
+            -- The ranges named, each by key (a worker names a few of a long conversation).
+            RETURN QUERY
+            SELECT r.from_pair, r.from_pair + 9, r.source_message_ids, r.source_hash
+            FROM compaction.ranges AS r
+            JOIN compaction.conversation_state AS cs ON cs.conversation_id = r.conversation_id
+            WHERE r.conversation_id = p_conversation_id AND r.from_pair = ANY (p_from_pairs)
+              AND compaction.is_target(r.from_pair, cs.pair_count)
+            ORDER BY r.from_pair;
+        END IF;
+        RETURN;
+    END IF;
+    -- Judged from the views: the targets' ids, then all their hashes in one statement
+    -- (revision 0023; range_hash per target before).
+    WITH pairs AS (
+        SELECT j.pair_index / 10 * 10 AS from_pair,
+               j.pair_index,
+               j.user_message_id,
+               j.assistant_message_id,
+               count(*) OVER () AS n_pairs
+        FROM compaction.judged_pairs(p_conversation_id) AS j
+    ),
+    ranges AS (
+        SELECT p.from_pair,
+               -- unnest of the 10x2 array walks it row by row: [u0, a0, u1, a1, ...]
+               ARRAY(SELECT pg_catalog.unnest(array_agg(
+                   ARRAY[p.user_message_id, p.assistant_message_id] ORDER BY p.pair_index)))
+                   AS ids
+        FROM pairs AS p
+        WHERE compaction.is_target(p.from_pair, p.n_pairs)
+          AND (p_from_pairs IS NULL OR p.from_pair = ANY (p_from_pairs))
+        GROUP BY p.from_pair
+    )
+    SELECT pg_catalog.array_agg(r.from_pair::int ORDER BY r.from_pair),
+           ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(r.ids ORDER BY r.from_pair)))
+    INTO v_from, v_ids
+    FROM ranges AS r;
+    RETURN QUERY
+    SELECT u.from_pair, u.from_pair + 9, g.ids, h.source_hash
+    FROM ROWS FROM (pg_catalog.unnest(v_from)) WITH ORDINALITY AS u (from_pair, k)
+    JOIN compaction.id_ranges(v_ids) AS g ON g.k = u.k
+    LEFT JOIN compaction.range_hashes(p_conversation_id, v_from, v_ids) AS h
+      ON h.from_pair = u.from_pair
+    ORDER BY u.from_pair;
+END
+$$;
+COMMENT ON FUNCTION compaction.target_ranges(text, int[]) IS
+    'Internal: the ranges named (all when NULL) that the window policy makes targets now, with their 20 source ids and hash, from one judgement (plan_targets and claim_targets)';
+
+CREATE OR REPLACE FUNCTION compaction.projection_summaries(p_conversation_id text, p_scope text)
+RETURNS TABLE (
+    summary_id         bigint,
+    from_pair          int,
+    to_pair            int,
+    source_message_ids text[],
+    source_hash        text,
+    prompt_version     text,
+    projectable        boolean,
+    completed_at       timestamptz,
+    summary_bytes      int,
+    source_current     boolean,
+    version_rank       int
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_derived boolean := compaction.derived_state_current();
+    v_ranges  int[];
+    v_from    int[];
+    v_ids     text[];
+    v_hashes  text[];
+BEGIN
+    -- source_current: the range exists now with exactly the stored ids and hash. From the
+    -- derived state that is a comparison per summary. Judged from the views, one call
+    -- of current_ranges judges the conversation once for every summarized range
+    -- (revision 0023: current_range per range before, a whole judgement each, so a
+    -- projection's cost grew with the square of the conversation's length), in a
+    -- statement of its own (DESIGN §11: no engine function nested in a query on
+    -- distributed tables).
+    IF NOT v_derived THEN
+        SELECT pg_catalog.array_agg(DISTINCT s.from_pair) INTO v_ranges
+        FROM compaction.summaries AS s
+        WHERE s.conversation_id = p_conversation_id AND s.scope = p_scope;
+    END IF;
+    IF v_ranges IS NOT NULL THEN
+        SELECT pg_catalog.array_agg(c.from_pair ORDER BY c.from_pair),
+               ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(
+                   c.source_message_ids ORDER BY c.from_pair))),
+               pg_catalog.array_agg(c.source_hash ORDER BY c.from_pair)
+        INTO v_from, v_ids, v_hashes
+        FROM compaction.current_ranges(p_conversation_id, v_ranges) AS c
+        WHERE c.source_hash IS NOT NULL;
+    END IF;
+    RETURN QUERY
+    WITH summaries AS (
+        SELECT s.summary_id, s.from_pair, s.to_pair, s.source_message_ids, s.source_hash,
+               s.prompt_version, s.completed_at, pg_catalog.octet_length(s.summary) AS bytes
+        FROM compaction.summaries AS s
+        WHERE s.conversation_id = p_conversation_id
+          AND s.scope = p_scope
+    ), now_ranges AS (
+        SELECT r.from_pair, r.source_message_ids, r.source_hash
+        FROM compaction.ranges AS r
+        WHERE v_derived AND r.conversation_id = p_conversation_id
+          AND r.from_pair IN (SELECT x.from_pair FROM summaries AS x)
+        UNION ALL
+        SELECT u.from_pair, g.ids, u.source_hash
+        FROM ROWS FROM (pg_catalog.unnest(v_from), pg_catalog.unnest(v_hashes))
+             WITH ORDINALITY AS u (from_pair, source_hash, k)
+        JOIN compaction.id_ranges(v_ids) AS g ON g.k = u.k
+        WHERE NOT v_derived
+    )
+    SELECT s.summary_id,
+           s.from_pair,
+           s.to_pair,
+           s.source_message_ids,
+           s.source_hash,
+           s.prompt_version,
+           -- A version missing from prompt_versions is never projected.
+           COALESCE(v.projectable, false),
+           s.completed_at,
+           s.bytes,
+           coalesce(n.source_message_ids = s.source_message_ids
+                    AND n.source_hash = s.source_hash, false),
+           -- Preference among a range's projectable summaries (revision 0009): the
+           -- version's number after '@', higher first; -1 for a version without one.
+           coalesce(pg_catalog.substring(s.prompt_version, '@([0-9]{1,9})$')::int, -1)
+    FROM summaries AS s
+    LEFT JOIN compaction.prompt_versions AS v ON v.prompt_version = s.prompt_version
+    LEFT JOIN now_ranges AS n ON n.from_pair = s.from_pair
+    ORDER BY s.from_pair, s.summary_id;
+END
+$$;
+COMMENT ON FUNCTION compaction.projection_summaries(text, text) IS
+    'Completed summaries of a conversation and scope without their text: source binding, version, whether it is projectable, completed_at, UTF-8 byte length, whether its source is current, and the version''s rank (the number after @, -1 without one; higher is preferred)';
+
+-- Revision 0041: projection_frame's row judged from the views (before an install's
+-- rebuild has finished, after a source view is re-pointed, and always on Citus), from one
+-- judgement of the conversation. The judgement reads every pair anyway, so the frame
+-- holds them all (first_pair 0: a walk never reads again), and each summary of the scope
+-- gets the verdict judge_summaries gives it from the derived state, in DESIGN §9's
+-- order, against the ranges judged here. Only the ranges whose current ids are those of
+-- a projectable summary are hashed: the other summaries are not projectable or stale
+-- whatever the texts say. (Until this revision the driver read the pairs through
+-- indexed_pairs and then the verdicts' inputs through projection_summaries: two
+-- judgements, and two round trips more.) Each statement that calls an engine function
+-- stands alone (DESIGN §11); between statements the arrays are zipped by unnest, never
+-- subscripted in a query, where a subscript walks a text[] from its start.
+CREATE FUNCTION compaction.judged_frame(p_conversation_id text, p_scope text)
+RETURNS TABLE (
+    derived               boolean,
+    pair_count            int,
+    first_pair            int,
+    user_message_ids      text[],
+    assistant_message_ids text[],
+    user_bytes            int[],
+    assistant_bytes       int[],
+    summary_ids           bigint[],
+    summary_from_pairs    int[],
+    summary_reasons       text[],
+    summary_bytes         int[]
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_users       text[];
+    v_assistants  text[];
+    v_user_sizes  int[];
+    v_sizes       int[];
+    -- The scope's summaries, in (from_pair, summary_id) order; v_stored_ids holds their
+    -- 20 ids each (n x 20: a stored summary has exactly 20, jobs_valid_source_ids).
+    v_summary_ids bigint[];
+    v_froms       int[];
+    v_stored_ids  text[];
+    v_hashes      text[];
+    v_projectable boolean[];
+    v_ranks       int[];
+    v_completed   timestamptz[];
+    v_bytes       int[];
+    -- Per summary, whether its range exists now with its 20 ids; the ranges to hash.
+    v_same_ids    boolean[];
+    v_hash_froms  int[];
+    v_hash_ids    text[];
+    v_now_froms   int[];
+    v_now_hashes  text[];
+BEGIN
+    -- The one judgement: every eligible pair, in order.
+    SELECT pg_catalog.array_agg(j.user_message_id), pg_catalog.array_agg(j.assistant_message_id),
+           pg_catalog.array_agg(j.user_bytes), pg_catalog.array_agg(j.assistant_bytes)
+    INTO v_users, v_assistants, v_user_sizes, v_sizes
+    FROM (SELECT q.user_message_id, q.assistant_message_id, q.user_bytes, q.assistant_bytes
+          FROM compaction.judged_pairs(p_conversation_id) AS q
+          ORDER BY q.pair_index) AS j;
+    -- The scope's summaries, what judge_summaries reads of them.
+    SELECT pg_catalog.array_agg(s.summary_id), pg_catalog.array_agg(s.from_pair),
+           pg_catalog.array_agg(s.source_message_ids), pg_catalog.array_agg(s.source_hash),
+           pg_catalog.array_agg(s.projectable), pg_catalog.array_agg(s.version_rank),
+           pg_catalog.array_agg(s.completed_at), pg_catalog.array_agg(s.bytes)
+    INTO v_summary_ids, v_froms, v_stored_ids, v_hashes, v_projectable, v_ranks,
+         v_completed, v_bytes
+    FROM (SELECT x.summary_id, x.from_pair, x.source_message_ids, x.source_hash,
+                 coalesce(v.projectable, false) AS projectable,
+                 -- The version's number after '@', higher preferred; -1 without one.
+                 coalesce(pg_catalog.substring(x.prompt_version, '@([0-9]{1,9})$')::int, -1)
+                     AS version_rank,
+                 x.completed_at, pg_catalog.octet_length(x.summary) AS bytes
+          FROM compaction.summaries AS x
+          LEFT JOIN compaction.prompt_versions AS v ON v.prompt_version = x.prompt_version
+          WHERE x.conversation_id = p_conversation_id AND x.scope = p_scope
+          ORDER BY x.from_pair, x.summary_id) AS s;
+    -- Which summaries' ranges exist now with their ids, and the ranges whose hash decides
+    -- a verdict (a projectable summary's, with its ids), each once, with its 20 ids.
+    WITH pairs AS (
+        SELECT p.k - 1 AS pair_index, p.user_id, p.assistant_id
+        FROM ROWS FROM (pg_catalog.unnest(v_users), pg_catalog.unnest(v_assistants))
+             WITH ORDINALITY AS p (user_id, assistant_id, k)
+    ), ranges AS (
+        SELECT (q.pair_index / 10 * 10)::int AS from_pair,
+               pg_catalog.array_agg(x.id ORDER BY q.pair_index, x.n) AS ids
+        FROM pairs AS q
+        CROSS JOIN LATERAL (VALUES (1, q.user_id), (2, q.assistant_id)) AS x (n, id)
+        GROUP BY 1
+        HAVING count(*) = 20
+    ), compared AS MATERIALIZED (
+        SELECT u.k, u.from_pair, u.projectable, r.ids,
+               coalesce(r.ids = g.ids, false) AS same_ids
+        FROM ROWS FROM (pg_catalog.unnest(v_froms), pg_catalog.unnest(v_projectable))
+             WITH ORDINALITY AS u (from_pair, projectable, k)
+        JOIN compaction.id_ranges(ARRAY(SELECT pg_catalog.unnest(v_stored_ids))) AS g
+          ON g.k = u.k
+        LEFT JOIN ranges AS r ON r.from_pair = u.from_pair
+    ), hashed AS (
+        SELECT DISTINCT ON (c.from_pair) c.from_pair, c.ids
+        FROM compared AS c
+        WHERE c.projectable AND c.same_ids
+        ORDER BY c.from_pair
+    )
+    SELECT (SELECT pg_catalog.array_agg(c.same_ids ORDER BY c.k) FROM compared AS c),
+           (SELECT pg_catalog.array_agg(h.from_pair ORDER BY h.from_pair) FROM hashed AS h),
+           (SELECT pg_catalog.array_agg(e.id ORDER BY h.from_pair, e.n)
+            FROM hashed AS h
+            CROSS JOIN LATERAL pg_catalog.unnest(h.ids) WITH ORDINALITY AS e (id, n))
+    INTO v_same_ids, v_hash_froms, v_hash_ids;
+    SELECT pg_catalog.array_agg(h.from_pair), pg_catalog.array_agg(h.source_hash)
+    INTO v_now_froms, v_now_hashes
+    FROM compaction.range_hashes(p_conversation_id, v_hash_froms, v_hash_ids) AS h;
+    -- The verdicts: judge_summaries' rule, against the ranges judged above.
+    RETURN QUERY
+    WITH judged AS (
+        SELECT u.summary_id, u.from_pair, u.version_rank, u.completed_at, u.bytes,
+               CASE WHEN NOT u.projectable THEN 'version_not_projectable'
+                    WHEN NOT coalesce(u.same_ids AND h.source_hash = u.source_hash, false)
+                        THEN 'stale_source' END AS reason
+        FROM ROWS FROM (pg_catalog.unnest(v_summary_ids), pg_catalog.unnest(v_froms),
+                        pg_catalog.unnest(v_hashes), pg_catalog.unnest(v_projectable),
+                        pg_catalog.unnest(v_ranks), pg_catalog.unnest(v_completed),
+                        pg_catalog.unnest(v_bytes), pg_catalog.unnest(v_same_ids))
+             AS u (summary_id, from_pair, source_hash, projectable, version_rank,
+                   completed_at, bytes, same_ids)
+        LEFT JOIN ROWS FROM (pg_catalog.unnest(v_now_froms), pg_catalog.unnest(v_now_hashes))
+             AS h (from_pair, source_hash) ON h.from_pair = u.from_pair
+    ), verdicts AS (
+        SELECT j.summary_id, j.from_pair,
+               CASE WHEN j.reason IS NULL
+                         AND pg_catalog.row_number() OVER (
+                                 PARTITION BY j.from_pair, j.reason IS NULL
+                                 ORDER BY j.version_rank DESC, j.completed_at DESC,
+                                          j.summary_id DESC) > 1
+                    THEN 'superseded' ELSE j.reason END AS reason,
+               j.bytes
+        FROM judged AS j
+    ), listed AS (
+        -- In (from_pair, summary_id) order, as projection_frame gives them; a size only
+        -- for the summary a range uses.
+        SELECT pg_catalog.array_agg(o.summary_id) AS ids,
+               pg_catalog.array_agg(o.from_pair) AS froms,
+               pg_catalog.array_agg(o.reason) AS reasons,
+               pg_catalog.array_agg(o.bytes) AS sizes
+        FROM (SELECT v.summary_id, v.from_pair, v.reason,
+                     CASE WHEN v.reason IS NULL THEN v.bytes END AS bytes
+              FROM verdicts AS v
+              ORDER BY v.from_pair, v.summary_id) AS o
+    )
+    SELECT false, coalesce(pg_catalog.cardinality(v_users), 0), 0,
+           coalesce(v_users, '{}'), coalesce(v_assistants, '{}'),
+           coalesce(v_user_sizes, '{}'), coalesce(v_sizes, '{}'),
+           coalesce(l.ids, '{}'), coalesce(l.froms, '{}'), coalesce(l.reasons, '{}'),
+           coalesce(l.sizes, '{}')
+    FROM listed AS l;
+END
+$$;
+COMMENT ON FUNCTION compaction.judged_frame(text, text) IS
+    'Internal: projection_frame''s row judged from the views in one judgement: every eligible pair (first_pair 0) and every summary''s verdict of the scope, derived = false';
+
+-- The projection's one read (revision 0014): what the walk needs from the newest pairs
+-- back, and the verdicts it needs, in one statement, so a projection costs one round trip
+-- (projection_read) and, while the derived state is in use, grows with the budget rather
+-- than with the history. Pair metadata comes only for the newest p_pairs pairs (rounded
+-- to whole ranges); the walk asks again for more when it gets past them. The verdicts
+-- (revision 0015) are every rejected summary's, wherever its range lies (DESIGN §9: only
+-- did_not_fit depends on the budget), and the chosen summaries' of the ranges those pairs
+-- cover, with their byte length: a chosen summary beyond the walk's reach is not tried,
+-- so not listed. They come in (from_pair, summary_id) order (the aggregates follow the
+-- sorted subquery; the driver checks it and sorts if not). While the derived state is not
+-- in use, the row is judged_frame's (revision 0041): derived is false, and every pair
+-- and every verdict is given, judged from the views.
+CREATE OR REPLACE FUNCTION compaction.projection_frame(p_conversation_id text, p_scope text, p_pairs int)
+RETURNS TABLE (
+    derived               boolean,
+    pair_count            int,
+    first_pair            int,
+    user_message_ids      text[],
+    assistant_message_ids text[],
+    user_bytes            int[],
+    assistant_bytes       int[],
+    summary_ids           bigint[],
+    summary_from_pairs    int[],
+    summary_reasons       text[],
+    summary_bytes         int[]
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+-- One plan for every call: the statements are lookups by key whatever the conversation,
+-- and planning them afresh cost more than running them.
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_count int;
+    v_first int;
+BEGIN
+    IF p_pairs IS NULL OR p_pairs < 0 THEN
+        RAISE EXCEPTION 'p_pairs must be 0 or more, got %', p_pairs USING ERRCODE = 'CP020';
+    END IF;
+    IF NOT compaction.derived_state_current() THEN
+        RETURN QUERY SELECT * FROM compaction.judged_frame(p_conversation_id, p_scope);
+        RETURN;
+    END IF;
+    SELECT cs.pair_count INTO v_count
+    FROM compaction.conversation_state AS cs
+    WHERE cs.conversation_id = p_conversation_id;
+    v_count := coalesce(v_count, 0);
+    v_first := greatest(0, v_count - p_pairs);
+    v_first := v_first - v_first % 10;
+    RETURN QUERY
+    WITH suffix AS (
+        -- The four arrays take the rows in the subquery's order, read in index order
+        -- (revision 0029: an ORDER BY in each aggregate sorted them four times).
+        SELECT pg_catalog.array_agg(p.user_message_id) AS users,
+               pg_catalog.array_agg(p.assistant_message_id) AS assistants,
+               pg_catalog.array_agg(p.user_bytes) AS user_sizes,
+               pg_catalog.array_agg(p.assistant_bytes) AS assistant_sizes
+        FROM (SELECT q.user_message_id, q.assistant_message_id, q.user_bytes, q.assistant_bytes
+              FROM compaction.pairs AS q
+              WHERE q.conversation_id = p_conversation_id AND q.pair_index >= v_first
+              ORDER BY q.pair_index) AS p
+    ), verdicts AS (
+        -- One sort for the four arrays: they take the rows in the subquery's order (an
+        -- ORDER BY in each aggregate sorted them four times). The driver checks the order
+        -- all the same.
+        SELECT pg_catalog.array_agg(o.summary_id) AS ids,
+               pg_catalog.array_agg(o.from_pair) AS froms,
+               pg_catalog.array_agg(o.reason) AS reasons,
+               pg_catalog.array_agg(o.bytes) AS sizes
+        FROM (SELECT v.summary_id, v.from_pair, v.reason, NULL::int AS bytes
+              FROM compaction.summary_verdicts AS v
+              WHERE v.conversation_id = p_conversation_id AND v.scope = p_scope
+                AND v.reason IS NOT NULL
+              UNION ALL
+              SELECT v.summary_id, v.from_pair, NULL::text,
+                     (SELECT pg_catalog.octet_length(js.summary)
+                      FROM compaction.job_summaries AS js
+                      WHERE js.conversation_id = p_conversation_id
+                        AND js.summary_id = v.summary_id)
+              FROM compaction.summary_verdicts AS v
+              WHERE v.conversation_id = p_conversation_id AND v.scope = p_scope
+                AND v.reason IS NULL AND v.from_pair >= v_first
+              ORDER BY 2, 1) AS o
+    )
+    SELECT true, v_count, v_first,
+           coalesce(x.users, '{}'), coalesce(x.assistants, '{}'),
+           coalesce(x.user_sizes, '{}'), coalesce(x.assistant_sizes, '{}'),
+           coalesce(y.ids, '{}'), coalesce(y.froms, '{}'), coalesce(y.reasons, '{}'),
+           coalesce(y.sizes, '{}')
+    FROM suffix AS x CROSS JOIN verdicts AS y;
+END
+$$;
+COMMENT ON FUNCTION compaction.projection_frame(text, text, int) IS
+    'What a projection plans from, in one row: the pair count, the metadata of the newest p_pairs pairs (from first_pair, whole ranges; no text), every rejected summary of the conversation and scope with its reason (version_not_projectable, stale_source, superseded), and the chosen summary (reason NULL) of each range those pairs cover with its UTF-8 byte length; while the derived state is not in use, derived = false and every pair and verdict, judged from the views (first_pair 0)';
+
+-- The projection in one statement (revision 0029): the frame, then the texts of what the
+-- budget walk includes, so a projection is one round trip in one snapshot (the
+-- statement's own: an autocommit caller needs no transaction for it). When the walk gets
+-- past the frame's pairs, the frame is read again further back within the statement. The
+-- walk here is pycompactor.projection._walk's twin (and the step back _next_read's), used
+-- only to choose which texts to send: the driver walks the returned frame itself and, if
+-- a text it needs is not among these, reads again in a snapshot of its own; so a
+-- difference between the two walks costs a read, never a different projection (a test
+-- holds them equal). p_marker_bytes is the UTF-8 size of the driver's summary marker line
+-- without its two pair numbers: the rendering is the driver's, only its size is needed.
+-- Judged from the views (revision 0041), the frame holds every pair, so the walk finishes
+-- on the first frame and the whole projection is still this one statement.
+CREATE OR REPLACE FUNCTION compaction.projection_read(
+    p_conversation_id text, p_scope text, p_pairs int, p_budget_bytes bigint,
+    p_marker_bytes int)
+RETURNS TABLE (
+    derived               boolean,
+    pair_count            int,
+    first_pair            int,
+    user_message_ids      text[],
+    assistant_message_ids text[],
+    user_bytes            int[],
+    assistant_bytes       int[],
+    summary_ids           bigint[],
+    summary_from_pairs    int[],
+    summary_reasons       text[],
+    summary_bytes         int[],
+    message_id            text,
+    summary_id            bigint,
+    content               text
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    f             record;
+    -- The frame's arrays as variables of their own: PL/pgSQL subscripts those in place,
+    -- where a record's field would be copied whole at every subscript.
+    v_users       text[];
+    v_assistants  text[];
+    v_user_sizes  int[];
+    v_sizes       int[];
+    v_froms       int[];
+    v_reasons     text[];
+    v_ids         bigint[];
+    v_bytes       int[];
+    v_first       int;
+    v_wanted      bigint := p_pairs;
+    v_given       bigint;
+    v_finished    boolean;
+    v_remaining   bigint;
+    v_index       int;
+    v_start       int;
+    v_at          int;
+    v_chosen      int;
+    v_cost        bigint;
+    v_dropped     int := -1;
+    v_message_ids text[] := '{}';
+    v_summary_ids bigint[] := '{}';
+BEGIN
+    IF p_budget_bytes IS NULL OR p_budget_bytes < 0 THEN
+        RAISE EXCEPTION 'p_budget_bytes must be 0 or more, got %', p_budget_bytes
+            USING ERRCODE = 'CP020';
+    END IF;
+    IF p_marker_bytes IS NULL OR p_marker_bytes < 0 THEN
+        RAISE EXCEPTION 'p_marker_bytes must be 0 or more, got %', p_marker_bytes
+            USING ERRCODE = 'CP020';
+    END IF;
+    LOOP
+        SELECT * INTO f FROM compaction.projection_frame(p_conversation_id, p_scope, v_wanted::int);
+        v_users := f.user_message_ids;
+        v_assistants := f.assistant_message_ids;
+        v_user_sizes := f.user_bytes;
+        v_sizes := f.assistant_bytes;
+        v_froms := f.summary_from_pairs;
+        v_reasons := f.summary_reasons;
+        v_ids := f.summary_ids;
+        v_bytes := f.summary_bytes;
+        v_first := f.first_pair;
+        v_remaining := p_budget_bytes;
+        v_dropped := -1;
+        v_message_ids := '{}';
+        v_summary_ids := '{}';
+        v_finished := true;
+        -- Newest first. The verdicts come in from_pair order, so one cursor (v_chosen)
+        -- moving down them finds each range's chosen summary (reason NULL, with its size).
+        v_chosen := coalesce(pg_catalog.array_length(v_ids, 1), 0);
+        v_index := f.pair_count - 1;
+        WHILE v_index >= 0 LOOP
+            IF v_index < v_first THEN
+                v_finished := false;  -- the walk needs pairs older than the frame's
+                EXIT;
+            END IF;
+            v_start := v_index - v_index % 10;
+            WHILE v_chosen > 0 AND (v_froms[v_chosen] > v_start
+                                    OR v_reasons[v_chosen] IS NOT NULL) LOOP
+                v_chosen := v_chosen - 1;
+            END LOOP;
+            IF v_chosen > 0 AND v_froms[v_chosen] = v_start AND v_bytes[v_chosen] IS NOT NULL
+               AND v_dropped <> v_start THEN
+                -- The block: the range's user messages, then the summary message (marker
+                -- line with the two pair numbers, newline, summary).
+                v_at := v_start - v_first + 1;
+                v_cost := p_marker_bytes::bigint + pg_catalog.length(v_start::text)
+                          + pg_catalog.length((v_start + 9)::text) + 1 + v_bytes[v_chosen] + 16;
+                FOR v_k IN v_at .. v_at + 9 LOOP
+                    v_cost := v_cost + v_user_sizes[v_k] + 16;
+                END LOOP;
+                IF v_cost <= v_remaining THEN
+                    v_remaining := v_remaining - v_cost;
+                    v_message_ids := v_message_ids || v_users[v_at : v_at + 9];
+                    v_summary_ids := v_summary_ids || v_ids[v_chosen];
+                    v_index := v_start - 1;
+                    CONTINUE;
+                END IF;
+                v_dropped := v_start;  -- it does not fit: this range's raw pairs instead
+            END IF;
+            v_at := v_index - v_first + 1;
+            v_cost := v_user_sizes[v_at]::bigint + v_sizes[v_at] + 32;
+            EXIT WHEN v_cost > v_remaining;
+            v_remaining := v_remaining - v_cost;
+            v_message_ids := v_message_ids || v_users[v_at] || v_assistants[v_at];
+            v_index := v_index - 1;
+        END LOOP;
+        EXIT WHEN v_finished;
+        -- Read further back, in this statement's snapshot: as many pairs as the whole
+        -- budget would take at the rate it was spent, a quarter more, at least twice as
+        -- many, in whole ranges (the driver's _next_read). The frame reaches pair 0 in
+        -- the end, where every walk finishes.
+        -- In numeric: the budget may be as large as a bigint. At least 10 more than
+        -- given, so a frame of no pairs (p_pairs 0) steps back too.
+        v_given := f.pair_count - v_first;
+        v_wanted := least(greatest(2 * v_given, v_given + 10,
+                                   pg_catalog.ceil(v_given::numeric * p_budget_bytes * 5
+                                                   / (4 * greatest(p_budget_bytes - v_remaining, 1)))),
+                          2147483640)::bigint;
+        v_wanted := least(v_wanted + (10 - v_wanted % 10) % 10, 2147483640);
+    END LOOP;
+    RETURN QUERY SELECT f.derived, f.pair_count, f.first_pair, f.user_message_ids,
+                        f.assistant_message_ids, f.user_bytes, f.assistant_bytes,
+                        f.summary_ids, f.summary_from_pairs, f.summary_reasons,
+                        f.summary_bytes, NULL::text, NULL::bigint, NULL::text;
+    RETURN QUERY
+        SELECT NULL::boolean, NULL::int, NULL::int, NULL::text[], NULL::text[], NULL::int[],
+               NULL::int[], NULL::bigint[], NULL::int[], NULL::text[], NULL::int[],
+               t.message_id, t.summary_id, t.content
+        FROM compaction.projection_texts(p_conversation_id, v_message_ids, v_summary_ids) AS t;
+END
+$$;
+COMMENT ON FUNCTION compaction.projection_read(text, text, int, bigint, int) IS
+    'A projection''s reads in one statement: first projection_frame''s row for the newest p_pairs pairs or, when the budget walk gets past them, for as many more as it needs (text columns NULL), then (message_id, summary_id, content) of each message and summary the walk includes (frame columns NULL). p_marker_bytes: UTF-8 bytes of the summary marker line without its pair numbers';
+
+CALL compaction.assign_ownership();
