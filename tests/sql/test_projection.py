@@ -358,8 +358,8 @@ def test_judged_from_the_views_the_projection_is_the_derived_states(conn: Conn,
     summary's verdict from one judgement (judged_frame), and a projection is the one
     statement it is with the derived state. Same state, same projection, at every
     budget: current, superseded (by version and by completed_at), not projectable, stale
-    by an edited text (same ids: only the hash tells), by renumbered pairs and by a failed
-    run, a block that does not fit, summaries of another scope."""
+    by an edited text (same ids: only the hash tells), by renumbered pairs (a deleted
+    message, a failed run), a block that does not fit, summaries of another scope."""
     pairs = History(conn).pairs("eq", 95)
     import_summary(conn, "eq", pairs, 0)
     import_summary(conn, "eq", pairs, 0, version=V2)
@@ -374,9 +374,11 @@ def test_judged_from_the_views_the_projection_is_the_derived_states(conn: Conn,
     import_summary(conn, "eq", pairs, 50, scope="other")
     import_summary(conn, "eq", pairs, 60, scope="other", version=V2)
     import_summary(conn, "eq", pairs, 60)
+    import_summary(conn, "eq", pairs, 70)
+    import_summary(conn, "eq", pairs, 80)
     edit_pair_3(conn, pairs[13])  # range 10: same ids, another hash
-    delete_message_3(conn, pairs[25])  # ranges 20..: renumbered
-    fail_run_3(conn, pairs[57])  # and again
+    fail_run_3(conn, pairs[88])  # range 80 and after: renumbered
+    delete_message_3(conn, pairs[75])  # range 70 and after: renumbered again
     # Every 1,500 bytes up to the whole history's cost: the walk stops in every range.
     whole = project_history(conn, "eq", budget_bytes=BIG, scope=scope).used_bytes
     budgets = [*range(0, whole + 1_500, 1_500), BIG]

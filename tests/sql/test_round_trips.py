@@ -19,8 +19,10 @@ import pytest
 from psycopg import pq
 from psycopg.rows import tuple_row
 
-from pycompactor import db, project_history
+from pycompactor import db, project_history, source_hash
+from pycompactor import projection as projection_module
 from pycompactor.errors import InvalidLease, PycompactorError, StatementCanceled
+from pycompactor.hashing import source_message_ids
 from pycompactor.projection import Projection
 from pycompactor.summarizer import PROMPT_VERSION
 from tests.history import History
@@ -192,14 +194,36 @@ def test_a_projection_is_one_statement_in_one_round_trip(conn: Conn, dsn: str) -
     assert_one_round_trip(projected_on_the_wire(dsn), statements=1)
 
 
-def test_a_projection_the_statement_cannot_serve_reads_again_in_one_snapshot(
-        conn: Conn, dsn: str) -> None:
-    """With the derived state out of use the one statement gives only derived = false;
-    the reads from the views and the texts then run in one repeatable-read snapshot:
-    BEGIN with the first read, COMMIT with the texts."""
+def test_judged_from_the_views_a_projection_is_one_statement_too(conn: Conn, dsn: str) -> None:
+    """With the derived state out of use the same one statement judges the conversation
+    from the views (revision 0041: its frame holds every pair and verdict), still in one
+    round trip; before, the driver read the pairs, then the summaries, then the texts in
+    a snapshot of its own."""
     History(conn).pairs("c", 40)
     conn.execute("ALTER TABLE compaction_source.runs DISABLE TRIGGER runs_track_insert")
-    messages = projected_on_the_wire(dsn)
+    assert conn.execute("SELECT compaction.derived_state_current()").fetchone() == (False,)
+    assert_one_round_trip(projected_on_the_wire(dsn), statements=1)
+
+
+def test_a_projection_the_statement_cannot_serve_reads_again_in_one_snapshot(
+        conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the one statement did not send a text the driver's walk includes (told a
+    wrong marker size, the engine's walk drops the summary block the driver takes), the
+    frame and the texts are read again in one repeatable-read snapshot: BEGIN with the
+    frame, COMMIT with the texts."""
+    pairs = History(conn).pairs("c", 40)
+    block = pairs[:10]
+    conn.execute("SELECT compaction.import_summary('c', 'default', 0, %s, %s, 'test-model',"
+                 " %s, 'summary of 0', now())",
+                 (source_message_ids(block), source_hash(block), PROMPT_VERSION))
+    monkeypatch.setattr(projection_module, "_MARKER_BYTES", 10_000_000)
+    with db.connect(dsn) as reader:
+        results: list[Projection] = []
+        messages = wire(reader, lambda: results.append(
+            project_history(reader, "c", budget_bytes=64 * 1024)))
+        assert reader.info.transaction_status == pq.TransactionStatus.IDLE
+    [projection] = results
+    assert [p.placement for p in projection.pairs] == ["summarized"] * 10 + ["raw"] * 30
     assert "Query" not in [kind for direction, kind in messages if direction == "F"]
     batches: list[list[str]] = [[]]
     for direction, kind in messages:
@@ -207,5 +231,5 @@ def test_a_projection_the_statement_cannot_serve_reads_again_in_one_snapshot(
             batches[-1].append(kind)
         elif kind == "ReadyForQuery":
             batches.append([])
-    # projection_read; BEGIN + frame; the pairs; the summaries; texts + COMMIT.
-    assert [b.count("Execute") for b in batches if b] == [1, 2, 1, 1, 2], batches
+    # projection_read; BEGIN + frame; texts + COMMIT.
+    assert [b.count("Execute") for b in batches if b] == [1, 2, 2], batches
