@@ -302,6 +302,10 @@ STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET jit = off
+-- Not the generic plans of projection_frame, its caller: the functions this one calls
+-- keep the planning they had when the driver called them (on Citus judge_runs has no
+-- setting of its own, and Citus plans a query only with its values bound).
+SET plan_cache_mode = auto
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -534,3 +534,54 @@ def test_a_judgement_asks_every_shard_on_one_connection_per_node(
             assert pool(c) == []
     finally:
         drop_distributed_database(citus_nodes, name)
+
+
+def test_a_projection_on_citus_is_one_statement_planned_with_its_values(
+        conn: Conn, citus_nodes: dict[str, Any]) -> None:
+    """Revision 0041: judged from the views, a projection is projection_read's one
+    statement on Citus too, its texts sent through projection_texts, which Citus plans
+    only with the values bound: distribute_on_citus resets projection_read's
+    plan_cache_mode (it forces generic plans on one node). A database distributed at 0040
+    gets the reset in the upgrade, projects the same before and after, and loses it in
+    the downgrade."""
+    from pycompactor import db, project_history, schema
+    from tests.citus.conftest import create_distributed_database, drop_distributed_database
+
+    def planning(c: Conn) -> list[str]:
+        row = c.execute("SELECT proconfig FROM pg_proc WHERE oid ="
+                        " 'compaction.projection_read(text, text, int, bigint, int)'"
+                        "::regprocedure").fetchone()
+        assert row is not None
+        return [s for s in (row[0] or []) if s.startswith("plan_cache_mode")]
+
+    def summarized(c: Conn) -> Any:
+        [target] = [t for t in db.plan_targets(c, "framed") if t.from_pair == 0]
+        c.execute("SELECT compaction.import_summary('framed', 'default', 0, %s, %s, 'm',"
+                  " 'conversation-compaction@3', 'summary of 0', now())",
+                  (target.source_message_ids, target.source_hash))
+        return project_history(c, "framed", budget_bytes=1_000_000).to_dict()
+
+    assert planning(conn) == []
+    name = f"u_{uuid.uuid4().hex[:12]}"
+    try:
+        dsn = create_distributed_database(citus_nodes, name,
+                                          revision="0040_claims_with_the_targets")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(_history_sql("framed", runs=40))
+            assert planning(c) == ["plan_cache_mode=force_generic_plan"]
+            before = summarized(c)
+            assert [p["placement"] for p in before["pairs"]] == (
+                ["summarized"] * 10 + ["raw"] * 30)
+            schema.upgrade(dsn)
+            assert planning(c) == []
+            assert project_history(c, "framed", budget_bytes=1_000_000).to_dict() == before
+            [frame] = c.execute("SELECT derived, pair_count, first_pair, summary_ids"
+                                " FROM compaction.projection_frame('framed', 'default', 20)"
+                                ).fetchall()
+            assert frame[:3] == (False, 40, 0)
+            assert len(frame[3]) == 1
+            schema.downgrade(dsn, "0040_claims_with_the_targets")
+            assert planning(c) == ["plan_cache_mode=force_generic_plan"]
+            assert project_history(c, "framed", budget_bytes=1_000_000).to_dict() == before
+    finally:
+        drop_distributed_database(citus_nodes, name)
