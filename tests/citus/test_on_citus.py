@@ -393,6 +393,14 @@ def test_the_replies_of_a_claimed_range_are_two_queries_to_its_node(conn: Conn) 
     assert conn.execute(query).fetchall() == []
 
 
+def function_settings(c: Conn, signature: str, prefix: str) -> list[str]:
+    """The SET clauses of one engine function whose names start with `prefix`."""
+    row = c.execute("SELECT proconfig FROM pg_proc WHERE oid = %s::regprocedure",
+                    (signature,)).fetchone()
+    assert row is not None
+    return [s for s in (row[0] or []) if s.startswith(prefix)]
+
+
 def test_an_upgrade_keeps_judge_runs_planned_with_its_values_on_citus(
         citus_nodes: dict[str, Any]) -> None:
     """distribute_on_citus resets judge_runs' plan_cache_mode (Citus plans its queries
@@ -403,11 +411,7 @@ def test_an_upgrade_keeps_judge_runs_planned_with_its_values_on_citus(
     from tests.citus.conftest import create_distributed_database, drop_distributed_database
 
     def settings(c: Conn) -> Any:
-        row = c.execute("SELECT proconfig FROM pg_proc"
-                        " WHERE oid = 'compaction.judge_runs(text, text[])'::regprocedure"
-                        ).fetchone()
-        assert row is not None
-        return [s for s in (row[0] or []) if s.startswith("plan_cache_mode")]
+        return function_settings(c, "compaction.judge_runs(text, text[])", "plan_cache_mode")
 
     name = f"u_{uuid.uuid4().hex[:12]}"
     try:
@@ -512,11 +516,7 @@ def test_a_judgement_asks_every_shard_on_one_connection_per_node(
     from tests.citus.conftest import create_distributed_database, drop_distributed_database
 
     def pool(c: Conn) -> list[str]:
-        row = c.execute("SELECT proconfig FROM pg_proc"
-                        " WHERE oid = 'compaction.judge_runs(text, text[])'::regprocedure"
-                        ).fetchone()
-        assert row is not None
-        return [s for s in (row[0] or []) if s.startswith("citus.")]
+        return function_settings(c, "compaction.judge_runs(text, text[])", "citus.")
 
     assert pool(conn) == ["citus.max_adaptive_executor_pool_size=1"]
     name = f"u_{uuid.uuid4().hex[:12]}"
@@ -548,11 +548,8 @@ def test_a_projection_on_citus_is_one_statement_planned_with_its_values(
     from tests.citus.conftest import create_distributed_database, drop_distributed_database
 
     def planning(c: Conn) -> list[str]:
-        row = c.execute("SELECT proconfig FROM pg_proc WHERE oid ="
-                        " 'compaction.projection_read(text, text, int, bigint, int)'"
-                        "::regprocedure").fetchone()
-        assert row is not None
-        return [s for s in (row[0] or []) if s.startswith("plan_cache_mode")]
+        return function_settings(c, "compaction.projection_read(text, text, int, bigint, int)",
+                                 "plan_cache_mode")
 
     def summarized(c: Conn) -> Any:
         [target] = [t for t in db.plan_targets(c, "framed") if t.from_pair == 0]

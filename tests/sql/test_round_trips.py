@@ -173,16 +173,18 @@ def test_a_commit_refused_at_the_sync_raises_its_sqlstate_and_the_connection_goe
     assert conn.execute("SELECT k FROM public.deferred_check").fetchall() == [(2,)]
 
 
-def projected_on_the_wire(dsn: str) -> list[tuple[str, str]]:
-    """The protocol messages of one projection of conversation "c" (40 pairs) on a fresh
-    autocommit connection, which it leaves idle."""
+def projected_on_the_wire(dsn: str,
+                          placements: list[str] | None = None) -> list[tuple[str, str]]:
+    """The protocol messages of one projection of conversation "c" (40 pairs; every pair
+    raw unless `placements` says otherwise) on a fresh autocommit connection, which it
+    leaves idle."""
     with db.connect(dsn) as reader:
         results: list[Projection] = []
         messages = wire(reader, lambda: results.append(
             project_history(reader, "c", budget_bytes=64 * 1024)))
         assert reader.info.transaction_status == pq.TransactionStatus.IDLE
     [projection] = results
-    assert len(projection.messages) == 80
+    assert [p.placement for p in projection.pairs] == (placements or ["raw"] * 40)
     return messages
 
 
@@ -217,13 +219,7 @@ def test_a_projection_the_statement_cannot_serve_reads_again_in_one_snapshot(
                  " %s, 'summary of 0', now())",
                  (source_message_ids(block), source_hash(block), PROMPT_VERSION))
     monkeypatch.setattr(projection_module, "_MARKER_BYTES", 10_000_000)
-    with db.connect(dsn) as reader:
-        results: list[Projection] = []
-        messages = wire(reader, lambda: results.append(
-            project_history(reader, "c", budget_bytes=64 * 1024)))
-        assert reader.info.transaction_status == pq.TransactionStatus.IDLE
-    [projection] = results
-    assert [p.placement for p in projection.pairs] == ["summarized"] * 10 + ["raw"] * 30
+    messages = projected_on_the_wire(dsn, ["summarized"] * 10 + ["raw"] * 30)
     assert "Query" not in [kind for direction, kind in messages if direction == "F"]
     batches: list[list[str]] = [[]]
     for direction, kind in messages:
