@@ -258,9 +258,10 @@ COMMENT ON FUNCTION compaction.projection_summaries(text, text) IS
 -- a projectable summary are hashed: the other summaries are not projectable or stale
 -- whatever the texts say. (Until this revision the driver read the pairs through
 -- indexed_pairs and then the verdicts' inputs through projection_summaries: two
--- judgements, and two round trips more.) Each statement that calls an engine function
--- stands alone (DESIGN §11); between statements the arrays are zipped by unnest, never
--- subscripted in a query, where a subscript walks a text[] from its start.
+-- judgements, in four round trips after projection_read's.) Each statement that calls
+-- an engine function stands alone (DESIGN §11); between statements the arrays are zipped
+-- by unnest, never subscripted in a query, where a subscript walks a text[] from its
+-- start.
 CREATE FUNCTION compaction.judged_frame(p_conversation_id text, p_scope text)
 RETURNS TABLE (
     derived               boolean,
