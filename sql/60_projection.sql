@@ -362,10 +362,12 @@ BEGIN
         FROM ROWS FROM (pg_catalog.unnest(v_users), pg_catalog.unnest(v_assistants))
              WITH ORDINALITY AS p (user_id, assistant_id, k)
     ), ranges AS (
+        -- The current ids of the ranges that have summaries, only.
         SELECT (q.pair_index / 10 * 10)::int AS from_pair,
                pg_catalog.array_agg(x.id ORDER BY q.pair_index, x.n) AS ids
         FROM pairs AS q
         CROSS JOIN LATERAL (VALUES (1, q.user_id), (2, q.assistant_id)) AS x (n, id)
+        WHERE (q.pair_index / 10 * 10)::int = ANY (v_froms)
         GROUP BY 1
         HAVING count(*) = 20
     ), compared AS MATERIALIZED (

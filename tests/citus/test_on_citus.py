@@ -342,10 +342,7 @@ def test_judging_a_conversation_sends_no_intermediate_result_and_no_read_by_run_
                  " (conversation_id, message_id, run_id, role, status, content, seq)"
                  " VALUES ('judged', 'stray', 'judged-large-r7', 'assistant', 'completed',"
                  " 'filed elsewhere', 1000)")
-    shards = conn.execute("SELECT count(*) FROM pg_dist_shard"
-                          " WHERE logicalrelid = 'compaction_source.messages'::regclass"
-                          ).fetchone()
-    assert shards is not None
+    shards = message_shards(conn)
     rows, issued = _remote_commands(
         conn, "SELECT run_id, reason FROM compaction.judge_runs('judged')")
     assert len(rows) == 100
@@ -355,7 +352,7 @@ def test_judging_a_conversation_sends_no_intermediate_result_and_no_read_by_run_
     # The runs, the question on every shard of the messages, the verdicts (and the
     # transactions around them).
     queries = [c for c in issued if c.startswith("issuing SELECT")]
-    assert len(queries) == 1 + int(shards[0]) + 1, issued
+    assert len(queries) == 1 + shards + 1, issued
     # Above 256 runs the question keeps its subquery, and still finds the reply filed
     # elsewhere.
     rows, issued = _remote_commands(
@@ -431,21 +428,27 @@ def test_an_upgrade_keeps_judge_runs_planned_with_its_values_on_citus(
         drop_distributed_database(citus_nodes, name)
 
 
+def message_shards(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM pg_dist_shard"
+                       " WHERE logicalrelid = 'compaction_source.messages'::regclass"
+                       ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def every_shard(issued: list[str]) -> int:
+    """How often the cross-conversation question went out: one command per shard of the
+    messages, asking for the messages of these runs filed under another conversation."""
+    return sum(1 for c in issued if "(conversation_id IS DISTINCT FROM" in c)
+
+
 def test_a_batch_of_claims_asks_every_shard_once(conn: Conn) -> None:
     """Revision 0038: four claims of one conversation, one by one, judge it four times
     from the views, each judgement with a question to every shard of the messages; the
     same four ranges in one claim_targets call ask it once."""
     from pycompactor import db
 
-    shards = conn.execute("SELECT count(*) FROM pg_dist_shard"
-                          " WHERE logicalrelid = 'compaction_source.messages'::regclass"
-                          ).fetchone()
-    assert shards is not None
-
-    def every_shard(issued: list[str]) -> int:
-        # The cross-conversation question, one command per shard of the messages: the
-        # messages of these runs filed under another conversation.
-        return sum(1 for c in issued if "(conversation_id IS DISTINCT FROM" in c)
+    shards = message_shards(conn)
 
     issued_one_by_one: list[str] = []
     conn.execute(_history_sql("one-by-one", runs=100))
@@ -465,8 +468,8 @@ def test_a_batch_of_claims_asks_every_shard_once(conn: Conn) -> None:
               f" ARRAY{[t.from_pair for t in targets]!r}, ARRAY[{ids}], ARRAY[{hashes}],"
               " 'test-model', 'conversation-compaction@3', 'w')")
     assert rows == [(t.from_pair, True) for t in targets]
-    assert every_shard(issued_one_by_one) == 4 * int(shards[0]), issued_one_by_one
-    assert every_shard(issued_batch) == int(shards[0]), issued_batch
+    assert every_shard(issued_one_by_one) == 4 * shards, issued_one_by_one
+    assert every_shard(issued_batch) == shards, issued_batch
 
 
 def test_a_look_and_its_claims_ask_every_shard_once(conn: Conn) -> None:
@@ -475,13 +478,7 @@ def test_a_look_and_its_claims_ask_every_shard_once(conn: Conn) -> None:
     looks and claims the same four ranges, asks it once."""
     from pycompactor import db
 
-    shards = conn.execute("SELECT count(*) FROM pg_dist_shard"
-                          " WHERE logicalrelid = 'compaction_source.messages'::regclass"
-                          ).fetchone()
-    assert shards is not None
-
-    def every_shard(issued: list[str]) -> int:
-        return sum(1 for c in issued if "(conversation_id IS DISTINCT FROM" in c)
+    shards = message_shards(conn)
 
     conn.execute(_history_sql("two-calls", runs=100))
     rows, looked = _remote_commands(
@@ -502,8 +499,8 @@ def test_a_look_and_its_claims_ask_every_shard_once(conn: Conn) -> None:
               " 'default', 4, 'test-model', 'conversation-compaction@3', 'w')")
     assert [r for r in rows if r[1] is not None] == [(t[0], True) for t in targets]
     assert db.plan_targets(conn, "one-call")[4:] != []
-    assert every_shard(looked) + every_shard(claimed) == 2 * int(shards[0])
-    assert every_shard(issued) == int(shards[0]), issued
+    assert every_shard(looked) + every_shard(claimed) == 2 * shards
+    assert every_shard(issued) == shards, issued
 
 
 def test_a_judgement_asks_every_shard_on_one_connection_per_node(
