@@ -923,6 +923,26 @@ def engine_distributed(conn: Connection) -> bool:
                      " WHERE logicalrelid = 'compaction.jobs'::regclass)", {})[0])
 
 
+def tracking_on_citus(conn: Connection) -> list[tuple[str, str]]:
+    """(table, trigger) for each change-tracking or queue trigger on a table that Citus
+    distributes: a trigger that cannot run on the shards, so every write to the table
+    fails there (revision 0042 refuses to attach one; a trigger made by hand, or kept by a
+    table distributed after it was tracked, remains). None where Citus is absent."""
+    if not _row(conn, tuple_row,
+                "SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL",
+                {})[0]:
+        return []
+    rows = _rows(conn, tuple_row,
+                 "SELECT t.tgrelid::regclass::text, t.tgname::text"
+                 " FROM pg_catalog.pg_trigger AS t"
+                 " JOIN pg_catalog.pg_dist_partition AS p ON p.logicalrelid = t.tgrelid"
+                 " WHERE NOT t.tgisinternal AND t.tgfoid IN ("
+                 "pg_catalog.to_regprocedure('compaction.track_source_changes()'),"
+                 " pg_catalog.to_regprocedure('compaction.source_enqueue()'))"
+                 " ORDER BY 1, 2", {})
+    return [(str(table), str(trigger)) for table, trigger in rows]
+
+
 #: The engine's lookups through the source views (sql/20_pairs.sql, sql/25_tracking.sql,
 #: sql/60_projection.sql) by name, as check-source probes them: a conversation's runs, a
 #: run by its id (the tracking triggers ask which conversation each written run belongs
@@ -1072,6 +1092,14 @@ def _quoted(name: str) -> str:
     return ".".join(part if re.fullmatch(r"[a-z_][a-z0-9_$]*", part)
                     else sql.Identifier(part).as_string(None)
                     for part in name.split(".", 1))
+
+
+def drop_trigger_statement(table: str, trigger: str) -> str:
+    """What check-source advises for a tracking trigger on a table Citus distributes;
+    `table` as regclass prints it (quoted already)."""
+    name = (trigger if re.fullmatch(r"[a-z_][a-z0-9_$]*", trigger)
+            else sql.Identifier(trigger).as_string(None))
+    return f"DROP TRIGGER {name} ON {table};"
 
 
 def create_index_statement(table: str, expression: str) -> str:

@@ -149,7 +149,7 @@ class SourceReport:
     def derived_state_note(self) -> str | None:
         if self.derived_state is None:
             return None
-        if self.distributed and self.derived_state == "untracked":
+        if self.distributed and self.derived_state != "in_use":
             return DISTRIBUTED_UNTRACKED_NOTE
         return DERIVED_STATE_NOTES.get(self.derived_state, self.derived_state)
 
@@ -237,6 +237,23 @@ def unmapped_sdk_tables(conn: db.Connection) -> list[str]:
     return hints
 
 
+def citus_tracking_problems(conn: db.Connection) -> list[str]:
+    """One sentence per table that Citus distributes and that still carries the engine's
+    change-tracking or queue triggers: they cannot run on the shards, so every write to
+    that table fails there. The fix is to drop them (DESIGN §11: on Citus the engine
+    judges from the views)."""
+    by_table: dict[str, list[str]] = {}
+    for table, trigger in db.tracking_on_citus(conn):
+        by_table.setdefault(table, []).append(trigger)
+    return [
+        f"{table} is distributed by Citus but carries the engine's tracking triggers, which"
+        " cannot run on its shards: every write to it fails there. Drop them: "
+        + " ".join(db.drop_trigger_statement(table, t) for t in triggers)
+        + " (docs/operations.md, \"Scaling out with Citus\")"
+        for table, triggers in by_table.items()
+    ]
+
+
 def check_source(
     conn: db.Connection, conversation_ids: list[str] | None = None, sample: int = 5
 ) -> SourceReport:
@@ -245,7 +262,7 @@ def check_source(
     problems = contract_problems(conn)
     if problems:
         return SourceReport(problems=problems)
-    problems = unmapped_sdk_tables(conn)
+    problems = citus_tracking_problems(conn) + unmapped_sdk_tables(conn)
     if problems:
         return SourceReport(problems=problems, derived_state=db.derived_state_status(conn),
                             distributed=db.engine_distributed(conn))

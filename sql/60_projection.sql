@@ -201,6 +201,15 @@ DECLARE
     v_froms      int[];
     v_reasons    text[];
 BEGIN
+    -- Revision 0042: on Citus no derived state is kept (the tracking triggers cannot run
+    -- on the shards, and a rebuild needs them), so nothing reads the verdict a new summary
+    -- would get: complete and import_summary write none there. Judged against ranges
+    -- that are never derived, it was always stale_source, and its two statements took
+    -- about a quarter of a completion's time under the conversation's lock (the drain of
+    -- `make bench-citus`: 4.7-5.0 s against 5.2-5.6 s, docs/benchmarks.md).
+    IF p_new_summary_id IS NOT NULL AND compaction.engine_distributed() THEN
+        RETURN;
+    END IF;
     IF p_new_summary_id IS NOT NULL THEN
         -- complete and import_summary write derived state here: like the tracking paths,
         -- they take the conversation's conversation_state row first (sql/25_tracking.sql),
@@ -269,7 +278,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.rederive_summary_verdicts(text, int[], bigint) IS
-    'Internal: re-judges the summaries of the listed ranges of a conversation (every summary when NULL) into compaction.summary_verdicts, first adding p_new_summary_id''s row when given';
+    'Internal: re-judges the summaries of the listed ranges of a conversation (every summary when NULL) into compaction.summary_verdicts, first adding p_new_summary_id''s row when given (not on Citus, where no derived state is kept)';
 
 -- Revision 0041: projection_frame's row judged from the views (before an install's
 -- rebuild has finished, after a source view is re-pointed, and always on Citus), from one

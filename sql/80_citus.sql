@@ -153,13 +153,17 @@ BEGIN
     -- read transition tables, which Citus does not give triggers on shards: detached.
     -- The engine then judges from the views on the node that holds each conversation
     -- (exact, slower), and writers call compaction.enqueue (or workers run --sweep).
+    -- Revision 0042: from every table, not only the reference tables. A host's own
+    -- tables tracked while the engine ran on one node keep their triggers when Citus
+    -- distributes them, and every write to them then fails on the shards ("could not
+    -- create distributed plan"); attach_source_tracking refuses on Citus from now on.
     FOR v_trigger IN
         SELECT t.tgname, t.tgrelid::regclass AS rel
         FROM pg_catalog.pg_trigger AS t
-        WHERE t.tgrelid IN (pg_catalog.to_regclass('compaction_source.runs'),
-                            pg_catalog.to_regclass('compaction_source.messages'))
-          AND t.tgfoid IN ('compaction.track_source_changes()'::regprocedure,
+        WHERE t.tgfoid IN ('compaction.track_source_changes()'::regprocedure,
                            'compaction.source_enqueue()'::regprocedure)
+          AND NOT t.tgisinternal
+        ORDER BY t.tgrelid, t.tgname
     LOOP
         EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', v_trigger.tgname, v_trigger.rel);
     END LOOP;
@@ -218,4 +222,4 @@ BEGIN
 END
 $$;
 COMMENT ON PROCEDURE compaction.distribute_on_citus() IS
-    'Citus: detaches the source tables'' statement triggers, distributes every engine table as compaction.citus_tables() says, then places the audit views and the reader''s and worker''s grants (run once, as a superuser, on the coordinator)';
+    'Citus: detaches the change-tracking and queue triggers from every table, distributes every engine table as compaction.citus_tables() says, then places the audit views and the reader''s and worker''s grants (run once, as a superuser, on the coordinator)';

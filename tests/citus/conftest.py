@@ -181,10 +181,13 @@ def admin_dsn(citus_nodes: dict[str, PostgreSQLExecutor]) -> str:
     return make_dsn(citus_nodes["coordinator"], "postgres")
 
 
-def create_distributed_database(nodes: dict[str, PostgreSQLExecutor], name: str,
-                                revision: str = "head") -> str:
+def create_distributed_database(
+        nodes: dict[str, PostgreSQLExecutor], name: str, revision: str = "head",
+        before_distributing: Callable[[str], None] | None = None) -> str:
     """The application's database on every node, then the documented steps, in order
-    (the engine migrated to `revision`: an earlier one for the upgrade tests)."""
+    (the engine migrated to `revision`: an earlier one for the upgrade tests);
+    `before_distributing` runs with the coordinator's DSN just before the step that
+    distributes the engine (what a host did while it ran on one node)."""
     for executor in nodes.values():
         with psycopg.connect(make_dsn(executor, "postgres"), autocommit=True) as c:
             c.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8'").format(
@@ -209,6 +212,8 @@ def create_distributed_database(nodes: dict[str, PostgreSQLExecutor], name: str,
             continue
         else:
             continue
+        if before_distributing is not None and "distribute_on_citus()" in body:
+            before_distributing(dsn)
         for executor in targets:
             with psycopg.connect(make_dsn(executor, name), autocommit=True) as c:
                 c.execute(localise(body, nodes))

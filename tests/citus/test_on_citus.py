@@ -579,3 +579,128 @@ def test_a_projection_on_citus_is_one_statement_planned_with_its_values(
             assert project_history(c, "framed", budget_bytes=1_000_000).to_dict() == before
     finally:
         drop_distributed_database(citus_nodes, name)
+
+
+def test_tracking_cannot_be_attached_on_citus(conn: Conn) -> None:
+    """Revision 0042: the tracking triggers cannot run on the shards, so attaching them to
+    a distributed table (or to any table, once the engine is distributed) is refused with
+    CP020 and changes nothing; the table's writes go on."""
+    conn.execute("CREATE TABLE public.turns (thread_id text, turn_id text, status text,"
+                 " PRIMARY KEY (thread_id, turn_id))")
+    conn.execute("SELECT create_distributed_table('public.turns', 'thread_id',"
+                 " colocate_with => 'compaction.jobs')")
+    conn.execute("CREATE TABLE public.notes (thread_id text, turn_id text)")  # not distributed
+    for table in ("public.turns", "public.notes"):
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute("SELECT compaction.attach_source_tracking(%s::regclass,"
+                         " 'thread_id', 'turn_id')", (table,))
+        assert refused.value.sqlstate == "CP020"
+        assert "Citus" in str(refused.value)
+        assert refused.value.diag.message_hint is not None
+        assert "Scaling out with Citus" in refused.value.diag.message_hint
+    assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid IN"
+                        " ('public.turns'::regclass, 'public.notes'::regclass)"
+                        " AND NOT tgisinternal").fetchone() == (0,)
+    conn.execute("INSERT INTO public.turns VALUES ('t1', 'r1', 'completed')")
+
+
+def test_a_table_tracked_on_one_node_loses_its_triggers_when_the_engine_is_distributed(
+        citus_nodes: dict[str, Any]) -> None:
+    """A host that ran on one node tracked its own tables (docs/integrating.md).
+    distribute_on_citus detaches those triggers too (revision 0042; before, only the
+    reference tables'), so the host's table, distributed afterwards as documented, takes
+    writes; with the triggers kept, every write to it failed on the shards."""
+    from tests.citus.conftest import create_distributed_database, drop_distributed_database
+
+    def track_a_host_table(dsn: str) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("CREATE TABLE public.turns (thread_id text, turn_id text,"
+                      " status text, PRIMARY KEY (thread_id, turn_id))")
+            c.execute("SELECT compaction.attach_source_tracking('public.turns'::regclass,"
+                      " 'thread_id', 'turn_id')")
+            assert c.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid ="
+                             " 'public.turns'::regclass AND NOT tgisinternal").fetchone() == (4,)
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    try:
+        dsn = create_distributed_database(citus_nodes, name,
+                                          before_distributing=track_a_host_table)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            assert c.execute("SELECT count(*) FROM pg_trigger WHERE tgfoid IN ("
+                             "'compaction.track_source_changes()'::regprocedure,"
+                             " 'compaction.source_enqueue()'::regprocedure)").fetchone() == (0,)
+            c.execute("SELECT create_distributed_table('public.turns', 'thread_id',"
+                      " colocate_with => 'compaction.jobs')")
+            c.execute("INSERT INTO public.turns VALUES ('t1', 'r1', 'completed')")
+            c.execute("UPDATE public.turns SET status = 'partial'")
+            assert c.execute("SELECT status FROM public.turns").fetchone() == ("partial",)
+    finally:
+        drop_distributed_database(citus_nodes, name)
+
+
+def test_check_source_names_tracking_triggers_on_a_distributed_table(
+        conn: Conn, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Triggers made by hand on a distributed table (attach_source_tracking refuses):
+    every write to the table fails on its shards, and check-source names the table and the
+    statements that drop them; once they are dropped, writes go on and check-source is
+    content."""
+    from pycompactor import cli
+    from tests.sql.test_import_erase import populate
+
+    populate(conn, "c1")
+    conn.execute("CREATE TRIGGER hand_tracked AFTER INSERT ON compaction_source.runs"
+                 " REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT"
+                 " EXECUTE FUNCTION compaction.track_source_changes('conversation_id', 'run_id')")
+    with pytest.raises(psycopg.Error):
+        conn.execute("INSERT INTO compaction_source.runs (conversation_id, run_id, status)"
+                     " VALUES ('c1', 'r-hand', 'running')")
+    assert cli.main(["check-source", "--dsn", dsn]) == 1
+    out = capsys.readouterr().out
+    assert "compaction_source.runs is distributed by Citus but carries the engine's" in out
+    assert "DROP TRIGGER hand_tracked ON compaction_source.runs;" in out
+    conn.execute("DROP TRIGGER hand_tracked ON compaction_source.runs")
+    conn.execute("INSERT INTO compaction_source.runs (conversation_id, run_id, status)"
+                 " VALUES ('c1', 'r-hand', 'running')")
+    assert cli.main(["check-source", "--dsn", dsn]) == 0
+    assert "not kept on Citus" in capsys.readouterr().out
+
+
+def test_completions_write_no_verdict_on_citus(conn: Conn) -> None:
+    """No derived state is kept on Citus, so a completed or imported summary gets no
+    verdict row there (revision 0042: it was always stale_source and read by nothing);
+    the summaries themselves are written as on one node."""
+    from tests.sql.test_import_erase import populate
+
+    populate(conn, "c1")
+    assert conn.execute("SELECT count(*) FROM compaction.job_summaries").fetchone() == (2,)
+    assert conn.execute("SELECT count(*) FROM compaction.summary_verdicts").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM compaction.conversation_state").fetchone() == (0,)
+
+
+def test_a_database_distributed_at_0041_stops_writing_verdicts_after_the_upgrade(
+        citus_nodes: dict[str, Any]) -> None:
+    """Revision 0042 on a database distributed at 0041: completions write no verdict row
+    from then on (the rows written before stay: nothing reads them); the downgrade
+    writes them again."""
+    from pycompactor import schema
+    from tests.citus.conftest import create_distributed_database, drop_distributed_database
+    from tests.sql.test_import_erase import populate
+
+    name = f"v_{uuid.uuid4().hex[:12]}"
+    try:
+        dsn = create_distributed_database(citus_nodes, name,
+                                          revision="0041_frame_judged_from_views")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            def verdicts() -> Any:
+                return c.execute("SELECT count(*) FROM compaction.summary_verdicts").fetchone()
+
+            populate(c, "c1")
+            assert verdicts() == (2,)
+            schema.upgrade(dsn)
+            populate(c, "c2")
+            assert verdicts() == (2,)
+            schema.downgrade(dsn, "0041_frame_judged_from_views")
+            populate(c, "c3")
+            assert verdicts() == (4,)
+    finally:
+        drop_distributed_database(citus_nodes, name)
