@@ -229,6 +229,97 @@ RANGE_CALLS: dict[str, LiteralString] = {
 }
 
 
+#: §3's one question that crosses conversations, as judge_runs asks it: does a message
+#: filed under another conversation name one of this conversation's runs? By run id
+#: alone, so on Citus it reads every shard of the messages, sending them the
+#: conversation's run ids (a value up to 256 runs, a subquery beyond). A derived state
+#: kept on the shards could not spare it: a trigger on a shard may not read other shards
+#: or write other conversations' rows (SHARD_TRIGGER_PROBES), and run ids may repeat
+#: across conversations (DESIGN §2), so no shard can tell on its own that a message it
+#: holds breaks a run held elsewhere. It is the least an exact call pays there.
+FOREIGN_BY_VALUE: LiteralString = (
+    "SELECT pg_catalog.array_agg(DISTINCT sm.run_id) FROM compaction.source_messages AS sm"
+    " WHERE sm.run_id = ANY (%(runs)s::text[]) AND sm.role IN ('user', 'assistant')"
+    " AND sm.conversation_id IS DISTINCT FROM %(c)s")
+FOREIGN_BY_SUBQUERY: LiteralString = (
+    "SELECT pg_catalog.array_agg(DISTINCT sm.run_id) FROM compaction.source_messages AS sm"
+    " WHERE sm.run_id = ANY (ARRAY(SELECT sr.run_id FROM compaction.source_runs AS sr"
+    " WHERE sr.conversation_id = %(c)s)) AND sm.role IN ('user', 'assistant')"
+    " AND sm.conversation_id IS DISTINCT FROM %(c)s")
+
+#: What a row trigger on a shard may do (Citus, citus.enable_unsafe_triggers on): each
+#: body runs for every row written to bench_probe.writes, a table co-located with the
+#: history; bench_probe.counts is co-located too.
+SHARD_TRIGGER_PROBES: dict[str, LiteralString] = {
+    "write its own conversation's row of a co-located table":
+        "INSERT INTO bench_probe.counts AS k (conversation_id, n)"
+        " VALUES (NEW.conversation_id, 1)"
+        " ON CONFLICT (conversation_id) DO UPDATE SET n = k.n + 1",
+    "read every shard of a co-located table":
+        "PERFORM count(*) FROM bench_probe.counts",
+    # OTHER: a conversation whose shard is not the written row's
+    "write another conversation's row":
+        "INSERT INTO bench_probe.counts AS k (conversation_id, n) VALUES (OTHER, 1)"
+        " ON CONFLICT (conversation_id) DO UPDATE SET n = k.n + 1",
+}
+
+
+def _foreign_question_ms(conn: psycopg.Connection[Any], conversation: str,
+                         calls: int) -> float:
+    row = conn.execute("SELECT pg_catalog.array_agg(sr.run_id) FROM compaction.source_runs"
+                       " AS sr WHERE sr.conversation_id = %s", (conversation,)).fetchone()
+    runs = list(row[0]) if row and row[0] else []
+    query = FOREIGN_BY_VALUE if len(runs) <= 256 else FOREIGN_BY_SUBQUERY
+    return _p50_ms(conn, query, calls, {"c": conversation, "runs": runs})
+
+
+def shard_triggers(dsn: str, calls: int) -> dict[str, Any]:
+    """On Citus: what each SHARD_TRIGGER_PROBES body does on a write (ok, or Citus's
+    refusal), and the p50 ms of a one-row insert without a trigger and with the first."""
+    outcomes: dict[str, str] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA bench_probe")
+        for table, columns in (("writes", "conversation_id text, k int,"
+                                          " PRIMARY KEY (conversation_id, k)"),
+                               ("counts", "conversation_id text PRIMARY KEY, n int")):
+            conn.execute(sql.SQL("CREATE TABLE bench_probe.{} ({})").format(
+                sql.Identifier(table), sql.SQL(columns)))
+            conn.execute("SELECT create_distributed_table(%s, 'conversation_id',"
+                         " colocate_with => 'compaction_source.messages')",
+                         (f"bench_probe.{table}",))
+        keys = iter(range(10**9))
+
+        def insert() -> None:
+            conn.execute("INSERT INTO bench_probe.writes VALUES ('probe', %s)", (next(keys),))
+
+        row = conn.execute(
+            "SELECT o.id FROM pg_catalog.generate_series(1, 100) AS g (n),"
+            " LATERAL (SELECT 'other-' || g.n AS id) AS o"
+            " WHERE get_shard_id_for_distribution_column('bench_probe.counts', o.id)"
+            " <> get_shard_id_for_distribution_column('bench_probe.counts', 'probe')"
+            " ORDER BY g.n LIMIT 1").fetchone()
+        other = sql.Literal(row[0] if row else "other").as_string(conn)
+        plain = round(median(latencies(insert, calls)), 3)
+        timed: float | None = None
+        for number, (label, body) in enumerate(SHARD_TRIGGER_PROBES.items()):
+            function = f"bench_probe.t{number}"
+            conn.execute(
+                f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$"
+                f" BEGIN {body.replace('OTHER', other)}; RETURN NULL; END $$")
+            conn.execute(f"CREATE TRIGGER probe AFTER INSERT ON bench_probe.writes"
+                         f" FOR EACH ROW EXECUTE FUNCTION {function}()")
+            try:
+                insert()
+                outcomes[label] = "ok"
+                if timed is None:
+                    timed = round(median(latencies(insert, calls)), 3)
+            except psycopg.Error as exc:
+                outcomes[label] = f"refused: {exc.diag.message_primary}"
+            conn.execute("DROP TRIGGER probe ON bench_probe.writes")
+        conn.execute("DROP SCHEMA bench_probe CASCADE")
+    return {"outcomes": outcomes, "insert_ms": plain, "insert_with_own_row_ms": timed}
+
+
 def price_of_exactness(dsn: str, sizes: Sizes, citus: bool) -> dict[str, Any]:
     """p50 ms of a read by key, and of a read of every shard of an empty table: co-located
     with the history (as many shards as it has), and with one shard per worker node."""
@@ -264,8 +355,15 @@ def price_of_exactness(dsn: str, sizes: Sizes, citus: bool) -> dict[str, Any]:
                                sizes.probe_calls)
                  for name in ("colocated", "per_worker")}
         conn.execute("DROP SCHEMA bench_probe CASCADE")
+        # As judge_runs asks it on Citus: one connection per node.
+        if citus:
+            conn.execute("SET citus.max_adaptive_executor_pool_size = 1")
+        foreign = {str(pairs): _foreign_question_ms(conn, f"proj-{pairs}-0", calls)
+                   for pairs in sizes.projection_pairs}
     return {"by_key_ms": by_key, "every_shard_ms": every, "shards": shards,
-            "range_calls_ms": range_calls, "range_pairs": sizes.drain_pairs}
+            "range_calls_ms": range_calls, "range_pairs": sizes.drain_pairs,
+            "foreign_question_ms": foreign,
+            "shard_triggers": shard_triggers(dsn, calls) if citus else None}
 
 
 def run(bindir: Path, sizes: Sizes) -> dict[str, Any]:
@@ -337,9 +435,27 @@ def markdown(results: dict[str, Any], sizes: Sizes, label: str) -> str:
                        f" ({citus['probe']['shards'][name]} shards)",
                        one["probe"]["every_shard_ms"][name],
                        citus["probe"]["every_shard_ms"][name]))
+    for pairs in sizes.projection_pairs:
+        probes.append((f"[§3](contract.md#3-eligible-pairs)'s cross-conversation question"
+                       f" for a conversation of {pairs} runs (every shard of the messages,"
+                       " by its run ids)",
+                       one["probe"]["foreign_question_ms"][str(pairs)],
+                       citus["probe"]["foreign_question_ms"][str(pairs)]))
     for what, single, distributed in probes:
         lines.append(f"| {what} | {single} | {distributed} |"
                      f" {round(distributed / base, 2) if base else '-'} |")
+    triggers = citus["probe"]["shard_triggers"]
+    lines += [
+        "",
+        "What a row trigger on a shard may do (`citus.enable_unsafe_triggers` on; a one-row"
+        f" insert into a table co-located with the history: {triggers['insert_ms']} ms"
+        f" p50 without a trigger, {triggers['insert_with_own_row_ms']} ms with the first):",
+        "",
+        "| the trigger's body | outcome |",
+        "|---|---|",
+    ]
+    for label, outcome in triggers["outcomes"].items():
+        lines.append(f"| {label} | {outcome} |")
     lines += [
         "",
         f"What a drained range's calls cost (p50 ms, a conversation of"

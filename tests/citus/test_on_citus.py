@@ -301,12 +301,23 @@ def test_bench_citus_smoke(tmp_path: Any) -> None:
             "judge_runs", "current_range", "worker_targets", "range_replies", "admission_write"}
     # The probe's tables on Citus: as many shards as the history's, and one per worker.
     assert results["citus"]["probe"]["shards"] == {"colocated": 32, "per_worker": 2}
+    for setup in ("single_node", "citus"):
+        assert set(results[setup]["probe"]["foreign_question_ms"]) == {"40", "200"}
+    # The premise of Citus's design here (docs/operations.md): a trigger on a shard keeps
+    # its own conversation's rows, and Citus refuses it anything that reaches further.
+    outcomes = results["citus"]["probe"]["shard_triggers"]["outcomes"]
+    assert outcomes["write its own conversation's row of a co-located table"] == "ok"
+    for reach in ("read every shard of a co-located table", "write another conversation's row"):
+        assert outcomes[reach].startswith("refused: "), outcomes
+    assert results["single_node"]["probe"]["shard_triggers"] is None
     assert set(results["goals"]) == {
         "drain_citus_over_single", "drain_met", "projection_citus_over_single",
         "projection_met", "projection_large_over_small_citus", "projection_scaling_met"}
     report = (tmp_path / "scale_out.md").read_text(encoding="utf-8")
     assert "| drain:" in report
     assert "a read of every shard of an empty table, co-located with the history (32" in report
+    assert "cross-conversation question for a conversation of 200 runs" in report
+    assert "| read every shard of a co-located table | refused: " in report
 
 
 def _remote_commands(conn: Conn, query: str) -> tuple[list[Any], list[str]]:
