@@ -911,12 +911,17 @@ def derived_state_status(conn: Connection) -> str:
     return str(_row(conn, tuple_row, "SELECT compaction.derived_state_status()", {})[0])
 
 
+def _citus_installed(conn: Connection) -> bool:
+    """Whether Citus's catalog exists here: asked first, by name, by every question put
+    to it (pg_dist_partition exists only where the extension is installed)."""
+    return bool(_row(conn, tuple_row,
+                     "SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL",
+                     {})[0])
+
+
 def engine_distributed(conn: Connection) -> bool:
     """Whether Citus distributes the engine's tables (compaction.distribute_on_citus)."""
-    # pg_dist_partition exists only where Citus is installed: asked for by name first.
-    if not _row(conn, tuple_row,
-                "SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL",
-                {})[0]:
+    if not _citus_installed(conn):
         return False
     return bool(_row(conn, tuple_row,
                      "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition"
@@ -928,9 +933,7 @@ def tracking_on_citus(conn: Connection) -> list[tuple[str, str]]:
     distributes: a trigger that cannot run on the shards, so every write to the table
     fails there (revision 0042 refuses to attach one; a trigger made by hand, or kept by a
     table distributed after it was tracked, remains). None where Citus is absent."""
-    if not _row(conn, tuple_row,
-                "SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL",
-                {})[0]:
+    if not _citus_installed(conn):
         return []
     rows = _rows(conn, tuple_row,
                  "SELECT t.tgrelid::regclass::text, t.tgname::text"
@@ -1087,19 +1090,21 @@ def table_pages(conn: Connection, table: str) -> int:
                     {"schema": schema, "name": name})[0])
 
 
+def _identifier(name: str) -> str:
+    """One name as SQL needs it: bare when plain, else quoted."""
+    return (name if re.fullmatch(r"[a-z_][a-z0-9_$]*", name)
+            else sql.Identifier(name).as_string(None))
+
+
 def _quoted(name: str) -> str:
     """A schema-qualified name from a plan ("schema.table"), quoted where SQL needs it."""
-    return ".".join(part if re.fullmatch(r"[a-z_][a-z0-9_$]*", part)
-                    else sql.Identifier(part).as_string(None)
-                    for part in name.split(".", 1))
+    return ".".join(_identifier(part) for part in name.split(".", 1))
 
 
 def drop_trigger_statement(table: str, trigger: str) -> str:
     """What check-source advises for a tracking trigger on a table Citus distributes;
     `table` as regclass prints it (quoted already)."""
-    name = (trigger if re.fullmatch(r"[a-z_][a-z0-9_$]*", trigger)
-            else sql.Identifier(trigger).as_string(None))
-    return f"DROP TRIGGER {name} ON {table};"
+    return f"DROP TRIGGER {_identifier(trigger)} ON {table};"
 
 
 def create_index_statement(table: str, expression: str) -> str:
