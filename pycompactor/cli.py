@@ -357,8 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON for scripts")
     out.add_argument("--fix", action="store_true",
-                     help="print only the statements that fix the lookups' problems"
-                          " (CREATE INDEX CONCURRENTLY, ANALYZE), one a line, for psql")
+                     help="print only the statements that fix the problems (CREATE INDEX"
+                          " CONCURRENTLY, ANALYZE; on Citus DROP TRIGGER), one a line, for psql")
 
     p = add("install-recipe", cmd_install_recipe,
             "point the source views at a known agent schema: views, indexes, tracking",

@@ -144,6 +144,8 @@ class SourceReport:
     derived_state: str | None = None
     lookups: list[LookupReport] = field(default_factory=list)
     distributed: bool = False  # the engine's tables distributed by Citus
+    # Statements that fix problems other than the lookups' (tracking triggers on Citus).
+    statements: list[str] = field(default_factory=list)
 
     @property
     def derived_state_note(self) -> str | None:
@@ -159,9 +161,10 @@ class SourceReport:
 
     @property
     def fixes(self) -> list[str]:
-        """The statements that fix the lookups' problems, in order, each once."""
-        return list(dict.fromkeys(r.fix for r in self.lookups if r.fix is not None
-                                  and r.problem() is not None))
+        """The statements that fix the problems, in order, each once."""
+        return list(dict.fromkeys([*self.statements,
+                                   *(r.fix for r in self.lookups if r.fix is not None
+                                     and r.problem() is not None)]))
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -237,21 +240,21 @@ def unmapped_sdk_tables(conn: db.Connection) -> list[str]:
     return hints
 
 
-def citus_tracking_problems(conn: db.Connection) -> list[str]:
+def citus_tracking_problems(conn: db.Connection) -> tuple[list[str], list[str]]:
     """One sentence per table that Citus distributes and that still carries the engine's
-    change-tracking or queue triggers: they cannot run on the shards, so every write to
-    that table fails there. The fix is to drop them (DESIGN §11: on Citus the engine
-    judges from the views)."""
+    change-tracking or queue triggers (they cannot run on the shards, so every write to
+    that table fails there), and the statements that drop them (DESIGN §11: on Citus the
+    engine judges from the views)."""
     by_table: dict[str, list[str]] = {}
     for table, trigger in db.tracking_on_citus(conn):
-        by_table.setdefault(table, []).append(trigger)
-    return [
+        by_table.setdefault(table, []).append(db.drop_trigger_statement(table, trigger))
+    problems = [
         f"{table} is distributed by Citus but carries the engine's tracking triggers, which"
-        " cannot run on its shards: every write to it fails there. Drop them: "
-        + " ".join(db.drop_trigger_statement(table, t) for t in triggers)
-        + " (docs/operations.md, \"Scaling out with Citus\")"
-        for table, triggers in by_table.items()
+        f" cannot run on its shards: every write to it fails there. Drop them: {' '.join(drops)}"
+        " (docs/operations.md, \"Scaling out with Citus\")"
+        for table, drops in by_table.items()
     ]
+    return problems, [drop for drops in by_table.values() for drop in drops]
 
 
 def check_source(
@@ -262,10 +265,11 @@ def check_source(
     problems = contract_problems(conn)
     if problems:
         return SourceReport(problems=problems)
-    problems = citus_tracking_problems(conn) + unmapped_sdk_tables(conn)
+    problems, statements = citus_tracking_problems(conn)
+    problems += unmapped_sdk_tables(conn)
     if problems:
         return SourceReport(problems=problems, derived_state=db.derived_state_status(conn),
-                            distributed=db.engine_distributed(conn))
+                            distributed=db.engine_distributed(conn), statements=statements)
     ids = conversation_ids or db.conversations_after(conn, "", sample)
     # The lookups first: while one reads a table whole, judging a sample's runs through
     # it would cost that read once per run, so the samples are left out.

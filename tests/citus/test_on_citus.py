@@ -670,7 +670,11 @@ def test_check_source_names_tracking_triggers_on_a_distributed_table(
     out = capsys.readouterr().out
     assert "compaction_source.runs is distributed by Citus but carries the engine's" in out
     assert "DROP TRIGGER hand_tracked ON compaction_source.runs;" in out
-    conn.execute("DROP TRIGGER hand_tracked ON compaction_source.runs")
+    # --fix prints just the statement, for psql
+    assert cli.main(["check-source", "--dsn", dsn, "--fix"]) == 1
+    (statement,) = capsys.readouterr().out.splitlines()
+    assert statement == "DROP TRIGGER hand_tracked ON compaction_source.runs;"
+    conn.execute(statement)
     conn.execute("INSERT INTO compaction_source.runs (conversation_id, run_id, status)"
                  " VALUES ('c1', 'r-hand', 'running')")
     assert cli.main(["check-source", "--dsn", dsn]) == 0
