@@ -234,7 +234,7 @@ RANGE_CALLS: dict[str, LiteralString] = {
 #: alone, so on Citus it reads every shard of the messages, sending them the
 #: conversation's run ids (a value up to 256 runs, a subquery beyond). A derived state
 #: kept on the shards could not spare it: a trigger on a shard may not read other shards
-#: or write other conversations' rows (SHARD_TRIGGER_PROBES), and run ids may repeat
+#: or write rows another node holds (SHARD_TRIGGER_PROBES), and run ids may repeat
 #: across conversations (DESIGN §2), so no shard can tell on its own that a message it
 #: holds breaks a run held elsewhere. It is the least an exact call pays there.
 FOREIGN_BY_VALUE: LiteralString = (
@@ -336,7 +336,9 @@ def shard_triggers(dsn: str, calls: int) -> dict[str, Any]:
 
 def price_of_exactness(dsn: str, sizes: Sizes, citus: bool) -> dict[str, Any]:
     """p50 ms of a read by key, and of a read of every shard of an empty table: co-located
-    with the history (as many shards as it has), and with one shard per worker node."""
+    with the history (as many shards as it has), and with one shard per worker node; of
+    each drained range's calls; of the cross-conversation question for the projection's
+    conversations; and on Citus what a trigger on a shard may do (shard_triggers)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA IF NOT EXISTS bench_probe")
         for name in ("colocated", "per_worker"):
