@@ -669,8 +669,14 @@ BEGIN
                 END LOOP;
                 IF v_cost <= v_remaining THEN
                     v_remaining := v_remaining - v_cost;
-                    v_message_ids := v_message_ids || v_users[v_at : v_at + 9];
-                    v_summary_ids := v_summary_ids || v_ids[v_chosen];
+                    -- One id at a time (revision 0043): `v := array_append(v, x)` grows
+                    -- the variable in place, where `v || slice` or `v || x || y` copied
+                    -- the whole list at every step (the square of the texts: a fifth of
+                    -- a 1 MiB projection's statement).
+                    FOR v_k IN v_at .. v_at + 9 LOOP
+                        v_message_ids := pg_catalog.array_append(v_message_ids, v_users[v_k]);
+                    END LOOP;
+                    v_summary_ids := pg_catalog.array_append(v_summary_ids, v_ids[v_chosen]);
                     v_index := v_start - 1;
                     CONTINUE;
                 END IF;
@@ -680,7 +686,8 @@ BEGIN
             v_cost := v_user_sizes[v_at]::bigint + v_sizes[v_at] + 32;
             EXIT WHEN v_cost > v_remaining;
             v_remaining := v_remaining - v_cost;
-            v_message_ids := v_message_ids || v_users[v_at] || v_assistants[v_at];
+            v_message_ids := pg_catalog.array_append(v_message_ids, v_users[v_at]);
+            v_message_ids := pg_catalog.array_append(v_message_ids, v_assistants[v_at]);
             v_index := v_index - 1;
         END LOOP;
         EXIT WHEN v_finished;

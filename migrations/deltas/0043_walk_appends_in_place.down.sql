@@ -1,0 +1,159 @@
+-- 0043_walk_appends_in_place, downgrade: revision 0041's projection_read.
+
+CREATE OR REPLACE FUNCTION compaction.projection_read(
+    p_conversation_id text, p_scope text, p_pairs int, p_budget_bytes bigint,
+    p_marker_bytes int)
+RETURNS TABLE (
+    derived               boolean,
+    pair_count            int,
+    first_pair            int,
+    user_message_ids      text[],
+    assistant_message_ids text[],
+    user_bytes            int[],
+    assistant_bytes       int[],
+    summary_ids           bigint[],
+    summary_from_pairs    int[],
+    summary_reasons       text[],
+    summary_bytes         int[],
+    message_id            text,
+    summary_id            bigint,
+    content               text
+)
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    f             record;
+    -- The frame's arrays as variables of their own: PL/pgSQL subscripts those in place,
+    -- where a record's field would be copied whole at every subscript.
+    v_users       text[];
+    v_assistants  text[];
+    v_user_sizes  int[];
+    v_sizes       int[];
+    v_froms       int[];
+    v_reasons     text[];
+    v_ids         bigint[];
+    v_bytes       int[];
+    v_first       int;
+    v_wanted      bigint := p_pairs;
+    v_given       bigint;
+    v_finished    boolean;
+    v_remaining   bigint;
+    v_index       int;
+    v_start       int;
+    v_at          int;
+    v_chosen      int;
+    v_cost        bigint;
+    v_dropped     int := -1;
+    v_message_ids text[] := '{}';
+    v_summary_ids bigint[] := '{}';
+BEGIN
+    IF p_budget_bytes IS NULL OR p_budget_bytes < 0 THEN
+        RAISE EXCEPTION 'p_budget_bytes must be 0 or more, got %', p_budget_bytes
+            USING ERRCODE = 'CP020';
+    END IF;
+    IF p_marker_bytes IS NULL OR p_marker_bytes < 0 THEN
+        RAISE EXCEPTION 'p_marker_bytes must be 0 or more, got %', p_marker_bytes
+            USING ERRCODE = 'CP020';
+    END IF;
+    LOOP
+        SELECT * INTO f FROM compaction.projection_frame(p_conversation_id, p_scope, v_wanted::int);
+        v_users := f.user_message_ids;
+        v_assistants := f.assistant_message_ids;
+        v_user_sizes := f.user_bytes;
+        v_sizes := f.assistant_bytes;
+        v_froms := f.summary_from_pairs;
+        v_reasons := f.summary_reasons;
+        v_ids := f.summary_ids;
+        v_bytes := f.summary_bytes;
+        v_first := f.first_pair;
+        v_remaining := p_budget_bytes;
+        v_dropped := -1;
+        v_message_ids := '{}';
+        v_summary_ids := '{}';
+        v_finished := true;
+        -- Newest first. The verdicts come in from_pair order, so one cursor (v_chosen)
+        -- moving down them finds each range's chosen summary (reason NULL, with its size).
+        v_chosen := coalesce(pg_catalog.array_length(v_ids, 1), 0);
+        v_index := f.pair_count - 1;
+        WHILE v_index >= 0 LOOP
+            IF v_index < v_first THEN
+                v_finished := false;  -- the walk needs pairs older than the frame's
+                EXIT;
+            END IF;
+            v_start := v_index - v_index % 10;
+            WHILE v_chosen > 0 AND (v_froms[v_chosen] > v_start
+                                    OR v_reasons[v_chosen] IS NOT NULL) LOOP
+                v_chosen := v_chosen - 1;
+            END LOOP;
+            IF v_chosen > 0 AND v_froms[v_chosen] = v_start AND v_bytes[v_chosen] IS NOT NULL
+               AND v_dropped <> v_start THEN
+                -- The block: the range's user messages, then the summary message (marker
+                -- line with the two pair numbers, newline, summary).
+                v_at := v_start - v_first + 1;
+                v_cost := p_marker_bytes::bigint + pg_catalog.length(v_start::text)
+                          + pg_catalog.length((v_start + 9)::text) + 1 + v_bytes[v_chosen] + 16;
+                FOR v_k IN v_at .. v_at + 9 LOOP
+                    v_cost := v_cost + v_user_sizes[v_k] + 16;
+                END LOOP;
+                IF v_cost <= v_remaining THEN
+                    v_remaining := v_remaining - v_cost;
+                    v_message_ids := v_message_ids || v_users[v_at : v_at + 9];
+                    v_summary_ids := v_summary_ids || v_ids[v_chosen];
+                    v_index := v_start - 1;
+                    CONTINUE;
+                END IF;
+                v_dropped := v_start;  -- it does not fit: this range's raw pairs instead
+            END IF;
+            v_at := v_index - v_first + 1;
+            v_cost := v_user_sizes[v_at]::bigint + v_sizes[v_at] + 32;
+            EXIT WHEN v_cost > v_remaining;
+            v_remaining := v_remaining - v_cost;
+            v_message_ids := v_message_ids || v_users[v_at] || v_assistants[v_at];
+            v_index := v_index - 1;
+        END LOOP;
+        EXIT WHEN v_finished;
+        -- Read further back, in this statement's snapshot: as many pairs as the whole
+        -- budget would take at the rate it was spent, a quarter more, at least twice as
+        -- many, in whole ranges (the driver's _next_read). The frame reaches pair 0 in
+        -- the end, where every walk finishes.
+        -- In numeric: the budget may be as large as a bigint. At least 10 more than
+        -- given, so a frame of no pairs (p_pairs 0) steps back too.
+        v_given := f.pair_count - v_first;
+        v_wanted := least(greatest(2 * v_given, v_given + 10,
+                                   pg_catalog.ceil(v_given::numeric * p_budget_bytes * 5
+                                                   / (4 * greatest(p_budget_bytes - v_remaining, 1)))),
+                          2147483640)::bigint;
+        v_wanted := least(v_wanted + (10 - v_wanted % 10) % 10, 2147483640);
+    END LOOP;
+    RETURN QUERY SELECT f.derived, f.pair_count, f.first_pair, f.user_message_ids,
+                        f.assistant_message_ids, f.user_bytes, f.assistant_bytes,
+                        f.summary_ids, f.summary_from_pairs, f.summary_reasons,
+                        f.summary_bytes, NULL::text, NULL::bigint, NULL::text;
+    RETURN QUERY
+        SELECT NULL::boolean, NULL::int, NULL::int, NULL::text[], NULL::text[], NULL::int[],
+               NULL::int[], NULL::bigint[], NULL::int[], NULL::text[], NULL::int[],
+               t.message_id, t.summary_id, t.content
+        FROM compaction.projection_texts(p_conversation_id, v_message_ids, v_summary_ids) AS t;
+END
+$$;
+COMMENT ON FUNCTION compaction.projection_read(text, text, int, bigint, int) IS
+    'A projection''s reads in one statement: first projection_frame''s row for the newest p_pairs pairs or, when the budget walk gets past them, for as many more as it needs (text columns NULL), then (message_id, summary_id, content) of each message and summary the walk includes (frame columns NULL). p_marker_bytes: UTF-8 bytes of the summary marker line without its pair numbers';
+
+-- On a distributed database projection_read plans with its values bound (revision 0041,
+-- distribute_on_citus): the replacement above gave it back its SET clauses.
+DO $$
+BEGIN
+    IF compaction.engine_distributed() THEN
+        ALTER FUNCTION compaction.projection_read(text, text, int, bigint, int)
+            RESET plan_cache_mode;
+    END IF;
+END
+$$;
+
+CALL compaction.assign_ownership();
