@@ -1,5 +1,7 @@
-"""projection_read's walk collects the ids of the texts it sends in place, where it
-copied the whole list at every step (the square of the texts a projection includes).
+"""A projection's one statement does less for the same rows: projection_read's walk
+collects the ids of the texts it sends in place, where it copied the whole list at every
+step (the square of the texts a projection includes), and reads the texts itself, where
+projection_texts' statement of its own stored each text row twice more.
 
 Revision ID: 0043_walk_appends_in_place
 Revises: 0042_no_tracking_on_citus

@@ -647,6 +647,28 @@ def test_the_statement_reads_back_to_the_first_pair_under_the_largest_budget(
         assert [r[0] for r in rows[1:] if r[0] is not None] == summaries
 
 
+def test_the_statement_reads_its_texts_itself(conn: Conn) -> None:
+    """projection_read reads the texts its walk includes in its own statement, calling no
+    function for them (through projection_texts' statement each text row was stored twice
+    more: revision 0043). Counted with track_functions = 'all', which counts every
+    function called."""
+    pairs = History(conn).pairs("inline", 40)
+    summary_id = import_summary(conn, "inline", pairs, 0)
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        rows = conn.execute(
+            "SELECT message_id, summary_id"
+            " FROM compaction.projection_read('inline', 'default', 40, %s, %s)",
+            (BIG, projection_module._MARKER_BYTES)).fetchall()
+        called = dict(conn.execute(
+            "SELECT funcname, calls FROM pg_catalog.pg_stat_xact_user_functions"
+            " WHERE schemaname = 'compaction'").fetchall())
+    assert [r[1] for r in rows[1:] if r[1] is not None] == [summary_id]
+    assert len([r for r in rows[1:] if r[0] is not None]) == 10 + 2 * 30
+    assert called.get("projection_read") == 1, called
+    assert "projection_texts" not in called, called
+
+
 def test_the_statement_asked_for_no_pairs_steps_back_all_the_same(conn: Conn) -> None:
     """p_pairs 0 on a conversation of whole ranges gives a frame of no pairs; the step
     back takes at least 10 more (twice nothing is nothing: the statement looped until
