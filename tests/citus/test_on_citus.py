@@ -548,11 +548,12 @@ def test_a_judgement_asks_every_shard_on_one_connection_per_node(
 def test_a_projection_on_citus_is_one_statement_planned_with_its_values(
         conn: Conn, citus_nodes: dict[str, Any]) -> None:
     """Revision 0041: judged from the views, a projection is projection_read's one
-    statement on Citus too, its texts sent through projection_texts, which Citus plans
-    only with the values bound: distribute_on_citus resets projection_read's
-    plan_cache_mode (it forces generic plans on one node). A database distributed at 0040
-    gets the reset in the upgrade, projects the same before and after, and loses it in
-    the downgrade."""
+    statement on Citus too, its texts sent in it (through projection_texts before
+    revision 0043, written out since), which Citus plans only with the values bound:
+    distribute_on_citus resets projection_read's plan_cache_mode (it forces generic plans
+    on one node). A database distributed at 0040 gets the reset in the upgrade (0043
+    replaces the function and resets it again), projects the same before and after, past
+    the five calls after which a plan may turn generic, and loses it in the downgrade."""
     from pycompactor import db, project_history, schema
     from tests.citus.conftest import create_distributed_database, drop_distributed_database
 
@@ -580,7 +581,8 @@ def test_a_projection_on_citus_is_one_statement_planned_with_its_values(
                 ["summarized"] * 10 + ["raw"] * 30)
             schema.upgrade(dsn)
             assert planning(c) == []
-            assert project_history(c, "framed", budget_bytes=1_000_000).to_dict() == before
+            for _ in range(8):
+                assert project_history(c, "framed", budget_bytes=1_000_000).to_dict() == before
             [frame] = c.execute("SELECT derived, pair_count, first_pair, summary_ids"
                                 " FROM compaction.projection_frame('framed', 'default', 20)"
                                 ).fetchall()
