@@ -714,8 +714,9 @@ BEGIN
                t.message_id, t.summary_id, t.content
         -- projection_texts' query, written out (revision 0043): through that function's
         -- statement of its own each text row was stored twice more (a tenth of a 1 MiB
-        -- projection). Not shared as an inlined SQL function: on Citus no SQL-language
-        -- function may read distributed tables (docs/operations.md, its rules).
+        -- projection). Not shared as an inlined SQL function: no SQL-language function
+        -- may read distributed tables, whose parameters Citus cannot plan (the rules in
+        -- docs/operations.md, "Scaling out with Citus").
         FROM (SELECT m.message_id, NULL::bigint AS summary_id, m.content
               FROM pg_catalog.unnest(v_message_ids) AS i (message_id)
               CROSS JOIN LATERAL (

@@ -650,8 +650,8 @@ def test_the_statement_reads_back_to_the_first_pair_under_the_largest_budget(
 def test_the_statement_reads_its_texts_itself(conn: Conn) -> None:
     """projection_read reads the texts its walk includes in its own statement, calling no
     function for them (through projection_texts' statement each text row was stored twice
-    more: revision 0043). Counted with track_functions = 'all', which counts every
-    function called."""
+    more: revision 0043). Counted with track_functions = 'all', which counts the calls of
+    SQL and PL/pgSQL functions alike."""
     pairs = History(conn).pairs("inline", 40)
     summary_id = import_summary(conn, "inline", pairs, 0)
     with conn.transaction():
