@@ -213,8 +213,9 @@ BEGIN
     ALTER FUNCTION compaction.judge_runs(text, text[])
         SET citus.max_adaptive_executor_pool_size = 1;
     -- Revision 0041: judged from the views (always, on Citus) projection_read sends the
-    -- texts in its own statement, through projection_texts, whose queries Citus can
-    -- plan only with the values bound; on one node it forces generic plans.
+    -- texts in its own statement (through projection_texts until revision 0043), whose
+    -- queries Citus can plan only with the values bound; on one node it forces generic
+    -- plans.
     ALTER FUNCTION compaction.projection_read(text, text, int, bigint, int)
         RESET plan_cache_mode;
     CALL compaction.place_audit_views();

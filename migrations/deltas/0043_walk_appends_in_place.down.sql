@@ -1,4 +1,5 @@
--- 0043_walk_appends_in_place, downgrade: revision 0041's projection_read.
+-- 0043_walk_appends_in_place, downgrade: revision 0041's projection_read and revision
+-- 0042's distribute_on_citus.
 
 CREATE OR REPLACE FUNCTION compaction.projection_read(
     p_conversation_id text, p_scope text, p_pairs int, p_budget_bytes bigint,
@@ -144,6 +145,104 @@ END
 $$;
 COMMENT ON FUNCTION compaction.projection_read(text, text, int, bigint, int) IS
     'A projection''s reads in one statement: first projection_frame''s row for the newest p_pairs pairs or, when the budget walk gets past them, for as many more as it needs (text columns NULL), then (message_id, summary_id, content) of each message and summary the walk includes (frame columns NULL). p_marker_bytes: UTF-8 bytes of the summary marker line without its pair numbers';
+
+CREATE OR REPLACE PROCEDURE compaction.distribute_on_citus()
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_table   record;
+    v_trigger record;
+    v_first     text;
+    v_fk        record;
+    v_restore   text[] := '{}';
+    v_statement text;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension AS e WHERE e.extname = 'citus') THEN
+        RAISE EXCEPTION 'Citus is not installed in database %', pg_catalog.current_database()
+            USING ERRCODE = 'CP020', HINT = 'CREATE EXTENSION citus; on the coordinator first.';
+    END IF;
+    -- The guards and truncate triggers only read their own row: safe on shards, but Citus
+    -- wants to be told so.
+    IF pg_catalog.current_setting('citus.enable_unsafe_triggers', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'citus.enable_unsafe_triggers must be on for the engine''s row guards'
+            USING ERRCODE = 'CP020',
+                  HINT = 'ALTER SYSTEM SET citus.enable_unsafe_triggers = on on every node, then reload.';
+    END IF;
+    -- The source tables' statement triggers (change tracking, DESIGN §2, and the queue)
+    -- read transition tables, which Citus does not give triggers on shards: detached.
+    -- The engine then judges from the views on the node that holds each conversation
+    -- (exact, slower), and writers call compaction.enqueue (or workers run --sweep).
+    -- Revision 0042: from every table, not only the reference tables. A host's own
+    -- tables tracked while the engine ran on one node keep their triggers when Citus
+    -- distributes them, and every write to them then fails on the shards ("could not
+    -- create distributed plan"); attach_source_tracking refuses on Citus from now on.
+    FOR v_trigger IN
+        SELECT t.tgname, t.tgrelid::regclass AS rel
+        FROM pg_catalog.pg_trigger AS t
+        WHERE t.tgfoid IN ('compaction.track_source_changes()'::regprocedure,
+                           'compaction.source_enqueue()'::regprocedure)
+          AND NOT t.tgisinternal
+        ORDER BY t.tgrelid, t.tgname
+    LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', v_trigger.tgname, v_trigger.rel);
+    END LOOP;
+    -- Foreign keys go first and come back last: Citus distributes a table only when no
+    -- local table refers to it, and turns a local table that refers to a reference table
+    -- into a Citus-local one (dropping views on it) instead of leaving it for later.
+    -- Sequential mode lets the same transaction add them back on the shards.
+    EXECUTE 'SET LOCAL citus.multi_shard_modify_mode = sequential';
+    FOR v_fk IN
+        SELECT c.conrelid::regclass AS rel, c.conname, pg_catalog.pg_get_constraintdef(c.oid) AS def
+        FROM pg_catalog.pg_constraint AS c
+        WHERE c.contype = 'f'
+          AND c.conrelid IN (SELECT ct.table_name::regclass FROM compaction.citus_tables() AS ct)
+        ORDER BY c.conrelid, c.conname
+    LOOP
+        v_restore := v_restore || pg_catalog.format('ALTER TABLE %s ADD CONSTRAINT %I %s',
+                                                    v_fk.rel, v_fk.conname, v_fk.def);
+        EXECUTE pg_catalog.format('ALTER TABLE %s DROP CONSTRAINT %I', v_fk.rel, v_fk.conname);
+    END LOOP;
+    FOR v_table IN SELECT ct.table_name, ct.placement, ct.step, ct.colocation
+                   FROM compaction.citus_tables() AS ct ORDER BY ct.step LOOP
+        IF v_table.placement = 'reference' THEN
+            EXECUTE 'SELECT create_reference_table($1)' USING v_table.table_name::regclass;
+        ELSE
+            -- With the first table of its group; the first of the conversation group
+            -- joins the host's own tables of the default group, the queue joins none.
+            v_first := (SELECT ct.table_name FROM compaction.citus_tables() AS ct
+                        WHERE ct.colocation = v_table.colocation AND ct.step < v_table.step
+                        ORDER BY ct.step LIMIT 1);
+            EXECUTE 'SELECT create_distributed_table($1, ''conversation_id'', colocate_with => $2)'
+                USING v_table.table_name::regclass,
+                      coalesce(v_first, CASE v_table.colocation WHEN 'queue' THEN 'none'
+                                                                ELSE 'default' END);
+        END IF;
+    END LOOP;
+    FOREACH v_statement IN ARRAY v_restore LOOP
+        EXECUTE v_statement;
+    END LOOP;
+    -- judge_runs keeps one generic plan on a single node (planning per call costs more
+    -- than running); Citus can plan its queries only with the values bound.
+    ALTER FUNCTION compaction.judge_runs(text, text[]) RESET plan_cache_mode;
+    -- Revision 0038: a judgement's question to every shard of the messages runs on one
+    -- connection per node. Its tasks are index probes of a few runs each; with more
+    -- connections the executor opened new ones to the workers in most judgements (14 ms
+    -- against 9.6 ms for a conversation of 100 runs on the loopback cluster, and the
+    -- drain of `make bench-citus` took 7.4-9.2 s against 5.6-5.8 s).
+    ALTER FUNCTION compaction.judge_runs(text, text[])
+        SET citus.max_adaptive_executor_pool_size = 1;
+    -- Revision 0041: judged from the views (always, on Citus) projection_read sends the
+    -- texts in its own statement, through projection_texts, whose queries Citus can
+    -- plan only with the values bound; on one node it forces generic plans.
+    ALTER FUNCTION compaction.projection_read(text, text, int, bigint, int)
+        RESET plan_cache_mode;
+    CALL compaction.place_audit_views();
+    CALL compaction.place_view_grants();
+END
+$$;
+COMMENT ON PROCEDURE compaction.distribute_on_citus() IS
+    'Citus: detaches the change-tracking and queue triggers from every table, distributes every engine table as compaction.citus_tables() says, then places the audit views and the reader''s and worker''s grants (run once, as a superuser, on the coordinator)';
 
 -- On a distributed database projection_read plans with its values bound (revision 0041,
 -- distribute_on_citus): the replacement above gave it back its SET clauses.
