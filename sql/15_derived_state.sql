@@ -49,17 +49,22 @@ CREATE TABLE compaction.pairs (
 COMMENT ON TABLE compaction.pairs IS
     'Derived state: the eligible pairs of each conversation (DESIGN §3) with pair_index, ids and UTF-8 sizes; no text';
 -- The tracking finds a written Run's pair by its conversation and run id. This index
--- keys it by the conversation and a 4-byte hash of the run id, not the id itself: the
--- B-tree on (conversation_id, run_id) that did (the primary key until revision 0033)
--- held both text ids of every pair, 107 of the derived state's 370 MB at 2M messages
--- (docs/operations.md, "Space to plan"). A lookup names both, hashtext(run_id) = ... AND
--- run_id = ..., and so always plans on this index whatever the statistics say (a hash
--- index on run_id alone was smaller still, but without statistics on compaction.pairs
--- the planner scanned a conversation's pairs through the primary key instead: a tracked
--- append to a 10,000-pair conversation cost 3x).
-CREATE INDEX pairs_run_idx ON compaction.pairs (conversation_id, pg_catalog.hashtext(run_id));
-COMMENT ON INDEX compaction.pairs_run_idx IS
-    'The pair of a Run, by conversation and the hash of its run id (lookups compare the run id too)';
+-- keys it by a 4-byte hash of the run id alone (revision 0044): the B-tree on
+-- (conversation_id, run_id) that did until revision 0033 held both text ids of every
+-- pair, 107 of the derived state's 370 MB at 2M messages (docs/operations.md, "Space to
+-- plan"), and the one on (conversation_id, hashtext(run_id)) that followed still held
+-- the conversation's id in every entry, about 34 bytes a message where ids are uuids;
+-- this one holds 16-byte entries whatever the ids. A lookup by run compares the hash, the
+-- run id and the conversation, the conversation as a filter the primary key cannot serve
+-- (rederive), so it plans on this index whatever the statistics say: where pairs had
+-- none yet, a condition on the conversation had the planner read the conversation's
+-- primary key entries too. Runs whose ids share a hash share a key; the lookup's other
+-- conditions tell them apart. (A hash index on run_id was smaller still, but was not
+-- chosen either without statistics: a tracked append to a 10,000-pair conversation cost
+-- 3x.)
+CREATE INDEX pairs_run_hash_idx ON compaction.pairs (pg_catalog.hashtext(run_id));
+COMMENT ON INDEX compaction.pairs_run_hash_idx IS
+    'The pair of a Run, by the hash of its run id (lookups compare the run id and the conversation too)';
 
 CREATE TABLE compaction.ranges (
     conversation_id    text NOT NULL,

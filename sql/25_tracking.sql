@@ -154,10 +154,16 @@ BEGIN
           AND NOT EXISTS (SELECT 1
                           FROM pg_catalog.unnest(v_runs) AS k (run_id)
                           CROSS JOIN LATERAL (
+                              -- The conversation as a filter, not an index condition
+                              -- (revision 0044): the only index for this lookup is then
+                              -- pairs_run_hash_idx. As a condition, where pairs has no
+                              -- statistics yet, the planner read the conversation's
+                              -- primary key entries as well (a BitmapAnd), all of them for
+                              -- every tracked write.
                               SELECT 1 FROM compaction.pairs AS p
-                              WHERE p.conversation_id = p_conversation_id
-                                AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                              WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
                                 AND p.run_id = k.run_id
+                                AND (p.conversation_id = p_conversation_id) IS TRUE
                               OFFSET 0) AS q) THEN
         -- No touched Run can form a pair, and none had one: nothing derived changes.
         -- One statement instead of judging the Runs' messages.
@@ -212,10 +218,11 @@ BEGIN
                         FROM pg_catalog.unnest(p_run_ids) AS k (run_id)
                         WHERE p_pair_count > 0 AND pg_catalog.cardinality(p_run_ids) <= 16) AS k
                   CROSS JOIN LATERAL (
+                      -- the conversation as a filter: see rederive (revision 0044)
                       SELECT p FROM compaction.pairs AS p
-                      WHERE p.conversation_id = p_conversation_id
-                        AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                      WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
                         AND p.run_id = k.run_id
+                        AND (p.conversation_id = p_conversation_id) IS TRUE
                       OFFSET 0) AS q
                   UNION ALL
                   SELECT p FROM compaction.pairs AS p
@@ -419,10 +426,11 @@ BEGIN
         SELECT DISTINCT q.pair_index / 10 * 10
         FROM pg_catalog.unnest(v_touched) AS k (run_id)
         CROSS JOIN LATERAL (
+            -- the conversation as a filter: see rederive (revision 0044)
             SELECT p.pair_index FROM compaction.pairs AS p
-            WHERE p.conversation_id = p_conversation_id
-              AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+            WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
               AND p.run_id = k.run_id
+              AND (p.conversation_id = p_conversation_id) IS TRUE
             OFFSET 0) AS q);
     v_ranges := v_ranges || v_held;
     WITH wanted AS (
@@ -658,11 +666,13 @@ BEGIN
                    AND NOT EXISTS (SELECT 1
                                    FROM pg_catalog.unnest(v_run_ids) AS k (run_id)
                                    CROSS JOIN LATERAL (
+                                       -- the conversation as a filter: see rederive
+                                       -- (revision 0044)
                                        SELECT 1 FROM compaction.pairs AS p
-                                       WHERE p.conversation_id = v_conversation
-                                         AND pg_catalog.hashtext(p.run_id)
+                                       WHERE pg_catalog.hashtext(p.run_id)
                                              = pg_catalog.hashtext(k.run_id)
                                          AND p.run_id = k.run_id
+                                         AND (p.conversation_id = v_conversation) IS TRUE
                                        OFFSET 0) AS q)
                END
         INTO v_elsewhere, v_count, v_unchanged

@@ -235,13 +235,14 @@ def test_loader_sends_percent_and_colon_names_verbatim(
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
-def prebuilt_index_statements() -> list[str]:
-    """docs/operations.md's statements that build revision 0033's indexes beforehand."""
+def prebuilt_index_statements(block: int = 0) -> list[str]:
+    """docs/operations.md's statements that build a revision's indexes beforehand: the
+    first block 0033's, the second 0044's."""
     section = OPERATIONS.read_text(encoding="utf-8").split(
-        "### Revisions that build an index on the derived state", 1)[1]
-    match = re.search(r"```sql\n(.*?)```", section, flags=re.DOTALL)
-    assert match, "docs/operations.md lost the statements that build 0033's indexes"
-    return [s.strip() for s in match.group(1).split(";") if s.strip()]
+        "### Revisions that build an index on the derived state", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```sql\n(.*?)```", section, flags=re.DOTALL)
+    assert len(blocks) > block, "docs/operations.md lost the statements that build the indexes"
+    return [s.strip() for s in blocks[block].split(";") if s.strip()]
 
 
 def seed_pairs(dsn: str) -> None:
@@ -285,10 +286,39 @@ def test_0033_takes_the_indexes_a_dba_built_concurrently(
     before = index_oids(dsn)
     assert set(before) == {"pairs_pkey", "pairs_pair_index_key", "pairs_run_idx",
                            "pairs_pair_index_pkey"}
-    schema.upgrade(dsn)
+    schema.upgrade(dsn, "0033_pairs_by_hash")
     assert index_oids(dsn) == {"pairs_pkey": before["pairs_pair_index_pkey"],
                                "pairs_run_idx": before["pairs_run_idx"]}
+    schema.upgrade(dsn)
     assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
+    assert_pairs_consistent(dsn)
+
+
+def test_0044_takes_the_index_a_dba_built_concurrently(
+    pg_bindir: Path, new_database: NewDatabase
+) -> None:
+    """docs/operations.md's statement for revision 0044, run on a live database at 0043:
+    the migration keeps the index it built, drops the one it replaces, and reaches the
+    schema sql/ describes; the way back builds the old index again."""
+    from_sql = new_database()
+    with psycopg.connect(from_sql) as conn:
+        schema.apply_current_definition(conn)
+    dsn = new_database()
+    schema.upgrade(dsn, "0043_walk_appends_in_place")
+    seed_pairs(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # CONCURRENTLY: no transaction
+        for statement in prebuilt_index_statements(1):
+            conn.execute(statement.encode())
+    before = index_oids(dsn)
+    assert set(before) == {"pairs_pkey", "pairs_run_idx", "pairs_run_hash_idx"}
+    schema.upgrade(dsn, "0044_runs_found_by_hash_alone")
+    assert index_oids(dsn) == {"pairs_pkey": before["pairs_pkey"],
+                               "pairs_run_hash_idx": before["pairs_run_hash_idx"]}
+    schema.upgrade(dsn)
+    assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
+    assert_pairs_consistent(dsn)
+    schema.downgrade(dsn, "0043_walk_appends_in_place")
+    assert set(index_oids(dsn)) == {"pairs_pkey", "pairs_run_idx"}
     assert_pairs_consistent(dsn)
 
 
@@ -308,9 +338,10 @@ def test_0033_builds_again_an_index_a_failed_concurrent_build_left_invalid(
         conn.execute("UPDATE pg_catalog.pg_index SET indisvalid = false"
                      " WHERE indexrelid = 'compaction.pairs_pair_index_pkey'::regclass")
     invalid = index_oids(dsn)["pairs_pair_index_pkey"]
-    schema.upgrade(dsn)
+    schema.upgrade(dsn, "0033_pairs_by_hash")
     after = index_oids(dsn)
     assert set(after) == {"pairs_pkey", "pairs_run_idx"}
     assert after["pairs_pkey"] != invalid
+    schema.upgrade(dsn)
     assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
     assert_pairs_consistent(dsn)
