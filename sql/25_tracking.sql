@@ -334,17 +334,38 @@ DECLARE
     v_held     int[];
 BEGIN
     -- Sizes and the assistant side change in place; the position (seq, user id) cannot.
-    UPDATE compaction.pairs AS p
-    SET user_bytes = f.user_bytes,
-        assistant_message_id = f.assistant_message_id,
-        assistant_bytes = f.assistant_bytes
-    FROM pg_catalog.unnest(v_fresh) AS f
-    WHERE p.conversation_id = p_conversation_id
-      AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(f.run_id)
-      AND p.run_id = f.run_id
-      AND p.user_seq IS NOT DISTINCT FROM f.user_seq AND p.user_message_id = f.user_message_id
-      AND (p.user_bytes, p.assistant_message_id, p.assistant_bytes)
-          IS DISTINCT FROM (f.user_bytes, f.assistant_message_id, f.assistant_bytes);
+    -- A few runs (an edit's): each run's pair found through the run index, the
+    -- conversation as a filter (see rederive, revision 0044; as an index condition, where
+    -- pairs had no statistics yet, every edit also read the conversation's primary key
+    -- entries). Many (a whole conversation re-derived): the conversation's pairs joined
+    -- with them through the primary key's prefix, where as many probes would cost more.
+    IF pg_catalog.cardinality(v_fresh) <= 16 THEN
+        UPDATE compaction.pairs AS p
+        SET user_bytes = f.user_bytes,
+            assistant_message_id = f.assistant_message_id,
+            assistant_bytes = f.assistant_bytes
+        FROM pg_catalog.unnest(v_fresh) AS f
+        WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(f.run_id)
+          AND p.run_id = f.run_id
+          AND (p.conversation_id = p_conversation_id) IS TRUE
+          AND p.user_seq IS NOT DISTINCT FROM f.user_seq
+          AND p.user_message_id = f.user_message_id
+          AND (p.user_bytes, p.assistant_message_id, p.assistant_bytes)
+              IS DISTINCT FROM (f.user_bytes, f.assistant_message_id, f.assistant_bytes);
+    ELSE
+        UPDATE compaction.pairs AS p
+        SET user_bytes = f.user_bytes,
+            assistant_message_id = f.assistant_message_id,
+            assistant_bytes = f.assistant_bytes
+        FROM pg_catalog.unnest(v_fresh) AS f
+        WHERE p.conversation_id = p_conversation_id
+          AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(f.run_id)
+          AND p.run_id = f.run_id
+          AND p.user_seq IS NOT DISTINCT FROM f.user_seq
+          AND p.user_message_id = f.user_message_id
+          AND (p.user_bytes, p.assistant_message_id, p.assistant_bytes)
+              IS DISTINCT FROM (f.user_bytes, f.assistant_message_id, f.assistant_bytes);
+    END IF;
 
     -- The earliest position where a pair appeared, vanished or moved (pair order is
     -- (seq, message_id), NULL seq last, as in judged_pairs).

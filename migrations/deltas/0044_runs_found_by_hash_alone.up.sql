@@ -1,11 +1,12 @@
 -- 0044_runs_found_by_hash_alone: compaction.pairs finds a Run's pair through
 -- pairs_run_hash_idx, a B-tree on hashtext(run_id) alone, instead of pairs_run_idx on
 -- (conversation_id, hashtext(run_id)), which held the conversation's id in every entry:
--- about 34 bytes a message where ids are uuids, against 8-11 for the new index
+-- about 34 bytes a message where ids are uuids, against 15 for the new index
 -- (docs/operations.md, "Space to plan"). The lookups of one run's pair compare the
 -- conversation as a filter the primary key cannot serve, so that they plan on the new
 -- index whatever the statistics on pairs say: the four functions that make them are
--- replaced whole, with only that changed.
+-- replaced whole, with only that changed (and rederive_general's update of the pairs'
+-- sizes split in two: a few runs' and many runs').
 --
 -- The index is built here unless it exists already, valid: on a large, live database a
 -- DBA builds it first with CREATE INDEX CONCURRENTLY, and may drop the old one
@@ -278,17 +279,38 @@ DECLARE
     v_held     int[];
 BEGIN
     -- Sizes and the assistant side change in place; the position (seq, user id) cannot.
-    UPDATE compaction.pairs AS p
-    SET user_bytes = f.user_bytes,
-        assistant_message_id = f.assistant_message_id,
-        assistant_bytes = f.assistant_bytes
-    FROM pg_catalog.unnest(v_fresh) AS f
-    WHERE p.conversation_id = p_conversation_id
-      AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(f.run_id)
-      AND p.run_id = f.run_id
-      AND p.user_seq IS NOT DISTINCT FROM f.user_seq AND p.user_message_id = f.user_message_id
-      AND (p.user_bytes, p.assistant_message_id, p.assistant_bytes)
-          IS DISTINCT FROM (f.user_bytes, f.assistant_message_id, f.assistant_bytes);
+    -- A few runs (an edit's): each run's pair found through the run index, the
+    -- conversation as a filter (see rederive, revision 0044; as an index condition, where
+    -- pairs had no statistics yet, every edit also read the conversation's primary key
+    -- entries). Many (a whole conversation re-derived): the conversation's pairs joined
+    -- with them through the primary key's prefix, where as many probes would cost more.
+    IF pg_catalog.cardinality(v_fresh) <= 16 THEN
+        UPDATE compaction.pairs AS p
+        SET user_bytes = f.user_bytes,
+            assistant_message_id = f.assistant_message_id,
+            assistant_bytes = f.assistant_bytes
+        FROM pg_catalog.unnest(v_fresh) AS f
+        WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(f.run_id)
+          AND p.run_id = f.run_id
+          AND (p.conversation_id = p_conversation_id) IS TRUE
+          AND p.user_seq IS NOT DISTINCT FROM f.user_seq
+          AND p.user_message_id = f.user_message_id
+          AND (p.user_bytes, p.assistant_message_id, p.assistant_bytes)
+              IS DISTINCT FROM (f.user_bytes, f.assistant_message_id, f.assistant_bytes);
+    ELSE
+        UPDATE compaction.pairs AS p
+        SET user_bytes = f.user_bytes,
+            assistant_message_id = f.assistant_message_id,
+            assistant_bytes = f.assistant_bytes
+        FROM pg_catalog.unnest(v_fresh) AS f
+        WHERE p.conversation_id = p_conversation_id
+          AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(f.run_id)
+          AND p.run_id = f.run_id
+          AND p.user_seq IS NOT DISTINCT FROM f.user_seq
+          AND p.user_message_id = f.user_message_id
+          AND (p.user_bytes, p.assistant_message_id, p.assistant_bytes)
+              IS DISTINCT FROM (f.user_bytes, f.assistant_message_id, f.assistant_bytes);
+    END IF;
 
     -- The earliest position where a pair appeared, vanished or moved (pair order is
     -- (seq, message_id), NULL seq last, as in judged_pairs).

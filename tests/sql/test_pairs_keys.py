@@ -104,3 +104,39 @@ def test_appends_find_their_pair_by_the_run_index_without_statistics(conn: Conn)
     # An append reads its pair's entries and, once in ten, a completed range's ten;
     # scanning the conversation through the primary key read 2,000 an append.
     assert read["pairs_pkey"] <= 5 * appends, read
+
+
+def test_edits_find_their_pair_by_the_run_index_without_statistics(conn: Conn) -> None:
+    """An edit of a pair's text in a never-analyzed 2,000-pair conversation (its sizes
+    change in place, its range is hashed again) reads the primary key only for its range,
+    never the conversation's entries: with the conversation written as an index condition
+    beside the run's hash, the planner read both indexes and combined them (a BitmapAnd),
+    about 2,000 primary-key entries an edit."""
+    conn.execute("ALTER TABLE compaction.pairs SET (autovacuum_enabled = false)")
+    seed_uuid_history(conn, 1, 2_000)
+    (conversation,) = conn.execute(
+        "SELECT conversation_id FROM compaction_source.conversations").fetchone() or ("",)
+    runs = [r for (r,) in conn.execute(
+        "SELECT run_id FROM compaction.pairs WHERE conversation_id = %s ORDER BY pair_index",
+        (conversation,)).fetchall()]
+
+    def entries_read() -> dict[str, int]:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return dict(conn.execute(
+            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes"
+            " WHERE relid = 'compaction.pairs'::regclass").fetchall())
+
+    before = entries_read()
+    edits = 12
+    for k in range(edits):  # more than five: plan_cache_mode auto may turn generic
+        conn.execute("UPDATE compaction_source.messages SET content = content || ' edited'"
+                     " WHERE run_id = %s AND role = 'user'", (runs[500 + 37 * k],))
+    after = entries_read()
+    read = {name: after[name] - before.get(name, 0) for name in after}
+    assert conn.execute("SELECT count(*) FROM compaction.verify_conversation(%s)",
+                        (conversation,)).fetchone() == (0,)
+    # An edit reads its range's ten pairs (and a few more) through the primary key: 274 for
+    # the twelve, against 24,336 with the conversation as an index condition.
+    assert read["pairs_pkey"] <= 30 * edits, read
+    assert read["pairs_run_hash_idx"] >= edits, read
