@@ -268,21 +268,46 @@ def assert_pairs_consistent(dsn: str) -> None:
             " compaction.verify_conversation(c) AS v").fetchall() == []
 
 
+def described_by_sql(new_database: NewDatabase) -> str:
+    """A database holding what sql/ describes, for the migrated schema to be compared with."""
+    dsn = new_database()
+    with psycopg.connect(dsn) as conn:
+        schema.apply_current_definition(conn)
+    return dsn
+
+
+def live_with_prebuilt_indexes(new_database: NewDatabase, revision: str, block: int) -> str:
+    """A database at `revision` holding pairs, on which docs/operations.md's statements
+    (`block`: 0 for revision 0033's, 1 for 0044's) built the indexes beforehand."""
+    dsn = new_database()
+    schema.upgrade(dsn, revision)
+    # Derived state in use at that revision, as on a live database: the tracked writes
+    # below derive their pairs, and the indexes are built over them.
+    assert schema.rebuild_derived_state(dsn)
+    seed_pairs(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # CONCURRENTLY: no transaction
+        assert conn.execute("SELECT count(*) FROM compaction.pairs").fetchone() == (50,)
+        for statement in prebuilt_index_statements(block):
+            conn.execute(statement.encode())
+    return dsn
+
+
+def invalidate(dsn: str, index: str) -> int:
+    """What a cancelled or failed CREATE INDEX CONCURRENTLY leaves: an invalid index."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE pg_catalog.pg_index SET indisvalid = false"
+                     " WHERE indexrelid = %s::regclass", (f"compaction.{index}",))
+    return index_oids(dsn)[index]
+
+
 def test_0033_takes_the_indexes_a_dba_built_concurrently(
     pg_bindir: Path, new_database: NewDatabase
 ) -> None:
     """docs/operations.md's statements, run on a live database before the migration: the
     migration keeps the indexes they built (the same relations) and reaches the schema
     sql/ describes."""
-    from_sql = new_database()
-    with psycopg.connect(from_sql) as conn:
-        schema.apply_current_definition(conn)
-    dsn = new_database()
-    schema.upgrade(dsn, "0032_checks_compiled_once")
-    seed_pairs(dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:  # CONCURRENTLY: no transaction
-        for statement in prebuilt_index_statements():
-            conn.execute(statement.encode())
+    from_sql = described_by_sql(new_database)
+    dsn = live_with_prebuilt_indexes(new_database, "0032_checks_compiled_once", 0)
     before = index_oids(dsn)
     assert set(before) == {"pairs_pkey", "pairs_pair_index_key", "pairs_run_idx",
                            "pairs_pair_index_pkey"}
@@ -300,15 +325,8 @@ def test_0044_takes_the_index_a_dba_built_concurrently(
     """docs/operations.md's statement for revision 0044, run on a live database at 0043:
     the migration keeps the index it built, drops the one it replaces, and reaches the
     schema sql/ describes; the way back builds the old index again."""
-    from_sql = new_database()
-    with psycopg.connect(from_sql) as conn:
-        schema.apply_current_definition(conn)
-    dsn = new_database()
-    schema.upgrade(dsn, "0043_walk_appends_in_place")
-    seed_pairs(dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:  # CONCURRENTLY: no transaction
-        for statement in prebuilt_index_statements(1):
-            conn.execute(statement.encode())
+    from_sql = described_by_sql(new_database)
+    dsn = live_with_prebuilt_indexes(new_database, "0043_walk_appends_in_place", 1)
     before = index_oids(dsn)
     assert set(before) == {"pairs_pkey", "pairs_run_idx", "pairs_run_hash_idx"}
     schema.upgrade(dsn, "0044_runs_found_by_hash_alone")
@@ -325,23 +343,30 @@ def test_0044_takes_the_index_a_dba_built_concurrently(
 def test_0033_builds_again_an_index_a_failed_concurrent_build_left_invalid(
     pg_bindir: Path, new_database: NewDatabase
 ) -> None:
-    from_sql = new_database()
-    with psycopg.connect(from_sql) as conn:
-        schema.apply_current_definition(conn)
-    dsn = new_database()
-    schema.upgrade(dsn, "0032_checks_compiled_once")
-    seed_pairs(dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for statement in prebuilt_index_statements():
-            conn.execute(statement.encode())
-        # What a cancelled or failed CREATE INDEX CONCURRENTLY leaves: an invalid index.
-        conn.execute("UPDATE pg_catalog.pg_index SET indisvalid = false"
-                     " WHERE indexrelid = 'compaction.pairs_pair_index_pkey'::regclass")
-    invalid = index_oids(dsn)["pairs_pair_index_pkey"]
+    from_sql = described_by_sql(new_database)
+    dsn = live_with_prebuilt_indexes(new_database, "0032_checks_compiled_once", 0)
+    invalid = invalidate(dsn, "pairs_pair_index_pkey")
     schema.upgrade(dsn, "0033_pairs_by_hash")
     after = index_oids(dsn)
     assert set(after) == {"pairs_pkey", "pairs_run_idx"}
     assert after["pairs_pkey"] != invalid
     schema.upgrade(dsn)
+    assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
+    assert_pairs_consistent(dsn)
+
+
+def test_0044_builds_again_an_index_a_failed_concurrent_build_left_invalid(
+    pg_bindir: Path, new_database: NewDatabase
+) -> None:
+    from_sql = described_by_sql(new_database)
+    dsn = live_with_prebuilt_indexes(new_database, "0043_walk_appends_in_place", 1)
+    invalid = invalidate(dsn, "pairs_run_hash_idx")
+    schema.upgrade(dsn, "0044_runs_found_by_hash_alone")
+    after = index_oids(dsn)
+    assert set(after) == {"pairs_pkey", "pairs_run_hash_idx"}
+    assert after["pairs_run_hash_idx"] != invalid
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT indisvalid FROM pg_catalog.pg_index WHERE indexrelid ="
+                            " 'compaction.pairs_run_hash_idx'::regclass").fetchone() == (True,)
     assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
     assert_pairs_consistent(dsn)
