@@ -36,6 +36,16 @@ def seed_uuid_history(conn: Conn, conversations: int, pairs: int) -> None:
             " FROM compaction_source.runs AS r, (VALUES ('user'), ('assistant')) AS m (role)")
 
 
+def pairs_index_entries_read(conn: Conn) -> dict[str, int]:
+    """Index entries read so far from each index of compaction.pairs (this backend's
+    counts flushed, then a fresh statistics snapshot)."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return dict(conn.execute(
+        "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes"
+        " WHERE relid = 'compaction.pairs'::regclass").fetchall())
+
+
 def test_no_index_of_pairs_holds_run_ids(conn: Conn) -> None:
     seed_uuid_history(conn, CONVERSATIONS, PAIRS)
     indexes = dict(conn.execute(
@@ -75,14 +85,7 @@ def test_appends_find_their_pair_by_the_run_index_without_statistics(conn: Conn)
         "SELECT last_analyze, last_autoanalyze FROM pg_stat_user_tables"
         " WHERE relid = 'compaction.pairs'::regclass").fetchone() == (None, None)
 
-    def entries_read() -> dict[str, int]:
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        return dict(conn.execute(
-            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes"
-            " WHERE relid = 'compaction.pairs'::regclass").fetchall())
-
-    conn.execute("SELECT pg_stat_force_next_flush()")
-    before = entries_read()
+    before = pairs_index_entries_read(conn)
     appends = 12
     for k in range(appends):  # more than five: the functions' generic plans are in use
         run_id = f"appended-{k}"
@@ -98,7 +101,7 @@ def test_appends_find_their_pair_by_the_run_index_without_statistics(conn: Conn)
             conn.execute("UPDATE compaction_source.runs SET status = 'completed'"
                          " WHERE conversation_id = %s AND run_id = %s", (conversation, run_id))
             conn.execute("SELECT pg_stat_force_next_flush()")
-    after = entries_read()
+    after = pairs_index_entries_read(conn)
     read = {name: after[name] - before.get(name, 0) for name in after}
     assert conn.execute("SELECT count(*) FROM compaction.pairs").fetchone() == (2_000 + appends,)
     # An append reads its pair's entries and, once in ten, a completed range's ten;
@@ -120,19 +123,12 @@ def test_edits_find_their_pair_by_the_run_index_without_statistics(conn: Conn) -
         "SELECT run_id FROM compaction.pairs WHERE conversation_id = %s ORDER BY pair_index",
         (conversation,)).fetchall()]
 
-    def entries_read() -> dict[str, int]:
-        conn.execute("SELECT pg_stat_force_next_flush()")
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        return dict(conn.execute(
-            "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes"
-            " WHERE relid = 'compaction.pairs'::regclass").fetchall())
-
-    before = entries_read()
+    before = pairs_index_entries_read(conn)
     edits = 12
     for k in range(edits):  # more than five: plan_cache_mode auto may turn generic
         conn.execute("UPDATE compaction_source.messages SET content = content || ' edited'"
                      " WHERE run_id = %s AND role = 'user'", (runs[500 + 37 * k],))
-    after = entries_read()
+    after = pairs_index_entries_read(conn)
     read = {name: after[name] - before.get(name, 0) for name in after}
     assert conn.execute("SELECT count(*) FROM compaction.verify_conversation(%s)",
                         (conversation,)).fetchone() == (0,)
