@@ -200,6 +200,47 @@ $$;
 COMMENT ON FUNCTION compaction.reply_problem(text, text, int) IS
     'NULL when complete() would accept this reply, else its reason: not_stopped, tool_calls, empty or too_long (checked in that order)';
 
+-- Every rule of a jobs row (the CHECK jobs_rules, revision 0045), as attempt_rules_hold
+-- is the attempts': one CHECK whose stored form a claim's insert reads and plans, where
+-- five did (about 1% of a claim -> complete cycle's instructions, docs/benchmarks.md). A
+-- broken rule is the check_violation of its own name, as when each was a CHECK of its own,
+-- and the first of them in the order PostgreSQL checked those (by name):
+-- jobs_model_not_empty, jobs_range_valid (from_pair a multiple of 10 from 0, to_pair
+-- from_pair + 9), jobs_scope_not_empty, jobs_source_hash_valid, jobs_source_ids_valid.
+-- A rule passes when it is NULL, as a CHECK does. PL/pgSQL with no SET clause and every
+-- name qualified, as the rules it calls.
+CREATE FUNCTION compaction.job_rules_hold(
+    p_from_pair int, p_to_pair int, p_source_message_ids text[], p_source_hash text,
+    p_scope text, p_model text)
+RETURNS boolean
+LANGUAGE plpgsql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+DECLARE
+    v_rule text;
+BEGIN
+    v_rule := CASE
+        WHEN (p_model OPERATOR(pg_catalog.<>) '') IS FALSE THEN 'jobs_model_not_empty'
+        WHEN (p_from_pair OPERATOR(pg_catalog.>=) 0
+              AND (p_from_pair OPERATOR(pg_catalog.%) 10) OPERATOR(pg_catalog.=) 0
+              AND p_to_pair OPERATOR(pg_catalog.=) (p_from_pair OPERATOR(pg_catalog.+) 9)) IS FALSE
+            THEN 'jobs_range_valid'
+        WHEN (p_scope OPERATOR(pg_catalog.<>) '') IS FALSE THEN 'jobs_scope_not_empty'
+        WHEN compaction.valid_source_hash(p_source_hash) IS FALSE THEN 'jobs_source_hash_valid'
+        WHEN compaction.valid_source_ids(p_source_message_ids) IS FALSE THEN 'jobs_source_ids_valid'
+    END;
+    IF v_rule IS NOT NULL THEN
+        RAISE EXCEPTION 'new row for relation "jobs" violates check constraint "%"', v_rule
+            USING ERRCODE = 'check_violation', CONSTRAINT = v_rule, TABLE = 'jobs',
+                  SCHEMA = 'compaction';
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION compaction.job_rules_hold(int, int, text[], text, text, text) IS
+    'Internal: the CHECK jobs_rules; true when every rule of a jobs row holds, else the check_violation (23514) named after the broken rule (jobs_model_not_empty, jobs_range_valid, jobs_scope_not_empty, jobs_source_hash_valid, jobs_source_ids_valid)';
+
 -- Ids are unique, never ordered: under Citus each node draws from its own range.
 CREATE SEQUENCE compaction.jobs_job_id_seq AS bigint;
 CREATE TABLE compaction.jobs (
@@ -217,17 +258,17 @@ CREATE TABLE compaction.jobs (
     CONSTRAINT jobs_identity_key
         UNIQUE (conversation_id, scope, from_pair, source_hash, model, prompt_version),
     CONSTRAINT jobs_prompt_version_fkey FOREIGN KEY (prompt_version)
-        REFERENCES compaction.prompt_versions (prompt_version),
-    CONSTRAINT jobs_range_valid
-        CHECK (from_pair >= 0 AND from_pair % 10 = 0 AND to_pair = from_pair + 9),
-    CONSTRAINT jobs_source_ids_valid CHECK (compaction.valid_source_ids(source_message_ids)),
-    CONSTRAINT jobs_source_hash_valid CHECK (compaction.valid_source_hash(source_hash)),
-    CONSTRAINT jobs_scope_not_empty CHECK (scope <> ''),
-    CONSTRAINT jobs_model_not_empty CHECK (model <> '')
+        REFERENCES compaction.prompt_versions (prompt_version)
 );
 COMMENT ON TABLE compaction.jobs IS
     'One row per compaction identity (conversation, scope, range, source hash, model, prompt version) with its 20 source ids; immutable';
 ALTER SEQUENCE compaction.jobs_job_id_seq OWNED BY compaction.jobs.job_id;
+-- NOT VALID (revision 0045): every row written before it was checked by the five CHECKs
+-- this one replaces, and jobs are immutable, so a scan under the migration's lock would
+-- find nothing; every new row is checked.
+ALTER TABLE compaction.jobs
+    ADD CONSTRAINT jobs_rules CHECK (compaction.job_rules_hold(
+        from_pair, to_pair, source_message_ids, source_hash, scope, model)) NOT VALID;
 -- complete/fail/heartbeat are addressed by job_id alone (the fencing token is
 -- (job_id, attempt)); this finds the job's conversation, then everything is keyed by it.
 CREATE INDEX jobs_job_id_idx ON compaction.jobs (job_id);
@@ -419,10 +460,12 @@ CREATE TABLE compaction.admission (
     lease_expires_at       timestamptz,
     CONSTRAINT admission_pkey PRIMARY KEY (slot),
     CONSTRAINT admission_slot_positive CHECK (slot >= 1),
+    -- A holder is all four columns or none. Revision 0045: one call instead of three
+    -- comparisons, a shorter form for each update of a slot to read and plan (the two a
+    -- claim -> complete cycle makes cost 0.8% fewer instructions, docs/benchmarks.md).
     CONSTRAINT admission_holder_complete CHECK (
-        (holder_conversation_id IS NULL) = (holder_job_id IS NULL)
-        AND (holder_conversation_id IS NULL) = (holder_attempt IS NULL)
-        AND (holder_conversation_id IS NULL) = (lease_expires_at IS NULL))
+        pg_catalog.num_nulls(holder_conversation_id, holder_job_id, holder_attempt,
+                             lease_expires_at) OPERATOR(pg_catalog.=) ANY ('{0,4}'::int[]))
 ) WITH (fillfactor = 50);
 COMMENT ON TABLE compaction.admission IS
     'Internal: admission slots 1..10000; a running attempt holds one (with its lease), claim takes a free one among 1..settings.max_running or refuses admission_full';
@@ -937,8 +980,15 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now         timestamptz := compaction.caller_now(p_now);
-    v_lease       timestamptz := v_now + compaction.checked_lease(p_lease);
+    -- Revision 0045: caller_now and checked_lease are called only when they have
+    -- something to check (a given p_now, a lease out of range); each call carries a SET
+    -- clause, whose save and restore of the settings cost more than the rule.
+    v_now         timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
+                                      ELSE compaction.caller_now(p_now) END;
+    v_lease       timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
+                                                   AND p_lease <= interval '1 day'
+                                              THEN p_lease
+                                              ELSE compaction.checked_lease(p_lease) END;
     v_accepts     boolean;
     v_pairs       bigint;
     v_target_ids  text[];
@@ -980,10 +1030,22 @@ BEGIN
     -- writers of the conversation, and none of them changes its history, so the answer
     -- is the same either side of it; judged from the views (Citus, an untracked source)
     -- it is most of a claim's time, which the conversation's other writers no longer wait
-    -- for.
-    SELECT r.pair_count, r.source_message_ids, r.source_hash
-    INTO v_pairs, v_target_ids, v_target_hash
-    FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+    -- for. With the derived state in use, current_range's read is made here (revision
+    -- 0045, as range_replies does): the call of a set-returning definer function cost
+    -- more than its one statement.
+    IF compaction.derived_state_current() THEN
+        SELECT coalesce((SELECT cs.pair_count::bigint FROM compaction.conversation_state AS cs
+                         WHERE cs.conversation_id = p_conversation_id), 0),
+               r.source_message_ids, r.source_hash
+        INTO v_pairs, v_target_ids, v_target_hash
+        FROM (SELECT 1) AS one
+        LEFT JOIN compaction.ranges AS r
+          ON r.conversation_id = p_conversation_id AND r.from_pair = p_from_pair;
+    ELSE
+        SELECT r.pair_count, r.source_message_ids, r.source_hash
+        INTO v_pairs, v_target_ids, v_target_hash
+        FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+    END IF;
     v_is_target := compaction.is_target(p_from_pair, v_pairs);
 
     -- From here on the conversation's engine rows are ours until commit: the statement of
@@ -1322,6 +1384,9 @@ COMMENT ON FUNCTION compaction.claim_next_targets(text, text, int, text, text, t
 -- (revision 0018, DESIGN §6): to any other login, the owner and superusers aside, the
 -- attempt is unknown (the caller answers lease_lost) and nothing changes, not even an
 -- expiry. The usual call costs one comparison with the row it has already read.
+-- Revision 0045: no SECURITY DEFINER and no SET clause, as claim_range: only the owner
+-- may execute it, and it runs inside its three callers, definers with this search_path,
+-- where saving and restoring the settings around each call cost more than the comparison.
 CREATE FUNCTION compaction.fence(p_job_id bigint, p_attempt int, p_now timestamptz,
                                  p_conversation_id text,
                                  OUT attempt_row compaction.attempts,
@@ -1329,8 +1394,6 @@ CREATE FUNCTION compaction.fence(p_job_id bigint, p_attempt int, p_now timestamp
 RETURNS record
 LANGUAGE plpgsql
 VOLATILE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF p_conversation_id IS NULL THEN
@@ -1458,7 +1521,9 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now        timestamptz := compaction.caller_now(p_now);
+    -- caller_now only for a given p_now (revision 0045, as in claim).
+    v_now        timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
+                                     ELSE compaction.caller_now(p_now) END;
     v_fenced     record;
     v_attempt    compaction.attempts;
     v_job        compaction.jobs;
@@ -1467,7 +1532,10 @@ DECLARE
     v_stats      compaction.attempts;
 BEGIN
     -- p_stats first: a bad one is an error that changes nothing (not even an expiry).
-    v_stats := compaction.attempt_stats(p_stats);
+    -- Without p_stats, v_stats is what attempt_stats answers for NULL: every column NULL.
+    IF p_stats IS NOT NULL THEN
+        v_stats := compaction.attempt_stats(p_stats);
+    END IF;
     v_fenced := compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id);
     v_attempt := v_fenced.attempt_row;
     v_job := v_fenced.job_row;
@@ -1515,7 +1583,39 @@ BEGIN
     INSERT INTO compaction.job_summaries (conversation_id, job_id, attempt, summary, completed_at)
     VALUES (v_attempt.conversation_id, p_job_id, p_attempt, p_summary, v_now)
     RETURNING summary_id INTO v_summary_id;
-    PERFORM compaction.rederive_summary_verdicts(v_attempt.conversation_id, '{}', v_summary_id);
+    -- The new summary's verdict (revision 0045): the common case, the first summary of
+    -- its range in its scope, is written here from the job row fence returned, as
+    -- rederive_summary_verdicts' first statement writes it from a read of the job (and
+    -- under the same conversation_state row, taken first); that function judges the rest,
+    -- where the range already has a verdict. Its call, a definer with two SET clauses, and
+    -- its reads of the summary and the job were 2.9% of a claim -> complete cycle's
+    -- instructions (docs/benchmarks.md). Not on Citus, where no derived state is kept.
+    IF pg_catalog.current_setting('citus.version', true) IS NULL
+       OR NOT compaction.engine_distributed() THEN
+        INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
+        VALUES (v_attempt.conversation_id, 0, 1)
+        ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1;
+        INSERT INTO compaction.summary_verdicts AS v
+            (conversation_id, summary_id, scope, from_pair, reason)
+        SELECT v_attempt.conversation_id, v_summary_id, v_job.scope, v_job.from_pair,
+               CASE WHEN NOT coalesce((SELECT pv.projectable
+                                       FROM compaction.prompt_versions AS pv
+                                       WHERE pv.prompt_version = v_job.prompt_version), false)
+                        THEN 'version_not_projectable'
+                    WHEN NOT coalesce((SELECT r.source_hash = v_job.source_hash
+                                              AND r.source_message_ids = v_job.source_message_ids
+                                       FROM compaction.ranges AS r
+                                       WHERE r.conversation_id = v_attempt.conversation_id
+                                         AND r.from_pair = v_job.from_pair), false)
+                        THEN 'stale_source' END
+        WHERE NOT EXISTS (SELECT 1 FROM compaction.summary_verdicts AS o
+                          WHERE o.conversation_id = v_attempt.conversation_id
+                            AND o.from_pair = v_job.from_pair AND o.scope = v_job.scope);
+        IF NOT FOUND THEN
+            PERFORM compaction.rederive_summary_verdicts(v_attempt.conversation_id, '{}',
+                                                         v_summary_id);
+        END IF;
+    END IF;
     UPDATE compaction.attempts AS a
     SET state = 'completed', reason = 'completed', finished_at = v_now,
         finish_reason = p_finish_reason, tool_call_count = p_tool_call_count,
@@ -1525,7 +1625,15 @@ BEGIN
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     RETURNING a.* INTO v_attempt;
-    PERFORM compaction.release_slot(v_attempt.conversation_id, v_attempt);
+    -- release_slot's statement, written out (revision 0045): the call of a definer with a
+    -- SET clause cost more than the update (1.0% of a cycle's instructions).
+    IF v_attempt.slot IS NOT NULL THEN
+        UPDATE compaction.admission AS ad
+        SET holder_conversation_id = NULL, holder_job_id = NULL, holder_attempt = NULL,
+            lease_expires_at = NULL
+        WHERE ad.slot = v_attempt.slot AND ad.holder_conversation_id = v_attempt.conversation_id
+          AND ad.holder_job_id = p_job_id AND ad.holder_attempt = p_attempt;
+    END IF;
     RETURN QUERY SELECT true, 'completed'::text, v_summary_id;
 END
 $$;

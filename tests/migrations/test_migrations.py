@@ -368,5 +368,6 @@ def test_0044_builds_again_an_index_a_failed_concurrent_build_left_invalid(
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT indisvalid FROM pg_catalog.pg_index WHERE indexrelid ="
                             " 'compaction.pairs_run_hash_idx'::regclass").fetchone() == (True,)
+    schema.upgrade(dsn)
     assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
     assert_pairs_consistent(dsn)
