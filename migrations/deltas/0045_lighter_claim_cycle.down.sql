@@ -271,23 +271,25 @@ $$;
 COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz, text) IS
     'Internal: locks attempt (job_id, attempt) of the given conversation (or the job''s) and returns it with its job, first failing it (lease_expired) if its lease ran out; attempt_row NULL if unknown or claimed by another login (owner and superusers aside)';
 
--- One subcommand per ALTER TABLE, for Citus (as the upgrade).
-ALTER TABLE compaction.admission DROP CONSTRAINT admission_holder_complete;
-ALTER TABLE compaction.admission
-    ADD CONSTRAINT admission_holder_complete CHECK (
-        (holder_conversation_id IS NULL) = (holder_job_id IS NULL)
-        AND (holder_conversation_id IS NULL) = (holder_attempt IS NULL)
-        AND (holder_conversation_id IS NULL) = (lease_expires_at IS NULL));
-
-ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_rules;
-ALTER TABLE compaction.jobs ADD CONSTRAINT jobs_range_valid
-    CHECK (from_pair >= 0 AND from_pair % 10 = 0 AND to_pair = from_pair + 9);
-ALTER TABLE compaction.jobs ADD CONSTRAINT jobs_source_ids_valid
-    CHECK (compaction.valid_source_ids(source_message_ids));
-ALTER TABLE compaction.jobs ADD CONSTRAINT jobs_source_hash_valid
-    CHECK (compaction.valid_source_hash(source_hash));
-ALTER TABLE compaction.jobs ADD CONSTRAINT jobs_scope_not_empty CHECK (scope <> '');
-ALTER TABLE compaction.jobs ADD CONSTRAINT jobs_model_not_empty CHECK (model <> '');
+-- Each ALTER TABLE its own statement, run by EXECUTE, for Citus (as the upgrade).
+DO $$
+BEGIN
+    EXECUTE 'ALTER TABLE compaction.admission DROP CONSTRAINT admission_holder_complete';
+    EXECUTE 'ALTER TABLE compaction.admission ADD CONSTRAINT admission_holder_complete CHECK ('
+            '(holder_conversation_id IS NULL) = (holder_job_id IS NULL)'
+            ' AND (holder_conversation_id IS NULL) = (holder_attempt IS NULL)'
+            ' AND (holder_conversation_id IS NULL) = (lease_expires_at IS NULL))';
+    EXECUTE 'ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_rules';
+    EXECUTE 'ALTER TABLE compaction.jobs ADD CONSTRAINT jobs_range_valid'
+            ' CHECK (from_pair >= 0 AND from_pair % 10 = 0 AND to_pair = from_pair + 9)';
+    EXECUTE 'ALTER TABLE compaction.jobs ADD CONSTRAINT jobs_source_ids_valid'
+            ' CHECK (compaction.valid_source_ids(source_message_ids))';
+    EXECUTE 'ALTER TABLE compaction.jobs ADD CONSTRAINT jobs_source_hash_valid'
+            ' CHECK (compaction.valid_source_hash(source_hash))';
+    EXECUTE 'ALTER TABLE compaction.jobs ADD CONSTRAINT jobs_scope_not_empty CHECK (scope <> '''')';
+    EXECUTE 'ALTER TABLE compaction.jobs ADD CONSTRAINT jobs_model_not_empty CHECK (model <> '''')';
+END
+$$;
 
 DROP FUNCTION compaction.job_rules_hold(int, int, text[], text, text, text);
 

@@ -40,22 +40,27 @@ $$;
 COMMENT ON FUNCTION compaction.job_rules_hold(int, int, text[], text, text, text) IS
     'Internal: the CHECK jobs_rules; true when every rule of a jobs row holds, else the check_violation (23514) named after the broken rule (jobs_model_not_empty, jobs_range_valid, jobs_scope_not_empty, jobs_source_hash_valid, jobs_source_ids_valid)';
 
--- One subcommand per ALTER TABLE: Citus runs no ADD CONSTRAINT beside another. NOT VALID:
--- every row was checked by the five constraints this one replaces.
-ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_range_valid;
-ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_source_ids_valid;
-ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_source_hash_valid;
-ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_scope_not_empty;
-ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_model_not_empty;
-ALTER TABLE compaction.jobs
-    ADD CONSTRAINT jobs_rules CHECK (compaction.job_rules_hold(
-        from_pair, to_pair, source_message_ids, source_hash, scope, model)) NOT VALID;
-
-ALTER TABLE compaction.admission DROP CONSTRAINT admission_holder_complete;
-ALTER TABLE compaction.admission
-    ADD CONSTRAINT admission_holder_complete CHECK (
-        pg_catalog.num_nulls(holder_conversation_id, holder_job_id, holder_attempt,
-                             lease_expires_at) OPERATOR(pg_catalog.=) ANY ('{0,4}'::int[]));
+-- Each ALTER TABLE its own statement, run by EXECUTE: Citus runs no ADD CONSTRAINT beside
+-- another subcommand, and, run from this file (several statements in one query), the
+-- constraint's step sent the workers a command they refused as several statements in
+-- one ("cannot insert multiple commands into a prepared statement"). NOT VALID: every
+-- row was checked by the five constraints jobs_rules replaces.
+DO $$
+BEGIN
+    EXECUTE 'ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_range_valid';
+    EXECUTE 'ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_source_ids_valid';
+    EXECUTE 'ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_source_hash_valid';
+    EXECUTE 'ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_scope_not_empty';
+    EXECUTE 'ALTER TABLE compaction.jobs DROP CONSTRAINT jobs_model_not_empty';
+    EXECUTE 'ALTER TABLE compaction.jobs ADD CONSTRAINT jobs_rules CHECK ('
+            'compaction.job_rules_hold(from_pair, to_pair, source_message_ids, source_hash,'
+            ' scope, model)) NOT VALID';
+    EXECUTE 'ALTER TABLE compaction.admission DROP CONSTRAINT admission_holder_complete';
+    EXECUTE 'ALTER TABLE compaction.admission ADD CONSTRAINT admission_holder_complete CHECK ('
+            'pg_catalog.num_nulls(holder_conversation_id, holder_job_id, holder_attempt,'
+            ' lease_expires_at) OPERATOR(pg_catalog.=) ANY (''{0,4}''::int[]))';
+END
+$$;
 
 CREATE OR REPLACE FUNCTION compaction.claim(
     p_conversation_id    text,

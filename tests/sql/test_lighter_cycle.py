@@ -38,7 +38,9 @@ def usual_cycle_calls(dsn: str) -> dict[str, int]:
         tx.execute("SET LOCAL track_functions = 'all'")
         c = db.claim(tx, "c1", "default", t.from_pair, t.source_message_ids, t.source_hash,
                      MODEL, V3, "w1")
-        assert c.claimed and c.job_id is not None and c.attempt is not None
+        assert c.claimed
+        assert c.job_id is not None
+        assert c.attempt is not None
         done = db.complete(tx, c.job_id, c.attempt, GOOD, "stop", 0, conversation_id="c1")
         assert done.ok
         calls: dict[str, int] = dict(tx.execute(
@@ -81,7 +83,8 @@ def test_a_summary_completed_after_its_range_changed_is_stale(conn: Conn) -> Non
     conn.execute("UPDATE compaction_source.messages SET content = content || ' (edited)'"
                  " WHERE message_id = %s", (t.source_message_ids[1],))
     done = db.complete(conn, c.job_id, 1, GOOD, "stop", 0, now=T0)
-    assert done.ok and done.summary_id is not None
+    assert done.ok
+    assert done.summary_id is not None
     assert verdicts(conn, "c1") == {done.summary_id: "stale_source"}
     assert conn.execute("SELECT * FROM compaction.verify_conversation('c1')").fetchall() == []
 
@@ -96,7 +99,8 @@ def test_a_second_summary_of_a_range_is_judged_with_the_first(conn: Conn) -> Non
     second = claim(conn, "c1", t, model="model-b")
     assert second.job_id is not None
     two = db.complete(conn, second.job_id, 1, GOOD, "stop", 0, now=T0)
-    assert one.summary_id is not None and two.summary_id is not None
+    assert one.summary_id is not None
+    assert two.summary_id is not None
     assert verdicts(conn, "c1") == {one.summary_id: "superseded", two.summary_id: None}
     assert conn.execute("SELECT * FROM compaction.verify_conversation('c1')").fetchall() == []
 
