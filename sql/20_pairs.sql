@@ -480,7 +480,9 @@ COMMENT ON FUNCTION compaction.range_hashes(text, int[], text[]) IS
 
 -- One range of a conversation as it is now: how many pairs the conversation has, and
 -- the range's 20 source ids and hash when pairs from_pair .. from_pair+9 all exist.
--- The single place where claim, source_hash and the worker's reads learn what is current.
+-- Where claim, source_hash and the worker's reads learn what is current; with the
+-- derived state in use, claim (revision 0045) and range_replies make its read of
+-- compaction.ranges themselves, sparing a set-returning definer's call.
 CREATE FUNCTION compaction.current_range(p_conversation_id text, p_from_pair int)
 RETURNS TABLE (pair_count bigint, source_message_ids text[], source_hash text)
 LANGUAGE plpgsql
