@@ -584,7 +584,9 @@ COMMENT ON FUNCTION compaction.caller_is_privileged() IS
     'Internal: true when the session''s login is a superuser or a member of compaction_owner';
 
 -- The server owns time (DESIGN §6): p_now exists for tests and repairs by a superuser or
--- the owner.
+-- the owner. The worker's calls call it only for a given p_now (revision 0045), and
+-- checked_lease only for a lease out of its range: a call of a function with a SET clause
+-- saves and restores the settings, which costs more than either rule.
 CREATE FUNCTION compaction.caller_now(p_now timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -1117,8 +1119,12 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now        timestamptz := compaction.caller_now(p_now);
-    v_lease      timestamptz := v_now + compaction.checked_lease(p_lease);
+    v_now        timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
+                                     ELSE compaction.caller_now(p_now) END;
+    v_lease      timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
+                                                  AND p_lease <= interval '1 day'
+                                             THEN p_lease
+                                             ELSE compaction.checked_lease(p_lease) END;
     v_n          int := coalesce(pg_catalog.cardinality(p_from_pairs), 0);
     v_oversized  text;
     v_accepts    boolean;
@@ -1274,8 +1280,12 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now       timestamptz := compaction.caller_now(p_now);
-    v_lease     timestamptz := v_now + compaction.checked_lease(p_lease);
+    v_now       timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
+                                    ELSE compaction.caller_now(p_now) END;
+    v_lease     timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
+                                                 AND p_lease <= interval '1 day'
+                                            THEN p_lease
+                                            ELSE compaction.checked_lease(p_lease) END;
     v_oversized text;
     v_accepts   boolean;
     v_from      int[];
@@ -1657,7 +1667,8 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now     timestamptz := compaction.caller_now(p_now);
+    v_now     timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
+                                  ELSE compaction.caller_now(p_now) END;
     v_fenced  record;
     v_attempt compaction.attempts;
 BEGIN
@@ -1701,8 +1712,12 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now     timestamptz := compaction.caller_now(p_now);
-    v_lease   timestamptz := v_now + compaction.checked_lease(p_lease);
+    v_now     timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
+                                  ELSE compaction.caller_now(p_now) END;
+    v_lease   timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
+                                               AND p_lease <= interval '1 day'
+                                          THEN p_lease
+                                          ELSE compaction.checked_lease(p_lease) END;
     v_attempt compaction.attempts;
 BEGIN
     v_attempt := (compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id)).attempt_row;

@@ -73,7 +73,8 @@ SET jit = off
 SET enable_seqscan = off
 AS $$
 DECLARE
-    v_now          timestamptz := compaction.caller_now(p_now);
+    v_now          timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
+                                       ELSE compaction.caller_now(p_now) END;
     v_conversation text;
     v_count        int := 0;
 BEGIN

@@ -59,6 +59,32 @@ def test_the_usual_cycle_calls_no_helper_it_can_do_without(dsn: str) -> None:
     assert not SKIPPED & set(calls), calls
 
 
+def test_the_other_worker_calls_check_p_now_and_the_lease_only_when_given(dsn: str) -> None:
+    """claim_next_targets, claim_targets, heartbeat, fail and reap without p_now and with
+    the default lease: no call of caller_now or checked_lease."""
+    with psycopg.connect(dsn) as tx:
+        History(tx).pairs("c1", 40)
+        tx.commit()
+        tx.execute("SET LOCAL track_functions = 'all'")
+        first, second = db.claim_next_targets(tx, "c1", "default", 1, MODEL, V3, "w1")[:2]
+        assert first.claimed
+        assert first.job_id is not None
+        [batch] = db.claim_targets(tx, "c1", "default", [
+            (second.from_pair, second.source_message_ids, second.source_hash)], MODEL, V3, "w1")
+        assert batch.claimed
+        assert batch.job_id is not None
+        assert db.heartbeat(tx, first.job_id, 1, conversation_id="c1").ok
+        assert db.fail(tx, batch.job_id, 1, "http_error", conversation_id="c1").ok
+        assert db.reap(tx) == 0
+        calls: dict[str, int] = dict(tx.execute(
+            "SELECT schemaname || '.' || funcname, calls::int FROM pg_stat_xact_user_functions"
+        ).fetchall())
+        tx.commit()
+    assert calls["compaction.fence"] == 2
+    assert calls["compaction.reap"] == 1
+    assert not {"compaction.caller_now", "compaction.checked_lease"} & set(calls), calls
+
+
 def test_the_usual_cycle_leaves_the_verdict_and_the_slot_as_before(dsn: str) -> None:
     usual_cycle_calls(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
