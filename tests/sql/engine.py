@@ -82,18 +82,20 @@ def at_once(dsn: str, n: int,
     return [answers[k] for k in range(n)]
 
 
-def function_calls(dsn: str, conversation_id: str, n_pairs: int) -> dict[str, int]:
+def function_calls(dsn: str, conversation_id: str, n_pairs: int, *,
+                   now: datetime | None = T0) -> dict[str, int]:
     """Server-side function calls of one claim + complete (a fresh session: the xact stats
-    view also shows this session's not yet flushed counts)."""
+    view also shows this session's not yet flushed counts); `now=None` makes them as the
+    worker does, without p_now."""
     with psycopg.connect(dsn) as tx:
         History(tx).pairs(conversation_id, n_pairs)
         tx.commit()
         t = db.plan_targets(tx, conversation_id)[0]
         tx.commit()
         tx.execute("SET LOCAL track_functions = 'all'")
-        c = claim(tx, conversation_id, t)
+        c = claim(tx, conversation_id, t, now=now)
         assert c.job_id is not None
-        assert db.complete(tx, c.job_id, 1, GOOD, "stop", 0, now=T0).ok
+        assert db.complete(tx, c.job_id, 1, GOOD, "stop", 0, now=now).ok
         calls: dict[str, int] = dict(tx.execute(
             "SELECT schemaname || '.' || funcname, calls::int FROM pg_stat_xact_user_functions"
         ).fetchall())

@@ -17,7 +17,7 @@ import pytest
 
 from pycompactor import db
 from tests.history import History
-from tests.sql.engine import GOOD, MODEL, T0, V3, claim, scalar, target
+from tests.sql.engine import GOOD, MODEL, T0, V3, claim, function_calls, scalar, target
 
 Conn = psycopg.Connection[Any]
 
@@ -28,30 +28,8 @@ SKIPPED = {"compaction.caller_now", "compaction.checked_lease", "compaction.atte
            "compaction.release_slot"}
 
 
-def usual_cycle_calls(dsn: str) -> dict[str, int]:
-    """The server-side function calls of one claim -> complete as the worker makes it."""
-    with psycopg.connect(dsn) as tx:
-        History(tx).pairs("c1", 30)
-        tx.commit()
-        t = db.plan_targets(tx, "c1")[0]
-        tx.commit()
-        tx.execute("SET LOCAL track_functions = 'all'")
-        c = db.claim(tx, "c1", "default", t.from_pair, t.source_message_ids, t.source_hash,
-                     MODEL, V3, "w1")
-        assert c.claimed
-        assert c.job_id is not None
-        assert c.attempt is not None
-        done = db.complete(tx, c.job_id, c.attempt, GOOD, "stop", 0, conversation_id="c1")
-        assert done.ok
-        calls: dict[str, int] = dict(tx.execute(
-            "SELECT schemaname || '.' || funcname, calls::int FROM pg_stat_xact_user_functions"
-        ).fetchall())
-        tx.commit()
-        return calls
-
-
 def test_the_usual_cycle_calls_no_helper_it_can_do_without(dsn: str) -> None:
-    calls = usual_cycle_calls(dsn)
+    calls = function_calls(dsn, "c1", 30, now=None)
     assert calls["compaction.claim"] == 1
     assert calls["compaction.complete"] == 1
     # The statistics see the calls they are asked about: fence is still called.
@@ -86,7 +64,7 @@ def test_the_other_worker_calls_check_p_now_and_the_lease_only_when_given(dsn: s
 
 
 def test_the_usual_cycle_leaves_the_verdict_and_the_slot_as_before(dsn: str) -> None:
-    usual_cycle_calls(dsn)
+    function_calls(dsn, "c1", 30, now=None)
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute(
             "SELECT v.scope, v.from_pair, v.reason FROM compaction.summary_verdicts AS v"
