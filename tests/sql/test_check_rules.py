@@ -38,7 +38,8 @@ def test_no_check_constraint_calls_an_sql_function(conn: Conn) -> None:
     calls = conn.execute(CHECK_FUNCTIONS).fetchall()
     # The rules are there to be found: the catalog query sees the calls it judges.
     assert ("compaction.jobs", "jobs_rules",
-            "compaction.job_rules_hold(integer,integer,text[],text,text,text)", "plpgsql") in calls
+            "compaction.job_rules_hold(integer,integer,text[],text,text,text,text)",
+            "plpgsql") in calls
     assert ("compaction.job_summaries", "job_summaries_summary_valid",
             "compaction.summary_problem(text)", "plpgsql") in calls
     assert [row for row in calls if row[3] == "sql"] == []
