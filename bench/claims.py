@@ -16,6 +16,11 @@ one plain statement of writable CTEs into copies of the engine's tables (their k
 indexes and CHECKs; no foreign keys, triggers, refusal paths, fencing or timeouts). No
 implementation of this design writes less, so its ratio to the baseline bounds what the
 claim cycle can reach here.
+
+Each K also counts the MultiXact ids pycompactor's cycles spend: a row that two
+transactions lock at once takes one, and the ids are spent for good (running low forces
+aggressive vacuums of every table). Until revision 0046 every claim locked its prompt
+version's row, so concurrent claims spent one most of the time.
 """
 
 from __future__ import annotations
@@ -214,6 +219,15 @@ def _run_parallel(connections: Sequence[Conn], work: Sequence[Sequence[Any]],
     return elapsed
 
 
+def _next_multixact(conn: Conn) -> int:
+    """The server's next MultiXact id, read without a checkpoint (mxid_age counts from
+    it). A row locked by two transactions at once takes a MultiXact id; the ids are spent
+    for good, and running low on them forces aggressive vacuums of every table."""
+    row = conn.execute("SELECT pg_catalog.mxid_age('1'::xid) + 1").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def _split(items: Sequence[Any], k: int) -> list[list[Any]]:
     return [list(items[i::k]) for i in range(k)]
 
@@ -272,6 +286,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             ours: list[float] = []
             plain: list[float] = []
             floor: list[float] = []
+            multixacts = 0
             for rep in range(REPETITIONS):
                 start = sizes.claim_warmup + rep * sizes.claim_cycles
                 batch = mine[start:start + sizes.claim_cycles]
@@ -283,7 +298,10 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                     (floor, floors[start:start + sizes.claim_cycles], _floor_cycle),
                 ]
                 for sink, items, cycle in rotated(sides, rep):
+                    before = _next_multixact(connections[0])
                     seconds = _run_parallel(connections, _split(items, k), cycle)
+                    if sink is ours:
+                        multixacts += _next_multixact(connections[0]) - before
                     sink.append(len(items) / seconds)
         finally:
             for conn in connections:
@@ -300,6 +318,8 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             "floor_median": median(floor),
             "floor_ratio": ratio(median(floor), median(plain)),
             "ratio_to_floor": ratio(median(ours), median(floor)),
+            "multixacts_per_1000_cycles": round(
+                multixacts * 1000 / (REPETITIONS * sizes.claim_cycles)),
         })
     return {"runs": results, "breakdown": _breakdown(dsn, targets[-n_breakdown:])}
 

@@ -198,13 +198,14 @@ def markdown_table(results: dict[str, Any]) -> str:
                   " every cycle write, as two plain statements: no implementation writes less):",
                   "",
                   "| connections | pycompactor | plain SQL | ratio | floor | floor / plain SQL |"
-                  " pycompactor / floor |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+                  " pycompactor / floor | MultiXact ids per 1,000 cycles |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in results["claim_cycle"]["runs"]:
             lines.append(f"| {r['connections']} | {_fmt(r['pycompactor_median'], 0)} |"
                          f" {_fmt(r['baseline_median'], 0)} | {_fmt(r['ratio'])} |"
                          f" {_fmt(r['floor_median'], 0)} | {_fmt(r['floor_ratio'])} |"
-                         f" {_fmt(r['ratio_to_floor'])} |")
+                         f" {_fmt(r['ratio_to_floor'])} |"
+                         f" {_fmt(r.get('multixacts_per_1000_cycles'), 0)} |")
         parts = results["claim_cycle"]["breakdown"]["p50_ms"]
         lines += ["", "One connection, p50 ms per statement: "
                   + ", ".join(f"{k} {_fmt(v)}" for k, v in parts.items())

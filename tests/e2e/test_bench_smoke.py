@@ -38,6 +38,9 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
         assert {"pycompactor_median", "baseline_median", "ratio", "floor_median",
                 "floor_ratio", "ratio_to_floor"} <= set(run)
         assert len(run["floor_cycles_per_s"]) == 3
+        # Revision 0046: no claim locks a row another claim locks too (the prompt
+        # version's row did, and each overlap spent a MultiXact id).
+        assert run["multixacts_per_1000_cycles"] == 0
     assert data["writing"]["verify_problems"] == 0
     assert data["writing"]["crowd"] > 0
     assert data["writing"]["rederive_whole_s"] > 0
