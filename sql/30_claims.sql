@@ -106,28 +106,6 @@ VALUES ('conversation-compaction@1', 'mixed', false, false),
        ('conversation-compaction@2', 'assistant_only', true, false),
        ('conversation-compaction@3', 'assistant_only', true, true);
 
--- The versions compaction.prompt_versions holds, as a constant (revision 0046): what the
--- CHECK jobs_rules holds a job's version to, in place of the foreign key
--- jobs_prompt_version_fkey. That key's check locked the version's row FOR KEY SHARE at
--- every claim, and concurrent claims all lock the same row: each overlap made a
--- MultiXact (a lock record in the WAL, SLRU pages, a multixact id spent), about 12% of
--- the cycles at 8 connections (docs/benchmarks.md). The lock guarded against a delete or
--- a change of key that prompt_versions_guard refuses anyway, for the owner too. A
--- version is added by a migration only, and that migration replaces this function with
--- the version added (tests/sql/test_prompt_versions.py compares it with the table). A
--- constant, not a read of prompt_versions: the CHECK also runs on a Citus shard, where a
--- query of a reference table inside it would be one more distributed query.
-CREATE FUNCTION compaction.known_prompt_versions()
-RETURNS text[]
-LANGUAGE sql
-IMMUTABLE
-PARALLEL SAFE
-AS $$
-    SELECT '{conversation-compaction@1,conversation-compaction@2,conversation-compaction@3}'::text[]
-$$;
-COMMENT ON FUNCTION compaction.known_prompt_versions() IS
-    'Internal: every prompt_version of compaction.prompt_versions, as a constant (what the CHECK jobs_rules accepts); a migration that adds a version replaces it';
-
 -- Shape rules shared by claim (refusal reasons), import_summary (errors) and the tables'
 -- CHECK constraints (last line of defence against direct writes by the owner).
 --
@@ -231,9 +209,18 @@ COMMENT ON FUNCTION compaction.reply_problem(text, text, int) IS
 -- from_pair + 9), jobs_scope_not_empty, jobs_source_hash_valid, jobs_source_ids_valid.
 -- Last, as the foreign key it replaces was checked after the CHECKs (revision 0046), a
 -- version compaction.prompt_versions does not hold is that key's foreign_key_violation
--- (23503, jobs_prompt_version_fkey), so a caller sees the error it saw before. A rule
--- passes when it is NULL, as a CHECK does. PL/pgSQL with no SET clause and every name
--- qualified, as the rules it calls.
+-- (23503, jobs_prompt_version_fkey), so a caller sees the error it saw before. The key's
+-- check locked the version's row FOR KEY SHARE at every claim, and concurrent claims all
+-- lock the same row: each overlap made a MultiXact, whose ids a database spends for good
+-- (783 per 1,000 claims at 8 connections, docs/benchmarks.md). The lock guarded against a
+-- delete or a change of key that prompt_versions_guard refuses anyway, for the owner
+-- too. So the versions are written out here: a version is added by a migration only, and
+-- that migration replaces this function with the version added
+-- (tests/sql/test_prompt_versions.py holds the two to the same versions). Written out,
+-- not read from prompt_versions: the CHECK also runs on Citus shards, where a query of a
+-- reference table inside it would be a distributed query of its own. A rule passes when
+-- it is NULL, as a CHECK does. PL/pgSQL with no SET clause and every name qualified, as
+-- the rules it calls.
 CREATE FUNCTION compaction.job_rules_hold(
     p_from_pair int, p_to_pair int, p_source_message_ids text[], p_source_hash text,
     p_scope text, p_model text, p_prompt_version text)
@@ -260,7 +247,8 @@ BEGIN
             USING ERRCODE = 'check_violation', CONSTRAINT = v_rule, TABLE = 'jobs',
                   SCHEMA = 'compaction';
     END IF;
-    IF (p_prompt_version OPERATOR(pg_catalog.=) ANY (compaction.known_prompt_versions())) IS FALSE THEN
+    IF (p_prompt_version OPERATOR(pg_catalog.=) ANY ('{conversation-compaction@1,'
+            'conversation-compaction@2,conversation-compaction@3}'::text[])) IS FALSE THEN
         RAISE EXCEPTION 'insert or update on table "jobs" violates foreign key constraint "jobs_prompt_version_fkey"'
             USING ERRCODE = 'foreign_key_violation', CONSTRAINT = 'jobs_prompt_version_fkey',
                   TABLE = 'jobs', SCHEMA = 'compaction',
@@ -272,7 +260,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.job_rules_hold(int, int, text[], text, text, text, text) IS
-    'Internal: the CHECK jobs_rules; true when every rule of a jobs row holds, else the check_violation (23514) named after the broken rule (jobs_model_not_empty, jobs_range_valid, jobs_scope_not_empty, jobs_source_hash_valid, jobs_source_ids_valid), or for a version not in compaction.known_prompt_versions() the foreign_key_violation (23503) jobs_prompt_version_fkey';
+    'Internal: the CHECK jobs_rules; true when every rule of a jobs row holds, else the check_violation (23514) named after the broken rule (jobs_model_not_empty, jobs_range_valid, jobs_scope_not_empty, jobs_source_hash_valid, jobs_source_ids_valid), or for a version compaction.prompt_versions does not hold the foreign_key_violation (23503) jobs_prompt_version_fkey';
 
 -- Ids are unique, never ordered: under Citus each node draws from its own range.
 CREATE SEQUENCE compaction.jobs_job_id_seq AS bigint;

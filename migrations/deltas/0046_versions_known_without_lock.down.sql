@@ -47,6 +47,5 @@ BEGIN
 END
 $$;
 DROP FUNCTION compaction.job_rules_hold(int, int, text[], text, text, text, text);
-DROP FUNCTION compaction.known_prompt_versions();
 
 CALL compaction.assign_ownership();

@@ -1,22 +1,11 @@
 -- 0046_versions_known_without_lock: a claim no longer locks its prompt version's row
 -- (issue 32). The foreign key jobs_prompt_version_fkey locked the version's row of
 -- compaction.prompt_versions FOR KEY SHARE at every claim and import, and concurrent
--- claims all lock the same row, so each overlap made a MultiXact. The versions a job may
--- name are now a constant, compaction.known_prompt_versions(), and the CHECK jobs_rules
--- (compaction.job_rules_hold, now given the version) raises that key's foreign_key_violation
--- for any other. prompt_versions_guard already refuses deleting a version or changing
--- its key, which is all the key's lock guarded against.
-
-CREATE FUNCTION compaction.known_prompt_versions()
-RETURNS text[]
-LANGUAGE sql
-IMMUTABLE
-PARALLEL SAFE
-AS $$
-    SELECT '{conversation-compaction@1,conversation-compaction@2,conversation-compaction@3}'::text[]
-$$;
-COMMENT ON FUNCTION compaction.known_prompt_versions() IS
-    'Internal: every prompt_version of compaction.prompt_versions, as a constant (what the CHECK jobs_rules accepts); a migration that adds a version replaces it';
+-- claims all lock the same row, so each overlap made a MultiXact. The CHECK jobs_rules
+-- (compaction.job_rules_hold, now given the version) holds a job's version to the
+-- versions it writes out, and raises that key's foreign_key_violation for any other.
+-- prompt_versions_guard already refuses deleting a version or changing its key, which is
+-- all the key's lock guarded against.
 
 CREATE FUNCTION compaction.job_rules_hold(
     p_from_pair int, p_to_pair int, p_source_message_ids text[], p_source_hash text,
@@ -44,7 +33,8 @@ BEGIN
             USING ERRCODE = 'check_violation', CONSTRAINT = v_rule, TABLE = 'jobs',
                   SCHEMA = 'compaction';
     END IF;
-    IF (p_prompt_version OPERATOR(pg_catalog.=) ANY (compaction.known_prompt_versions())) IS FALSE THEN
+    IF (p_prompt_version OPERATOR(pg_catalog.=) ANY ('{conversation-compaction@1,'
+            'conversation-compaction@2,conversation-compaction@3}'::text[])) IS FALSE THEN
         RAISE EXCEPTION 'insert or update on table "jobs" violates foreign key constraint "jobs_prompt_version_fkey"'
             USING ERRCODE = 'foreign_key_violation', CONSTRAINT = 'jobs_prompt_version_fkey',
                   TABLE = 'jobs', SCHEMA = 'compaction',
@@ -56,7 +46,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.job_rules_hold(int, int, text[], text, text, text, text) IS
-    'Internal: the CHECK jobs_rules; true when every rule of a jobs row holds, else the check_violation (23514) named after the broken rule (jobs_model_not_empty, jobs_range_valid, jobs_scope_not_empty, jobs_source_hash_valid, jobs_source_ids_valid), or for a version not in compaction.known_prompt_versions() the foreign_key_violation (23503) jobs_prompt_version_fkey';
+    'Internal: the CHECK jobs_rules; true when every rule of a jobs row holds, else the check_violation (23514) named after the broken rule (jobs_model_not_empty, jobs_range_valid, jobs_scope_not_empty, jobs_source_hash_valid, jobs_source_ids_valid), or for a version compaction.prompt_versions does not hold the foreign_key_violation (23503) jobs_prompt_version_fkey';
 
 -- Each ALTER TABLE its own statement, run by EXECUTE (Citus: see revision 0045). The new
 -- jobs_rules is NOT VALID: every row was checked by the constraints it replaces.

@@ -1,5 +1,5 @@
 """A claim no longer locks its prompt version's row: the versions a job may name are a
-constant that the CHECK jobs_rules holds it to, in place of the foreign key to
+list that the CHECK jobs_rules holds it to, in place of the foreign key to
 compaction.prompt_versions, whose lock every concurrent claim took on the same row.
 
 Revision ID: 0046_versions_known_without_lock

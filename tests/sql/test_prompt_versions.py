@@ -4,7 +4,8 @@ issue 32).
 Until 0046 the foreign key jobs_prompt_version_fkey locked the version's row of
 compaction.prompt_versions FOR KEY SHARE at every claim: every concurrent claim locked
 the same row, and each overlap made a MultiXact. The CHECK jobs_rules now holds the
-version to compaction.known_prompt_versions() and raises that key's error for any other.
+version to the versions job_rules_hold writes out, and raises that key's error for any
+other.
 """
 
 from __future__ import annotations
@@ -30,13 +31,22 @@ VALUES ('c1', 'default', 10, 19, %(ids)s, %(hash)s, 'm', %(version)s, now())
 IDS = [f"m{i}" for i in range(20)]
 
 
-def test_the_known_versions_are_the_table_s_versions(conn: Conn) -> None:
-    """A migration that adds a version must list it in known_prompt_versions() too."""
-    known = scalar(conn, "SELECT compaction.known_prompt_versions()")
+RULES = ("SELECT compaction.job_rules_hold(0, 9, %(ids)s, %(hash)s, 'default', 'm',"
+         " %(version)s)")
+
+
+def test_the_rules_accept_exactly_the_table_s_versions(conn: Conn) -> None:
+    """A migration that adds a version must add it to job_rules_hold too: every version of
+    prompt_versions passes, and a name one character away from each does not."""
     table = [v for (v,) in conn.execute(
         "SELECT prompt_version FROM compaction.prompt_versions ORDER BY 1").fetchall()]
-    assert sorted(known) == table
-    assert len(table) == 3
+    assert table == ["conversation-compaction@1", "conversation-compaction@2", V3]
+    for version in table:
+        assert scalar(conn, RULES, {"ids": IDS, "hash": "a" * 64, "version": version}) is True
+        for near in (version + "0", version[:-1], version.upper()):
+            with pytest.raises(psycopg.errors.ForeignKeyViolation):
+                conn.execute(RULES, {"ids": IDS, "hash": "a" * 64, "version": near})
+            conn.rollback()
 
 
 @pytest.mark.parametrize("replication_role", ["origin", "replica"])
