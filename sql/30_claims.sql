@@ -101,6 +101,8 @@ CREATE TABLE compaction.prompt_versions (
 );
 COMMENT ON TABLE compaction.prompt_versions IS
     'Known prompt versions: input kind, whether their summaries may be projected, whether claims may start new jobs with them';
+-- A migration that adds a version also writes it into compaction.job_rules_hold, which
+-- holds every job to these versions (revision 0046: no foreign key locks their rows).
 INSERT INTO compaction.prompt_versions (prompt_version, input_kind, projectable, accepts_new_jobs)
 VALUES ('conversation-compaction@1', 'mixed', false, false),
        ('conversation-compaction@2', 'assistant_only', true, false),
