@@ -40,7 +40,8 @@ BEGIN
                   TABLE = 'jobs', SCHEMA = 'compaction',
                   DETAIL = pg_catalog.format(
                       'Key (prompt_version)=(%s) is not present in table "prompt_versions".',
-                      p_prompt_version);
+                      p_prompt_version),
+                  HINT = 'A prompt version is added by a migration, which writes it into compaction.job_rules_hold too.';
     END IF;
     RETURN true;
 END

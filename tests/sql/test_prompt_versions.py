@@ -64,6 +64,11 @@ def test_a_job_of_an_unknown_version_is_the_foreign_key_violation_it_was(
     assert info.value.diag.message_detail == (
         'Key (prompt_version)=(conversation-compaction@4) is not present in table'
         ' "prompt_versions".')
+    # A version inserted by hand, against the contract, gets the same error: the hint
+    # says where a version must be added.
+    assert info.value.diag.message_hint == (
+        "A prompt version is added by a migration, which writes it into"
+        " compaction.job_rules_hold too.")
     conn.rollback()
     # A broken rule of the row itself is named first, as the CHECKs ran before the key.
     with pytest.raises(psycopg.errors.CheckViolation) as broken:
