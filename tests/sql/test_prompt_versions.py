@@ -29,8 +29,6 @@ INSERT INTO compaction.jobs (conversation_id, scope, from_pair, to_pair, source_
 VALUES ('c1', 'default', 10, 19, %(ids)s, %(hash)s, 'm', %(version)s, now())
 """
 IDS = [f"m{i}" for i in range(20)]
-
-
 RULES = ("SELECT compaction.job_rules_hold(0, 9, %(ids)s, %(hash)s, 'default', 'm',"
          " %(version)s)")
 
@@ -64,8 +62,8 @@ def test_a_job_of_an_unknown_version_is_the_foreign_key_violation_it_was(
     assert info.value.diag.message_detail == (
         'Key (prompt_version)=(conversation-compaction@4) is not present in table'
         ' "prompt_versions".')
-    # A version inserted by hand, against the contract, gets the same error: the hint
-    # says where a version must be added.
+    # The hint says where a version must be added: a job naming a version that was
+    # inserted into prompt_versions by hand, against the contract, gets this error too.
     assert info.value.diag.message_hint == (
         "A prompt version is added by a migration, which writes it into"
         " compaction.job_rules_hold too.")
