@@ -298,9 +298,10 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                     (floor, floors[start:start + sizes.claim_cycles], _floor_cycle),
                 ]
                 for sink, items, cycle in rotated(sides, rep):
-                    before = _next_multixact(connections[0])
+                    mine_now = sink is ours
+                    before = _next_multixact(connections[0]) if mine_now else 0
                     seconds = _run_parallel(connections, _split(items, k), cycle)
-                    if sink is ours:
+                    if mine_now:
                         multixacts += _next_multixact(connections[0]) - before
                     sink.append(len(items) / seconds)
         finally:

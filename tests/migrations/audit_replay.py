@@ -10,12 +10,13 @@ summary), in two parts, and the views read in a comparable form.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 
-from pycompactor import db
+from pycompactor import db, schema
 from pycompactor.models import Target
 from tests import history as history_module
 from tests.history import History
@@ -137,3 +138,11 @@ def replay_second(conn: Conn) -> None:
     assert a2.job_id is not None
     assert db.complete(conn, a2.job_id, 1, GOOD, "stop", 0, now=t + timedelta(seconds=1)).ok
     conn.execute("SELECT compaction.erase_conversation('a', 'user_request')")
+
+
+def pinned_and_head(new_database: Callable[..., str], before: str) -> tuple[str, str]:
+    """Two new databases: one migrated to `before`, one to head (the replay's two sides)."""
+    old, new = new_database(), new_database()
+    schema.upgrade(old, before)
+    schema.upgrade(new)
+    return old, new

@@ -23,17 +23,20 @@ import psycopg
 import pytest
 
 from pycompactor import schema
-from tests.migrations.audit_replay import assert_same, replay_first, replay_second, views
+from tests.migrations.audit_replay import (
+    assert_same,
+    pinned_and_head,
+    replay_first,
+    replay_second,
+    views,
+)
 
 BEFORE = "0026_hot_admission"
 
 
 @pytest.fixture
 def databases(new_database: Callable[..., str]) -> tuple[str, str]:
-    old, new = new_database(), new_database()
-    schema.upgrade(old, BEFORE)
-    schema.upgrade(new)
-    return old, new
+    return pinned_and_head(new_database, BEFORE)
 
 
 def test_the_views_answer_the_same_rows_before_and_after(databases: tuple[str, str]) -> None:

@@ -16,7 +16,13 @@ import psycopg
 import pytest
 
 from pycompactor import schema
-from tests.migrations.audit_replay import assert_same, replay_first, replay_second, views
+from tests.migrations.audit_replay import (
+    assert_same,
+    pinned_and_head,
+    replay_first,
+    replay_second,
+    views,
+)
 
 Conn = psycopg.Connection[Any]
 
@@ -33,10 +39,7 @@ def jobs(conn: Conn) -> list[tuple[Any, ...]]:
 
 @pytest.fixture
 def databases(new_database: Callable[..., str]) -> tuple[str, str]:
-    old, new = new_database(), new_database()
-    schema.upgrade(old, BEFORE)
-    schema.upgrade(new)
-    return old, new
+    return pinned_and_head(new_database, BEFORE)
 
 
 def test_the_upgrade_and_downgrade_keep_every_job_and_event(
