@@ -52,7 +52,7 @@ MODEL = "bench/fake-model"
 # The fake summary a model would have written: ~1 KB, mixed scripts.
 SUMMARY = text_pool(11, 1, 1024)[0]
 
-_BASELINE_DDL = """
+BASELINE_DDL = """
 CREATE SCHEMA IF NOT EXISTS bench;
 CREATE TABLE bench.plain_jobs (
     job_key     text PRIMARY KEY,
@@ -182,7 +182,7 @@ def _floor_cycle(conn: Conn, item: Range, worker: str) -> None:
         raise RuntimeError("floor cycle: the attempt was not running")
 
 
-def _baseline_cycle(conn: Conn, key: str, worker: str) -> None:
+def baseline_cycle(conn: Conn, key: str, worker: str) -> None:
     conn.execute(_BASELINE_START, {"key": key, "worker": worker})
     cur = conn.execute(_BASELINE_FINISH, {"key": key, "summary": SUMMARY})
     if cur.rowcount != 1:
@@ -264,7 +264,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
     per_k = sizes.claim_warmup + REPETITIONS * sizes.claim_cycles
     n_breakdown = max(2, sizes.claim_cycles // 4)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(_BASELINE_DDL)
+        conn.execute(BASELINE_DDL)
         conn.execute(_FLOOR_DDL)
     # Each K takes per_k ranges for pycompactor and per_k for the floor.
     targets = prepare_ranges(dsn, sizes, 2 * per_k * len(ks) + n_breakdown)
@@ -281,7 +281,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             _run_parallel(connections, _split(mine[:sizes.claim_warmup], k), pycompactor_cycle)
             _run_parallel(connections,
                           _split([f"warm-{next(keys)}" for _ in range(sizes.claim_warmup)], k),
-                          _baseline_cycle)
+                          baseline_cycle)
             _run_parallel(connections, _split(floors[:sizes.claim_warmup], k), _floor_cycle)
             ours: list[float] = []
             plain: list[float] = []
@@ -294,7 +294,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                 sides = [
                     (ours, batch, pycompactor_cycle),
                     (plain, [f"job-{next(keys)}" for _ in range(sizes.claim_cycles)],
-                     _baseline_cycle),
+                     baseline_cycle),
                     (floor, floors[start:start + sizes.claim_cycles], _floor_cycle),
                 ]
                 for sink, items, cycle in rotated(sides, rep):

@@ -144,7 +144,7 @@ def run(sizes: Sizes) -> dict[str, Any]:
         assert cluster.root is not None
         dsn = bench.new_database("instructions")
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(claims._BASELINE_DDL)
+            conn.execute(claims.BASELINE_DDL)
             conn.execute(claims._FLOOR_DDL)
         targets = claims.prepare_ranges(dsn, sizes, 2 * n)
         work: dict[str, Sequence[Any]] = {

@@ -339,6 +339,8 @@ def _statements_lines(profile: dict[str, Any]) -> list[str]:
     proj = profile["projection"]
     parts = [
         ("claim -> complete cycle", profile["claim_cycle"]),
+        *([("plain-SQL cycle (benchmark 1's baseline)", profile["plain_cycle"])]
+          if "plain_cycle" in profile else []),
         (f"project_history, {_budget(proj['budget_bytes'])}, {proj['pairs']:,} pairs",
          proj["pycompactor"]),
         (f"bare query, {_budget(proj['budget_bytes'])}, {proj['pairs']:,} pairs", proj["bare"]),
@@ -348,12 +350,15 @@ def _statements_lines(profile: dict[str, Any]) -> list[str]:
     lines = ["", "Where the time goes (a second cluster with pg_stat_statements, one"
              " connection, mean ms per operation; a nested statement's time is part of the"
              " statement that ran it; the rest is network, the commit of an autocommit call,"
-             " the driver and Python):", ""]
+             " the driver and Python. CPU: the client's is this process's, the driver's and"
+             " Python's; the server's is the connection's server process's, every statement,"
+             " parsing, planning and commits included):", ""]
     for label, part in parts:
         lines += [f"{label}: client {_fmt(part['client_ms'])} = statements sent"
                   f" {_fmt(part['top_level_exec_ms'])} (+ planning"
                   f" {_fmt(part['top_level_plan_ms'])}) + rest {_fmt(part['rest_ms'])}"
-                  f" ({part['operations']:,} operations)", "",
+                  f" ({part['operations']:,} operations); CPU: client"
+                  f" {_fmt(part['client_cpu_ms'])}, server {_fmt(part['server_cpu_ms'])}", "",
                   "| statement | sent by the client | calls per op | ms per op |",
                   "| --- | --- | --- | --- |"]
         for st in part["statements"]:

@@ -5,7 +5,8 @@ durable cluster with pg_stat_statements tracking every statement, nested ones in
 (the statements inside the engine's functions and triggers, and the foreign-key checks),
 and runs on one connection, after a warm-up:
 
-* the claim -> complete cycle of benchmark 1 (one conversation of 35 pairs per cycle);
+* the claim -> complete cycle of benchmark 1 (one conversation of 35 pairs per cycle),
+  and benchmark 1's plain-SQL cycle, the goal's denominator;
 * `project_history` at 64 KiB on a conversation as long as benchmark 2's longest, with
   every target summarized, and benchmark 2's bare query on it;
 * appending a Run to a conversation as long as benchmark 5's, as benchmark 5 does.
@@ -14,12 +15,17 @@ For each operation: the client's wall time, the server's execution and planning 
 the statements the client sent, and the statements that cost the most, nested ones
 included (a nested statement's time is part of the statement that ran it). What the
 client waited for beyond those is the rest: the network, the commit of an autocommit
-call (its WAL flush), the driver and Python. pg_stat_statements costs a little on every
+call (its WAL flush), the driver and Python. Two CPU clocks tell the parts apart: this
+process's (the driver and Python: one thread, so the process's clock is theirs) and
+the connection's server process's (every statement it ran, parsing, planning and
+commits included; read from /proc, the cluster being local, in clock ticks of 10 ms
+over the whole run). pg_stat_statements costs a little on every
 statement, so these figures explain the goals' ratios; they are not those ratios.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
@@ -29,7 +35,7 @@ from typing import Any
 import psycopg
 
 from bench import writing
-from bench.claims import prepare_ranges, pycompactor_cycle
+from bench.claims import BASELINE_DDL, baseline_cycle, prepare_ranges, pycompactor_cycle
 from bench.common import BenchCluster, Conn, Sizes, text_pool
 from bench.projecting import BARE_SQL, conversation_of, prepare_conversations
 from pycompactor.projection import project_history
@@ -61,6 +67,18 @@ def _short(query: str) -> str:
     return line if len(line) <= 100 else line[:99] + "…"
 
 
+def _server_cpu_s(conn: Conn) -> float | None:
+    """The CPU seconds the connection's server process has used (user and system), or
+    None where /proc cannot tell."""
+    try:
+        with open(f"/proc/{conn.info.backend_pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # After the command's name: state is field 3, utime 14, stime 15 (proc(5)).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _measure(conn: Conn, operations: list[Callable[[], object]], warmup: int) -> dict[str, Any]:
     """Run the warm-up, reset the statistics, run the rest and split their time."""
     for operation in operations[:warmup]:
@@ -69,8 +87,12 @@ def _measure(conn: Conn, operations: list[Callable[[], object]], warmup: int) ->
     n = len(measured)
     conn.execute(_RESET_SQL)
     started = time.perf_counter()
+    cpu_started = time.process_time()
+    server_started = _server_cpu_s(conn)
     for operation in measured:
         operation()
+    client_cpu_ms = (time.process_time() - cpu_started) * 1000 / n
+    server_ended = _server_cpu_s(conn)
     client_ms = (time.perf_counter() - started) * 1000 / n
     rows = conn.execute(_READ_SQL).fetchall()
     top_exec = sum(r[2] for r in rows if r[0]) / n
@@ -81,6 +103,9 @@ def _measure(conn: Conn, operations: list[Callable[[], object]], warmup: int) ->
         "top_level_exec_ms": top_exec,
         "top_level_plan_ms": top_plan,
         "rest_ms": client_ms - top_exec - top_plan,
+        "client_cpu_ms": client_cpu_ms,
+        "server_cpu_ms": (None if server_started is None or server_ended is None
+                          else (server_ended - server_started) * 1000 / n),
         "statements": [
             {"toplevel": bool(r[0]), "calls_per_op": r[1] / n, "exec_ms_per_op": r[2] / n,
              "query": _short(str(r[4]))}
@@ -94,6 +119,16 @@ def _claim_cycle(dsn: str, sizes: Sizes, warmup: int) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         operations: list[Callable[[], object]] = [
             partial(pycompactor_cycle, conn, item, "bench-statements") for item in targets
+        ]
+        return _measure(conn, operations, warmup)
+
+
+def _plain_cycle(dsn: str, sizes: Sizes, warmup: int) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(BASELINE_DDL)
+        operations: list[Callable[[], object]] = [
+            partial(baseline_cycle, conn, f"statements-{op}", "bench-statements")
+            for op in range(warmup + sizes.profile_ops)
         ]
         return _measure(conn, operations, warmup)
 
@@ -141,6 +176,7 @@ def run(sizes: Sizes) -> dict[str, Any]:
             conn.execute("CREATE EXTENSION pg_stat_statements")
         return {
             "claim_cycle": _claim_cycle(cluster.new_database("statements"), sizes, warmup),
+            "plain_cycle": _plain_cycle(cluster.new_database("statements"), sizes, warmup),
             "projection": _projection(cluster.new_database("statements"), sizes, warmup),
             "append": _append(cluster.new_database("statements"), sizes, warmup),
         }

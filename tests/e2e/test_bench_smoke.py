@@ -73,10 +73,16 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     # The statement profile: each operation's time split by pg_stat_statements, the
     # engine's own statements nested under the calls the client sent.
     profile = data["statements"]
-    for part in (profile["claim_cycle"], profile["projection"]["pycompactor"],
-                 profile["projection"]["bare"], profile["append"]):
+    for part in (profile["claim_cycle"], profile["plain_cycle"],
+                 profile["projection"]["pycompactor"], profile["projection"]["bare"],
+                 profile["append"]):
         assert part["operations"] == 5
         assert part["client_ms"] >= part["top_level_exec_ms"] > 0
+        # One thread: the process's CPU time in the operations is within their wall time.
+        assert 0 < part["client_cpu_ms"] <= part["client_ms"]
+        # The server's CPU, read from /proc (in ticks: a few operations may take none).
+        assert part["server_cpu_ms"] is not None
+        assert part["server_cpu_ms"] >= 0
         assert any(s["toplevel"] for s in part["statements"])
     nested = {s["query"] for s in profile["claim_cycle"]["statements"] if not s["toplevel"]}
     assert any("INSERT INTO compaction.jobs" in q for q in nested)
