@@ -339,8 +339,7 @@ def _statements_lines(profile: dict[str, Any]) -> list[str]:
     proj = profile["projection"]
     parts = [
         ("claim -> complete cycle", profile["claim_cycle"]),
-        *([("plain-SQL cycle (benchmark 1's baseline)", profile["plain_cycle"])]
-          if "plain_cycle" in profile else []),
+        ("plain-SQL cycle (benchmark 1's baseline)", profile["plain_cycle"]),
         (f"project_history, {_budget(proj['budget_bytes'])}, {proj['pairs']:,} pairs",
          proj["pycompactor"]),
         (f"bare query, {_budget(proj['budget_bytes'])}, {proj['pairs']:,} pairs", proj["bare"]),

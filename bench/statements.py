@@ -18,8 +18,8 @@ client waited for beyond those is the rest: the network, the commit of an autoco
 call (its WAL flush), the driver and Python. Two CPU clocks tell the parts apart: this
 process's (the driver and Python: one thread, so the process's clock is theirs) and
 the connection's server process's (every statement it ran, parsing, planning and
-commits included; read from /proc, the cluster being local, in clock ticks of 10 ms
-over the whole run). pg_stat_statements costs a little on every
+commits included; read from /proc, the cluster being local, in clock ticks (10 ms
+on Linux) over the whole run). pg_stat_statements costs a little on every
 statement, so these figures explain the goals' ratios; they are not those ratios.
 """
 
