@@ -115,11 +115,14 @@ class AppendLoop:
 
     def during(self, since: float, until: float) -> dict[str, Any]:
         """The application's transactions that overlapped [since, until]."""
-        ms = [s * 1000 for t, s in self.samples if t <= until and t + s >= since]
+        ms = self.durations_ms(since, until)
         if not ms:
             return {"appends": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
         return {"appends": len(ms), "p50_ms": round(percentile(ms, 50), 2),
                 "p99_ms": round(percentile(ms, 99), 2), "max_ms": round(max(ms), 2)}
+
+    def durations_ms(self, since: float, until: float) -> list[float]:
+        return [s * 1000 for t, s in self.samples if t <= until and t + s >= since]
 
 
 def seed(conn: psycopg.Connection[Any], messages: int) -> list[str]:
@@ -201,7 +204,8 @@ def run_size(cluster: BenchCluster, messages: int) -> dict[str, Any]:
                     until = time.perf_counter()
                     steps.append({"step": " ".join(statement.split())[:90],
                                   "block": block, "seconds": round(until - since, 3),
-                                  **loop.during(since, until)})
+                                  **loop.during(since, until),
+                                  "_window": (since, until)})
             since = time.perf_counter()
             time.sleep(TRACKED_S)  # a measuring window, not synchronisation
             steps.append({"step": "appends, tracked", "seconds": round(
@@ -233,11 +237,18 @@ def run_size(cluster: BenchCluster, messages: int) -> dict[str, Any]:
         }
     base_p99 = baseline["p99_ms"] or 0.0
     install = [s for s in steps if "block" in s]
+    # A step of 2 s holds about 100 appends, so its p99 is its slowest one or two: the
+    # count says whether a p99 over the goal is one slow commit or a slow step.
+    for step in install:
+        window = step.pop("_window")
+        step["over_3x_baseline_p99"] = sum(
+            1 for ms in loop.durations_ms(*window) if ms > 3 * base_p99)
     result["goals"] = {
         "longest_stall_ms": max((s["max_ms"] or 0.0) for s in install),
         "longest_stall_ok": all((s["max_ms"] or 0.0) <= 100 for s in install),
         "worst_p99_over_baseline": round(max((s["p99_ms"] or 0.0) for s in install)
                                          / max(base_p99, 1e-6), 2),
+        "most_appends_over_3x_in_a_step": max(s["over_3x_baseline_p99"] for s in install),
         "derived_share_ok": result["derived_share_of_host"] <= 0.20,
     }
     return result
@@ -247,10 +258,12 @@ def markdown(results: list[dict[str, Any]]) -> str:
     lines = []
     for r in results:
         lines += [f"### {r['messages']:,} messages", "",
-                  "| step | s | app appends | p50 ms | p99 ms | longest ms |",
-                  "|---|---:|---:|---:|---:|---:|"]
+                  "| step | s | app appends | p50 ms | p99 ms | longest ms |"
+                  " appends over 3x the baseline's p99 |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| `{s['step']}` | {s['seconds']} | {s['appends']} | {s['p50_ms']} |"
-                  f" {s['p99_ms']} | {s['max_ms']} |" for s in r["steps"]]
+                  f" {s['p99_ms']} | {s['max_ms']} | {s.get('over_3x_baseline_p99', '')} |"
+                  for s in r["steps"]]
         rb = r["rebuild"]
         lines += ["", f"rebuild: {rb['seconds']} s, {rb['conversations_per_s']} conversations/s,"
                       f" {rb['messages_per_s']} messages/s,"
