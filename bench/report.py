@@ -70,6 +70,13 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                               " the engine's triggers, p50",
                       "measured": w["append"]["ratio_p50"], "target": "<= 2",
                       "met": (w["append"]["ratio_p50"] or 99) <= 2})
+        if "append_settled_first" in w:
+            settled = w["append_settled_first"]
+            found.append({"name": "the same, written as docs/integrating.md's application"
+                                  " writes it (the run settled, then its 2 messages in one"
+                                  " statement), p50",
+                          "measured": settled["ratio_p50"], "target": "<= 2",
+                          "met": (settled["ratio_p50"] or 99) <= 2})
         found.append({"name": f"bulk load of {w['pairs']:,} pairs in two statements:"
                               f" {w['bulk']['engine_s']:.2f} s vs {w['bulk']['plain_s']:.2f} s"
                               " without triggers",

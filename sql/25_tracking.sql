@@ -62,9 +62,10 @@ COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
 -- (NULL: every run of the conversation). Most writes take a short path of a few lookups
 -- by key: the touched runs form no pair before or after the write (a Run inserted as
 -- running, a message of a Run not settled yet: three of the four statements an agent
--- writes per Run), or their pairs are new and come after the last pair (the Run settled
--- at the end of the conversation; compaction.rederive_runs). Anything else (a pair
--- changed, vanished or moved, a Run inserted before others) goes to
+-- writes per Run; since revision 0047 also a Run written settled before its messages, as
+-- the worked example's application writes a turn), or their pairs are new and come after
+-- the last pair (the Run settled at the end of the conversation; compaction.rederive_runs).
+-- Anything else (a pair changed, vanished or moved, a Run inserted before others) goes to
 -- compaction.rederive_general.
 --
 -- Revision 0030: the tracking triggers pass their table (p_table): while the derived
@@ -150,6 +151,11 @@ BEGIN
                             -- judge_runs' first rule: only a Run in one of these can pair
                             -- (track_source_changes asks the same, word for word)
                             AND sr.status IN ('completed', 'partial', 'clarify_pending')
+                            -- and only one with a user message (revision 0047; of any
+                            -- conversation: judge_runs asks more). A Run written in its
+                            -- final state before its messages ends here, unjudged.
+                            AND EXISTS (SELECT 1 FROM compaction.source_messages AS sm
+                                        WHERE sm.run_id = k.run_id AND sm.role = 'user')
                           OFFSET 0) AS r)
           AND NOT EXISTS (SELECT 1
                           FROM pg_catalog.unnest(v_runs) AS k (run_id)
@@ -683,6 +689,10 @@ BEGIN
                                    WHERE sr.run_id = k.run_id
                                      AND sr.conversation_id = v_conversation
                                      AND sr.status IN ('completed', 'partial', 'clarify_pending')
+                                     AND EXISTS (SELECT 1
+                                                 FROM compaction.source_messages AS sm
+                                                 WHERE sm.run_id = k.run_id
+                                                   AND sm.role = 'user')
                                    OFFSET 0) AS r)
                    AND NOT EXISTS (SELECT 1
                                    FROM pg_catalog.unnest(v_run_ids) AS k (run_id)

@@ -45,6 +45,8 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert data["writing"]["crowd"] > 0
     assert data["writing"]["rederive_whole_s"] > 0
     assert {"engine_p50_ms", "plain_p50_ms", "ratio_p50"} <= set(data["writing"]["append"])
+    assert {"engine_p50_ms", "plain_p50_ms", "ratio_p50"} <= set(
+        data["writing"]["append_settled_first"])
     cells = data["projection"]["cells"]
     assert len(cells) == 9
     assert all(c["used_bytes"] <= c["budget_bytes"] for c in cells)

@@ -323,3 +323,45 @@ def test_a_summary_and_a_source_write_of_its_range_judge_after_each_other(
     projection = project_history(conn, "c", budget_bytes=10_000_000)
     assert [(r.from_pair, r.reason) for r in projection.rejected_summaries] == [
         (0, "stale_source")]
+
+
+def _settled_run_alone(conn: Conn) -> None:
+    """A Run written settled before any of its messages (the worked example's order)."""
+    conn.execute("INSERT INTO compaction_source.runs (run_id, conversation_id, status)"
+                 " VALUES ('late', 'c', 'completed')")
+
+
+def _messages_of_late(conn: Conn) -> None:
+    conn.execute(
+        "INSERT INTO compaction_source.messages"
+        " (message_id, conversation_id, run_id, role, status, content, seq) VALUES"
+        " ('late:u', 'c', 'late', 'user', 'completed', 'q', 100),"
+        " ('late:a', 'c', 'late', 'assistant', 'completed', 'a', 101)")
+
+
+@pytest.mark.parametrize("run_first", [True, False], ids=["run-first", "messages-first"])
+def test_a_settled_run_and_its_messages_from_two_writers_pair(
+    conn: Conn, dsn: str, run_first: bool
+) -> None:
+    """Revision 0047: a settled Run with no user message changes nothing derived, so its
+    statement is not judged. Whichever writer holds the conversation first, the second
+    waits for it and then decides on a snapshot that holds its commit: the Run's pair is
+    there once both committed. (Messages first: the Run's writer must see them, or it
+    would take the Run for one without messages and leave it unpaired.)"""
+    History(conn).pairs("c", 5)  # seqs 1..10
+    first_write, second_write = ((_settled_run_alone, _messages_of_late) if run_first
+                                 else (_messages_of_late, _settled_run_alone))
+    first = psycopg.connect(dsn)
+    second = Writer(dsn, second_write)
+    try:
+        first_write(first)  # holds its transaction open
+        second.thread.start()
+        wait_until_blocked(conn, second.pid)
+        first.commit()
+        assert second.join() is None
+    finally:
+        first.close()
+        second.conn.close()
+    assert [p[1] for p in engine_pairs(conn, "c")][5:] == ["late"]
+    assert [p[0] for p in engine_pairs(conn, "c")] == list(range(6))
+    assert_matches(conn, read_reference(conn, ["c"]), ["c"])

@@ -120,3 +120,33 @@ def test_later_statements_of_a_transaction_enqueue_once(conn: Conn) -> None:
     assert conn.execute("SELECT conversation_id, lease_token, requeued_at"
                         " FROM compaction.queue").fetchall() == [("c", None, None)]
     assert problems(conn, "c") == []
+
+
+@pytest.mark.parametrize("one_transaction", [True, False])
+def test_a_run_written_settled_before_its_messages(conn: Conn, one_transaction: bool) -> None:
+    """Revision 0047: the Run's own statement changes nothing derived (no user message
+    yet: it cannot pair), a lone assistant message neither; the user message makes the
+    pair, numbered next with its range hashed, in one transaction or in three."""
+    history = History(conn)
+    history.pairs("c", 9)
+    _, generation, _ = state_row(conn, "c")
+
+    def write() -> None:
+        run = history.run("c", status="completed")
+        assert state_row(conn, "c")[1:] == (generation + 1, 9)
+        history.message("c", run, "assistant", "a", seq=20)
+        assert state_row(conn, "c")[2] == 9
+        assert problems(conn, "c") == []
+        history.message("c", run, "user", "q", seq=19)  # before the answer, as asked
+        assert state_row(conn, "c")[2] == 10
+        assert conn.execute("SELECT pair_index FROM compaction.pairs WHERE run_id = %s",
+                            (run,)).fetchone() == (9,)
+
+    if one_transaction:
+        with conn.transaction():
+            write()
+    else:
+        write()
+    assert problems(conn, "c") == []
+    assert conn.execute("SELECT count(*) FROM compaction.ranges"
+                        " WHERE conversation_id = 'c'").fetchone() == (1,)
