@@ -94,7 +94,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert counts["pycompactor"] > counts["floor"] > counts["plain"] > 0
     wal = data["instructions"]["wal_bytes_per_cycle"]
     assert wal["pycompactor"] > wal["plain"] > 0
-    assert len(data["targets"]) == 20  # fourteen engine targets, six quality goals
+    assert len(data["targets"]) == 21  # fifteen engine targets, six quality goals
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 
     table = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")
