@@ -231,6 +231,23 @@ class Writer:
         return self.error
 
 
+def write_in_turn(conn: Conn, dsn: str, first_write: Callable[[Conn], None],
+                  second_write: Callable[[Conn], None]) -> None:
+    """first_write in a transaction left open; second_write from a Writer, which must
+    block on it; then the first commits, and the second must finish without an error."""
+    first = psycopg.connect(dsn)
+    second = Writer(dsn, second_write)
+    try:
+        first_write(first)  # holds its transaction open
+        second.thread.start()
+        wait_until_blocked(conn, second.pid)
+        first.commit()
+        assert second.join() is None
+    finally:
+        first.close()
+        second.conn.close()
+
+
 @pytest.mark.parametrize("second_seq", [1000, 50], ids=["after", "before"])
 def test_second_writer_waits_and_numbers_after_the_first_commits(
     conn: Conn, dsn: str, second_seq: int
@@ -306,17 +323,7 @@ def test_a_summary_and_a_source_write_of_its_range_judge_after_each_other(
 
     writes = {"source": edit, "summary": summarize}
     later = "summary" if first_writer == "source" else "source"
-    first = psycopg.connect(dsn)
-    second = Writer(dsn, writes[later])
-    try:
-        writes[first_writer](first)  # holds its transaction open
-        second.thread.start()
-        wait_until_blocked(conn, second.pid)
-        first.commit()
-        assert second.join() is None
-    finally:
-        first.close()
-        second.conn.close()
+    write_in_turn(conn, dsn, writes[first_writer], writes[later])
     assert conn.execute("SELECT reason FROM compaction.summary_verdicts"
                         " WHERE conversation_id = 'c'").fetchall() == [("stale_source",)]
     assert verify(conn, "c") == []
@@ -351,17 +358,7 @@ def test_a_settled_run_and_its_messages_from_two_writers_pair(
     History(conn).pairs("c", 5)  # seqs 1..10
     first_write, second_write = ((_settled_run_alone, _messages_of_late) if run_first
                                  else (_messages_of_late, _settled_run_alone))
-    first = psycopg.connect(dsn)
-    second = Writer(dsn, second_write)
-    try:
-        first_write(first)  # holds its transaction open
-        second.thread.start()
-        wait_until_blocked(conn, second.pid)
-        first.commit()
-        assert second.join() is None
-    finally:
-        first.close()
-        second.conn.close()
+    write_in_turn(conn, dsn, first_write, second_write)
     assert [p[1] for p in engine_pairs(conn, "c")][5:] == ["late"]
     assert [p[0] for p in engine_pairs(conn, "c")] == list(range(6))
     assert_matches(conn, read_reference(conn, ["c"]), ["c"])
