@@ -17,6 +17,16 @@ indexes and CHECKs; no foreign keys, triggers, refusal paths, fencing or timeout
 implementation of this design writes less, so its ratio to the baseline bounds what the
 claim cycle can reach here.
 
+A fourth cycle measures the floor of a far leaner design (issue 32: "a floor that a
+design sets can be moved by the design"), the leanest we found room for: one row per
+attempt, which carries its job's identity (the 20 ids and the hash) and its admission
+slot (unique among running attempts, so no slot table), inserted by the claim; the
+completion updates it with the summary. No job row, no summary row, no verdict: two row
+writes a cycle, where the plain SQL cycle writes three. Its keys are the engine's
+(identity, one running attempt per identity, one completed per identity) and the copied
+attempt table's CHECK. A design of that shape would still pay its checks (fencing,
+ownership, eligibility, source, versions, admission) on top of this.
+
 Each K also counts the MultiXact ids pycompactor's cycles spend: a row that two
 transactions lock at once takes one, and the ids are spent for good (running low forces
 aggressive vacuums of every table). Until revision 0046 every claim locked its prompt
@@ -25,6 +35,7 @@ version's row, so concurrent claims spent one most of the time.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -51,6 +62,8 @@ from pycompactor.summarizer import PROMPT_VERSION
 MODEL = "bench/fake-model"
 # The fake summary a model would have written: ~1 KB, mixed scripts.
 SUMMARY = text_pool(11, 1, 1024)[0]
+# The lean floor's slots (see _LEAN_CLAIM); seeded, so runs draw alike.
+_SLOTS = random.Random(32)
 
 BASELINE_DDL = """
 CREATE SCHEMA IF NOT EXISTS bench;
@@ -77,6 +90,51 @@ _FLOOR_DDL = "".join(
     # LIKE copies no storage parameters; the engine's slots leave room for HOT updates.
     "ALTER TABLE bench.floor_admission SET (fillfactor = 50);\n"
     "INSERT INTO bench.floor_admission (slot) SELECT pg_catalog.generate_series(1, 10000);\n")
+# The leanest design's one row per attempt: the engine's attempt columns, its job's
+# identity and the summary; its slot unique among running attempts.
+_LEAN_DDL = """
+CREATE TABLE bench.lean_attempts (LIKE compaction.attempts INCLUDING ALL);
+ALTER TABLE bench.lean_attempts
+    ADD COLUMN scope text NOT NULL, ADD COLUMN from_pair int NOT NULL,
+    ADD COLUMN to_pair int NOT NULL, ADD COLUMN source_message_ids text[] NOT NULL,
+    ADD COLUMN source_hash text NOT NULL, ADD COLUMN model text NOT NULL,
+    ADD COLUMN prompt_version text NOT NULL, ADD COLUMN created_at timestamptz NOT NULL,
+    ADD COLUMN summary text;
+CREATE UNIQUE INDEX lean_attempts_identity ON bench.lean_attempts
+    (conversation_id, scope, from_pair, source_hash, model, prompt_version, attempt);
+CREATE UNIQUE INDEX lean_attempts_one_completed ON bench.lean_attempts
+    (conversation_id, scope, from_pair, source_hash, model, prompt_version)
+    WHERE state = 'completed';
+CREATE UNIQUE INDEX lean_attempts_slot ON bench.lean_attempts (slot) WHERE state = 'running';
+"""
+# A slot drawn at random among max_running (1,000 here): the cheapest search there is;
+# a taken one is drawn again (ON CONFLICT on the running slots' index).
+_LEAN_CLAIM = """
+WITH attempt AS (
+    INSERT INTO bench.lean_attempts (conversation_id, job_id, attempt, state, worker,
+        started_at, lease_expires_at, slot, scope, from_pair, to_pair, source_message_ids,
+        source_hash, model, prompt_version, created_at)
+    SELECT r.conversation_id, nextval('compaction.jobs_job_id_seq'), 1, 'running', %(w)s,
+           now(), now() + interval '5 minutes', %(slot)s, 'default', r.from_pair,
+           r.from_pair + 9, r.source_message_ids, r.source_hash, %(model)s,
+           %(prompt_version)s, now()
+    FROM compaction.ranges AS r
+    WHERE r.conversation_id = %(c)s AND r.from_pair = %(f)s
+      AND r.source_hash = %(h)s AND r.source_message_ids = %(ids)s::text[]
+    ON CONFLICT (slot) WHERE state = 'running' DO NOTHING
+    RETURNING job_id)
+SELECT attempt.job_id, pg_advisory_xact_lock(1129316352, hashtext(%(c)s)) FROM attempt
+"""
+_LEAN_COMPLETE = """
+UPDATE bench.lean_attempts AS a
+SET state = 'completed', reason = 'completed', finished_at = now(), summary = %(s)s::text,
+    summary_chars = length(%(s)s::text),
+    finish_event_id = nextval('compaction.audit_events_event_id_seq'),
+    finish_recorded_at = clock_timestamp(), finish_xact_id = pg_current_xact_id()
+WHERE a.conversation_id = %(c)s AND a.job_id = %(j)s AND a.attempt = 1
+  AND a.state = 'running' AND a.lease_expires_at > now()
+RETURNING a.job_id, pg_advisory_xact_lock(1129316352, hashtext(%(c)s))
+"""
 _FLOOR_CLAIM = """
 WITH job AS (
     INSERT INTO bench.floor_jobs (conversation_id, scope, from_pair, to_pair,
@@ -182,6 +240,22 @@ def _floor_cycle(conn: Conn, item: Range, worker: str) -> None:
         raise RuntimeError("floor cycle: the attempt was not running")
 
 
+def _lean_cycle(conn: Conn, item: Range, worker: str) -> None:
+    params = {"c": item.conversation_id, "f": item.from_pair, "h": item.source_hash,
+              "ids": item.source_message_ids, "model": MODEL,
+              "prompt_version": PROMPT_VERSION, "w": worker}
+    for _ in range(100):
+        job = conn.execute(_LEAN_CLAIM, {**params, "slot": _SLOTS.randint(1, 1000)}).fetchone()
+        if job is not None:
+            break
+    else:
+        raise RuntimeError("lean floor cycle: the prepared range is not current")
+    done = conn.execute(_LEAN_COMPLETE, {"c": item.conversation_id, "j": job[0],
+                                         "s": SUMMARY}).fetchone()
+    if done is None:
+        raise RuntimeError("lean floor cycle: the attempt was not running")
+
+
 def baseline_cycle(conn: Conn, key: str, worker: str) -> None:
     conn.execute(_BASELINE_START, {"key": key, "worker": worker})
     cur = conn.execute(_BASELINE_FINISH, {"key": key, "summary": SUMMARY})
@@ -266,14 +340,17 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(BASELINE_DDL)
         conn.execute(_FLOOR_DDL)
-    # Each K takes per_k ranges for pycompactor and per_k for the floor.
-    targets = prepare_ranges(dsn, sizes, 2 * per_k * len(ks) + n_breakdown)
+        conn.execute(_LEAN_DDL)
+    # Each K takes per_k ranges for pycompactor, per_k for the floor and per_k for the
+    # lean floor.
+    targets = prepare_ranges(dsn, sizes, 3 * per_k * len(ks) + n_breakdown)
 
     results: list[dict[str, Any]] = []
     keys = iter(range(10**9))
     for index, k in enumerate(ks):
-        mine = targets[2 * index * per_k:(2 * index + 1) * per_k]
-        floors = targets[(2 * index + 1) * per_k:(2 * index + 2) * per_k]
+        mine = targets[3 * index * per_k:(3 * index + 1) * per_k]
+        floors = targets[(3 * index + 1) * per_k:(3 * index + 2) * per_k]
+        leans = targets[(3 * index + 2) * per_k:(3 * index + 3) * per_k]
         connections = [psycopg.connect(dsn, autocommit=True, application_name="bench-claims")
                        for _ in range(k)]
         try:
@@ -283,9 +360,11 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                           _split([f"warm-{next(keys)}" for _ in range(sizes.claim_warmup)], k),
                           baseline_cycle)
             _run_parallel(connections, _split(floors[:sizes.claim_warmup], k), _floor_cycle)
+            _run_parallel(connections, _split(leans[:sizes.claim_warmup], k), _lean_cycle)
             ours: list[float] = []
             plain: list[float] = []
             floor: list[float] = []
+            lean: list[float] = []
             multixacts = 0
             for rep in range(REPETITIONS):
                 start = sizes.claim_warmup + rep * sizes.claim_cycles
@@ -296,6 +375,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                     (plain, [f"job-{next(keys)}" for _ in range(sizes.claim_cycles)],
                      baseline_cycle),
                     (floor, floors[start:start + sizes.claim_cycles], _floor_cycle),
+                    (lean, leans[start:start + sizes.claim_cycles], _lean_cycle),
                 ]
                 for sink, items, cycle in rotated(sides, rep):
                     mine_now = sink is ours
@@ -319,6 +399,9 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             "floor_median": median(floor),
             "floor_ratio": ratio(median(floor), median(plain)),
             "ratio_to_floor": ratio(median(ours), median(floor)),
+            "lean_floor_cycles_per_s": lean,
+            "lean_floor_median": median(lean),
+            "lean_floor_ratio": ratio(median(lean), median(plain)),
             "multixacts_per_1000_cycles": round(
                 multixacts * 1000 / (REPETITIONS * sizes.claim_cycles)),
         })
