@@ -90,7 +90,7 @@ _FLOOR_DDL = "".join(
     # LIKE copies no storage parameters; the engine's slots leave room for HOT updates.
     "ALTER TABLE bench.floor_admission SET (fillfactor = 50);\n"
     "INSERT INTO bench.floor_admission (slot) SELECT pg_catalog.generate_series(1, 10000);\n")
-# The leanest design's one row per attempt: the engine's attempt columns, its job's
+# The lean design's one row per attempt: the engine's attempt columns, its job's
 # identity and the summary; its slot unique among running attempts.
 _LEAN_DDL = """
 CREATE TABLE bench.lean_attempts (LIKE compaction.attempts INCLUDING ALL);
