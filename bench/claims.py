@@ -27,6 +27,17 @@ writes a cycle, where the plain SQL cycle writes three. Its keys are the engine'
 attempt table's CHECK. A design of that shape would still pay its checks (fencing,
 ownership, eligibility, source, versions, admission) on top of this.
 
+A fifth cycle measures what those checks cost at the least: a sketch of an engine on the
+lean design's row (issue 32). Its claim and completion are PL/pgSQL functions with the
+contract's signatures, each one statement that reads what the checks read (the prompt
+version, the settings, the range and the conversation's pair count, the identity's earlier
+attempts) and writes only when they hold, answering with the contract's reason when they
+do not. Every liberty it takes makes it faster than an engine can be: no conversation
+lock, no SECURITY DEFINER or SET clause, no immutability trigger, no reaping, a random
+slot in place of exact admission (a taken one is drawn again), and a plain execute in
+place of the driver's call with its timeouts. Its ratio to plain SQL is therefore an
+upper bound for any engine of that shape.
+
 Each K also counts the MultiXact ids pycompactor's cycles spend: a row that two
 transactions lock at once takes one, and the ids are spent for good (running low forces
 aggressive vacuums of every table). Until revision 0046 every claim locked its prompt
@@ -107,6 +118,123 @@ CREATE UNIQUE INDEX lean_attempts_one_completed ON bench.lean_attempts
     WHERE state = 'completed';
 CREATE UNIQUE INDEX lean_attempts_slot ON bench.lean_attempts (slot) WHERE state = 'running';
 """
+# The lean engine sketch (see the module docstring): the lean row, found by job_id alone as
+# complete is addressed (DESIGN §6), and the two calls with the contract's signatures.
+_SKETCH_DDL = """
+CREATE TABLE bench.sketch_attempts (LIKE bench.lean_attempts INCLUDING ALL);
+CREATE INDEX sketch_attempts_job_id ON bench.sketch_attempts (job_id);
+CREATE FUNCTION bench.sketch_claim(
+    p_conversation_id text, p_scope text, p_from_pair int, p_source_message_ids text[],
+    p_source_hash text, p_model text, p_prompt_version text, p_worker text,
+    p_lease interval DEFAULT '5 minutes', p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (claimed boolean, reason text, job_id bigint, attempt int,
+               lease_expires_at timestamptz)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH version AS (
+        SELECT v.accepts_new_jobs FROM compaction.prompt_versions AS v
+        WHERE v.prompt_version = p_prompt_version),
+    target AS (
+        SELECT r.source_message_ids = p_source_message_ids
+               AND r.source_hash = p_source_hash AS same_source
+        FROM compaction.ranges AS r
+        JOIN compaction.conversation_state AS s ON s.conversation_id = r.conversation_id
+        WHERE r.conversation_id = p_conversation_id AND r.from_pair = p_from_pair
+          AND p_from_pair + 30 <= s.pair_count),
+    prior AS (
+        SELECT max(a.attempt) AS attempts, bool_or(a.state = 'completed') AS completed,
+               bool_or(a.state = 'running') AS running, max(a.job_id) AS job_id
+        FROM bench.sketch_attempts AS a
+        WHERE a.conversation_id = p_conversation_id AND a.scope = p_scope
+          AND a.from_pair = p_from_pair AND a.source_hash = p_source_hash
+          AND a.model = p_model AND a.prompt_version = p_prompt_version),
+    admitted AS (
+        INSERT INTO bench.sketch_attempts AS a (conversation_id, job_id, attempt, state,
+            worker, started_at, lease_expires_at, slot, claimed_by, scope, from_pair,
+            to_pair, source_message_ids, source_hash, model, prompt_version, created_at)
+        SELECT p_conversation_id,
+               coalesce(prior.job_id, nextval('compaction.jobs_job_id_seq')),
+               coalesce(prior.attempts, 0) + 1, 'running', p_worker, now(), now() + p_lease,
+               1 + floor(random() * settings.max_running)::int, session_user, p_scope,
+               p_from_pair, p_from_pair + 9, p_source_message_ids, p_source_hash, p_model,
+               p_prompt_version, now()
+        FROM prior, version, target, compaction.settings AS settings
+        WHERE p_now IS NULL AND p_lease BETWEEN interval '1 second' AND interval '1 day'
+          AND version.accepts_new_jobs AND target.same_source
+          AND prior.completed IS NOT TRUE AND prior.running IS NOT TRUE
+          AND coalesce(prior.attempts, 0) < 2
+        ON CONFLICT (slot) WHERE state = 'running' DO NOTHING
+        RETURNING a.job_id, a.attempt, a.lease_expires_at)
+    SELECT admitted.job_id IS NOT NULL,
+           CASE WHEN admitted.job_id IS NOT NULL THEN 'claimed'
+                WHEN p_from_pair < 0 OR p_from_pair % 10 <> 0 THEN 'invalid_range'
+                WHEN cardinality(p_source_message_ids) <> 20
+                     OR array_position(p_source_message_ids, NULL) IS NOT NULL
+                     OR (SELECT count(DISTINCT i) FROM unnest(p_source_message_ids) AS i) <> 20
+                    THEN 'invalid_source_ids'
+                WHEN (SELECT v.accepts_new_jobs FROM version AS v) IS NOT TRUE
+                    THEN 'prompt_version_closed'
+                WHEN NOT EXISTS (SELECT FROM target) THEN 'not_eligible'
+                WHEN NOT (SELECT t.same_source FROM target AS t) THEN 'source_mismatch'
+                WHEN prior.completed THEN 'already_completed'
+                WHEN prior.running THEN 'already_running'
+                WHEN prior.attempts >= 2 THEN 'attempts_exhausted'
+                ELSE 'slot_taken' END,
+           admitted.job_id, admitted.attempt, admitted.lease_expires_at
+    FROM prior LEFT JOIN admitted ON true;
+END
+$$;
+CREATE FUNCTION bench.sketch_complete(
+    p_job_id bigint, p_attempt int, p_summary text, p_finish_reason text,
+    p_tool_call_count int, p_response_id text DEFAULT NULL, p_now timestamptz DEFAULT NULL,
+    p_stats jsonb DEFAULT NULL, p_conversation_id text DEFAULT NULL)
+RETURNS TABLE (ok boolean, reason text, summary_id bigint)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH problem AS (
+        SELECT CASE WHEN p_finish_reason IS DISTINCT FROM 'stop' THEN 'not_stopped'
+                    WHEN p_tool_call_count IS DISTINCT FROM 0 THEN 'tool_calls'
+                    ELSE compaction.summary_problem(p_summary) END AS reason),
+    finished AS (
+        UPDATE bench.sketch_attempts AS a
+        SET state = CASE WHEN problem.reason IS NULL THEN 'completed' ELSE 'failed' END,
+            reason = coalesce(problem.reason, 'completed'), finished_at = now(),
+            finish_reason = p_finish_reason, tool_call_count = p_tool_call_count,
+            response_id = p_response_id,
+            summary = CASE WHEN problem.reason IS NULL THEN p_summary END,
+            summary_chars = length(p_summary),
+            finish_event_id = nextval('compaction.audit_events_event_id_seq'),
+            finish_recorded_at = clock_timestamp(), finish_xact_id = pg_current_xact_id()
+        FROM problem
+        WHERE a.job_id = p_job_id AND a.attempt = p_attempt
+          AND (p_conversation_id IS NULL OR a.conversation_id = p_conversation_id)
+          AND a.state = 'running' AND a.lease_expires_at > now()
+          AND a.claimed_by = session_user AND p_now IS NULL AND p_stats IS NULL
+        RETURNING a.reason, a.job_id)
+    SELECT coalesce(finished.reason = 'completed', false), coalesce(finished.reason, 'lease_lost'),
+           CASE WHEN finished.reason = 'completed' THEN finished.job_id END
+    FROM problem LEFT JOIN finished ON true;
+END
+$$;
+"""
+_SKETCH_CLAIM = (
+    "SELECT claimed, reason, job_id, attempt FROM bench.sketch_claim("
+    "p_conversation_id => %(c)s::text, p_scope => 'default'::text, p_from_pair => %(f)s::int,"
+    " p_source_message_ids => %(ids)s::text[], p_source_hash => %(h)s::text,"
+    " p_model => %(model)s::text, p_prompt_version => %(prompt_version)s::text,"
+    " p_worker => %(w)s::text)"
+)
+_SKETCH_COMPLETE = (
+    "SELECT ok, reason FROM bench.sketch_complete(p_job_id => %(j)s::bigint,"
+    " p_attempt => %(a)s::int, p_summary => %(s)s::text, p_finish_reason => 'stop'::text,"
+    " p_tool_call_count => 0::int)"
+)
 # A slot drawn at random among max_running (1,000 here): the cheapest search there is;
 # a taken one is drawn again (ON CONFLICT on the running slots' index).
 _LEAN_CLAIM = """
@@ -256,6 +384,25 @@ def _lean_cycle(conn: Conn, item: Range, worker: str) -> None:
         raise RuntimeError("lean floor cycle: the attempt was not running")
 
 
+def _sketch_cycle(conn: Conn, item: Range, worker: str) -> None:
+    params = {"c": item.conversation_id, "f": item.from_pair, "h": item.source_hash,
+              "ids": item.source_message_ids, "model": MODEL,
+              "prompt_version": PROMPT_VERSION, "w": worker}
+    for _ in range(100):
+        row = conn.execute(_SKETCH_CLAIM, params).fetchone()
+        assert row is not None
+        claimed, reason, job_id, attempt = row
+        if claimed:
+            break
+        if reason != "slot_taken":
+            raise RuntimeError(f"lean engine sketch: claim refused ({reason})")
+    else:
+        raise RuntimeError("lean engine sketch: no free slot in 100 draws")
+    done = conn.execute(_SKETCH_COMPLETE, {"j": job_id, "a": attempt, "s": SUMMARY}).fetchone()
+    if done is None or not done[0]:
+        raise RuntimeError(f"lean engine sketch: complete refused ({done})")
+
+
 def baseline_cycle(conn: Conn, key: str, worker: str) -> None:
     conn.execute(_BASELINE_START, {"key": key, "worker": worker})
     cur = conn.execute(_BASELINE_FINISH, {"key": key, "summary": SUMMARY})
@@ -341,16 +488,18 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
         conn.execute(BASELINE_DDL)
         conn.execute(_FLOOR_DDL)
         conn.execute(_LEAN_DDL)
-    # Each K takes per_k ranges for pycompactor, per_k for the floor and per_k for the
-    # lean floor.
-    targets = prepare_ranges(dsn, sizes, 3 * per_k * len(ks) + n_breakdown)
+        conn.execute(_SKETCH_DDL)
+    # Each K takes per_k ranges for pycompactor, per_k for the floor, per_k for the lean
+    # floor and per_k for the lean engine sketch.
+    targets = prepare_ranges(dsn, sizes, 4 * per_k * len(ks) + n_breakdown)
 
     results: list[dict[str, Any]] = []
     keys = iter(range(10**9))
     for index, k in enumerate(ks):
-        mine = targets[3 * index * per_k:(3 * index + 1) * per_k]
-        floors = targets[(3 * index + 1) * per_k:(3 * index + 2) * per_k]
-        leans = targets[(3 * index + 2) * per_k:(3 * index + 3) * per_k]
+        mine = targets[4 * index * per_k:(4 * index + 1) * per_k]
+        floors = targets[(4 * index + 1) * per_k:(4 * index + 2) * per_k]
+        leans = targets[(4 * index + 2) * per_k:(4 * index + 3) * per_k]
+        sketches = targets[(4 * index + 3) * per_k:(4 * index + 4) * per_k]
         connections = [psycopg.connect(dsn, autocommit=True, application_name="bench-claims")
                        for _ in range(k)]
         try:
@@ -361,10 +510,12 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                           baseline_cycle)
             _run_parallel(connections, _split(floors[:sizes.claim_warmup], k), _floor_cycle)
             _run_parallel(connections, _split(leans[:sizes.claim_warmup], k), _lean_cycle)
+            _run_parallel(connections, _split(sketches[:sizes.claim_warmup], k), _sketch_cycle)
             ours: list[float] = []
             plain: list[float] = []
             floor: list[float] = []
             lean: list[float] = []
+            sketch: list[float] = []
             multixacts = 0
             for rep in range(REPETITIONS):
                 start = sizes.claim_warmup + rep * sizes.claim_cycles
@@ -376,6 +527,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
                      baseline_cycle),
                     (floor, floors[start:start + sizes.claim_cycles], _floor_cycle),
                     (lean, leans[start:start + sizes.claim_cycles], _lean_cycle),
+                    (sketch, sketches[start:start + sizes.claim_cycles], _sketch_cycle),
                 ]
                 for sink, items, cycle in rotated(sides, rep):
                     mine_now = sink is ours
@@ -402,6 +554,9 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
             "lean_floor_cycles_per_s": lean,
             "lean_floor_median": median(lean),
             "lean_floor_ratio": ratio(median(lean), median(plain)),
+            "sketch_cycles_per_s": sketch,
+            "sketch_median": median(sketch),
+            "sketch_ratio": ratio(median(sketch), median(plain)),
             "multixacts_per_1000_cycles": round(
                 multixacts * 1000 / (REPETITIONS * sizes.claim_cycles)),
         })

@@ -37,10 +37,12 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     for run in data["claim_cycle"]["runs"]:
         assert {"pycompactor_median", "baseline_median", "ratio", "floor_median",
                 "floor_ratio", "ratio_to_floor", "lean_floor_median",
-                "lean_floor_ratio"} <= set(run)
+                "lean_floor_ratio", "sketch_median", "sketch_ratio"} <= set(run)
         assert len(run["floor_cycles_per_s"]) == 3
         assert len(run["lean_floor_cycles_per_s"]) == 3
         assert run["lean_floor_median"] > 0
+        assert len(run["sketch_cycles_per_s"]) == 3
+        assert run["sketch_median"] > 0
         # Revision 0046: no claim locks a row another claim locks too (the prompt
         # version's row did, and each overlap spent a MultiXact id).
         assert run["multixacts_per_1000_cycles"] == 0
