@@ -8,7 +8,8 @@ first sets `lock_timeout` and `statement_timeout` transaction-locally
 one lock_timeout, never a hang, and no session state is left behind, so all of this
 works through PgBouncer in transaction pooling mode. Each such call costs one network
 round trip: the settings and the call travel in one pipeline that ends with a single
-Sync, which (with no BEGIN) delimits the call's transaction (see `_call`).
+Sync, which (with no BEGIN) delimits the call's transaction, or, for the calls whose
+arguments are ids, numbers and codes only, in one simple-protocol query (see `_call`).
 """
 
 from __future__ import annotations
@@ -97,12 +98,33 @@ class _Call(Generic[Row]):
     """What `_call` yields: `execute` sends one engine call with its timeouts, in one
     round trip; the fetch methods then read the call's rows (already received)."""
 
-    def __init__(self, conn: Connection, cursor: psycopg.Cursor[Row]) -> None:
+    def __init__(self, conn: Connection, cursor: psycopg.Cursor[Row], inline: bool) -> None:
         self._conn = conn
         self._cursor = cursor
+        self._inline = inline
 
     def execute(self, query: LiteralString | sql.Composed, params: Mapping[str, Any]) -> None:
         timeouts = timeouts_of(self._conn)
+        setup = READ_ONLY_TIMEOUTS_SQL if self._conn.read_only else TIMEOUTS_SQL
+        limits = {"lock_ms": _ms(timeouts.lock), "statement_ms": _ms(timeouts.statement)}
+        if self._inline and self._conn.info.pipeline_status == _PIPELINE_OFF:
+            # One simple-protocol query holding both statements, its values rendered by
+            # psycopg's own quoting: the server runs them as one implicit transaction
+            # (inside the caller's, if one is open), and it arms each statement's timeout
+            # when that statement starts, so the call runs under the settings the first
+            # statement made. psycopg's pipeline costs the client about 150 us of CPU a
+            # call more than this (docs/benchmarks.md, "The driver's call as one query"),
+            # which at eight connections on two cores is a quarter of a claim cycle's
+            # speed. A caller's own pipeline cannot carry a simple query: the pipeline
+            # form below serves it.
+            text = psycopg.ClientCursor(self._conn).mogrify(
+                sql.SQL("; ").join([sql.SQL(setup), _composable(query)]),
+                {**limits, **params})
+            # psycopg rendered the text from the two literal statements above and their
+            # values; with no parameters it sends it as one simple query, never prepared.
+            self._cursor.execute(text, prepare=False)
+            self._cursor.nextset()
+            return
         # Pipeline mode: the set_config statement, then the call, then one Sync. The
         # server runs them in order (lock_timeout is in force before the call takes a
         # lock; a statement's timeout starts with that statement), and the Sync ends the
@@ -111,10 +133,8 @@ class _Call(Generic[Row]):
         commits_at_sync = (self._conn.autocommit
                            and self._conn.info.transaction_status == _IDLE
                            and self._conn.info.pipeline_status == _PIPELINE_OFF)
-        with self._conn.pipeline() as pipeline, self._conn.cursor() as setup:
-            setup.execute(READ_ONLY_TIMEOUTS_SQL if self._conn.read_only else TIMEOUTS_SQL,
-                          {"lock_ms": _ms(timeouts.lock),
-                           "statement_ms": _ms(timeouts.statement)})
+        with self._conn.pipeline() as pipeline, self._conn.cursor() as setup_cursor:
+            setup_cursor.execute(setup, limits)
             self._cursor.execute(query, params)
             if commits_at_sync:
                 _expect_an_error_at_the_sync(pipeline)
@@ -128,6 +148,10 @@ class _Call(Generic[Row]):
     @property
     def description(self) -> list[psycopg.Column] | None:
         return self._cursor.description
+
+
+def _composable(query: LiteralString | sql.Composed) -> sql.Composable:
+    return query if isinstance(query, sql.Composable) else sql.SQL(query)
 
 
 _IDLE: Final = psycopg.pq.TransactionStatus.IDLE
@@ -164,9 +188,16 @@ def _expect_an_error_at_the_sync(pipeline: psycopg.Pipeline) -> None:
 
 
 @contextmanager
-def _call(conn: Connection, row_factory: RowFactory[Row]) -> Iterator[_Call[Row]]:
+def _call(conn: Connection, row_factory: RowFactory[Row], *,
+          inline: bool = False) -> Iterator[_Call[Row]]:
     """A cursor-like object whose one `execute` runs in a transaction with its lock and
     statement timeouts set LOCAL, in one network round trip.
+
+    `inline` sends the settings and the call as one simple-protocol query, the values
+    written into its text: for the worker's frequent calls, whose values are ids,
+    numbers and codes. Any other call binds its values server-side (the pipeline form):
+    the server logs the text of a statement that fails (log_min_error_statement), and a
+    summary or a reply must never reach a log that erase_conversation cannot reach.
 
     On an autocommit connection (ours) the call gets its own transaction: the statements
     go in one pipeline without BEGIN, and the Sync that closes it commits them (or rolls
@@ -176,21 +207,21 @@ def _call(conn: Connection, row_factory: RowFactory[Row]) -> Iterator[_Call[Row]
     commits, and the settings last until it ends (still never beyond it).
     """
     with wrap_exceptions(), conn.cursor(row_factory=row_factory) as cur:
-        yield _Call(conn, cur)
+        yield _Call(conn, cur, inline)
 
 
 def _rows(conn: Connection, row_factory: RowFactory[Row], query: LiteralString,
-          params: Mapping[str, Any]) -> list[Row]:
+          params: Mapping[str, Any], *, inline: bool = False) -> list[Row]:
     """Every row of one engine call (one transaction, one round trip, timeouts set)."""
-    with _call(conn, row_factory) as cur:
+    with _call(conn, row_factory, inline=inline) as cur:
         cur.execute(query, params)
         return cur.fetchall()
 
 
 def _row(conn: Connection, row_factory: RowFactory[Row], query: LiteralString,
-         params: Mapping[str, Any]) -> Row:
+         params: Mapping[str, Any], *, inline: bool = False) -> Row:
     """The one row an engine function always returns."""
-    with _call(conn, row_factory) as cur:
+    with _call(conn, row_factory, inline=inline) as cur:
         cur.execute(query, params)
         row = cur.fetchone()
     assert row is not None, query
@@ -320,6 +351,7 @@ def plan_targets(conn: Connection, conversation_id: str) -> list[Target]:
         "SELECT from_pair, to_pair, source_message_ids, source_hash"
         " FROM compaction.plan_targets(%(conversation_id)s::text)",
         {"conversation_id": conversation_id},
+        inline=True,
     )
 
 
@@ -379,6 +411,7 @@ def worker_targets(conn: Connection, conversation_id: str, scope: str, model: st
         " %(model)s::text, %(prompt_version)s::text)",
         {"conversation_id": conversation_id, "scope": scope, "model": model,
          "prompt_version": prompt_version},
+        inline=True,
     )
 
 
@@ -395,6 +428,7 @@ def range_replies(conn: Connection, conversation_id: str, from_pair: int,
         " %(source_hash)s::text)",
         {"conversation_id": conversation_id, "from_pair": from_pair,
          "source_hash": source_hash},
+        inline=True,
     )
 
 
@@ -440,6 +474,7 @@ def claim(conn: Connection, conversation_id: str, scope: str, from_pair: int,
          "source_message_ids": list(source_message_ids), "source_hash": source_hash,
          "model": model, "prompt_version": prompt_version, "worker": worker,
          "lease": lease, "now": now},
+        inline=True,
     )
 
 
@@ -475,6 +510,7 @@ def claim_targets(conn: Connection, conversation_id: str, scope: str,
          "source_hashes": [r[2] for r in ranges],
          "model": model, "prompt_version": prompt_version, "worker": worker,
          "lease": lease, "now": now},
+        inline=True,
     )
 
 
@@ -499,6 +535,7 @@ def claim_next_targets(conn: Connection, conversation_id: str, scope: str, limit
         " p_lease => %(lease)s::interval, p_now => %(now)s::timestamptz)",
         {"conversation_id": conversation_id, "scope": scope, "limit": limit, "model": model,
          "prompt_version": prompt_version, "worker": worker, "lease": lease, "now": now},
+        inline=True,
     )
 
 
@@ -556,6 +593,7 @@ def heartbeat(conn: Connection, job_id: int, attempt: int, *,
         " p_conversation_id => %(conversation_id)s::text)",
         {"job_id": job_id, "attempt": attempt, "lease": lease, "now": now,
          "conversation_id": conversation_id},
+        inline=True,
     )
 
 
@@ -636,7 +674,7 @@ def check_worker_access(conn: Connection) -> None:
 def reap(conn: Connection, *, now: datetime | None = None) -> int:
     """Fail (lease_expired) every running attempt whose lease ran out; returns how many."""
     return int(_row(conn, tuple_row, "SELECT compaction.reap(p_now => %(now)s::timestamptz)",
-                    {"now": now})[0])
+                    {"now": now}, inline=True)[0])
 
 
 _ENQUEUE_SQL: Final = ("SELECT compaction.enqueue(p_conversation_id => %(conversation_id)s::text,"
@@ -645,7 +683,8 @@ _ENQUEUE_SQL: Final = ("SELECT compaction.enqueue(p_conversation_id => %(convers
 
 def enqueue(conn: Connection, conversation_id: str, scope: str = "default") -> None:
     """Mark a conversation as having new history (hosts that re-point the source views)."""
-    _row(conn, tuple_row, _ENQUEUE_SQL, {"conversation_id": conversation_id, "scope": scope})
+    _row(conn, tuple_row, _ENQUEUE_SQL, {"conversation_id": conversation_id, "scope": scope},
+         inline=True)
 
 
 #: Shortest and longest lease claim, heartbeat and dequeue grant (else CP023 / CP020).
@@ -668,6 +707,7 @@ def dequeue(conn: Connection, limit: int = 100, *, scope: str = "default",
         " FROM compaction.dequeue(p_scope => %(scope)s::text, p_limit => %(limit)s::int,"
         " p_lease => %(lease)s::interval)",
         {"scope": scope, "limit": limit, "lease": lease},
+        inline=True,
     )
 
 
@@ -680,6 +720,7 @@ def ack(conn: Connection, entry: QueuedConversation) -> AckResult:
         "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
         " p_lease_token => %(lease_token)s::uuid)",
         _lease_params(entry),
+        inline=True,
     )
 
 
@@ -691,6 +732,7 @@ def release(conn: Connection, entry: QueuedConversation) -> AckResult:
         "p_conversation_id => %(conversation_id)s::text, p_scope => %(scope)s::text,"
         " p_lease_token => %(lease_token)s::uuid)",
         _lease_params(entry),
+        inline=True,
     )
 
 

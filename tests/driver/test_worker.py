@@ -7,6 +7,7 @@ source moving between plan, claim and read, heartbeats, scopes, sweep, admission
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from collections import Counter
@@ -166,11 +167,22 @@ _STATEMENTS: list[tuple[str, Any]] = []
 
 
 class RecordingCursor(psycopg.Cursor[Any]):
-    """Records every statement the worker sends (its text and parameters)."""
+    """Records every statement the worker sends (its text and parameters: a bound call's
+    are separate, an inline call's are in its text)."""
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         _STATEMENTS.append((str(query), params))
         return super().execute(query, params, **kwargs)
+
+
+def _inline(query: str) -> bool:
+    """An engine call sent as one query: its transaction-local timeouts come first."""
+    return query.startswith("SELECT pg_catalog.set_config('lock_timeout', '")
+
+
+def _named_args(query: str) -> dict[str, str]:
+    """The named arguments of an inline call, as the literals its text holds."""
+    return dict(re.findall(r"p_(\w+) => ('(?:[^']|'')*'(?:::\w+(?:\[\])?)*|[^,)]+)", query))
 
 
 def test_one_pass_touches_only_the_conversation_with_new_history(
@@ -212,8 +224,10 @@ def test_one_pass_touches_only_the_conversation_with_new_history(
     # dequeue interleave either way: compare the statements as a multiset.
     calls = Counter(_function_of(query) for query, _ in _STATEMENTS
                     if query != db.TIMEOUTS_SQL)
-    # Each engine call runs in its own transaction, after its transaction-local timeouts.
-    assert sum(query == db.TIMEOUTS_SQL for query, _ in _STATEMENTS) == calls.total()
+    # Each engine call runs in its own transaction, after its transaction-local timeouts:
+    # the statement before it, or the first of its own query.
+    assert sum(query == db.TIMEOUTS_SQL or _inline(query)
+               for query, _ in _STATEMENTS) == calls.total()
     assert calls == Counter({
         "start-up check": 1,            # schema revision and grants, before `started`
         "compaction.reap": 1,
@@ -226,7 +240,10 @@ def test_one_pass_touches_only_the_conversation_with_new_history(
     }), _STATEMENTS
     conversations = {v for _, params in _STATEMENTS if isinstance(params, dict)
                      for k, v in params.items() if k == "conversation_id"}
-    assert conversations == {"conv-hot"}
+    conversations |= {_named_args(query).get("conversation_id") for query, _ in _STATEMENTS
+                      if _inline(query) and "p_conversation_id" in query}
+    assert conversations == {"conv-hot", "'conv-hot'::text"}
+    assert not any("idle-" in query for query, _ in _STATEMENTS)
 
 
 def _function_of(query: str) -> str:
@@ -494,15 +511,15 @@ def test_targets_are_claimed_in_one_call_for_the_free_model_calls(
         thread.start()
         try:
             wait_for(lambda: len(attempts(conn)) == 4, what="four claims")
-            first = [params for query, params in list(_STATEMENTS)
+            first = [_named_args(query) for query, _ in list(_STATEMENTS)
                      if "compaction.claim_next_targets" in query
                      or "compaction.claim_targets" in query]
         finally:
             gate.set()
             thread.join(60)
-    assert first == [{"conversation_id": "conv-8", "scope": "default", "limit": 4,
-                      "model": ANY, "prompt_version": ANY, "worker": ANY, "lease": ANY,
-                      "now": None}]
+    assert first == [{"conversation_id": "'conv-8'::text", "scope": "'default'::text",
+                      "limit": "4::int", "model": ANY, "prompt_version": ANY, "worker": ANY,
+                      "lease": ANY, "now": "NULL::timestamptz"}]
     assert [row[0] for row in conn.execute(
         "SELECT j.from_pair FROM compaction.jobs AS j ORDER BY j.job_id LIMIT 4")] == [
         0, 10, 20, 30]
@@ -511,9 +528,10 @@ def test_targets_are_claimed_in_one_call_for_the_free_model_calls(
         "SELECT started_at FROM compaction.attempts WHERE attempt = 1"
         " ORDER BY job_id LIMIT 4")}) == 1
     assert result[0].outcomes == {"completed": 8}
-    batches = [params["from_pairs"] for query, params in _STATEMENTS
-               if "compaction.claim_targets" in query and isinstance(params, dict)]
-    assert sorted(p for batch in batches for p in batch) == list(range(40, 80, 10))
+    batches = [_named_args(query)["from_pairs"] for query, _ in _STATEMENTS
+               if "compaction.claim_targets" in query]
+    assert sorted(int(p) for batch in batches
+                  for p in batch.split("'")[1].strip("{}").split(",")) == list(range(40, 80, 10))
 
 
 def test_database_error_mid_pass_loses_no_queued_conversation(

@@ -18,7 +18,7 @@ conn = db.connect(sys.argv[1])
 with db.connect(sys.argv[1]) as other:
     other.execute("SELECT pg_terminate_backend(%s, 10000)", (conn.info.backend_pid,))
 try:
-    db.plan_targets(conn, "c")
+    db.eligible_pairs(conn, "c")  # a bound call: its statements go in a pipeline
 except PycompactorError as exc:
     print(type(exc).__name__)
 """

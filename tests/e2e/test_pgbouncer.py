@@ -47,9 +47,13 @@ def _interleaved_calls(conn: Conn, other: Conn, conversation_id: str) -> None:
     """Repeat one call on `conn` while `other` keeps taking the server connection that
     `conn` used last (the pooler hands out the most recent one first)."""
     for _ in range(12):
+        # A bound call (its values sent apart from the statement, which psycopg would
+        # prepare) and an inline one (one simple query, never prepared).
+        db.eligible_pairs(conn, conversation_id)
         db.plan_targets(conn, conversation_id)
         with other.transaction():
             other.execute("SELECT 1")
+            db.eligible_pairs(conn, conversation_id)
             db.plan_targets(conn, conversation_id)
 
 

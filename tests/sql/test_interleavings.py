@@ -235,7 +235,12 @@ def test_claim_complete_is_a_bounded_number_of_statements(conn: Conn, tx: Conn,
     assert c.job_id is not None
     assert db.complete(tx, c.job_id, 1, GOOD, "stop", 0, now=T0).ok
     tx.commit()
-    # Each call is preceded by its transaction-local lock and statement timeouts.
-    assert statements == [db.TIMEOUTS_SQL, statements[1], db.TIMEOUTS_SQL, statements[3]]
-    assert "compaction.claim(" in statements[1]
-    assert "compaction.complete(" in statements[3]
+    # Each call is preceded by its transaction-local lock and statement timeouts: the
+    # claim's in its own query (inline: its values are ids and codes), the completion's
+    # in the statement before it (bound: its summary never enters a statement's text).
+    assert statements == [statements[0], db.TIMEOUTS_SQL, statements[2]]
+    assert statements[0].startswith("SELECT pg_catalog.set_config('lock_timeout', '")
+    assert "; SELECT claimed, reason, job_id" in statements[0]
+    assert "compaction.claim(" in statements[0]
+    assert "compaction.complete(" in statements[2]
+    assert GOOD not in statements[2]

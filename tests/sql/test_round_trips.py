@@ -1,10 +1,12 @@
-"""One network round trip per engine call (the driver's pipeline), read off the wire.
+"""One network round trip per engine call, read off the wire.
 
 libpq's protocol trace lists every message the client sends (F) and receives (B). A call
-costs one round trip when all of its messages leave before any answer comes back and a
-single Sync ends them: the server answers nothing before a Sync or a Flush, so the client
-cannot have waited in between. (psycopg follows the closing Sync with a Flush request;
-sent after the Sync, it adds no wait.)
+costs one round trip when all of its messages leave before any answer comes back. The
+driver has two forms (db._call). A bound call sends its statements in a pipeline that a
+single Sync ends: the server answers nothing before a Sync or a Flush, so the client
+cannot have waited in between (psycopg follows the closing Sync with a Flush request;
+sent after the Sync, it adds no wait). An inline call sends one simple-protocol Query
+holding both statements, its values written into the text.
 """
 
 from __future__ import annotations
@@ -44,60 +46,90 @@ def wire(conn: Conn, action: Callable[[], object]) -> list[tuple[str, str]]:
     return [(fields[0], fields[2]) for fields in (line.split("\t") for line in lines)]
 
 
-def assert_one_round_trip(messages: list[tuple[str, str]], statements: int = 2) -> None:
+def assert_one_round_trip(messages: list[tuple[str, str]], statements: int = 2,
+                          form: str = "bound") -> None:
     sent = [kind for direction, kind in messages if direction == "F"]
     first_answer = next(i for i, (direction, _) in enumerate(messages) if direction == "B")
     # The Flush psycopg sends after the Sync may be traced after the first answer arrived
     # (on a loaded machine): it asks for nothing the call waits on, so it is not a trip.
     assert all(direction == "B" or kind == "Flush"
                for direction, kind in messages[first_answer:]), messages
+    received = [kind for direction, kind in messages if direction == "B"]
+    assert received.count("ReadyForQuery") == 1
+    assert received[-1] == "ReadyForQuery"
+    if form == "inline":
+        # One simple query, its statements answered in turn, one implicit transaction.
+        assert sent == ["Query"], messages
+        assert received.count("CommandComplete") == statements, messages
+        return
+    assert form == "bound", form
     assert sent.count("Sync") == 1, messages
     before_sync = sent[: sent.index("Sync")]
     assert set(sent[len(before_sync) + 1 :]) <= {"Flush"}, messages
     assert "Flush" not in before_sync, messages
     assert "Query" not in sent, messages  # no simple-query BEGIN or COMMIT
     assert before_sync.count("Execute") == statements, messages
-    received = [kind for direction, kind in messages if direction == "B"]
-    assert received.count("ReadyForQuery") == 1
-    assert received[-1] == "ReadyForQuery"
 
 
 def test_every_worker_call_is_one_round_trip(conn: Conn, dsn: str) -> None:
+    """The worker's frequent calls, whose values are ids, numbers and codes, go inline;
+    every call that carries a summary or a reason, and the rest, bind their values (the
+    server logs a failing statement's text, never its bound values by default)."""
     History(conn).pairs("c", 30)
     with db.connect(dsn) as worker:
         [target] = db.plan_targets(worker, "c")
-        calls: dict[str, Callable[[], object]] = {
-            "plan_targets": lambda: db.plan_targets(worker, "c"),
-            "eligible_pairs": lambda: db.eligible_pairs(worker, "c"),
-            "worker_targets": lambda: db.worker_targets(worker, "c", "default", "m",
-                                                        PROMPT_VERSION),
-            "range_replies": lambda: db.range_replies(worker, "c", 0, target.source_hash),
-            "reap": lambda: db.reap(worker),
-            "enqueue": lambda: db.enqueue(worker, "c"),
-            "dequeue": lambda: db.dequeue(worker, 10),
-            "conversations_after": lambda: db.conversations_after(worker, "", 10),
+        calls: dict[str, tuple[str, Callable[[], object]]] = {
+            "plan_targets": ("inline", lambda: db.plan_targets(worker, "c")),
+            "eligible_pairs": ("bound", lambda: db.eligible_pairs(worker, "c")),
+            "worker_targets": ("inline", lambda: db.worker_targets(
+                worker, "c", "default", "m", PROMPT_VERSION)),
+            "range_replies": ("inline", lambda: db.range_replies(
+                worker, "c", 0, target.source_hash)),
+            "reap": ("inline", lambda: db.reap(worker)),
+            "enqueue": ("inline", lambda: db.enqueue(worker, "c")),
+            "dequeue": ("inline", lambda: db.dequeue(worker, 10)),
+            "conversations_after": ("bound", lambda: db.conversations_after(worker, "", 10)),
         }
-        for name, call in calls.items():
-            assert_one_round_trip(wire(worker, call))
+        for name, (form, call) in calls.items():
+            assert_one_round_trip(wire(worker, call), form=form)
             assert worker.info.transaction_status == pq.TransactionStatus.IDLE, name
 
         results: list[Any] = []
         messages = wire(worker, lambda: results.append(db.claim(
             worker, "c", "default", 0, target.source_message_ids, target.source_hash, "m",
             PROMPT_VERSION, "w")))
-        assert_one_round_trip(messages)
+        assert_one_round_trip(messages, form="inline")
         [claimed] = results
         assert claimed.claimed, claimed
         token = (claimed.job_id, claimed.attempt)
-        assert_one_round_trip(wire(worker, lambda: db.heartbeat(worker, *token)))
+        assert_one_round_trip(wire(worker, lambda: db.heartbeat(worker, *token)),
+                              form="inline")
         assert_one_round_trip(wire(worker, lambda: db.complete(
-            worker, *token, "A summary.", "stop", 0)))
-        assert_one_round_trip(wire(worker, lambda: db.fail(worker, *token, "late")))
+            worker, *token, "A summary.", "stop", 0)), form="bound")
+        assert_one_round_trip(wire(worker, lambda: db.fail(worker, *token, "late")),
+                              form="bound")
         # Committed: another session sees the summary.
         assert conn.execute("SELECT count(*) FROM compaction.summaries").fetchone() == (1,)
         # Nothing of the call's settings outlives it.
         assert worker.execute("SHOW lock_timeout").fetchone() == ("0",)
         assert worker.execute("SHOW statement_timeout").fetchone() == ("0",)
+
+
+def test_an_inline_call_inside_the_callers_pipeline_is_sent_bound(conn: Conn, dsn: str) -> None:
+    """A pipeline cannot carry a simple query: inside the caller's pipeline an inline call
+    takes the bound form, joins the pipeline's implicit transaction, and the pipeline goes
+    on."""
+    History(conn).pairs("c", 30)
+    with db.connect(dsn) as worker:
+        [target] = db.plan_targets(worker, "c")
+        with worker.pipeline():
+            claimed = db.claim(worker, "c", "default", 0, target.source_message_ids,
+                               target.source_hash, "m", PROMPT_VERSION, "w")
+            assert claimed.claimed, claimed
+            assert [t.from_pair for t in db.plan_targets(worker, "c")] == [0]
+        assert worker.info.transaction_status == pq.TransactionStatus.IDLE
+        assert worker.execute("SHOW lock_timeout").fetchone() == ("0",)
+    assert conn.execute("SELECT count(*) FROM compaction.attempts").fetchone() == (1,)
 
 
 def test_a_failed_call_leaves_the_connection_idle_and_clean(conn: Conn, dsn: str) -> None:
@@ -115,43 +147,57 @@ def test_a_failed_call_leaves_the_connection_idle_and_clean(conn: Conn, dsn: str
         assert db.claim(worker, *claim_args).claimed
 
 
-def test_the_calls_own_statement_timeout_governs_it_inside_the_pipeline(dsn: str) -> None:
-    """Sent in the same pipeline as the call, the set_config still decides the call's
-    statement_timeout (each statement's timer starts with that statement), whatever the
-    session's own setting, which it leaves as it was."""
+@pytest.mark.parametrize("inline", [False, True], ids=["bound", "inline"])
+def test_the_calls_own_statement_timeout_governs_it_in_the_same_round_trip(
+        dsn: str, inline: bool) -> None:
+    """Sent in the same pipeline as the call, or in the same simple query, the set_config
+    still decides the call's statement_timeout (each statement's timer starts with that
+    statement), whatever the session's own setting, which it leaves as it was."""
     sleep: LiteralString = "SELECT pg_sleep(0.6)"
     generous = db.Timeouts(statement=timedelta(seconds=30))
     with db.connect(dsn, timeouts=generous) as c:
         c.execute("SET statement_timeout = '300ms'")
-        with db._call(c, tuple_row) as cur:
+        with db._call(c, tuple_row, inline=inline) as cur:
             cur.execute(sleep, {})
             assert cur.fetchone() == ("",)
         assert c.execute("SHOW statement_timeout").fetchone() == ("300ms",)
     strict = db.Timeouts(statement=timedelta(milliseconds=200))
     with db.connect(dsn, timeouts=strict) as c:
         c.execute("SET statement_timeout = '30s'")
-        with pytest.raises(StatementCanceled), db._call(c, tuple_row) as cur:
+        with pytest.raises(StatementCanceled), db._call(c, tuple_row, inline=inline) as cur:
             cur.execute(sleep, {})
         assert c.info.transaction_status == pq.TransactionStatus.IDLE
         assert c.execute("SHOW statement_timeout").fetchone() == ("30s",)
 
 
 def test_a_read_only_connection_makes_each_call_read_only(conn: Conn, dsn: str) -> None:
-    """`connect(read_only=True)`: with no BEGIN in the pipeline, the call's transaction is
+    """`connect(read_only=True)`: with no BEGIN, in either form, the call's transaction is
     made READ ONLY by its first statement; reads work, a write is refused and rolled back,
     and nothing is left on the session."""
     History(conn).pairs("c", 30)
+    [target] = db.plan_targets(conn, "c")
+    claimed = db.claim(conn, "c", "default", 0, target.source_message_ids,
+                       target.source_hash, "m", PROMPT_VERSION, "w")
+    assert claimed.job_id is not None
+    assert claimed.attempt is not None
     with db.connect(dsn, read_only=True) as reader:
         assert [t.from_pair for t in db.plan_targets(reader, "c")] == [0]
-        assert_one_round_trip(wire(reader, lambda: db.plan_targets(reader, "c")))
+        assert_one_round_trip(wire(reader, lambda: db.plan_targets(reader, "c")),
+                              form="inline")
+        assert_one_round_trip(wire(reader, lambda: db.eligible_pairs(reader, "c")))
         with pytest.raises(PycompactorError, match="read-only transaction"):
-            db.enqueue(reader, "c")
+            db.enqueue(reader, "c")  # inline
+        with pytest.raises(PycompactorError, match="read-only transaction"):
+            db.fail(reader, claimed.job_id, claimed.attempt, "late")  # bound
         assert reader.info.transaction_status == pq.TransactionStatus.IDLE
         assert reader.execute("SHOW transaction_read_only").fetchone() == ("off",)
+    assert [(a, s) for a, s in conn.execute(
+        "SELECT attempt, state FROM compaction.attempts")] == [(1, "running")]
 
 
+@pytest.mark.parametrize("inline", [False, True], ids=["bound", "inline"])
 def test_a_commit_refused_at_the_sync_raises_its_sqlstate_and_the_connection_goes_on(
-        conn: Conn, dsn: str) -> None:
+        conn: Conn, dsn: str, inline: bool) -> None:
     """A transaction can fail at its commit after every statement in it succeeded (a
     serialization failure under SERIALIZABLE, a deferred constraint): the server answers
     the Sync with the error. The call raises that error, by its SQLSTATE, and the same
@@ -161,12 +207,12 @@ def test_a_commit_refused_at_the_sync_raises_its_sqlstate_and_the_connection_goe
     conn.execute("GRANT INSERT, SELECT ON public.deferred_check TO PUBLIC")
     with db.connect(dsn) as c:
         with pytest.raises(PycompactorError, match="23505") as refused, \
-                db._call(c, tuple_row) as cur:
+                db._call(c, tuple_row, inline=inline) as cur:
             cur.execute("INSERT INTO public.deferred_check VALUES (1), (1)", {})
         assert isinstance(refused.value.__cause__, psycopg.errors.UniqueViolation)
         assert c.info.transaction_status == pq.TransactionStatus.IDLE
         assert c.pgconn.pipeline_status == pq.PipelineStatus.OFF
-        with db._call(c, tuple_row) as cur:
+        with db._call(c, tuple_row, inline=inline) as cur:
             cur.execute("INSERT INTO public.deferred_check VALUES (2) RETURNING k", {})
             assert cur.fetchone() == (2,)
         assert c.execute("SHOW lock_timeout").fetchone() == ("0",)
