@@ -119,7 +119,7 @@ class _Call(Generic[Row]):
             # simple query: the pipeline form below serves it.
             text = psycopg.ClientCursor(self._conn).mogrify(
                 sql.SQL("; ").join([sql.SQL(setup), _composable(query)]),
-                {**limits, **params})
+                {**params, **limits})
             # psycopg rendered the text from the two literal statements above and their
             # values; with no parameters it sends it as one simple query, never prepared.
             self._cursor.execute(text, prepare=False)
