@@ -355,11 +355,15 @@ def pycompactor_cycle(conn: Conn, item: Range, worker: str) -> None:
         raise RuntimeError(f"complete refused: {done.reason}")
 
 
+def _claim_params(item: Range, worker: str) -> dict[str, Any]:
+    """The parameters of the floors' and the sketch's claim statements."""
+    return {"c": item.conversation_id, "f": item.from_pair, "h": item.source_hash,
+            "ids": item.source_message_ids, "model": MODEL,
+            "prompt_version": PROMPT_VERSION, "w": worker}
+
+
 def _floor_cycle(conn: Conn, item: Range, worker: str) -> None:
-    job = conn.execute(_FLOOR_CLAIM, {"c": item.conversation_id, "f": item.from_pair,
-                                      "h": item.source_hash, "ids": item.source_message_ids,
-                                      "model": MODEL, "prompt_version": PROMPT_VERSION,
-                                      "w": worker}).fetchone()
+    job = conn.execute(_FLOOR_CLAIM, _claim_params(item, worker)).fetchone()
     if job is None:
         raise RuntimeError("floor cycle: the prepared range is not current")
     done = conn.execute(_FLOOR_COMPLETE, {"c": item.conversation_id, "j": job[0],
@@ -369,9 +373,7 @@ def _floor_cycle(conn: Conn, item: Range, worker: str) -> None:
 
 
 def _lean_cycle(conn: Conn, item: Range, worker: str) -> None:
-    params = {"c": item.conversation_id, "f": item.from_pair, "h": item.source_hash,
-              "ids": item.source_message_ids, "model": MODEL,
-              "prompt_version": PROMPT_VERSION, "w": worker}
+    params = _claim_params(item, worker)
     for _ in range(100):
         job = conn.execute(_LEAN_CLAIM, {**params, "slot": _SLOTS.randint(1, 1000)}).fetchone()
         if job is not None:
@@ -385,9 +387,7 @@ def _lean_cycle(conn: Conn, item: Range, worker: str) -> None:
 
 
 def _sketch_cycle(conn: Conn, item: Range, worker: str) -> None:
-    params = {"c": item.conversation_id, "f": item.from_pair, "h": item.source_hash,
-              "ids": item.source_message_ids, "model": MODEL,
-              "prompt_version": PROMPT_VERSION, "w": worker}
+    params = _claim_params(item, worker)
     for _ in range(100):
         row = conn.execute(_SKETCH_CLAIM, params).fetchone()
         assert row is not None
