@@ -5,7 +5,9 @@ collides with a host application's own public.alembic_version. All revisions run
 transaction, serialised by a transaction-scoped advisory lock.
 
 Programmatic use passes the DSN in config.attributes["dsn"]; the alembic command line
-takes `-x dsn=...` or PYCOMPACTOR_DSN.
+takes `-x dsn=...` or PYCOMPACTOR_DSN. Either way, a database stamped with a revision
+this package does not know (one from before the 0.1.0 baseline) is refused before any
+migration runs.
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import os
 from alembic import context
 
 from pycompactor import schema
+from pycompactor.errors import PycompactorError
 
 config = context.config
+# pycompactor's own callers (schema.upgrade, `pycompactor migrate`) pass the DSN here and
+# report errors themselves.
+programmatic = "dsn" in config.attributes
 dsn = (
     config.attributes.get("dsn")
     or context.get_x_argument(as_dictionary=True).get("dsn")
@@ -36,5 +42,14 @@ with engine.connect() as connection:
         transaction_per_migration=False,
     )
     with context.begin_transaction():
-        schema.prepare_migration(connection)
+        try:
+            schema.prepare_migration(
+                connection, from_scratch=bool(config.attributes.get("from_scratch")))
+            schema.refuse_unknown_revision(connection, context.script)
+        except PycompactorError as exc:
+            if programmatic:
+                raise
+            # alembic's command line prints a traceback for anything but its own errors;
+            # the refusal is one line that names the way out.
+            raise SystemExit(f"pycompactor: error: {exc}") from exc
         context.run_migrations()

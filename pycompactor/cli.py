@@ -48,7 +48,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     # Reached first as every other command reaches it, so a bad DSN or an unreachable
     # server reads the same here (alembic's own connection wraps the driver's errors).
     db.connect(dsn).close()
-    schema.upgrade(dsn, args.to, progress=lambda line: print(line, file=sys.stderr))
+    schema.upgrade(dsn, args.to, progress=lambda line: print(line, file=sys.stderr),
+                   from_scratch=args.from_scratch)
     print(f"compaction schema at revision {schema.current_revision(dsn)}")
     # A hint, after the migration succeeded: it never turns that into a failure.
     with contextlib.suppress(PycompactorError), db.connect(dsn, read_only=True) as conn:
@@ -322,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
             "  PYCOMPACTOR_DSN=postgresql:///agent pycompactor migrate")
     p.add_argument("--to", default="head", metavar="REVISION",
                    help="target revision (default: head)")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="first DROP schemas compaction and compaction_source with everything"
+                        " in them, the reference history included (a throwaway database, or"
+                        " one from before the 0.1.0 baseline; docs/operations.md)")
 
     p = add("plan", cmd_plan,
             "show the ranges the window policy makes targets now, and where each stands",

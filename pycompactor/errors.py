@@ -65,6 +65,17 @@ class NotUtf8Database(EngineError):
     sqlstate = "CP001"
 
 
+class PreBaselineRevision(EngineError):
+    """This database's compaction schema is at a revision from before the 0.1.0 baseline,
+    which no migration leads on from (CP040); on a throwaway database run `pycompactor
+    migrate --from-scratch`, else move the history into a new database (docs/operations.md,
+    "Databases from before the 0.1.0 baseline")."""
+
+    # Raised by the migration runner, not by the server: a code of the project's class
+    # all the same, so scripts can tell this refusal from a failed migration.
+    sqlstate = "CP040"
+
+
 class InvalidRange(EngineError):
     """from_pair must be a non-negative multiple of 10."""
 

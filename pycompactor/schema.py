@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,25 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.pool import NullPool
 
-from pycompactor.errors import NotUtf8Database, PycompactorError, from_driver, wrap_exceptions
+from pycompactor.errors import (
+    NotUtf8Database,
+    PreBaselineRevision,
+    PycompactorError,
+    from_driver,
+    wrap_exceptions,
+)
 
 #: Two-key advisory lock class of the project (see sql/00_schema.sql).
 LOCK_CLASS = 1129316352
 MIGRATION_LOCK_KEY = 1
 VERSION_TABLE = "alembic_version"
 VERSION_TABLE_SCHEMA = "compaction"
+#: The first revision of the released history: the whole schema of 0.1.0.
+BASELINE = "0_1_0_baseline"
+#: The unreleased development history squashed into the baseline (0001_foundation to
+#: 0047_settled_run_before_messages, and the 0048s of branches merged before the release).
+#: Revisions after the baseline are named by their release (0_1_1_name), never like these.
+PRE_BASELINE = re.compile(r"00[0-4][0-9]_\w+")
 
 
 def data_dir() -> Path:
@@ -61,18 +74,21 @@ def make_engine(dsn: str) -> sqlalchemy.Engine:
     )
 
 
-def alembic_config(dsn: str) -> Config:
+def alembic_config(dsn: str, *, from_scratch: bool = False) -> Config:
     config = Config()
     config.set_main_option("script_location", str(data_dir() / "migrations"))
     config.attributes["dsn"] = dsn
+    config.attributes["from_scratch"] = from_scratch
     return config
 
 
-def prepare_migration(connection: sqlalchemy.Connection) -> None:
-    """Run first inside the migration transaction: refuse non-UTF8, serialise migrators.
+def prepare_migration(connection: sqlalchemy.Connection, *, from_scratch: bool = False) -> None:
+    """Run first inside the migration transaction: refuse non-UTF8, serialise migrators,
+    and with `from_scratch` drop the engine's schemas so the migrations start from empty.
 
     The advisory lock is transaction-scoped, so concurrent `migrate` processes queue here
-    and the later ones find the version table already at head: a no-op.
+    and the later ones find the version table already at head: a no-op. Dropping in the
+    same transaction as the migrations means a failed run leaves the old schemas in place.
     """
     encoding = connection.exec_driver_sql("SHOW server_encoding").scalar_one()
     if encoding != "UTF8":
@@ -83,7 +99,43 @@ def prepare_migration(connection: sqlalchemy.Connection) -> None:
     connection.exec_driver_sql(
         f"SELECT pg_catalog.pg_advisory_xact_lock({LOCK_CLASS}, {MIGRATION_LOCK_KEY})"
     )
+    if from_scratch:
+        # CASCADE: whatever the host built on the engine goes too (its tracking triggers,
+        # a view over compaction.source_runs), and compaction_source's reference history.
+        connection.exec_driver_sql("DROP SCHEMA IF EXISTS compaction_source CASCADE")
+        connection.exec_driver_sql(f"DROP SCHEMA IF EXISTS {VERSION_TABLE_SCHEMA} CASCADE")
     connection.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {VERSION_TABLE_SCHEMA}")
+
+
+def refuse_unknown_revision(connection: sqlalchemy.Connection, script: ScriptDirectory) -> None:
+    """Refuse, before any migration runs, a database stamped with a revision this package
+    does not know: one from before the 0.1.0 baseline (PreBaselineRevision, CP040), or one
+    a newer pycompactor wrote. Alembic would otherwise fail deep in its revision map with
+    "Can't locate revision", naming no way out.
+    """
+    table = f"{VERSION_TABLE_SCHEMA}.{VERSION_TABLE}"
+    present = connection.exec_driver_sql(
+        f"SELECT pg_catalog.to_regclass('{table}') IS NOT NULL").scalar_one()
+    if not present:
+        return
+    stamped = [str(row[0]) for row in connection.exec_driver_sql(
+        f"SELECT version_num FROM {table} ORDER BY version_num")]
+    known = {revision.revision for revision in script.walk_revisions()}
+    for revision in stamped:
+        if revision in known:
+            continue
+        if PRE_BASELINE.fullmatch(revision):
+            raise PreBaselineRevision(
+                f"this database's compaction schema is at revision {revision}, from before"
+                f" the 0.1.0 baseline, and no migration leads on from it (CP040): on a"
+                f" throwaway database run `pycompactor migrate --from-scratch` (it drops"
+                f" schemas compaction and compaction_source, the reference history"
+                f" included), else move the history into a new database as docs/operations.md"
+                f" says (\"Databases from before the 0.1.0 baseline\")")
+        raise PycompactorError(
+            f"this database's compaction schema is at revision {revision}, which this"
+            f" pycompactor does not know (a newer version migrated it); run that version's"
+            f" `pycompactor migrate`, or upgrade pycompactor")
 
 
 def run_delta(name: str) -> None:
@@ -124,15 +176,20 @@ def _wrap_sqlalchemy() -> Iterator[None]:
 
 
 def upgrade(dsn: str, revision: str = "head",
-            progress: Callable[[str], None] | None = None) -> None:
+            progress: Callable[[str], None] | None = None, *,
+            from_scratch: bool = False) -> None:
     """Apply the migrations up to `revision`; at head, also put the derived state in use.
+
+    `from_scratch` first drops schemas compaction and compaction_source with everything
+    in them (the reference history included), in the migrations' transaction: for a
+    throwaway database, or one stamped with a revision from before the baseline.
 
     The back-fill of the derived state runs after alembic has committed, one batch of
     conversations per transaction (never one transaction holding every conversation),
     reporting each batch to `progress`.
     """
     with wrap_exceptions(), _wrap_sqlalchemy(), _quiet_alembic():
-        command.upgrade(alembic_config(dsn), revision)
+        command.upgrade(alembic_config(dsn, from_scratch=from_scratch), revision)
     if revision == "head":
         rebuild_derived_state(dsn, progress=progress, only_if_stale=True)
 

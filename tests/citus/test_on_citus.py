@@ -89,95 +89,6 @@ def test_the_application_enqueues_in_the_transaction_that_writes_its_history(
         assert targets == [(0,)]  # 35 pairs: one range before the window
 
 
-def test_a_database_distributed_before_0022_upgrades_and_downgrades(
-        citus_nodes: dict[str, Any]) -> None:
-    """Revision 0022 on a database distributed at 0021, with history: the queue leaves
-    the conversation group with its rows, the audit views read through the owner's
-    functions with the same rows, a later migration's ownership step still runs, and the
-    downgrade puts both back."""
-    from pycompactor import schema
-    from tests.citus.conftest import create_distributed_database, drop_distributed_database
-    from tests.sql.test_import_erase import populate
-
-    name = f"u_{uuid.uuid4().hex[:12]}"
-    try:
-        dsn = create_distributed_database(citus_nodes, name, revision="0021_cheaper_cycle")
-        with psycopg.connect(dsn, autocommit=True) as c:
-            populate(c, "c1")
-            populate(c, "c2")
-
-            def state() -> tuple[Any, ...]:
-                groups = c.execute(
-                    "SELECT count(DISTINCT colocationid) FROM pg_dist_partition"
-                    " WHERE partmethod = 'h'").fetchone()
-                with c.transaction():  # one now() for the queue's ages
-                    views = tuple(sorted(c.execute(f"SELECT * FROM compaction.{v}").fetchall(),
-                                         key=repr)
-                                  for v in ("audit_jobs", "audit_exhausted", "audit_queue"))
-                queue = c.execute("SELECT * FROM compaction.queue ORDER BY 1, 2").fetchall()
-                return groups, views, queue
-
-            before = state()
-            assert before[0] == (1,)
-            assert before[2]
-            assert before[1][0]  # jobs (none exhausted: one failure each)
-            assert before[1][2]  # the queue
-            schema.upgrade(dsn)
-            after = state()
-            assert after[0] == (2,)
-            assert (after[1][0], after[1][1], after[2]) == (before[1][0], before[1][1], before[2])
-            assert c.execute("SELECT pg_get_viewdef('compaction.audit_jobs')"
-                             " LIKE '%read_audit_jobs()%'").fetchone() == (True,)
-            c.execute("CALL compaction.assign_ownership()")  # what every later revision runs
-            schema.downgrade(dsn, "0021_cheaper_cycle")
-            back = state()
-            assert back[0] == (1,)
-            assert (back[1][0], back[1][1], back[2]) == (before[1][0], before[1][1], before[2])
-    finally:
-        drop_distributed_database(citus_nodes, name)
-
-
-def test_a_database_distributed_before_0024_gives_its_readers_their_views(
-        citus_nodes: dict[str, Any]) -> None:
-    """Revision 0024 on a database distributed at 0023: a reader login, refused the shards
-    behind compaction.summaries and the source views' schema before, reads both after the
-    upgrade; the downgrade revokes what it granted."""
-    from pycompactor import schema
-    from tests.citus.conftest import create_distributed_database, drop_distributed_database
-    from tests.sql.conftest import login_roles
-    from tests.sql.test_import_erase import populate
-
-    name = f"u_{uuid.uuid4().hex[:12]}"
-    try:
-        dsn = create_distributed_database(citus_nodes, name, revision="0023_judged_once")
-        with psycopg.connect(dsn, autocommit=True) as c:
-            populate(c, "c1")
-        summaries = "SELECT count(*) FROM compaction.summaries WHERE conversation_id = 'c1'"
-        runs = "SELECT count(*) FROM compaction.source_runs WHERE conversation_id = 'c1'"
-        with login_roles(dsn, lambda role: dsn.replace("user=postgres", f"user={role}")
-                         ) as login:
-            reader = login("compaction_reader")
-
-            def reads() -> list[str]:
-                outcomes = []
-                with psycopg.connect(reader, autocommit=True) as r:
-                    for query in (summaries, runs):
-                        try:
-                            r.execute(query).fetchone()
-                            outcomes.append("read")
-                        except psycopg.errors.InsufficientPrivilege:
-                            outcomes.append("refused")
-                return outcomes
-
-            assert reads() == ["refused", "refused"]
-            schema.upgrade(dsn)
-            assert reads() == ["read", "read"]
-            schema.downgrade(dsn, "0023_judged_once")
-            assert reads() == ["refused", "refused"]
-    finally:
-        drop_distributed_database(citus_nodes, name)
-
-
 # The single-node suite's tests, unchanged, on the distributed database. Each gets a
 # database of its own on all three nodes (tests/citus/conftest.py).
 # Claims, refusals, retries, fencing and leases:
@@ -410,36 +321,6 @@ def function_settings(c: Conn, signature: str, prefix: str) -> list[str]:
     return [s for s in (row[0] or []) if s.startswith(prefix)]
 
 
-def test_an_upgrade_keeps_judge_runs_planned_with_its_values_on_citus(
-        citus_nodes: dict[str, Any]) -> None:
-    """distribute_on_citus resets judge_runs' plan_cache_mode (Citus plans its queries
-    with the values bound); a revision that replaces the function gives it back its SET
-    clauses. Revision 0034 did, on a database distributed before it; 0036 resets it again
-    on the way up and on the way down."""
-    from pycompactor import schema
-    from tests.citus.conftest import create_distributed_database, drop_distributed_database
-
-    def settings(c: Conn) -> Any:
-        return function_settings(c, "compaction.judge_runs(text, text[])", "plan_cache_mode")
-
-    name = f"u_{uuid.uuid4().hex[:12]}"
-    try:
-        dsn = create_distributed_database(citus_nodes, name, revision="0033_pairs_by_hash")
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(_history_sql("upgraded", runs=40))
-            assert settings(c) == []
-            schema.upgrade(dsn)
-            assert settings(c) == []
-            assert c.execute("SELECT count(*) FROM compaction.judge_runs('upgraded')"
-                             " WHERE reason IS NULL").fetchone() == (40,)
-            schema.downgrade(dsn, "0035_keys_looked_up_one_by_one")
-            assert settings(c) == []
-            schema.upgrade(dsn)
-            assert settings(c) == []
-    finally:
-        drop_distributed_database(citus_nodes, name)
-
-
 def message_shards(conn: Conn) -> int:
     row = conn.execute("SELECT count(*) FROM pg_dist_shard"
                        " WHERE logicalrelid = 'compaction_source.messages'::regclass"
@@ -515,84 +396,46 @@ def test_a_look_and_its_claims_ask_every_shard_once(conn: Conn) -> None:
     assert every_shard(issued) == shards, issued
 
 
-def test_a_judgement_asks_every_shard_on_one_connection_per_node(
-        conn: Conn, citus_nodes: dict[str, Any]) -> None:
-    """Revision 0038: distribute_on_citus sets judge_runs' executor to one connection per
-    node (a judgement's question to every shard is index probes; more connections cost
-    more to open than they save). A database distributed at 0037 gets the setting in the
-    upgrade and loses it in the downgrade."""
-    from pycompactor import schema
-    from tests.citus.conftest import create_distributed_database, drop_distributed_database
-
+def test_a_judgement_asks_every_shard_on_one_connection_per_node(conn: Conn) -> None:
+    """distribute_on_citus sets judge_runs' executor to one connection per node (a
+    judgement's question to every shard is index probes; more connections cost more to
+    open than they save), and the judgement stands with it."""
     def pool(c: Conn) -> list[str]:
         return function_settings(c, "compaction.judge_runs(text, text[])", "citus.")
 
     assert pool(conn) == ["citus.max_adaptive_executor_pool_size=1"]
-    name = f"u_{uuid.uuid4().hex[:12]}"
-    try:
-        dsn = create_distributed_database(citus_nodes, name,
-                                          revision="0037_replies_from_the_claim")
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(_history_sql("pooled", runs=40))
-            assert pool(c) == []
-            schema.upgrade(dsn)
-            assert pool(c) == ["citus.max_adaptive_executor_pool_size=1"]
-            assert c.execute("SELECT count(*) FROM compaction.judge_runs('pooled')"
-                             " WHERE reason IS NULL").fetchone() == (40,)
-            schema.downgrade(dsn, "0037_replies_from_the_claim")
-            assert pool(c) == []
-    finally:
-        drop_distributed_database(citus_nodes, name)
+    conn.execute(_history_sql("pooled", runs=40))
+    assert conn.execute("SELECT count(*) FROM compaction.judge_runs('pooled')"
+                        " WHERE reason IS NULL").fetchone() == (40,)
 
 
-def test_a_projection_on_citus_is_one_statement_planned_with_its_values(
-        conn: Conn, citus_nodes: dict[str, Any]) -> None:
-    """Revision 0041: judged from the views, a projection is projection_read's one
-    statement on Citus too, its texts sent in it (through projection_texts before
-    revision 0043, written out since), which Citus plans only with the values bound:
+def test_a_projection_on_citus_is_one_statement_planned_with_its_values(conn: Conn) -> None:
+    """Judged from the views, a projection is projection_read's one statement on Citus
+    too, its texts written out in it, which Citus plans only with the values bound:
     distribute_on_citus resets projection_read's plan_cache_mode (it forces generic plans
-    on one node). A database distributed at 0040 gets the reset in the upgrade (0043
-    replaces the function and resets it again), projects the same before and after, past
-    the five calls after which a plan may turn generic, and loses it in the downgrade."""
-    from pycompactor import db, project_history, schema
-    from tests.citus.conftest import create_distributed_database, drop_distributed_database
+    on one node), and the projection stays the same past the five calls after which a
+    plan may turn generic."""
+    from pycompactor import db, project_history
 
     def planning(c: Conn) -> list[str]:
         return function_settings(c, "compaction.projection_read(text, text, int, bigint, int)",
                                  "plan_cache_mode")
 
-    def summarized(c: Conn) -> Any:
-        [target] = [t for t in db.plan_targets(c, "framed") if t.from_pair == 0]
-        c.execute("SELECT compaction.import_summary('framed', 'default', 0, %s, %s, 'm',"
-                  " 'conversation-compaction@3', 'summary of 0', now())",
-                  (target.source_message_ids, target.source_hash))
-        return project_history(c, "framed", budget_bytes=1_000_000).to_dict()
-
     assert planning(conn) == []
-    name = f"u_{uuid.uuid4().hex[:12]}"
-    try:
-        dsn = create_distributed_database(citus_nodes, name,
-                                          revision="0040_claims_with_the_targets")
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(_history_sql("framed", runs=40))
-            assert planning(c) == ["plan_cache_mode=force_generic_plan"]
-            before = summarized(c)
-            assert [p["placement"] for p in before["pairs"]] == (
-                ["summarized"] * 10 + ["raw"] * 30)
-            schema.upgrade(dsn)
-            assert planning(c) == []
-            for _ in range(8):
-                assert project_history(c, "framed", budget_bytes=1_000_000).to_dict() == before
-            [frame] = c.execute("SELECT derived, pair_count, first_pair, summary_ids"
-                                " FROM compaction.projection_frame('framed', 'default', 20)"
-                                ).fetchall()
-            assert frame[:3] == (False, 40, 0)
-            assert len(frame[3]) == 1
-            schema.downgrade(dsn, "0040_claims_with_the_targets")
-            assert planning(c) == ["plan_cache_mode=force_generic_plan"]
-            assert project_history(c, "framed", budget_bytes=1_000_000).to_dict() == before
-    finally:
-        drop_distributed_database(citus_nodes, name)
+    conn.execute(_history_sql("framed", runs=40))
+    [target] = [t for t in db.plan_targets(conn, "framed") if t.from_pair == 0]
+    conn.execute("SELECT compaction.import_summary('framed', 'default', 0, %s, %s, 'm',"
+                 " 'conversation-compaction@3', 'summary of 0', now())",
+                 (target.source_message_ids, target.source_hash))
+    first = project_history(conn, "framed", budget_bytes=1_000_000).to_dict()
+    assert [p["placement"] for p in first["pairs"]] == ["summarized"] * 10 + ["raw"] * 30
+    for _ in range(8):
+        assert project_history(conn, "framed", budget_bytes=1_000_000).to_dict() == first
+    [frame] = conn.execute("SELECT derived, pair_count, first_pair, summary_ids"
+                           " FROM compaction.projection_frame('framed', 'default', 20)"
+                           ).fetchall()
+    assert frame[:3] == (False, 40, 0)
+    assert len(frame[3]) == 1
 
 
 def test_tracking_cannot_be_attached_on_citus(conn: Conn) -> None:
@@ -695,30 +538,3 @@ def test_completions_write_no_verdict_on_citus(conn: Conn) -> None:
     assert conn.execute("SELECT count(*) FROM compaction.conversation_state").fetchone() == (0,)
 
 
-def test_a_database_distributed_at_0041_stops_writing_verdicts_after_the_upgrade(
-        citus_nodes: dict[str, Any]) -> None:
-    """Revision 0042 on a database distributed at 0041: completions write no verdict row
-    from then on (the rows written before stay: nothing reads them); the downgrade
-    writes them again."""
-    from pycompactor import schema
-    from tests.citus.conftest import create_distributed_database, drop_distributed_database
-    from tests.sql.test_import_erase import populate
-
-    name = f"v_{uuid.uuid4().hex[:12]}"
-    try:
-        dsn = create_distributed_database(citus_nodes, name,
-                                          revision="0041_frame_judged_from_views")
-        with psycopg.connect(dsn, autocommit=True) as c:
-            def verdicts() -> Any:
-                return c.execute("SELECT count(*) FROM compaction.summary_verdicts").fetchone()
-
-            populate(c, "c1")
-            assert verdicts() == (2,)
-            schema.upgrade(dsn)
-            populate(c, "c2")
-            assert verdicts() == (2,)
-            schema.downgrade(dsn, "0041_frame_judged_from_views")
-            populate(c, "c3")
-            assert verdicts() == (4,)
-    finally:
-        drop_distributed_database(citus_nodes, name)

@@ -13,7 +13,6 @@ import pytest
 from psycopg import sql
 from pytest_postgresql.executors import PostgreSQLExecutor
 
-from pycompactor import schema
 from tests.conftest import make_dsn
 from tests.e2e.cli import run_cli
 
@@ -41,9 +40,11 @@ def test_unmigrated_database(new_database: Any) -> None:
     assert_one_line_and_no_start(worker_once(new_database()), "pycompactor migrate")
 
 
-def test_older_revision_says_to_migrate(new_database: Any) -> None:
-    dsn = new_database()
-    schema.upgrade(dsn, "0006_queue_leases")
+def test_older_schema_says_to_migrate(dsn: str) -> None:
+    """A schema that lacks a function this package's worker calls, as one from an older
+    release would."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION compaction.reply_problem(text, text, int)")
     assert_one_line_and_no_start(worker_once(dsn), "pycompactor migrate")
 
 

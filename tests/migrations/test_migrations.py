@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,7 +15,6 @@ from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor import schema
 from pycompactor.errors import NotUtf8Database
-from tests.history import History
 
 NewDatabase = Callable[..., str]
 
@@ -79,29 +77,6 @@ def test_downgrade_to_base_then_upgrade_round_trips(
     schema.upgrade(dsn)
     assert dump_schema(pg_bindir, dsn) == before
     assert schema.current_revision(dsn) == schema.heads()[0]
-
-
-def test_the_first_released_form_of_0030_upgrades_to_head(
-    pg_bindir: Path, new_database: NewDatabase
-) -> None:
-    """Revision 0030 was released in two forms, which differ only in rederive's third
-    parameter: a boolean as first committed, the trigger's table (an oid) as landed, the
-    form of the delta here. A database migrated with the first form reaches the same
-    schema as every other (0031 once dropped the boolean form unconditionally, and the
-    landed form failed there)."""
-    from_sql = new_database()
-    with psycopg.connect(from_sql) as conn:
-        schema.apply_current_definition(conn)
-    dsn = new_database()
-    schema.upgrade(dsn, "0030_rebuild_defers")
-    with psycopg.connect(dsn) as conn:
-        conn.execute("DROP FUNCTION compaction.rederive(text, text[], oid)")
-        conn.execute(
-            "CREATE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],"
-            " p_deferrable boolean DEFAULT false) RETURNS void LANGUAGE plpgsql"
-            " AS $$ BEGIN END $$")
-    schema.upgrade(dsn)
-    assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
 
 
 def test_each_revision_downgrades_one_step(pg_bindir: Path, new_database: NewDatabase) -> None:
@@ -230,144 +205,3 @@ def test_loader_sends_percent_and_colon_names_verbatim(
     with conn.cursor() as cur:
         schema.execute_file(cur, sql_file)
     assert conn.execute("SELECT t FROM public.tricky").fetchone() == ("100% :name %s %(x)s",)
-
-
-OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
-
-
-def prebuilt_index_statements(block: int = 0) -> list[str]:
-    """docs/operations.md's statements that build a revision's indexes beforehand: the
-    first block 0033's, the second 0044's."""
-    section = OPERATIONS.read_text(encoding="utf-8").split(
-        "### Revisions that build an index on the derived state", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```sql\n(.*?)```", section, flags=re.DOTALL)
-    assert len(blocks) > block, "docs/operations.md lost the statements that build the indexes"
-    return [s.strip() for s in blocks[block].split(";") if s.strip()]
-
-
-def seed_pairs(dsn: str) -> None:
-    with psycopg.connect(dsn) as conn:
-        history = History(conn)
-        for conversation in ("c1", "c2"):
-            history.pairs(conversation, 25)
-
-
-def index_oids(dsn: str) -> dict[str, int]:
-    with psycopg.connect(dsn) as conn:
-        return dict(conn.execute(
-            "SELECT c.relname, c.oid::int FROM pg_catalog.pg_index AS i"
-            " JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid"
-            " WHERE i.indrelid = 'compaction.pairs'::regclass").fetchall())
-
-
-def assert_pairs_consistent(dsn: str) -> None:
-    with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM compaction.pairs").fetchone() == (50,)
-        assert conn.execute(
-            "SELECT v.* FROM unnest(ARRAY['c1', 'c2']) AS c,"
-            " compaction.verify_conversation(c) AS v").fetchall() == []
-
-
-def described_by_sql(new_database: NewDatabase) -> str:
-    """A database holding what sql/ describes, for the migrated schema to be compared with."""
-    dsn = new_database()
-    with psycopg.connect(dsn) as conn:
-        schema.apply_current_definition(conn)
-    return dsn
-
-
-def live_with_prebuilt_indexes(new_database: NewDatabase, revision: str, block: int) -> str:
-    """A database at `revision` holding pairs, on which docs/operations.md's statements
-    (`block`: 0 for revision 0033's, 1 for 0044's) built the indexes beforehand."""
-    dsn = new_database()
-    schema.upgrade(dsn, revision)
-    # Derived state in use at that revision, as on a live database: the tracked writes
-    # below derive their pairs, and the indexes are built over them.
-    assert schema.rebuild_derived_state(dsn)
-    seed_pairs(dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:  # CONCURRENTLY: no transaction
-        assert conn.execute("SELECT count(*) FROM compaction.pairs").fetchone() == (50,)
-        for statement in prebuilt_index_statements(block):
-            conn.execute(statement.encode())
-    return dsn
-
-
-def invalidate(dsn: str, index: str) -> int:
-    """What a cancelled or failed CREATE INDEX CONCURRENTLY leaves: an invalid index."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE pg_catalog.pg_index SET indisvalid = false"
-                     " WHERE indexrelid = %s::regclass", (f"compaction.{index}",))
-    return index_oids(dsn)[index]
-
-
-def test_0033_takes_the_indexes_a_dba_built_concurrently(
-    pg_bindir: Path, new_database: NewDatabase
-) -> None:
-    """docs/operations.md's statements, run on a live database before the migration: the
-    migration keeps the indexes they built (the same relations) and reaches the schema
-    sql/ describes."""
-    from_sql = described_by_sql(new_database)
-    dsn = live_with_prebuilt_indexes(new_database, "0032_checks_compiled_once", 0)
-    before = index_oids(dsn)
-    assert set(before) == {"pairs_pkey", "pairs_pair_index_key", "pairs_run_idx",
-                           "pairs_pair_index_pkey"}
-    schema.upgrade(dsn, "0033_pairs_by_hash")
-    assert index_oids(dsn) == {"pairs_pkey": before["pairs_pair_index_pkey"],
-                               "pairs_run_idx": before["pairs_run_idx"]}
-    schema.upgrade(dsn)
-    assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
-    assert_pairs_consistent(dsn)
-
-
-def test_0044_takes_the_index_a_dba_built_concurrently(
-    pg_bindir: Path, new_database: NewDatabase
-) -> None:
-    """docs/operations.md's statement for revision 0044, run on a live database at 0043:
-    the migration keeps the index it built, drops the one it replaces, and reaches the
-    schema sql/ describes; the way back builds the old index again."""
-    from_sql = described_by_sql(new_database)
-    dsn = live_with_prebuilt_indexes(new_database, "0043_walk_appends_in_place", 1)
-    before = index_oids(dsn)
-    assert set(before) == {"pairs_pkey", "pairs_run_idx", "pairs_run_hash_idx"}
-    schema.upgrade(dsn, "0044_runs_found_by_hash_alone")
-    assert index_oids(dsn) == {"pairs_pkey": before["pairs_pkey"],
-                               "pairs_run_hash_idx": before["pairs_run_hash_idx"]}
-    schema.upgrade(dsn)
-    assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
-    assert_pairs_consistent(dsn)
-    schema.downgrade(dsn, "0043_walk_appends_in_place")
-    assert set(index_oids(dsn)) == {"pairs_pkey", "pairs_run_idx"}
-    assert_pairs_consistent(dsn)
-
-
-def test_0033_builds_again_an_index_a_failed_concurrent_build_left_invalid(
-    pg_bindir: Path, new_database: NewDatabase
-) -> None:
-    from_sql = described_by_sql(new_database)
-    dsn = live_with_prebuilt_indexes(new_database, "0032_checks_compiled_once", 0)
-    invalid = invalidate(dsn, "pairs_pair_index_pkey")
-    schema.upgrade(dsn, "0033_pairs_by_hash")
-    after = index_oids(dsn)
-    assert set(after) == {"pairs_pkey", "pairs_run_idx"}
-    assert after["pairs_pkey"] != invalid
-    schema.upgrade(dsn)
-    assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
-    assert_pairs_consistent(dsn)
-
-
-def test_0044_builds_again_an_index_a_failed_concurrent_build_left_invalid(
-    pg_bindir: Path, new_database: NewDatabase
-) -> None:
-    from_sql = described_by_sql(new_database)
-    dsn = live_with_prebuilt_indexes(new_database, "0043_walk_appends_in_place", 1)
-    invalid = invalidate(dsn, "pairs_run_hash_idx")
-    schema.upgrade(dsn, "0044_runs_found_by_hash_alone")
-    after = index_oids(dsn)
-    assert set(after) == {"pairs_pkey", "pairs_run_hash_idx"}
-    assert after["pairs_run_hash_idx"] != invalid
-    with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT indisvalid FROM pg_catalog.pg_index WHERE indexrelid ="
-                            " 'compaction.pairs_run_hash_idx'::regclass").fetchone() == (True,)
-    schema.upgrade(dsn)
-    assert dump_schema(pg_bindir, dsn) == dump_schema(pg_bindir, from_sql)
-    assert_pairs_consistent(dsn)
