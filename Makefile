@@ -69,9 +69,13 @@ test-citus: $(STAMP) ## the engine on a real Citus cluster (coordinator + 2 work
 	@test -n "$(PG_CONFIG)" || { echo "make test-citus: give PG_CONFIG=/path/to/pg_config of a PostgreSQL with Citus installed" >&2; exit 2; }
 	PYCOMPACTOR_CITUS_PG_CONFIG=$(PG_CONFIG) $(BIN)/pytest tests/citus $(PYTEST_ARGS)
 
-bench: $(STAMP) ## benchmarks vs plain SQL on a durable throwaway cluster (~15 min; docs/benchmarks.md)
+bench: $(STAMP) ## benchmarks vs plain SQL on a durable throwaway cluster (~15 min): bench/results/latest.md
 	@scripts/prepare $(BIN)/python --corpus --valgrind
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# Only when someone records a release's numbers: the page shows one full run, not a log.
+bench-record: $(STAMP) ## copy the last full run (bench/results/latest.md) into docs/benchmarks.md
+	$(BIN)/python -m bench.record
 
 docs-images: $(STAMP) ## regenerate docs/images/evaluate-*.svg and the table in docs/evaluate.md (offline, the corpus)
 	@scripts/prepare $(BIN)/python --corpus

@@ -193,6 +193,8 @@ def markdown_table(results: dict[str, Any]) -> str:
         f" medians of {meta['repetitions']} repetitions;"
         f" {results['seconds'].get('total', '?')} s in all.",
         "",
+        f"Command: `{meta.get('command', 'make bench')}`.",
+        "",
         "| target | measured | goal | met |",
         "| --- | --- | --- | --- |",
     ]

@@ -6,12 +6,14 @@ issue 13's SDK recipe against the reference tables) each in its own database (a
 fixed number of operations after a warm-up, 3 repetitions, medians), measures what the
 offline summarizers buy and lose on the evaluation corpus (bench/quality.py), then profiles the
 operations whose goals are ratios statement by statement in a second cluster with
-pg_stat_statements (bench/statements.py), writes `bench/results/latest.json` and appends a
-markdown table to `docs/benchmarks.md`.
+pg_stat_statements (bench/statements.py), and writes `bench/results/latest.json` and its
+markdown tables, `bench/results/latest.md` (both ignored by git: a run's numbers belong to
+its machine). `make bench-record` (bench/record.py) copies a full run's tables into
+docs/benchmarks.md when someone records a release's numbers.
 
     python -m bench.run                 # the full run (under ~15 minutes on 2 cores)
     python -m bench.run --smoke         # tiny sizes, seconds: checks that everything runs
-    python -m bench.run --out DIR       # write DIR/latest.json and DIR/benchmarks.md instead
+    python -m bench.run --out DIR       # write DIR/latest.json and DIR/latest.md instead
     python -m bench.run --only quality  # the summary quality on the corpus alone (no database)
 """
 
@@ -70,8 +72,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes: checks that every benchmark runs (numbers mean nothing)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="write latest.json and benchmarks.md into this directory instead of"
-                             " bench/results/ and docs/")
+                        help="write latest.json and latest.md into this directory instead of"
+                             " bench/results/")
     parser.add_argument("--only", action="append",
                         choices=sorted([*BENCHMARKS, *OFFLINE, *PROFILES]), default=None,
                         help="run only this benchmark (repeatable)")
@@ -83,13 +85,18 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform()}
 
 
+def command(argv: Sequence[str]) -> str:
+    """How to run it again: `make bench` is this module without arguments."""
+    return " ".join(["python -m bench.run", *argv]) if argv else "make bench"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the throwaway cluster is stopped and removed.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     sizes = SMOKE if args.smoke else FULL
-    json_path = (args.out or ROOT / "bench" / "results") / "latest.json"
-    md_path = args.out / "benchmarks.md" if args.out else ROOT / "docs" / "benchmarks.md"
+    out = args.out or ROOT / "bench" / "results"
+    json_path, md_path = out / "latest.json", out / "latest.md"
     chosen = args.only or [*BENCHMARKS, *OFFLINE, *PROFILES]
     started = time.perf_counter()
     results: dict[str, Any] = {
@@ -99,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     + (f", only {', '.join(args.only)}" if args.only else ""),
             "repetitions": REPETITIONS,
             "machine": machine(),
+            # What reproduces the run: docs/benchmarks.md names it beside the numbers.
+            "command": command(argv if argv is not None else sys.argv[1:]),
         },
         "seconds": {},
     }
@@ -134,11 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_path.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
                          encoding="utf-8")
     table = markdown_table(results)
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    with md_path.open("a", encoding="utf-8") as md:
-        md.write(table)
+    md_path.write_text(table, encoding="utf-8")
     print(table)
-    print(f"bench: wrote {json_path} and appended to {md_path}", file=sys.stderr)
+    print(f"bench: wrote {json_path} and {md_path}", file=sys.stderr)
     return 0
 
 

@@ -25,8 +25,8 @@ in, distribute; trust on loopback in place of the owner's password). On each:
 
 Goals (issue 29): the drain on Citus <= 4x the single node's time; projection at 10,000
 pairs on Citus <= 3x the single node's, and its p50 at 10,000 pairs <= 1.5x its own p50
-at 100 pairs. Results go to bench/results/scale_out.json and a section appended to
-docs/benchmarks.md. Not part of `make test` nor `make bench`.
+at 100 pairs. Results go to bench/results/scale_out.json and scale_out.md (ignored by
+git; docs/benchmarks.md names the run it quotes). Not part of `make test` nor `make bench`.
 """
 
 from __future__ import annotations
@@ -501,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
     parser.add_argument("--out", type=Path, default=None,
                         help="write scale_out.json and scale_out.md into this directory"
-                             " instead of bench/results/ and docs/benchmarks.md")
+                             " instead of bench/results/")
     args = parser.parse_args(argv)
     sizes = SMOKE if args.smoke else FULL
     bindir = bindir_of(args.pg_config)
@@ -512,11 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "scale_out.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    if args.out is None and not args.smoke:
-        with (ROOT / "docs" / "benchmarks.md").open("a", encoding="utf-8") as doc:
-            doc.write("\n" + text)
-    else:
-        (out / "scale_out.md").write_text(text, encoding="utf-8")
+    (out / "scale_out.md").write_text(text, encoding="utf-8")
     return 0
 
 

@@ -2,17 +2,22 @@
 
 Benchmarks are not timed tests: nothing here looks at a number's size, only that the
 run finishes, the JSON has the expected shape and the markdown table is written to the
-directory given by --out (never to docs/benchmarks.md or bench/results/).
+directory given by --out (never to docs/benchmarks.md or bench/results/); and that
+`make bench-record` puts a full run's tables, and only a full run's, between the markers
+of docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from bench.record import BEGIN, END, RecordError, record
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,11 +107,50 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert len(data["targets"]) == 21  # fifteen engine targets, six quality goals
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 
-    table = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")
+    table = (tmp_path / "latest.md").read_text(encoding="utf-8")
     assert "(smoke run)" in table
+    assert f"Command: `python -m bench.run --smoke --out {tmp_path}`." in table
     assert "| target | measured | goal | met |" in table
     assert "Where the time goes" in table
     assert "Instructions per claim -> complete cycle (callgrind" in table
+
+
+def test_bench_record_replaces_the_block_between_the_markers(tmp_path: Path) -> None:
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# Benchmarks\n\nprose\n\n{BEGIN}\n\nthe old run\n\n{END}\n\nmore prose\n",
+                    encoding="utf-8")
+    results = tmp_path / "latest.md"
+    results.write_text("\n## 2026-12-06T09:26:39+00:00 (full run)\n\n| target |\n",
+                       encoding="utf-8")
+    record(results, page)
+    expected = (f"# Benchmarks\n\nprose\n\n{BEGIN}\n\n## 2026-12-06T09:26:39+00:00"
+                f" (full run)\n\n| target |\n\n{END}\n\nmore prose\n")
+    assert page.read_text(encoding="utf-8") == expected
+    record(results, page)  # recording the same run again changes nothing
+    assert page.read_text(encoding="utf-8") == expected
+
+
+@pytest.mark.parametrize("mode", ["smoke run", "full run, only claim_cycle"])
+def test_bench_record_refuses_a_partial_run(tmp_path: Path, mode: str) -> None:
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"{BEGIN}\nkept\n{END}\n", encoding="utf-8")
+    results = tmp_path / "latest.md"
+    results.write_text(f"## 2026-12-06T09:26:39+00:00 ({mode})\n", encoding="utf-8")
+    with pytest.raises(RecordError, match="not from a full run"):
+        record(results, page)
+    assert page.read_text(encoding="utf-8") == f"{BEGIN}\nkept\n{END}\n"
+
+
+def test_the_results_page_holds_one_recorded_run() -> None:
+    """docs/benchmarks.md carries the markers once, around one full run's tables, named by
+    its date, machine and command."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert text.count(BEGIN) == 1
+    assert text.count(END) == 1
+    block = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    assert len(re.findall(r"^## \S+ \(full run\)$", block, re.MULTILINE)) == 1
+    assert "Machine: " in block
+    assert "Command: `make bench`." in block
 
 
 @pytest.mark.slow
