@@ -6,16 +6,20 @@ names the way out, by `pycompactor migrate` and by alembic's own command line al
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from bench.sdk_source import SDK_TABLES_DDL
-from pycompactor import schema
+from pycompactor import db, project_history, schema
 from pycompactor.errors import PreBaselineRevision, PycompactorError
 from pycompactor.recipes import install_agents_sqlalchemy
 from tests.history import History
@@ -175,3 +179,51 @@ def test_downgrade_to_base_stops_at_a_host_object_built_on_the_engine(
         schema.downgrade(dsn, "base")
     assert version_row(dsn) == [(schema.BASELINE,)]
     assert engine_relations(dsn) > 0
+
+
+OPERATIONS = REPO / "docs" / "operations.md"
+
+
+def documented_move() -> list[str]:
+    """docs/operations.md's console blocks for moving a pre-baseline database's history,
+    in order, as shell scripts (the `$ ` prompt taken off each command's first line)."""
+    section = OPERATIONS.read_text(encoding="utf-8").split(
+        "### Databases from before the 0.1.0 baseline", 1)[1].split("\n#", 1)[0]
+    blocks = [textwrap.dedent(block) for block in re.findall(
+        r"```console\n(.*?)\n\s*```", section, flags=re.DOTALL)]
+    assert len(blocks) == 3, "docs/operations.md changed the steps of the move"
+    return [re.sub(r"^\$ ", "", block, flags=re.MULTILINE) for block in blocks]
+
+
+def test_the_documented_move_keeps_the_history_and_the_summaries(
+        pg_bindir: Path, new_database: NewDatabase, tmp_path: Path) -> None:
+    """The steps docs/operations.md gives for a pre-baseline database whose history lives
+    in the reference tables, run as written: the new database holds the same history,
+    the same derived state and the same summaries, projected as before."""
+    old = new_database()
+    schema.upgrade(old)
+    with psycopg.connect(old) as conn:
+        History(conn).pairs("conv-kept", 45)
+        for target in db.plan_targets(conn, "conv-kept"):
+            db.import_summary(conn, "conv-kept", "default", target.from_pair,
+                              target.source_message_ids, target.source_hash, "m",
+                              "conversation-compaction@3", f"summary {target.from_pair}",
+                              datetime(2026, 12, 6, tzinfo=UTC))
+        before = project_history(conn, "conv-kept", budget_bytes=8_000).to_dict()
+        conn.execute("UPDATE compaction.alembic_version SET version_num = %s", (PRE_BASELINE,))
+    assert [p["placement"] for p in before["pairs"]].count("summarized") == 20
+    new = new_database()
+    env = {**os.environ, "OLD": old, "NEW": new,
+           "PATH": os.pathsep.join([str(pg_bindir), str(Path(sys.executable).parent),
+                                    os.environ.get("PATH", "")])}
+    for script in documented_move():
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path,
+                                env=env, capture_output=True, text=True, check=False,
+                                timeout=300)
+        assert result.returncode == 0, (script, result.stderr)
+    assert version_row(new) == [(schema.BASELINE,)]
+    with psycopg.connect(new) as conn:
+        assert conn.execute("SELECT * FROM compaction.verify_conversation('conv-kept')"
+                            ).fetchall() == []
+        assert conn.execute("SELECT count(*) FROM compaction.summaries").fetchone() == (2,)
+        assert project_history(conn, "conv-kept", budget_bytes=8_000).to_dict() == before
