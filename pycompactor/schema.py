@@ -134,8 +134,8 @@ def refuse_unknown_revision(connection: sqlalchemy.Connection, script: ScriptDir
                 f" says (\"Databases from before the 0.1.0 baseline\")")
         raise PycompactorError(
             f"this database's compaction schema is at revision {revision}, which this"
-            f" pycompactor does not know (a newer version migrated it); run that version's"
-            f" `pycompactor migrate`, or upgrade pycompactor")
+            f" pycompactor does not know: a newer version migrated it; install that version"
+            f" or a later one")
 
 
 def run_delta(name: str) -> None:

@@ -93,8 +93,8 @@ BEGIN
             END;
         END LOOP;
         IF NOT v_dropped THEN
-            -- Only host objects hold these now: say which, on the error's first line
-            -- (the one line `pycompactor migrate --to base` prints).
+            -- Only host objects hold these now: say which on the error's first line, the
+            -- one a caller shows (PostgreSQL puts them in the detail).
             BEGIN
                 EXECUTE v_statements[1];
             EXCEPTION WHEN dependent_objects_still_exist THEN
