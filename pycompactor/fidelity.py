@@ -27,10 +27,13 @@ Pure functions over strings: no database, no clock.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final, Literal
 
 from pycompactor.figures import FIGURE, figures
@@ -62,6 +65,7 @@ _TOKEN: Final = re.compile(
     rf"|(?P<cjk>[{_CJK}]+)"
     rf"|(?P<word>(?:(?![{_CJK}])[^\W\d_])+(?:'(?:(?![{_CJK}])[^\W\d_])+)*)"
 )
+_CLAUSE_END: Final = re.compile(r",(?=\s)|[;，；、]")
 _LABEL: Final = re.compile(r"\[([^\[\]]*)\]")
 _LABEL_SEP: Final = re.compile(r"\s*,\s*")
 # Scores within this of the best tie: sums of the same floats in another order.
@@ -123,26 +127,38 @@ class _Sentence:
     tokens: tuple[_Token, ...]
     words: frozenset[str]
     figures: frozenset[str]
+    qualifiers: frozenset[str]
 
 
 def _sentence(text: str) -> _Sentence:
     tokens = tuple(_tokens(text))
     return _Sentence(text, tokens, frozenset(t.text for t in tokens),
-                     frozenset(t.text for t in tokens if t.figure))
+                     frozenset(t.text for t in tokens if t.figure),
+                     frozenset(q for _, _, q in qualifier_spans(text)))
 
 
-def _sentences(texts: Iterable[str]) -> list[_Sentence]:
-    return [_sentence(s) for text in texts for s in sentences(text)]
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """Sentences a reader looks through, indexed by word (a question scores only the
+    sentences that share a word with it)."""
+
+    sentences: tuple[_Sentence, ...]
+    by_word: Mapping[str, tuple[int, ...]]
 
 
-def _weights(source: Sequence[_Sentence]) -> dict[str, float]:
-    """Each word's rarity among the reply sentences: ln(1 + N / df)."""
-    df: dict[str, int] = {}
-    for s in source:
+def _candidates(texts: Iterable[str]) -> _Candidates:
+    found = tuple(_sentence(s) for text in texts for s in sentences(text))
+    index: dict[str, list[int]] = {}
+    for i, s in enumerate(found):
         for w in s.words:
-            df[w] = df.get(w, 0) + 1
-    n = len(source)
-    return {w: math.log1p(n / d) for w, d in df.items()}
+            index.setdefault(w, []).append(i)
+    return _Candidates(found, {w: tuple(ids) for w, ids in index.items()})
+
+
+def _weights(source: _Candidates) -> dict[str, float]:
+    """Each word's rarity among the reply sentences: ln(1 + N / df)."""
+    n = len(source.sentences)
+    return {w: math.log1p(n / len(ids)) for w, ids in source.by_word.items()}
 
 
 # --------------------------------------------------------------------------- the reader
@@ -154,20 +170,28 @@ class _Question:
     weight: float
 
 
-def _score(question: _Question, candidate: _Sentence, weights: Mapping[str, float]) -> float:
-    return sum(weights[w] for w in sorted(question.words & candidate.words))
-
-
-def _best(question: _Question, candidates: Sequence[_Sentence],
-          weights: Mapping[str, float]) -> list[_Sentence]:
-    """The candidates that score best for the question, if they hold MIN_SHARE of it."""
-    if question.weight <= 0 or not candidates:
+def _best(question: _Question, candidates: _Candidates, weights: Mapping[str, float],
+          keep: Callable[[_Sentence], bool]) -> list[_Sentence]:
+    """The candidates (those `keep` accepts) that score best for the question, if they
+    hold MIN_SHARE of its weight; in text order."""
+    scores: dict[int, float] = {}
+    for w in sorted(question.words):
+        for i in candidates.by_word.get(w, ()):
+            scores[i] = scores.get(i, 0.0) + weights[w]
+    scored = [(i, v) for i, v in scores.items() if keep(candidates.sentences[i])]
+    if question.weight <= 0 or not scored:
         return []
-    scores = [_score(question, c, weights) for c in candidates]
-    top = max(scores)
+    top = max(v for _, v in scored)
     if top + _EPSILON < MIN_SHARE * question.weight:
         return []
-    return [c for c, s in zip(candidates, scores, strict=True) if s >= top - _EPSILON]
+    return [candidates.sentences[i] for i, v in sorted(scored) if v >= top - _EPSILON]
+
+
+def _clauses(text: str) -> Callable[[int], int]:
+    """The clause of a character offset: clauses end at a comma before a space (not the
+    comma of 1,200), at `;`, and at Chinese `，；、`."""
+    ends = [m.start() for m in _CLAUSE_END.finditer(text)]
+    return lambda offset: bisect.bisect_right(ends, offset)
 
 
 def _offered(question: _Question, sentence: _Sentence, weights: Mapping[str, float]) -> str | None:
@@ -175,13 +199,15 @@ def _offered(question: _Question, sentence: _Sentence, weights: Mapping[str, flo
     offered = sorted(sentence.figures - question.words)
     if len(offered) <= 1:
         return offered[0] if offered else None
+    clause = _clauses(sentence.text)
     at = {f: [t.start for t in sentence.tokens if t.text == f] for f in offered}
     votes = dict.fromkeys(offered, 0.0)
     for w in sorted(question.words & sentence.words):
-        # The occurrence of the word nearest to any offered figure votes for that figure;
-        # a word as near to two figures votes for neither.
-        distance = {f: min(abs(t.start - p) for t in sentence.tokens if t.text == w
-                           for p in at[f])
+        # The occurrence of the word nearest to an offered figure votes for that figure,
+        # a figure of its own clause first ("A: fee 0.29%, B: fee 0.43%"); a word as
+        # near to two figures votes for neither.
+        distance = {f: min((clause(t.start) != clause(p), abs(t.start - p))
+                           for t in sentence.tokens if t.text == w for p in at[f])
                     for f in offered}
         nearest = min(distance.values())
         winners = [f for f, d in distance.items() if d == nearest]
@@ -192,11 +218,12 @@ def _offered(question: _Question, sentence: _Sentence, weights: Mapping[str, flo
     return winners[0] if len(winners) == 1 and top > 0 else None
 
 
-def _answer(question: _Question, candidates: Sequence[_Sentence],
+def _answer(question: _Question, candidates: _Candidates,
             weights: Mapping[str, float]) -> tuple[str | None, _Sentence | None]:
-    """The reader's figure for a question, and the sentence it read it from."""
-    offering = [c for c in candidates if c.figures - question.words]
-    best = _best(question, offering, weights)
+    """The reader's figure for a question, and the sentence it read it from: only a
+    sentence offering a figure the question does not name can answer it."""
+    best = _best(question, candidates, weights,
+                 lambda c: not c.figures <= question.words)
     if not best:
         return None, None
     answers = {_offered(question, s, weights) for s in best}
@@ -246,11 +273,11 @@ def _question(words_: Iterable[str], weights: Mapping[str, float]) -> _Question:
     return _Question(ws, sum(weights[w] for w in sorted(ws)))
 
 
-def _figure_questions(source: Sequence[_Sentence], summary: Sequence[_Sentence],
+def _figure_questions(source: _Candidates, summary: _Candidates,
                       weights: Mapping[str, float]) -> list[Question]:
     out: list[Question] = []
     seen: set[tuple[frozenset[str], str]] = set()
-    for s in source:
+    for s in source.sentences:
         for f in sorted(s.figures):
             question = _question((t.text for t in s.tokens if t.text != f), weights)
             if (question.words, f) in seen:
@@ -265,19 +292,20 @@ def _figure_questions(source: Sequence[_Sentence], summary: Sequence[_Sentence],
     return out
 
 
-def _qualifier_found(question: _Question, candidates: Sequence[_Sentence],
+def _qualifier_found(question: _Question, candidates: _Candidates,
                      weights: Mapping[str, float], qualifier: str) -> tuple[bool, _Sentence | None]:
-    best = _best(question, candidates, weights)
-    carries = bool(best) and all(
-        qualifier in {q for _, _, q in qualifier_spans(s.text)} for s in best)
+    """Whether the sentence(s) the reader finds carry the qualifier (all of a tie must:
+    the reader cannot tell which one it is), and the first of them."""
+    best = _best(question, candidates, weights, lambda c: True)
+    carries = bool(best) and all(qualifier in s.qualifiers for s in best)
     return carries, (best[0] if best else None)
 
 
-def _qualifier_questions(source: Sequence[_Sentence], summary: Sequence[_Sentence],
+def _qualifier_questions(source: _Candidates, summary: _Candidates,
                          weights: Mapping[str, float]) -> list[Question]:
     out: list[Question] = []
     seen: set[tuple[frozenset[str], str]] = set()
-    for s in source:
+    for s in source.sentences:
         spans = qualifier_spans(s.text)
         for q in sorted({q for _, _, q in spans}):
             mine = [(a, b) for a, b, q2 in spans if q2 == q]
@@ -295,12 +323,18 @@ def _qualifier_questions(source: Sequence[_Sentence], summary: Sequence[_Sentenc
     return out
 
 
+@functools.lru_cache(maxsize=16)
+def _source(replies: tuple[str, ...]) -> tuple[_Candidates, Mapping[str, float]]:
+    # Remembered: an evaluation reads the same replies once per model and target.
+    source = _candidates(replies)
+    return source, MappingProxyType(_weights(source))
+
+
 def questions(replies: Sequence[str], summary: str) -> tuple[Question, ...]:
     """Every question the replies answer (figures first, then qualifiers, in reply
     order), each with what the reader finds in the summary."""
-    source = _sentences(replies)
-    target = _sentences([summary])
-    weights = _weights(source)
+    source, weights = _source(tuple(replies))
+    target = _candidates([summary])
     return (*_figure_questions(source, target, weights),
             *_qualifier_questions(source, target, weights))
 
@@ -318,16 +352,14 @@ def scores(replies: Sequence[str], summary: str) -> tuple[Score, Score]:
 
 def attribution(replies: Sequence[str], summary: str) -> Score:
     """Figures the reader still finds for the questions the replies answer."""
-    source = _sentences(replies)
-    weights = _weights(source)
-    return _tally(_figure_questions(source, _sentences([summary]), weights), "figure")
+    source, weights = _source(tuple(replies))
+    return _tally(_figure_questions(source, _candidates([summary]), weights), "figure")
 
 
 def qualifier_scope(replies: Sequence[str], summary: str) -> Score:
     """Qualifiers the summary sentence the reader finds still carries."""
-    source = _sentences(replies)
-    weights = _weights(source)
-    return _tally(_qualifier_questions(source, _sentences([summary]), weights), "qualifier")
+    source, weights = _source(tuple(replies))
+    return _tally(_qualifier_questions(source, _candidates([summary]), weights), "qualifier")
 
 
 # --------------------------------------------------------------------------- invented
