@@ -31,7 +31,7 @@ import bisect
 import functools
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal
@@ -273,9 +273,18 @@ def _question(words_: Iterable[str], weights: Mapping[str, float]) -> _Question:
     return _Question(ws, sum(weights[w] for w in sorted(ws)))
 
 
-def _figure_questions(source: _Candidates, summary: _Candidates,
-                      weights: Mapping[str, float]) -> list[Question]:
-    out: list[Question] = []
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """A question the replies answer: what the summary is asked."""
+
+    kind: Literal["figure", "qualifier"]
+    question: _Question
+    expected: str
+    masked: str
+    source: str
+
+
+def _figures_asked(source: _Candidates, weights: Mapping[str, float]) -> Iterator[_Asked]:
     seen: set[tuple[frozenset[str], str]] = set()
     for s in source.sentences:
         for f in sorted(s.figures):
@@ -285,11 +294,8 @@ def _figure_questions(source: _Candidates, summary: _Candidates,
             seen.add((question.words, f))
             if _answer(question, source, weights)[0] != f:
                 continue  # the replies themselves do not answer it unambiguously
-            answer, found = _answer(question, summary, weights)
             spans = [(t.start, t.start + len(f)) for t in s.tokens if t.text == f]
-            out.append(Question("figure", _masked(s.text, spans), f, s.text,
-                                None if found is None else found.text, answer, answer == f))
-    return out
+            yield _Asked("figure", question, f, _masked(s.text, spans), s.text)
 
 
 def _qualifier_found(question: _Question, candidates: _Candidates,
@@ -301,15 +307,12 @@ def _qualifier_found(question: _Question, candidates: _Candidates,
     return carries, (best[0] if best else None)
 
 
-def _qualifier_questions(source: _Candidates, summary: _Candidates,
-                         weights: Mapping[str, float]) -> list[Question]:
-    out: list[Question] = []
+def _qualifiers_asked(source: _Candidates, weights: Mapping[str, float]) -> Iterator[_Asked]:
     seen: set[tuple[frozenset[str], str]] = set()
     for s in source.sentences:
         spans = qualifier_spans(s.text)
-        for q in sorted({q for _, _, q in spans}):
-            mine = [(a, b) for a, b, q2 in spans if q2 == q]
-            masked = _masked(s.text, mine)
+        for q in sorted(s.qualifiers):
+            masked = _masked(s.text, [(a, b) for a, b, q2 in spans if q2 == q])
             question = _question((w for w in words(masked.replace(MASK, " "))
                                   if w in weights), weights)
             if (question.words, q) in seen:
@@ -317,26 +320,37 @@ def _qualifier_questions(source: _Candidates, summary: _Candidates,
             seen.add((question.words, q))
             if not _qualifier_found(question, source, weights, q)[0]:
                 continue  # the replies' own best sentence for it does not carry it
-            kept, found = _qualifier_found(question, summary, weights, q)
-            out.append(Question("qualifier", masked, q, s.text,
-                                None if found is None else found.text, None, kept))
-    return out
+            yield _Asked("qualifier", question, q, masked, s.text)
 
 
-@functools.lru_cache(maxsize=16)
-def _source(replies: tuple[str, ...]) -> tuple[_Candidates, Mapping[str, float]]:
-    # Remembered: an evaluation reads the same replies once per model and target.
+@functools.lru_cache(maxsize=256)
+def _asked(replies: tuple[str, ...]) -> tuple[Mapping[str, float], tuple[_Asked, ...]]:
+    """The questions the replies answer, and their words' weights. Remembered: an
+    evaluation asks the same replies once per model and target (the corpus holds about
+    250 target ranges)."""
     source = _candidates(replies)
-    return source, MappingProxyType(_weights(source))
+    weights = _weights(source)
+    asked = (*_figures_asked(source, weights), *_qualifiers_asked(source, weights))
+    return MappingProxyType(weights), asked
+
+
+def _read(asked: _Asked, summary: _Candidates, weights: Mapping[str, float]) -> Question:
+    if asked.kind == "figure":
+        answer, found = _answer(asked.question, summary, weights)
+        kept = answer == asked.expected
+    else:
+        answer = None
+        kept, found = _qualifier_found(asked.question, summary, weights, asked.expected)
+    return Question(asked.kind, asked.masked, asked.expected, asked.source,
+                    None if found is None else found.text, answer, kept)
 
 
 def questions(replies: Sequence[str], summary: str) -> tuple[Question, ...]:
     """Every question the replies answer (figures first, then qualifiers, in reply
     order), each with what the reader finds in the summary."""
-    source, weights = _source(tuple(replies))
+    weights, asked = _asked(tuple(replies))
     target = _candidates([summary])
-    return (*_figure_questions(source, target, weights),
-            *_qualifier_questions(source, target, weights))
+    return tuple(_read(a, target, weights) for a in asked)
 
 
 def _tally(found: Iterable[Question], kind: str) -> Score:
@@ -345,21 +359,19 @@ def _tally(found: Iterable[Question], kind: str) -> Score:
 
 
 def scores(replies: Sequence[str], summary: str) -> tuple[Score, Score]:
-    """(attribution, qualifier scope) at once, reading the replies once."""
+    """(attribution, qualifier scope) at once."""
     found = questions(replies, summary)
     return _tally(found, "figure"), _tally(found, "qualifier")
 
 
 def attribution(replies: Sequence[str], summary: str) -> Score:
     """Figures the reader still finds for the questions the replies answer."""
-    source, weights = _source(tuple(replies))
-    return _tally(_figure_questions(source, _candidates([summary]), weights), "figure")
+    return scores(replies, summary)[0]
 
 
 def qualifier_scope(replies: Sequence[str], summary: str) -> Score:
     """Qualifiers the summary sentence the reader finds still carries."""
-    source, weights = _source(tuple(replies))
-    return _tally(_qualifier_questions(source, _candidates([summary]), weights), "qualifier")
+    return scores(replies, summary)[1]
 
 
 # --------------------------------------------------------------------------- invented
