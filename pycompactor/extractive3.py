@@ -21,11 +21,11 @@ and writes only lines a reader can quote back to one reply:
    NAV on 2026-10-30 was 11.48." reads under the fund it belongs to.
 4. **Caveats and corrections first.** Sentences are chosen by what they state per byte:
    a correction ("Correction: …", "corrected from …", "that is incorrect") before
-   anything else, then facts per byte, where each figure not yet stated and each
-   qualifier (pycompactor.qualifiers, with hedges, superlatives and time scope) counts
-   one. A sentence holding neither a figure nor a qualifier states no fact a measure or a
-   follow-up question can find, and is left out. A sentence already chosen (the same
-   words in another reply) is not written twice.
+   anything else, then facts per byte, where each figure counts one and each qualifier
+   of the scope set (pycompactor.qualifiers: negation, limits, hedges, superlatives,
+   time scope) `QUALIFIER_WORTH`. A sentence holding neither a figure nor a qualifier
+   states no fact a measure or a follow-up question can find, and is left out. A
+   sentence already chosen (the same words in another reply) is not written twice.
 5. **Which reply a line came from.** One line per reply that has a kept sentence,
    labelled `a)` … `j)` in the order of the ten replies, the order in which their user
    messages travel verbatim before the summary (docs/contract.md §9). Letters are no
@@ -51,7 +51,8 @@ from pycompactor.extractive import MAX_SUMMARY_CHARS
 from pycompactor.figures import FIGURE
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import AssistantReply
-from pycompactor.outcomes import INVALID_TEXT, ModelOutcome, Reply, Failure, storable
+from pycompactor.outcomes import INVALID_TEXT, Failure, ModelOutcome, Reply, storable
+from pycompactor.qualifiers import scope_qualifiers
 from pycompactor.qualifiers import sentences as measure_sentences
 
 EXTRACTIVE3_MODEL: Final = "pycompactor/extractive-3"
@@ -63,12 +64,20 @@ _WS_RUN: Final = re.compile(r"[ \t\n\r\f\v]+")
 _LINES: Final = re.compile(r"[\n\r]+")
 _BULLET: Final = re.compile(r"^(?:[-*•]\s+|・\s*)")
 _LABELS: Final = "abcdefghij"
+#: What a qualifier counts against a figure when sentences are ranked. A figure stands for
+#: a question only its own sentence answers; a qualifier usually governs a clause the
+#: summary also states elsewhere. On the evaluation corpus 0.9 puts attribution above
+#: whole-sentence selection's at every target, qualifier scope within two points of it
+#: (docs/evaluate.md); 1.0 trades attribution for qualifier scope, 0.7 the other way.
+QUALIFIER_WORTH: Final = 0.9
 
 #: Words a telegraphic line can do without: articles and a few fillers. Nothing that
 #: carries a clause ("that", "which", "this", a verb) goes, so no clause loses its subject
 #: or turns into another statement, and never a qualifier ("not", "no", "only", "may").
 _FUNCTION_WORDS: Final = frozenset({"a", "an", "the", "very", "just", "also"})
 _WORD: Final = re.compile(r"\b[A-Za-z]+(?:'[a-z]+)?\b")
+# A dropped word leaves " ," behind.
+_SPACE_BEFORE_MARK: Final = re.compile(r" ([,;:.!?)])(?![0-9])")
 # A sentence that opens with one of these, a comma after it, loses the opener.
 _OPENERS: Final = re.compile(
     r"^(?:However|Additionally|Also|Thus|Therefore|Furthermore|Moreover|Note that|"
@@ -83,28 +92,6 @@ _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
 _ZH_ABOUT: Final = re.compile(r"^关于\s*(.{1,60}?)[，,]")
 _PROPER: Final = re.compile(r"\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*)+")
-
-#: Qualifiers the selection counts: negation, limits, exceptions, hedges, superlatives,
-#: time scope and corrections (English as whole words, Chinese as substrings).
-_QUALIFIERS_EN: Final = (
-    "no longer", "as of", "at least", "at most", "up to", "rather than", "not", "no",
-    "never", "only", "except", "instead", "unless", "until", "without", "previously",
-    "formerly", "deprecated", "removed", "correction", "corrected", "incorrect",
-    "incorrectly", "unlikely", "may", "might", "could", "smallest", "largest", "minimum",
-    "maximum", "since", "cannot", "none", "default", "current", "now",
-)
-_QUALIFIERS_ZH: Final = (
-    "不再", "不是", "不能", "不会", "不太可能", "不", "没有", "未", "无", "仅", "只",
-    "除了", "除外", "而是", "改为", "截至", "至少", "最多", "此前", "以前", "更正", "已弃用",
-    "已移除", "可能", "最小", "最大", "以来", "缺省", "默认", "当前",
-)
-_QUALIFIER: Final = re.compile(
-    r"\b(?:" + "|".join(re.escape(q).replace(r"\ ", r"\s+")
-                        for q in sorted(_QUALIFIERS_EN, key=len, reverse=True))
-    + r")\b|n't\b|" + "|".join(sorted(_QUALIFIERS_ZH, key=len, reverse=True)),
-    re.IGNORECASE,
-)
-
 
 @dataclass(frozen=True, slots=True)
 class _Unit:
@@ -146,8 +133,8 @@ def telegraph(sentence: str) -> str:
 
     text = _WORD.sub(keep, text)
     text = _WS_RUN.sub(" ", text)
-    # A dropped word leaves " ," or a leading space behind.
-    text = re.sub(r" ([,;:.!?)])", r"\1", text).strip(" ,;")
+    # (Not before a digit: "10 .5" must not become the figure 10.5.)
+    text = _SPACE_BEFORE_MARK.sub(r"\1", text).strip(" ,")
     if text and text[0].islower() and sentence.lstrip(_ASCII_WS + "-*•・ ")[:1].isupper():
         text = text[0].upper() + text[1:]
     return text
@@ -160,7 +147,7 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
         for line in _LINES.split(reply):
             for sentence in measure_sentences(_BULLET.sub("", line.strip(_ASCII_WS))):
                 found = frozenset(FIGURE.findall(sentence))
-                qualifiers = len({m.group(0).lower() for m in _QUALIFIER.finditer(sentence)})
+                qualifiers = len(scope_qualifiers(sentence))
                 if found or qualifiers:
                     text = telegraph(sentence)
                     if text.strip(_ASCII_WS):
@@ -187,6 +174,8 @@ def _ended(text: str) -> str:
     """A sentence with its end, so the measures never read two sentences as one."""
     if text[-1] in ".!?;。！？；":
         return text
+    if text[-1] in ":：":
+        text = text[:-1]
     return text + ("。" if "\u2e80" <= text[-1] <= "\u9fff" else ".")
 
 
@@ -200,10 +189,11 @@ def summarize_replies(replies: Sequence[str], target: float = DEFAULT_TARGET) ->
     chosen: list[_Unit] = []
     used_bytes = used_chars = 0
     opened: set[int] = set()
-    # Corrections first, then facts per byte (each figure and each qualifier one), ties in
-    # reply order: a sentence's worth does not depend on what was chosen before it.
+    # Corrections first, then facts per byte, ties in reply order: a sentence's worth does
+    # not depend on what was chosen before it.
     for unit in sorted(units, key=lambda u: (not u.correction,
-                                             -(len(u.figures) + u.qualifiers) / u.size,
+                                             -(len(u.figures) + QUALIFIER_WORTH * u.qualifiers)
+                                             / u.size,
                                              u.reply, u.order)):
         if unit.text in seen:
             continue
