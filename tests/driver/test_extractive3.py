@@ -71,7 +71,8 @@ def test_the_fee_lines_name_their_fund() -> None:
     assert len(fee_lines) >= 5
     for label, text in fee_lines.items():
         fund = subject(replies["abcdefghij".index(label)])
-        assert fund and fund in text, (fund, text)
+        assert fund is not None
+        assert fund in text, (fund, text)
     # extractive-2 wrote the same figures with no fund beside them.
     old = extract(replies).text
     assert any("ongoing fee" in s and not any(f in s for f in
@@ -81,11 +82,14 @@ def test_the_fee_lines_name_their_fund() -> None:
 def test_the_nav_caveat_and_the_risk_instruction_survive() -> None:
     lines = lines_by_label(summarize_replies(sample_replies()))
     nav = lines["b"]
-    assert "2026-10-09" in nav and "10.37" in nav and "Harbor Bond Index" in nav
+    assert "2026-10-09" in nav
+    assert "10.37" in nav
+    assert "Harbor Bond Index" in nav
     assert "not current NAV" in nav
     assert "will not infer default risk preference" in lines["a"]
     old = extract(sample_replies()).text
-    assert "not current" not in old and "risk preference" not in old
+    assert "not current" not in old
+    assert "risk preference" not in old
 
 
 def test_the_fund_of_a_the_fund_sentence_is_on_its_line() -> None:
@@ -169,7 +173,8 @@ def test_valid_deterministic_no_figure_invented_no_sentence_glued(
         replies: list[str], target: float) -> None:
     summary = summarize_replies(replies, target)
     assert summarize_replies(list(replies), target) == summary
-    assert summary.strip(ASCII_WS) and "\x00" not in summary
+    assert summary.strip(ASCII_WS)
+    assert "\x00" not in summary
     assert len(summary) <= MAX_SUMMARY_CHARS
     assert not fidelity.invented(replies, summary)
     if "\n" in summary or _LINE.match(summary):
@@ -226,7 +231,8 @@ def test_at_or_above_whole_sentence_selection_in_attribution(
 def test_made_by_its_model_id_and_target() -> None:
     summarizer = make_summarizer(EXTRACTIVE3_MODEL, extractive_target=0.2)
     assert isinstance(summarizer, Extractive3Summarizer)
-    assert summarizer.model == EXTRACTIVE3_MODEL and summarizer.target == 0.2
+    assert summarizer.model == EXTRACTIVE3_MODEL
+    assert summarizer.target == 0.2
     with pytest.raises(ValueError, match="target"):
         Extractive3Summarizer(0.0)
 
@@ -236,5 +242,6 @@ def test_summarizer_returns_a_normal_stop(conn: Conn) -> None:
              for i, text in enumerate(sample_replies())]
     outcome = Extractive3Summarizer().summarize(pairs)
     assert isinstance(outcome, Reply)
-    assert outcome.finish_reason == "stop" and outcome.tool_call_count == 0
+    assert outcome.finish_reason == "stop"
+    assert outcome.tool_call_count == 0
     assert complete_verdict(conn, outcome) == "completed"
