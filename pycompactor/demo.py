@@ -260,10 +260,13 @@ def _show_summaries(conn: db.Connection, console: Console,
     console.print(Text("cost = UTF-8 bytes + 16 per message. The summary replaces the ten "
                        "replies only: the ten user messages still cost what they did, so a "
                        "block shrinks less than its summary."))
-    excerpt = summaries[0][1].split("\n")[:3]
-    console.print(Text("Summary of pairs 0-9 begins:", style="bold"))
-    for line in excerpt:
-        console.print(Text("  " + preview(line, 110)))
+    # Whole: what the next Run reads instead of replies 0-9 is the product, and the two
+    # failures the article names (a dated NAV read as current, a dropped instruction)
+    # are checked by reading it.
+    console.print(Text("Summary of pairs 0-9 (line a) stands for reply 0, b) for reply 1, "
+                       "...):", style="bold"))
+    for line in summaries[0][1].split("\n"):
+        console.print(Text("  " + line))
     return summaries
 
 
@@ -368,23 +371,27 @@ def _show_gain(console: Console, pairs: Sequence[Pair], summaries: dict[int, tup
     ))
     kept = [measure_range(pairs[f : f + 10], text) for f, text in sorted(texts.items())]
     console.print(table(
-        "What the summaries kept (figures: numbers, dates, amounts; qualified facts: a "
-        "figure with its 'not', 'only', 'no longer', '不再', '仅' ...)",
-        ["pairs", "reply bytes", "summary bytes", "compression", "figures kept",
-         "qualified facts kept"],
+        "What a reader finds in the summaries (pycompactor evaluate's measures, "
+        "docs/evaluate.md): attribution, each figure found by the question its sentence "
+        "answers; qualifier scope, each 'not', 'only', 'as of', 'unlikely', '不', '仅' ... "
+        "still in the sentence that question finds",
+        ["pairs", "reply bytes", "summary bytes", "compression", "attribution",
+         "qualifier scope", "figures kept", "invented"],
         [(f"{r.from_pair}-{r.to_pair}", r.replies_bytes, r.summary_bytes,
           f"{r.compression:.2f}" if r.compression is not None else "-",
-          f"{r.figures_kept}/{r.figures_total}",
-          f"{r.qualifiers_kept}/{r.qualifiers_total}") for r in kept],
-        right=["reply bytes", "summary bytes", "compression"],
+          f"{r.attribution_kept}/{r.attribution_total}",
+          f"{r.scope_kept}/{r.scope_total}",
+          f"{r.figures_kept}/{r.figures_total}", r.invented_figures) for r in kept],
+        right=["reply bytes", "summary bytes", "compression", "invented"],
     ))
     pooled = totals(kept)
     console.print(Text(
         f"In {room.budget_bytes} bytes the next Run sees all {room.compacted} pairs with "
         f"compaction, {room.raw_only} without ({room.gain:+d}); in {tight.budget_bytes} "
         f"bytes, {tight.compacted} against {tight.raw_only} ({tight.gain:+d}). The price: "
-        f"the summaries kept {pooled.figures_kept} of {pooled.figures_total} figures and "
-        f"{pooled.qualifiers_kept} of {pooled.qualifiers_total} qualified facts. A summary "
+        f"a reader finds {pooled.attribution_kept} of {pooled.attribution_total} figures "
+        f"by their question and {pooled.scope_kept} of {pooled.scope_total} qualifiers in "
+        f"their scope; the summaries invent {pooled.invented_figures} figures. A summary "
         "buys pairs only where it is smaller than the replies it stands for. `pycompactor "
         "evaluate` measures both on your own history and model."))
 

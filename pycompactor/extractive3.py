@@ -25,13 +25,17 @@ and writes only lines a reader can quote back to one reply:
    of the scope set (pycompactor.qualifiers: negation, limits, hedges, superlatives,
    time scope) `QUALIFIER_WORTH`. A sentence holding neither a figure nor a qualifier
    states no fact a measure or a follow-up question can find, and is left out. A
-   sentence already chosen (the same words in another reply) is not written twice.
+   sentence that points back ("it is not the current NAV", "These errors could …",
+   "这是历史净值") is bound to the sentence before it: both are kept or neither, so a
+   caveat never floats free of what it governs. The same words are written once (the
+   second fund's "it is not the current NAV" is bound to its own NAV, so it is not the
+   same words).
 5. **Which reply a line came from.** One line per reply that has a kept sentence,
    labelled `a)` … `j)` in the order of the ten replies, the order in which their user
    messages travel verbatim before the summary (docs/contract.md §9). Letters are no
    figures, so a label can never be mistaken for a number the reply gave.
 
-The summary holds at most `target` x the replies' UTF-8 bytes (default 0.35), and never
+The summary holds at most `target` x the replies' UTF-8 bytes (default 0.4), and never
 more than the 6,000 characters a summary may hold (docs/contract.md §6). It states no
 figure the replies do not hold (docs/contract.md §8: invented figures fail an attempt).
 
@@ -57,19 +61,20 @@ from pycompactor.qualifiers import sentences as measure_sentences
 
 EXTRACTIVE3_MODEL: Final = "pycompactor/extractive-3"
 #: The default target: summary UTF-8 bytes at most this share of the replies' bytes.
-DEFAULT_TARGET: Final = 0.35
+DEFAULT_TARGET: Final = 0.4
 
 _ASCII_WS: Final = " \t\n\r\f\v"
 _WS_RUN: Final = re.compile(r"[ \t\n\r\f\v]+")
 _LINES: Final = re.compile(r"[\n\r]+")
 _BULLET: Final = re.compile(r"^(?:[-*•]\s+|・\s*)")
 _LABELS: Final = "abcdefghij"
-#: What a qualifier counts against a figure when sentences are ranked. A figure stands for
-#: a question only its own sentence answers; a qualifier usually governs a clause the
-#: summary also states elsewhere. On the evaluation corpus 0.9 puts attribution above
-#: whole-sentence selection's at every target, qualifier scope within two points of it
-#: (docs/evaluate.md); 1.0 trades attribution for qualifier scope, 0.7 the other way.
-QUALIFIER_WORTH: Final = 0.9
+#: What a qualifier counts against a figure when sentences are ranked. A figure is a
+#: question only its own sentence answers; a qualifier's sentence comes with the sentence
+#: it points back to, so it costs more per question. On the evaluation corpus 0.75 puts
+#: attribution above whole-sentence selection's at every target the bench tries, and
+#: qualifier scope about five points below it (docs/evaluate.md has the run); 0.9 is even
+#: with it on attribution and three points below on scope, 0.6 gains attribution again.
+QUALIFIER_WORTH: Final = 0.75
 
 #: Words a telegraphic line can do without: articles and a few fillers. Nothing that
 #: carries a clause ("that", "which", "this", a verb) goes, so no clause loses its subject
@@ -87,6 +92,12 @@ _CORRECTION: Final = re.compile(
     r"\b(?:correction|corrected|incorrect|incorrectly|mistaken|wrongly)\b|更正|纠正|有误",
     re.IGNORECASE,
 )
+# A sentence that opens by pointing back ("it is not the current NAV", "These errors could
+# …", "该参数…") states nothing without the sentence before it.
+_ANAPHOR: Final = re.compile(
+    r"^(?:(?:it|its|this|that|these|those|they|such)\b|.{0,4}?(?:这|此|该|其|它))",
+    re.IGNORECASE,
+)
 # Where a reply names what it is about.
 _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
@@ -95,7 +106,8 @@ _PROPER: Final = re.compile(r"\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*)+")
 
 @dataclass(frozen=True, slots=True)
 class _Unit:
-    """One sentence of one reply, in the telegraphic form the summary would write."""
+    """One sentence of one reply (with the sentences that point back to it), in the
+    telegraphic form the summary would write."""
 
     reply: int
     order: int
@@ -141,26 +153,39 @@ def telegraph(sentence: str) -> str:
 
 
 def _units(replies: Sequence[str]) -> list[_Unit]:
+    """The sentences a summary may keep: each with a figure or a qualifier, bound to the
+    sentences before it that it points back to (module docstring, step 4)."""
     units = []
     for r, reply in enumerate(replies):
         order = 0
         for line in _LINES.split(reply):
+            chain: list[str] = []
             for sentence in measure_sentences(_BULLET.sub("", line.strip(_ASCII_WS))):
-                found = frozenset(FIGURE.findall(sentence))
-                qualifiers = len(scope_qualifiers(sentence))
-                if found or qualifiers:
-                    text = telegraph(sentence)
-                    if text.strip(_ASCII_WS):
-                        text = _ended(text)
-                        units.append(_Unit(r, order, text, found, qualifiers,
-                                           bool(_CORRECTION.search(sentence))))
-                order += 1
+                if chain and not _ANAPHOR.match(sentence):
+                    units.extend(_unit(r, order, chain))
+                    order += len(chain)
+                    chain = []
+                chain.append(sentence)
+            units.extend(_unit(r, order, chain))
+            order += len(chain)
     return units
 
 
-def _head(topic: str | None) -> str:
-    """The most a line's label and subject can cost (the budget counts it once a reply)."""
-    return "a) " + (f"{topic}: " if topic else "")
+def _unit(reply: int, order: int, chain: Sequence[str]) -> list[_Unit]:
+    """A sentence and the ones that point back to it, as one unit if any states a fact."""
+    found: set[str] = set()
+    qualifiers = 0
+    texts = []
+    for sentence in chain:
+        found.update(FIGURE.findall(sentence))
+        qualifiers += len(scope_qualifiers(sentence))
+        text = telegraph(sentence)
+        if text.strip(_ASCII_WS):
+            texts.append(_ended(text))
+    if not texts or not (found or qualifiers):
+        return []
+    return [_Unit(reply, order, " ".join(texts), frozenset(found), qualifiers,
+                  any(_CORRECTION.search(sentence) for sentence in chain))]
 
 
 def _line(label: str, topic: str | None, chosen: Sequence[_Unit]) -> str:
@@ -185,40 +210,46 @@ def summarize_replies(replies: Sequence[str], target: float = DEFAULT_TARGET) ->
     budget = max(1, int(target * total))
     units = _units(replies)
     topics = [subject(r) for r in replies]
+    # The same words are one statement: a sentence that points back is bound to what it
+    # points at, so "it is not the current NAV" after two funds' NAVs is two statements.
     seen: set[str] = set()
-    chosen: list[_Unit] = []
+    chosen: dict[int, list[_Unit]] = {}
+    lines: dict[int, str] = {}
     used_bytes = used_chars = 0
-    opened: set[int] = set()
     # Corrections first, then facts per byte, ties in reply order: a sentence's worth does
-    # not depend on what was chosen before it.
+    # not depend on what was chosen before it. What it costs does (its line's subject is
+    # written only when the line's first sentence does not name it), so the budget counts
+    # the lines as they would be written.
     for unit in sorted(units, key=lambda u: (not u.correction,
                                              -(len(u.figures) + QUALIFIER_WORTH * u.qualifiers)
                                              / u.size,
                                              u.reply, u.order)):
         if unit.text in seen:
             continue
-        cost, chars = unit.size, len(unit.text) + 1
-        if unit.reply not in opened:
-            head = _head(topics[unit.reply])
-            cost += len(head.encode("utf-8"))
-            chars += len(head)
-        if used_bytes + cost > budget or used_chars + chars > MAX_SUMMARY_CHARS:
+        mine = sorted([*chosen.get(unit.reply, []), unit], key=lambda u: u.order)
+        line = _line(_LABELS[unit.reply % len(_LABELS)], topics[unit.reply], mine)
+        before = lines.get(unit.reply)
+        # A new line also costs the newline that separates it (one per line but the first).
+        extra_bytes = len(line.encode("utf-8")) + (1 if before is None and lines else 0)
+        extra_chars = len(line) + (1 if before is None and lines else 0)
+        if before is not None:
+            extra_bytes -= len(before.encode("utf-8"))
+            extra_chars -= len(before)
+        if used_bytes + extra_bytes > budget or used_chars + extra_chars > MAX_SUMMARY_CHARS:
             continue
-        chosen.append(unit)
+        chosen[unit.reply] = mine
+        lines[unit.reply] = line
         seen.add(unit.text)
-        opened.add(unit.reply)
-        used_bytes += cost
-        used_chars += chars
-    lines = []
-    for r in range(len(replies)):
-        mine = sorted((u for u in chosen if u.reply == r), key=lambda u: u.order)
-        if mine:
-            lines.append(_line(_LABELS[r % len(_LABELS)], topics[r], mine))
-    text = "\n".join(lines)
+        used_bytes += extra_bytes
+        used_chars += extra_chars
+    text = "\n".join(lines[r] for r in sorted(lines))
     if text.strip(_ASCII_WS):
         return text
-    # Content the sentence split strips (NBSP, U+3000, ...) still counts (contract §3).
-    return next((c for reply in replies for c in reply if c not in _ASCII_WS), "-")
+    # Nothing fits: one character of the replies (content the sentence split strips, NBSP,
+    # U+3000, ... still counts, contract §3), never a digit, which could be a figure the
+    # replies never gave ("1" of "100").
+    return next((c for reply in replies for c in reply
+                 if c not in _ASCII_WS and not c.isdigit()), "-")
 
 
 class Extractive3Summarizer:
