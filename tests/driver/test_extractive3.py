@@ -92,6 +92,24 @@ def test_the_nav_caveat_and_the_risk_instruction_survive() -> None:
     assert "risk preference" not in old
 
 
+def test_a_caveat_is_kept_with_what_it_governs_for_every_fund() -> None:
+    """Replies 1 and 6 give two funds' NAVs, each followed by the same words "it is not
+    the current NAV": written once, the second NAV would read as current."""
+    lines = lines_by_label(summarize_replies(sample_replies()))
+    for label, fund in (("b", "Harbor Bond Index"), ("g", "Lotus Asia Growth")):
+        assert f"On 2026-10-09 NAV of {fund} was" in lines[label]
+        assert lines[label].endswith("it is not current NAV, which needs fresh quote.")
+    replies = [f"Fund {name} had a NAV of {nav} on 2026-10-09. It is not the current NAV."
+               for name, nav in zip("ABCDEFGHIJ", range(10, 20), strict=True)]
+    summary = summarize_replies(replies, 0.2)
+    for sentence in sentences(summary):
+        if "not current NAV" in sentence:
+            continue
+        # Every NAV the summary states has its caveat right after it.
+        assert summary.split(sentence, 1)[1].lstrip().startswith("It is not current NAV"), \
+            sentence
+
+
 def test_the_fund_of_a_the_fund_sentence_is_on_its_line() -> None:
     """"The fund's NAV on 2026-10-30 was 11.48." reads under the fund it belongs to."""
     lines = lines_by_label(summarize_replies(sample_replies()))
