@@ -237,7 +237,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, default: str | None = Non
     what = "model id recorded on each job" if default is None else "model to evaluate"
     p.add_argument("--model", default=None, metavar="MODEL",
                    help=f"{what} (env: PYCOMPACTOR_MODEL); "
-                        "pycompactor/extractive-1 or pycompactor/extractive-2 selects an "
+                        "pycompactor/extractive-3 (or the older -1 and -2) selects an "
                         f"offline summarizer{fallback}")
     if base_url:
         p.add_argument("--base-url", default=None, metavar="URL",
@@ -249,7 +249,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, default: str | None = Non
                    help="deadline of one model call, transport retry included (default: 120)")
     p.add_argument("--extractive-target", type=retention_ratio, metavar="R",
                    default=os.environ.get("PYCOMPACTOR_EXTRACTIVE_TARGET", "0.35"),
-                   help="pycompactor/extractive-2 only: summaries of at most R x the UTF-8 "
+                   help="pycompactor/extractive-2 and -3 only: summaries of at most R x the UTF-8 "
                         "bytes of their ten replies, above 0 to 1 "
                         "(env: PYCOMPACTOR_EXTRACTIVE_TARGET; default: 0.35)")
     p.set_defaults(default_model=default)

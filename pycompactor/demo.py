@@ -2,7 +2,7 @@
 
 This module owns the demo's story and how it is shown. It starts a private PostgreSQL
 from the installed server binaries, migrates it, loads the 45-pair sample conversation,
-compacts it with one pass of the real worker (`pycompactor/extractive-2`, in process, no
+compacts it with one pass of the real worker (`pycompactor/extractive-3`, in process, no
 network), and shows as tables: the plan, the jobs and attempts (`compaction.audit_jobs`),
 the summaries, the projection manifest pair by pair under a budget that leaves history
 raw, summarized and omitted, bytes before and after, and what compaction buys the next
@@ -36,7 +36,7 @@ from pycompactor.cluster import ThrowawayCluster, describe
 from pycompactor.errors import PycompactorError
 from pycompactor.evaluation import measure_range, reach, totals
 from pycompactor.eventlog import EventLog
-from pycompactor.extractive2 import DEFAULT_TARGET, EXTRACTIVE2_MODEL, Extractive2Summarizer
+from pycompactor.extractive3 import DEFAULT_TARGET, EXTRACTIVE3_MODEL, Extractive3Summarizer
 from pycompactor.hashing import source_hash
 from pycompactor.models import Pair
 from pycompactor.projection import (
@@ -198,13 +198,13 @@ def _show_plan(conn: db.Connection, console: Console, pairs: Sequence[Pair]) -> 
 
 def _compact(conn: db.Connection, dsn: str, console: Console, steps: Steps) -> None:
     log = io.StringIO()
-    with steps.step(f"compacting: one worker pass with {EXTRACTIVE2_MODEL} (claim, summarize "
+    with steps.step(f"compacting: one worker pass with {EXTRACTIVE3_MODEL} (claim, summarize "
                     "outside any transaction, complete)"):
         # One slot: the two ranges are claimed and completed in order, so job and summary
         # ids are the same on every run (the tables and the text below name them).
-        worker = Worker(WorkerConfig(model=EXTRACTIVE2_MODEL, dsn=dsn, once=True,
+        worker = Worker(WorkerConfig(model=EXTRACTIVE3_MODEL, dsn=dsn, once=True,
                                      concurrency=1, log_format="json"),
-                        Extractive2Summarizer(), log=EventLog("json", log))
+                        Extractive3Summarizer(), log=EventLog("json", log))
         report = worker.run()
         # The worker turns SIGINT into a graceful drain; the demo still stops on Ctrl-C.
         if worker.stopping:
@@ -217,7 +217,7 @@ def _compact(conn: db.Connection, dsn: str, console: Console, steps: Steps) -> N
     check(all(r["figures_total"] is not None and r["figures_kept"] is not None for r in rows),
           "figures reported for both ranges")
     console.print(table(
-        f"Jobs and attempts: compaction.audit_jobs (model {EXTRACTIVE2_MODEL}, prompt "
+        f"Jobs and attempts: compaction.audit_jobs (model {EXTRACTIVE3_MODEL}, prompt "
         f"{PROMPT_VERSION}; the pass claimed {report.claimed} and logged "
         f"{len(log.getvalue().splitlines())} events)",
         columns,
@@ -226,12 +226,12 @@ def _compact(conn: db.Connection, dsn: str, console: Console, steps: Steps) -> N
     ))
     console.print(Text(
         "figures_kept: distinct figures (numbers, dates, amounts) of the ten replies that "
-        "the summary holds verbatim, of all of them. extractive-2 writes at most "
-        f"{DEFAULT_TARGET:.2f} of the replies' bytes, as a ceiling: each figure with the few "
-        "words around it and its qualifiers, then a little context; the short replies of "
-        "10-19 get only the words around each figure. A summary that cannot state every "
-        "figure within the target loses some, and a worker with --min-figure-retention R "
-        "fails it (figures_lost). input_tokens/output_tokens: the usage an OpenAI-compatible API "
+        "the summary holds verbatim, of all of them. extractive-3 writes at most "
+        f"{DEFAULT_TARGET:.2f} of the replies' bytes: whole sentences of one reply each, "
+        "without articles, caveats and corrections first, each reply's line labelled a)-j) "
+        "and opened by what the reply is about. A summary that cannot state every figure "
+        "within the target loses some, and a worker with --min-figure-retention R fails it "
+        "(figures_lost). input_tokens/output_tokens: the usage an OpenAI-compatible API "
         "reports; the offline summarizer calls no model, so it has none (-)."))
 
 
@@ -260,10 +260,13 @@ def _show_summaries(conn: db.Connection, console: Console,
     console.print(Text("cost = UTF-8 bytes + 16 per message. The summary replaces the ten "
                        "replies only: the ten user messages still cost what they did, so a "
                        "block shrinks less than its summary."))
-    excerpt = summaries[0][1].split("\n")[:3]
-    console.print(Text("Summary of pairs 0-9 begins:", style="bold"))
-    for line in excerpt:
-        console.print(Text("  " + preview(line, 110)))
+    # Whole: what the next Run reads instead of replies 0-9 is the product, and the two
+    # failures the article names (a dated NAV read as current, a dropped instruction)
+    # are checked by reading it.
+    console.print(Text("Summary of pairs 0-9 (line a) stands for reply 0, b) for reply 1, "
+                       "...):", style="bold"))
+    for line in summaries[0][1].split("\n"):
+        console.print(Text("  " + line))
     return summaries
 
 
@@ -368,23 +371,27 @@ def _show_gain(console: Console, pairs: Sequence[Pair], summaries: dict[int, tup
     ))
     kept = [measure_range(pairs[f : f + 10], text) for f, text in sorted(texts.items())]
     console.print(table(
-        "What the summaries kept (figures: numbers, dates, amounts; qualified facts: a "
-        "figure with its 'not', 'only', 'no longer', '不再', '仅' ...)",
-        ["pairs", "reply bytes", "summary bytes", "compression", "figures kept",
-         "qualified facts kept"],
+        "What a reader finds in the summaries (pycompactor evaluate's measures, "
+        "docs/evaluate.md): attribution, each figure found by the question its sentence "
+        "answers; qualifier scope, each 'not', 'only', 'as of', 'unlikely', '不', '仅' ... "
+        "still in the sentence that question finds",
+        ["pairs", "reply bytes", "summary bytes", "compression", "attribution",
+         "qualifier scope", "figures kept", "invented"],
         [(f"{r.from_pair}-{r.to_pair}", r.replies_bytes, r.summary_bytes,
           f"{r.compression:.2f}" if r.compression is not None else "-",
-          f"{r.figures_kept}/{r.figures_total}",
-          f"{r.qualifiers_kept}/{r.qualifiers_total}") for r in kept],
-        right=["reply bytes", "summary bytes", "compression"],
+          f"{r.attribution_kept}/{r.attribution_total}",
+          f"{r.scope_kept}/{r.scope_total}",
+          f"{r.figures_kept}/{r.figures_total}", r.invented_figures) for r in kept],
+        right=["reply bytes", "summary bytes", "compression", "invented"],
     ))
     pooled = totals(kept)
     console.print(Text(
         f"In {room.budget_bytes} bytes the next Run sees all {room.compacted} pairs with "
         f"compaction, {room.raw_only} without ({room.gain:+d}); in {tight.budget_bytes} "
         f"bytes, {tight.compacted} against {tight.raw_only} ({tight.gain:+d}). The price: "
-        f"the summaries kept {pooled.figures_kept} of {pooled.figures_total} figures and "
-        f"{pooled.qualifiers_kept} of {pooled.qualifiers_total} qualified facts. A summary "
+        f"a reader finds {pooled.attribution_kept} of {pooled.attribution_total} figures "
+        f"by their question and {pooled.scope_kept} of {pooled.scope_total} qualifiers in "
+        f"their scope; the summaries invent {pooled.invented_figures} figures. A summary "
         "buys pairs only where it is smaller than the replies it stands for. `pycompactor "
         "evaluate` measures both on your own history and model."))
 

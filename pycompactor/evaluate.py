@@ -36,7 +36,7 @@ from pycompactor.evaluation import (
     evaluate,
     guess_language,
 )
-from pycompactor.extractive2 import EXTRACTIVE2_MODEL
+from pycompactor.extractive3 import EXTRACTIVE3_MODEL
 from pycompactor.render import print_json
 from pycompactor.summarizer import Summarizer
 
@@ -58,7 +58,7 @@ EVALUATE_EXAMPLES: Final = (
 )
 
 #: The model when neither --model nor PYCOMPACTOR_MODEL names one: offline, no server.
-DEFAULT_MODEL: Final = EXTRACTIVE2_MODEL
+DEFAULT_MODEL: Final = EXTRACTIVE3_MODEL
 #: Conversations read from a live database unless --limit says otherwise.
 DEFAULT_LIMIT: Final = 100
 # Histogram bins: compression is a ratio that can pass 1 (a summary longer than its

@@ -4,7 +4,9 @@ A typed API over frozen dataclasses, shared by the command, the demo and `make b
 
 * pure metrics: `compression` (summary UTF-8 bytes / the ten replies' bytes), figure
   retention (`pycompactor.figures.figure_stats`, DESIGN §8) and qualifier retention
-  (`pycompactor.qualifiers.qualifier_stats`), `target_ranges` (the window policy of
+  (`pycompactor.qualifiers.qualifier_stats`); attribution, qualifier scope and invented
+  figures (`pycompactor.fidelity`: does the summary still answer the questions the
+  replies answer, and state no figure they never gave); `target_ranges` (the window policy of
   DESIGN §4), and `reach`: how many of a conversation's pairs the next Run sees under a
   budget with the summaries and without any (the raw-only projection: newest pairs
   only). Reach is planned by the projection's own pure planner
@@ -25,11 +27,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from pycompactor import fidelity
 from pycompactor.extractive import MAX_SUMMARY_CHARS
+from pycompactor.fidelity import Question
 from pycompactor.figures import figure_stats
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.outcomes import Failure, Reply
@@ -47,6 +51,9 @@ from pycompactor.summarizer import PROMPT_VERSION, Summarizer
 #: large context allowances for history.
 BUDGETS_KIB: Final = (8, 16, 32, 64)
 DEFAULT_BUDGETS: Final = tuple(k * 1024 for k in BUDGETS_KIB)
+
+#: Ranges the report lists whole (summary beside source), the lowest attribution first.
+WORST_RANGES: Final = 5
 
 #: DESIGN §4: the first target needs this many pairs; the newest 20 are never in one.
 FIRST_TARGET_PAIRS: Final = 30
@@ -171,6 +178,38 @@ class RangeResult:
     #: Wall-clock seconds of the model call.
     seconds: float
     failure: str | None = None
+    #: Questions the replies answer by a figure (pycompactor.fidelity), and how many of
+    #: them the summary answers with the right figure, unambiguously (None: failed).
+    attribution_total: int = 0
+    attribution_kept: int | None = None
+    #: Qualifiers whose own sentence the reader finds again, and how many of the summary
+    #: sentences it finds still carry them (None: failed).
+    scope_total: int = 0
+    scope_kept: int | None = None
+    #: Figures of the summary that no reply holds, reply labels aside (DESIGN §8).
+    invented: tuple[str, ...] | None = None
+    #: For the worst-range listing (not in to_dict: a report lists its worst ranges
+    #: whole): the summary, the replies, and the questions the summary did not answer.
+    summary: str | None = field(default=None, repr=False)
+    replies: tuple[str, ...] = field(default=(), repr=False)
+    lost: tuple[Question, ...] = field(default=(), repr=False)
+
+    @property
+    def attribution(self) -> float | None:
+        """attribution_kept / attribution_total; None without such questions or summary."""
+        if self.attribution_kept is None or self.attribution_total == 0:
+            return None
+        return self.attribution_kept / self.attribution_total
+
+    @property
+    def qualifier_scope(self) -> float | None:
+        if self.scope_kept is None or self.scope_total == 0:
+            return None
+        return self.scope_kept / self.scope_total
+
+    @property
+    def invented_figures(self) -> int | None:
+        return None if self.invented is None else len(self.invented)
 
     @property
     def compression(self) -> float | None:
@@ -201,6 +240,11 @@ class RangeResult:
             "qualifiers_total": self.qualifiers_total,
             "qualifiers_kept": self.qualifiers_kept,
             "qualifier_retention": self.qualifier_retention,
+            "attribution_total": self.attribution_total,
+            "attribution_kept": self.attribution_kept, "attribution": self.attribution,
+            "qualifier_scope_total": self.scope_total,
+            "qualifier_scope_kept": self.scope_kept, "qualifier_scope": self.qualifier_scope,
+            "invented_figures": None if self.invented is None else list(self.invented),
             "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
             "seconds": round(self.seconds, 6), "failure": self.failure,
         }
@@ -215,6 +259,10 @@ def measure_range(pairs: Sequence[SourcePair], summary: str | None, *,
     replies = [p.assistant_content for p in pairs]
     figures = figure_stats(pairs, summary or "")
     qualified = qualifier_stats(replies, summary or "")
+    asked = fidelity.questions(replies, summary or "")
+    attributed = [q for q in asked if q.kind == "figure"]
+    scoped = [q for q in asked if q.kind == "qualifier"]
+    done = summary is not None
     return RangeResult(
         from_pair=pairs[0].pair_index, to_pair=pairs[-1].pair_index,
         replies_bytes=sum(utf8_len(r) for r in replies),
@@ -225,6 +273,14 @@ def measure_range(pairs: Sequence[SourcePair], summary: str | None, *,
         qualifiers_kept=None if summary is None else qualified.kept,
         input_tokens=input_tokens, output_tokens=output_tokens, seconds=seconds,
         failure=failure,
+        attribution_total=len(attributed),
+        attribution_kept=sum(q.kept for q in attributed) if done else None,
+        scope_total=len(scoped),
+        scope_kept=sum(q.kept for q in scoped) if done else None,
+        invented=None if summary is None else tuple(sorted(fidelity.invented(
+            replies, summary, [p.assistant_message_id for p in pairs]))),
+        summary=summary, replies=tuple(replies),
+        lost=tuple(q for q in asked if not q.kept) if done else (),
     )
 
 
@@ -343,10 +399,24 @@ class Totals:
     input_tokens: int | None
     output_tokens: int | None
     seconds: float
+    attribution_total: int = 0
+    attribution_kept: int = 0
+    scope_total: int = 0
+    scope_kept: int = 0
+    #: Invented figures, summed over the summarized ranges.
+    invented_figures: int = 0
 
     @property
     def compression(self) -> float | None:
         return _ratio(self.summary_bytes, self.replies_bytes)
+
+    @property
+    def attribution(self) -> float | None:
+        return _ratio(self.attribution_kept, self.attribution_total)
+
+    @property
+    def qualifier_scope(self) -> float | None:
+        return _ratio(self.scope_kept, self.scope_total)
 
     @property
     def figure_retention(self) -> float | None:
@@ -366,6 +436,11 @@ class Totals:
             "qualifiers_total": self.qualifiers_total,
             "qualifiers_kept": self.qualifiers_kept,
             "qualifier_retention": self.qualifier_retention,
+            "attribution_total": self.attribution_total,
+            "attribution_kept": self.attribution_kept, "attribution": self.attribution,
+            "qualifier_scope_total": self.scope_total, "qualifier_scope_kept": self.scope_kept,
+            "qualifier_scope": self.qualifier_scope,
+            "invented_figures": self.invented_figures,
             "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
             "seconds": round(self.seconds, 6),
         }
@@ -386,6 +461,11 @@ def totals(ranges: Iterable[RangeResult]) -> Totals:
         input_tokens=_sum_reported(r.input_tokens for r in ranges),
         output_tokens=_sum_reported(r.output_tokens for r in ranges),
         seconds=sum(r.seconds for r in ranges),
+        attribution_total=sum(r.attribution_total for r in done),
+        attribution_kept=sum(r.attribution_kept or 0 for r in done),
+        scope_total=sum(r.scope_total for r in done),
+        scope_kept=sum(r.scope_kept or 0 for r in done),
+        invented_figures=sum(r.invented_figures or 0 for r in done),
     )
 
 
@@ -453,6 +533,15 @@ class Report:
     def reach(self) -> tuple[ReachTotals, ...]:
         return reach_totals(self.conversations, self.budgets)
 
+    def worst(self, n: int = WORST_RANGES) -> tuple[tuple[str, RangeResult], ...]:
+        """The n summarized ranges with the lowest attribution (then the lowest qualifier
+        scope; ranges without a figure question last), as (conversation_id, range)."""
+        ranked = sorted(
+            ((c.conversation_id, r) for c in self.conversations for r in c.ranges
+             if r.failure is None and (r.attribution_total or r.scope_total)),
+            key=lambda cr: (_or_one(cr[1].attribution), _or_one(cr[1].qualifier_scope)))
+        return tuple(ranked[:n])
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (what `pycompactor evaluate --json` prints)."""
         return {
@@ -461,8 +550,23 @@ class Report:
             "overall": self.overall.to_dict(),
             "by_language": {k: v.to_dict() for k, v in self.by_language().items()},
             "reach": [r.to_dict() for r in self.reach],
+            "worst": [worst_dict(cid, r) for cid, r in self.worst()],
             "conversations": [c.to_dict() for c in self.conversations],
         }
+
+
+def _or_one(value: float | None) -> float:
+    return 1.0 if value is None else value
+
+
+def worst_dict(conversation_id: str, r: RangeResult) -> dict[str, Any]:
+    """A range of the worst-range listing, with its summary, replies and lost questions."""
+    return {"conversation_id": conversation_id, "from_pair": r.from_pair,
+            "to_pair": r.to_pair, "compression": r.compression,
+            "attribution": r.attribution, "qualifier_scope": r.qualifier_scope,
+            "invented_figures": None if r.invented is None else list(r.invented),
+            "summary": r.summary, "replies": list(r.replies),
+            "lost": [q.to_dict() for q in r.lost]}
 
 
 # --------------------------------------------------------------------------- driver

@@ -36,14 +36,50 @@ QUALIFIERS_ZH: Final[tuple[str, ...]] = (
     "而是", "改为", "截至", "至少", "最多", "此前", "以前", "更正", "已弃用", "已移除",
 )
 
-_EN: Final = re.compile(
-    r"\b(?:"
-    + "|".join(re.escape(q).replace(r"\ ", r"\s+")
-               for q in sorted(QUALIFIERS_EN, key=len, reverse=True))
-    + r")\b|n't\b",
-    re.IGNORECASE,
+#: The scope set (issue 61): the same kinds plus hedges, superlatives, bounds and time
+#: scope, the words whose loss turns "unlikely to add up to 100%" into "adds up to 100%"
+#: or "the smallest key size is 512 bits" into "the key size is 512 bits". The fidelity
+#: measures (pycompactor.fidelity) and later summarizers use it; extractive-2 keeps
+#: QUALIFIERS_EN/ZH above, so its summaries stay byte-identical under its model id.
+QUALIFIERS_EN_V2: Final[tuple[str, ...]] = (
+    *QUALIFIERS_EN,
+    # hedges
+    "unlikely", "likely", "may", "might", "possibly", "probably", "approximately",
+    "roughly", "estimated",
+    # superlatives and bounds
+    "smallest", "largest", "lowest", "highest", "minimum", "maximum", "exactly",
+    "more than", "less than", "fewer than", "at the earliest", "at the latest",
+    # time scope and universality
+    "since", "before", "after", "always", "temporarily",
 )
-_ZH: Final = re.compile("|".join(sorted(QUALIFIERS_ZH, key=len, reverse=True)))
+#: Chinese, the same kinds as QUALIFIERS_EN_V2.
+QUALIFIERS_ZH_V2: Final[tuple[str, ...]] = (
+    *QUALIFIERS_ZH,
+    "不太可能", "可能", "也许", "大约", "大概", "约为", "估计",
+    "最小", "最大", "最低", "最高", "最少", "至多", "不超过", "超过", "少于", "多于", "恰好",
+    "以来", "直到", "之前", "之后", "总是", "从不", "暂时",
+)
+
+
+def _en_pattern(words: tuple[str, ...]) -> re.Pattern[str]:
+    # Phrases before their words (longest first); whole words, any case, any whitespace.
+    return re.compile(
+        r"\b(?:"
+        + "|".join(re.escape(q).replace(r"\ ", r"\s+")
+                   for q in sorted(words, key=len, reverse=True))
+        + r")\b|n't\b",
+        re.IGNORECASE,
+    )
+
+
+def _zh_pattern(words: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(sorted(words, key=len, reverse=True)))
+
+
+_EN: Final = _en_pattern(QUALIFIERS_EN)
+_ZH: Final = _zh_pattern(QUALIFIERS_ZH)
+_EN_V2: Final = _en_pattern(QUALIFIERS_EN_V2)
+_ZH_V2: Final = _zh_pattern(QUALIFIERS_ZH_V2)
 # Sentence ends: ASCII .!?; followed by whitespace (so 10.37 stays one figure), Chinese
 # 。！？；, and line breaks.
 _SENTENCE_END: Final = re.compile(r"(?<=[.!?;])\s+|[。！？；\n\r]+")
@@ -63,6 +99,22 @@ def qualifiers(sentence: str) -> set[str]:
         found.add("not")
     found.update(m.group(0) for m in _ZH.finditer(sentence))
     return found
+
+
+def qualifier_spans(sentence: str) -> list[tuple[int, int, str]]:
+    """The scope set's qualifiers of a sentence (QUALIFIERS_EN_V2, QUALIFIERS_ZH_V2) as
+    (start, end, qualifier) in text order: lowercased, `n't` as `not`."""
+    found = []
+    for m in _EN_V2.finditer(sentence):
+        word = _WS_RUN.sub(" ", m.group(0).lower())
+        found.append((m.start(), m.end(), "not" if word == "n't" else word))
+    found.extend((m.start(), m.end(), m.group(0)) for m in _ZH_V2.finditer(sentence))
+    return sorted(found)
+
+
+def scope_qualifiers(sentence: str) -> set[str]:
+    """The distinct qualifiers of the scope set in a sentence (see qualifier_spans)."""
+    return {q for _, _, q in qualifier_spans(sentence)}
 
 
 def qualified_facts(text: str) -> frozenset[tuple[str, str]]:

@@ -5,7 +5,8 @@ pinned by SHA-256), the request (only the ten assistant replies, each labelled w
 `assistant_message_id`; never user text; no tools), the `openai` client summarizer for
 any compatible server (Chat Completions or the Responses API, with its deadline and
 transport retry), and `make_summarizer`, which picks it or the offline
-`pycompactor/extractive-1` (`extractive`) or `pycompactor/extractive-2` (`extractive2`).
+`pycompactor/extractive-1` (`extractive`), `pycompactor/extractive-2` (`extractive2`) or
+`pycompactor/extractive-3` (`extractive3`, the default offline model).
 What a call came to is an `outcomes`
 `ModelOutcome`; the figures a summary kept are `figures`.
 
@@ -27,6 +28,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias
 from pycompactor.errors import PycompactorError, UsageError
 from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
 from pycompactor.extractive2 import DEFAULT_TARGET, EXTRACTIVE2_MODEL, Extractive2Summarizer
+from pycompactor.extractive3 import EXTRACTIVE3_MODEL, Extractive3Summarizer
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import AssistantReply
 from pycompactor.outcomes import (
@@ -176,7 +178,7 @@ class OpenAISummarizer:
         if not api_key:
             raise UsageError(
                 f"model {model!r} needs OPENAI_API_KEY (any value for servers without "
-                f"auth), or use --model {OFFLINE_MODEL}"
+                f"auth), or use the offline --model {EXTRACTIVE3_MODEL}"
             )
         self._model = model
         self._api: Api = api
@@ -284,15 +286,17 @@ def make_summarizer(
     api: Api = "chat",
     extractive_target: float = DEFAULT_TARGET,
 ) -> Summarizer:
-    """The summarizer for a configured model id: offline for `pycompactor/extractive-1`
-    and `pycompactor/extractive-2` (which call no API, so `api` does not apply;
-    `extractive_target` is extractive-2's share of the replies' bytes)."""
+    """The summarizer for a configured model id: offline for `pycompactor/extractive-1`,
+    `-2` and `-3` (which call no API, so `api` does not apply; `extractive_target` is
+    extractive-2's and extractive-3's share of the replies' bytes)."""
     if model == OFFLINE_MODEL:
         return ExtractiveSummarizer()
-    if model == EXTRACTIVE2_MODEL:
+    if model in (EXTRACTIVE2_MODEL, EXTRACTIVE3_MODEL):
         if not 0.0 < extractive_target <= 1.0:
             raise UsageError("--extractive-target must be a share above 0 and at most 1, "
                              f"got {extractive_target}")
+        if model == EXTRACTIVE3_MODEL:
+            return Extractive3Summarizer(extractive_target)
         return Extractive2Summarizer(extractive_target)
     return OpenAISummarizer(
         model, base_url=base_url, api_key=api_key, timeout_seconds=timeout_seconds, api=api

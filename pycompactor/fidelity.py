@@ -1,0 +1,397 @@
+"""Fidelity: does a summary still answer the questions its replies answer?
+
+Counting digits that survive (pycompactor.figures) cannot tell "Lotus Asia Growth charges
+0.29% a year" from five lines "an ongoing fee of X% per year" that name no fund. The
+measures here ask the summary the question each reply sentence answers, as a reader
+would, and check the answer (docs/evaluate.md defines them in prose):
+
+* **sentences** are pycompactor.qualifiers' (a summary line is a sentence too);
+* **words** of a sentence: its figures (DESIGN §8), its other words lowercased minus a
+  few English stopwords, and for Chinese text every character and every pair of adjacent
+  characters (a reader matches Chinese without word boundaries);
+* a **question** is a reply sentence with one thing masked: a figure (attribution) or a
+  qualifier of the scope set (qualifier scope). Each of its words weighs its rarity among
+  the reply sentences, `ln(1 + N / df)`, so "Northwind" decides and "fee" barely counts;
+* the **reader** scores every candidate sentence by the weight of the question's words it
+  holds, and keeps the best (ties included) when it holds at least `MIN_SHARE` of the
+  question's weight. For a figure it reads the answer from the best sentences: the
+  figures a sentence offers are those the question does not already name; with several,
+  each matched word votes with its weight for the offered figure nearest to it, and the
+  most voted wins. The answer is that figure when every best sentence gives the same one,
+  and none otherwise (five equally good lines with five different figures answer nothing);
+* a question **counts** only when the reader, given the reply sentences themselves, finds
+  the right answer: the replies summarising themselves score 1.0 by construction.
+
+Pure functions over strings: no database, no clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, Literal
+
+from pycompactor.figures import FIGURE, figures
+from pycompactor.qualifiers import qualifier_spans, sentences
+
+#: The share of a question's weight the best sentence must hold for the reader to take it
+#: as the place that answers the question: below half, it shares fewer of the question's
+#: (rarity-weighted) words than it misses, and answers another question.
+MIN_SHARE: Final = 0.5
+
+#: Function words that say nothing about what a figure is (never a qualifier: "no",
+#: "not", "only", "as of" must stay words of a question).
+STOPWORDS_EN: Final = frozenset({
+    "a", "an", "the", "of", "to", "in", "on", "at", "for", "by", "with", "and", "or",
+    "is", "are", "was", "were", "be", "been", "being", "it", "its", "this", "that",
+    "these", "those", "as", "from", "per", "which", "who", "there", "their", "then",
+    "so", "if", "into", "than", "can", "will", "would", "has", "have", "had", "do",
+    "does", "did", "you", "your", "we", "our", "i", "s",
+})
+#: Chinese particles that join words without telling what they are.
+STOPWORDS_ZH: Final = frozenset({"的", "了", "是", "在", "和", "与", "及", "为", "这", "其"})
+
+#: What stands for the masked figure or qualifier in a question as shown to people.
+MASK: Final = "▢"
+
+_CJK: Final = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_TOKEN: Final = re.compile(
+    rf"(?P<fig>{FIGURE.pattern})"
+    rf"|(?P<cjk>[{_CJK}]+)"
+    rf"|(?P<word>(?:(?![{_CJK}])[^\W\d_])+(?:'(?:(?![{_CJK}])[^\W\d_])+)*)"
+)
+_CLAUSE_END: Final = re.compile(r",(?=\s)|[;，；、]")
+_LABEL: Final = re.compile(r"\[([^\[\]]*)\]")
+_LABEL_SEP: Final = re.compile(r"\s*,\s*")
+# Scores within this of the best tie: sums of the same floats in another order.
+_EPSILON: Final = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """How many of the questions the replies answer the summary still answers."""
+
+    kept: int
+    total: int
+
+    @property
+    def ratio(self) -> float | None:
+        """kept / total, or None when the replies answer no such question."""
+        return self.kept / self.total if self.total else None
+
+
+# --------------------------------------------------------------------------- words
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    text: str
+    start: int
+    figure: bool
+
+
+def _tokens(sentence: str) -> list[_Token]:
+    """The words of a sentence with their offsets (see the module docstring)."""
+    out: list[_Token] = []
+    for m in _TOKEN.finditer(sentence):
+        kind = m.lastgroup
+        if kind == "fig":
+            out.append(_Token(m.group(0), m.start(), True))
+        elif kind == "cjk":
+            run, at = m.group(0), m.start()
+            for i, char in enumerate(run):
+                if char not in STOPWORDS_ZH:
+                    out.append(_Token(char, at + i, False))
+                if i + 1 < len(run):
+                    out.append(_Token(run[i : i + 2], at + i, False))
+        else:
+            word = m.group(0).lower().removesuffix("'s")
+            if word not in STOPWORDS_EN:
+                out.append(_Token(word, m.start(), False))
+    return out
+
+
+def words(sentence: str) -> frozenset[str]:
+    """The distinct words of a sentence, as the reader matches them."""
+    return frozenset(t.text for t in _tokens(sentence))
+
+
+@dataclass(frozen=True, slots=True)
+class _Sentence:
+    text: str
+    tokens: tuple[_Token, ...]
+    words: frozenset[str]
+    figures: frozenset[str]
+    qualifiers: frozenset[str]
+
+
+def _sentence(text: str) -> _Sentence:
+    tokens = tuple(_tokens(text))
+    return _Sentence(text, tokens, frozenset(t.text for t in tokens),
+                     frozenset(t.text for t in tokens if t.figure),
+                     frozenset(q for _, _, q in qualifier_spans(text)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """Sentences a reader looks through, indexed by word (a question scores only the
+    sentences that share a word with it)."""
+
+    sentences: tuple[_Sentence, ...]
+    by_word: Mapping[str, tuple[int, ...]]
+
+
+def _candidates(texts: Iterable[str]) -> _Candidates:
+    found = tuple(_sentence(s) for text in texts for s in sentences(text))
+    index: dict[str, list[int]] = {}
+    for i, s in enumerate(found):
+        for w in s.words:
+            index.setdefault(w, []).append(i)
+    return _Candidates(found, {w: tuple(ids) for w, ids in index.items()})
+
+
+def _weights(source: _Candidates) -> dict[str, float]:
+    """Each word's rarity among the reply sentences: ln(1 + N / df)."""
+    n = len(source.sentences)
+    return {w: math.log1p(n / len(ids)) for w, ids in source.by_word.items()}
+
+
+# --------------------------------------------------------------------------- the reader
+
+
+@dataclass(frozen=True, slots=True)
+class _Question:
+    words: frozenset[str]
+    weight: float
+
+
+def _best(question: _Question, candidates: _Candidates, weights: Mapping[str, float],
+          keep: Callable[[_Sentence], bool]) -> list[_Sentence]:
+    """The candidates (those `keep` accepts) that score best for the question, if they
+    hold MIN_SHARE of its weight; in text order."""
+    scores: dict[int, float] = {}
+    for w in sorted(question.words):
+        for i in candidates.by_word.get(w, ()):
+            scores[i] = scores.get(i, 0.0) + weights[w]
+    scored = [(i, v) for i, v in scores.items() if keep(candidates.sentences[i])]
+    if question.weight <= 0 or not scored:
+        return []
+    top = max(v for _, v in scored)
+    if top + _EPSILON < MIN_SHARE * question.weight:
+        return []
+    return [candidates.sentences[i] for i, v in sorted(scored) if v >= top - _EPSILON]
+
+
+def _clauses(text: str) -> Callable[[int], int]:
+    """The clause of a character offset: clauses end at a comma before a space (not the
+    comma of 1,200), at `;`, and at Chinese `，；、`."""
+    ends = [m.start() for m in _CLAUSE_END.finditer(text)]
+    return lambda offset: bisect.bisect_right(ends, offset)
+
+
+def _offered(question: _Question, sentence: _Sentence, weights: Mapping[str, float]) -> str | None:
+    """The figure a sentence gives as the answer, None when it singles out none."""
+    offered = sorted(sentence.figures - question.words)
+    if len(offered) <= 1:
+        return offered[0] if offered else None
+    clause = _clauses(sentence.text)
+    at = {f: [t.start for t in sentence.tokens if t.text == f] for f in offered}
+    votes = dict.fromkeys(offered, 0.0)
+    for w in sorted(question.words & sentence.words):
+        # The occurrence of the word nearest to an offered figure votes for that figure,
+        # a figure of its own clause first ("A: fee 0.29%, B: fee 0.43%"); a word as
+        # near to two figures votes for neither.
+        distance = {f: min((clause(t.start) != clause(p), abs(t.start - p))
+                           for t in sentence.tokens if t.text == w for p in at[f])
+                    for f in offered}
+        nearest = min(distance.values())
+        winners = [f for f, d in distance.items() if d == nearest]
+        if len(winners) == 1:
+            votes[winners[0]] += weights[w]
+    top = max(votes.values())
+    winners = [f for f, v in votes.items() if v >= top - _EPSILON]
+    return winners[0] if len(winners) == 1 and top > 0 else None
+
+
+def _answer(question: _Question, candidates: _Candidates,
+            weights: Mapping[str, float]) -> tuple[str | None, _Sentence | None]:
+    """The reader's figure for a question, and the sentence it read it from: only a
+    sentence offering a figure the question does not name can answer it."""
+    best = _best(question, candidates, weights,
+                 lambda c: not c.figures <= question.words)
+    if not best:
+        return None, None
+    answers = {_offered(question, s, weights) for s in best}
+    if len(answers) != 1:
+        return None, best[0]
+    return answers.pop(), best[0]
+
+
+# --------------------------------------------------------------------------- questions
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """One question the replies answer, and what the summary answers to it."""
+
+    kind: Literal["figure", "qualifier"]
+    #: The reply sentence with the expected figure or qualifier masked as MASK.
+    question: str
+    #: The figure the reader must find, or the qualifier the sentence it finds must carry.
+    expected: str
+    #: The reply sentence the question comes from.
+    source: str
+    #: The summary sentence the reader found (the first of a tie), None if none qualified.
+    found: str | None
+    #: For a figure, the figure the reader read (None: none, or ambiguous).
+    answer: str | None
+    kept: bool
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "question": self.question, "expected": self.expected,
+                "source": self.source, "found": self.found, "answer": self.answer,
+                "kept": self.kept}
+
+
+def _masked(text: str, spans: Iterable[tuple[int, int]]) -> str:
+    out, at = [], 0
+    for start, end in sorted(spans):
+        out.append(text[at:start])
+        out.append(MASK)
+        at = end
+    out.append(text[at:])
+    return "".join(out)
+
+
+def _question(words_: Iterable[str], weights: Mapping[str, float]) -> _Question:
+    ws = frozenset(words_)
+    return _Question(ws, sum(weights[w] for w in sorted(ws)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """A question the replies answer: what the summary is asked."""
+
+    kind: Literal["figure", "qualifier"]
+    question: _Question
+    expected: str
+    masked: str
+    source: str
+
+
+def _figures_asked(source: _Candidates, weights: Mapping[str, float]) -> Iterator[_Asked]:
+    seen: set[tuple[frozenset[str], str]] = set()
+    for s in source.sentences:
+        for f in sorted(s.figures):
+            question = _question((t.text for t in s.tokens if t.text != f), weights)
+            if (question.words, f) in seen:
+                continue
+            seen.add((question.words, f))
+            if _answer(question, source, weights)[0] != f:
+                continue  # the replies themselves do not answer it unambiguously
+            spans = [(t.start, t.start + len(f)) for t in s.tokens if t.text == f]
+            yield _Asked("figure", question, f, _masked(s.text, spans), s.text)
+
+
+def _qualifier_found(question: _Question, candidates: _Candidates,
+                     weights: Mapping[str, float], qualifier: str) -> tuple[bool, _Sentence | None]:
+    """Whether the sentence(s) the reader finds carry the qualifier (all of a tie must:
+    the reader cannot tell which one it is), and the first of them."""
+    best = _best(question, candidates, weights, lambda c: True)
+    carries = bool(best) and all(qualifier in s.qualifiers for s in best)
+    return carries, (best[0] if best else None)
+
+
+def _qualifiers_asked(source: _Candidates, weights: Mapping[str, float]) -> Iterator[_Asked]:
+    seen: set[tuple[frozenset[str], str]] = set()
+    for s in source.sentences:
+        spans = qualifier_spans(s.text)
+        for q in sorted(s.qualifiers):
+            masked = _masked(s.text, [(a, b) for a, b, q2 in spans if q2 == q])
+            question = _question((w for w in words(masked.replace(MASK, " "))
+                                  if w in weights), weights)
+            if (question.words, q) in seen:
+                continue
+            seen.add((question.words, q))
+            if not _qualifier_found(question, source, weights, q)[0]:
+                continue  # the replies' own best sentence for it does not carry it
+            yield _Asked("qualifier", question, q, masked, s.text)
+
+
+@functools.lru_cache(maxsize=256)
+def _asked(replies: tuple[str, ...]) -> tuple[Mapping[str, float], tuple[_Asked, ...]]:
+    """The questions the replies answer, and their words' weights. Remembered: an
+    evaluation asks the same replies once per model and target (the corpus holds about
+    250 target ranges)."""
+    source = _candidates(replies)
+    weights = _weights(source)
+    asked = (*_figures_asked(source, weights), *_qualifiers_asked(source, weights))
+    return MappingProxyType(weights), asked
+
+
+def _read(asked: _Asked, summary: _Candidates, weights: Mapping[str, float]) -> Question:
+    if asked.kind == "figure":
+        answer, found = _answer(asked.question, summary, weights)
+        kept = answer == asked.expected
+    else:
+        answer = None
+        kept, found = _qualifier_found(asked.question, summary, weights, asked.expected)
+    return Question(asked.kind, asked.masked, asked.expected, asked.source,
+                    None if found is None else found.text, answer, kept)
+
+
+def questions(replies: Sequence[str], summary: str) -> tuple[Question, ...]:
+    """Every question the replies answer (figures first, then qualifiers, in reply
+    order), each with what the reader finds in the summary."""
+    weights, asked = _asked(tuple(replies))
+    target = _candidates([summary])
+    return tuple(_read(a, target, weights) for a in asked)
+
+
+def _tally(found: Iterable[Question], kind: str) -> Score:
+    mine = [q for q in found if q.kind == kind]
+    return Score(sum(1 for q in mine if q.kept), len(mine))
+
+
+def scores(replies: Sequence[str], summary: str) -> tuple[Score, Score]:
+    """(attribution, qualifier scope) at once."""
+    found = questions(replies, summary)
+    return _tally(found, "figure"), _tally(found, "qualifier")
+
+
+def attribution(replies: Sequence[str], summary: str) -> Score:
+    """Figures the reader still finds for the questions the replies answer."""
+    return scores(replies, summary)[0]
+
+
+def qualifier_scope(replies: Sequence[str], summary: str) -> Score:
+    """Qualifiers the summary sentence the reader finds still carries."""
+    return scores(replies, summary)[1]
+
+
+# --------------------------------------------------------------------------- invented
+
+
+def without_labels(summary: str, labels: Iterable[str]) -> str:
+    """The summary with its bracketed reply labels removed: `[a3]`, or `[a3, a4]` when
+    every item is one of `labels` (other brackets stay, figures and all)."""
+    known = set(labels)
+
+    def drop(m: re.Match[str]) -> str:
+        items = _LABEL_SEP.split(m.group(1).strip())
+        return " " if items and all(i in known for i in items) else m.group(0)
+
+    return _LABEL.sub(drop, summary) if known else summary
+
+
+def invented(replies: Sequence[str], summary: str, labels: Sequence[str] = ()) -> frozenset[str]:
+    """Figures of the summary that no reply holds (DESIGN §8), reply labels aside."""
+    held: set[str] = set()
+    for reply in replies:
+        held |= figures(reply)
+    return frozenset(figures(without_labels(summary, labels)) - held)

@@ -1,0 +1,246 @@
+"""Fidelity measures (pycompactor.fidelity): a reader asks the summary the replies'
+questions. Hand-made English and Chinese cases, extractive-2 on the demo sample, and the
+replies-summarise-themselves property over corpus ranges."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pycompactor.corpus import build_corpus
+from pycompactor.extractive2 import Extractive2Summarizer
+from pycompactor.fidelity import (
+    MASK,
+    Score,
+    attribution,
+    invented,
+    qualifier_scope,
+    questions,
+    scores,
+    without_labels,
+    words,
+)
+from pycompactor.models import Pair
+from pycompactor.outcomes import Reply
+from pycompactor.qualifiers import QUALIFIERS_EN_V2, QUALIFIERS_ZH_V2, scope_qualifiers
+from pycompactor.sample import sample_turns
+
+FUNDS = {"Lotus Asia Growth": "0.29", "Northwind Global Equity": "0.43",
+         "Harbor Bond Index": "0.50", "Cedar Dividend": "0.64", "Maple Income": "0.18"}
+FEES_EN = [f"{fund} charges an ongoing fee of {fee}% per year and no entry fee."
+           for fund, fee in FUNDS.items()]
+FUNDS_ZH = {"莲花亚洲成长基金": "0.29", "北风全球股票基金": "0.43", "港湾债券指数基金": "0.50",
+            "雪松红利基金": "0.64", "枫叶收益基金": "0.18"}
+FEES_ZH = [f"{fund}的管理费为每年 {fee}%，不收申购费。" for fund, fee in FUNDS_ZH.items()]
+NAV_EN = ("On 2026-10-09 the NAV of Harbor Bond Index was 10.37 USD. That figure is dated "
+          "2026-10-09; it is not the current NAV, which needs a fresh quote.")
+NAV_ZH = "截至 2026-10-23，雪松红利基金的单位净值为 11.11。请注意这是历史净值，不是当前净值。"
+
+
+def rotate_figures(text: str, order: list[str]) -> str:
+    """Every figure of `order` replaced by the next one: each line states another's."""
+    following = {f: order[(i + 1) % len(order)] for i, f in enumerate(order)}
+    return re.sub(r"[0-9]+(?:\.[0-9]+)?", lambda m: following.get(m.group(0), m.group(0)), text)
+
+
+# --------------------------------------------------------------------------- words
+
+
+def test_words_drop_stopwords_and_pair_chinese_characters() -> None:
+    assert words("The fund's NAV on 2026-10-09 was 10.37 USD") == {
+        "fund", "nav", "2026-10-09", "10.37", "usd"}
+    assert words("管理费 0.29%") == {"管", "理", "费", "管理", "理费", "0.29"}
+    # A qualifier is never a stopword: it belongs to the question of a figure.
+    assert {"no", "not", "only"} <= words("no entry fee, not current, only once")
+
+
+def test_scope_qualifiers_cover_hedges_superlatives_and_time_scope() -> None:
+    for word in ("unlikely", "may", "might", "smallest", "largest", "minimum", "maximum",
+                 "as of", "until", "since"):
+        assert word in QUALIFIERS_EN_V2
+    for word in ("不太可能", "可能", "最小", "最大", "截至", "以来"):
+        assert word in QUALIFIERS_ZH_V2
+    assert scope_qualifiers("CPU usage is unlikely to add up to exactly 100%.") == {
+        "unlikely", "up to", "exactly"}
+    assert scope_qualifiers("The smallest accepted key size is 512 bits.") == {"smallest"}
+    assert scope_qualifiers("这不太可能发生，最小值为 512。") == {"不太可能", "最小"}
+
+
+# --------------------------------------------------------------------------- attribution
+
+
+@pytest.mark.parametrize("replies", [[*FEES_EN, NAV_EN], [*FEES_ZH, NAV_ZH]],
+                         ids=["en", "zh"])
+def test_the_replies_summarising_themselves_score_one(replies: list[str]) -> None:
+    figures_, caveats = scores(replies, "\n".join(replies))
+    assert figures_.total >= len(FUNDS)
+    assert figures_.ratio == 1.0
+    assert caveats.total >= 2
+    assert caveats.ratio == 1.0
+
+
+@pytest.mark.parametrize("replies", [[*FEES_EN, NAV_EN], [*FEES_ZH, NAV_ZH]],
+                         ids=["en", "zh"])
+def test_an_empty_ish_summary_scores_zero(replies: list[str]) -> None:
+    for summary in ("Summary.", "摘要。", ""):
+        figures_, caveats = scores(replies, summary)
+        assert figures_.total > 0
+        assert figures_.kept == 0
+        assert figures_.ratio == 0.0
+        assert caveats.total > 0
+        assert caveats.kept == 0
+
+
+@pytest.mark.parametrize(("replies", "fees"), [(FEES_EN, list(FUNDS.values())),
+                                                (FEES_ZH, list(FUNDS_ZH.values()))],
+                         ids=["en", "zh"])
+def test_shuffled_figures_score_zero_attribution(replies: list[str], fees: list[str]) -> None:
+    shuffled = "\n".join(rotate_figures(r, fees) for r in replies)
+    assert set(re.findall(r"[0-9.]+%", shuffled)) == {f"{f}%" for f in fees}
+    score = attribution(replies, shuffled)
+    assert score.total == len(fees)
+    assert score.kept == 0
+
+
+def test_anonymous_fee_lines_keep_no_figure_and_named_ones_all() -> None:
+    anonymous = "\n".join(f"an ongoing fee of {fee}% per year and no entry"
+                          for fee in FUNDS.values())
+    assert attribution(FEES_EN, anonymous) == Score(0, len(FUNDS))
+    named = "\n".join(f"{fund}: ongoing fee {fee}% a year" for fund, fee in FUNDS.items())
+    assert attribution(FEES_EN, named) == Score(len(FUNDS), len(FUNDS))
+
+
+def test_anonymous_chinese_fee_lines_keep_no_figure_and_named_ones_all() -> None:
+    anonymous = "\n".join(f"管理费为每年 {fee}%" for fee in FUNDS_ZH.values())
+    assert attribution(FEES_ZH, anonymous) == Score(0, len(FUNDS_ZH))
+    named = "\n".join(f"{fund}：管理费 {fee}%" for fund, fee in FUNDS_ZH.items())
+    assert attribution(FEES_ZH, named) == Score(len(FUNDS_ZH), len(FUNDS_ZH))
+
+
+def test_one_line_naming_two_funds_gives_each_its_own_figure() -> None:
+    summary = ("Lotus Asia Growth 0.29% a year, Northwind Global Equity 0.43% a year.\n"
+               "Harbor Bond Index: ongoing fee 0.50%, Cedar Dividend: ongoing fee 0.64%, "
+               "Maple Income: ongoing fee 0.18%.")
+    assert attribution(FEES_EN, summary).ratio == 1.0
+    # A fund and a bare figure hold under half the question's weight: 0.64% of what?
+    assert attribution(FEES_EN, "Cedar Dividend 0.64%.") == Score(0, len(FUNDS))
+    # Two funds named, the figures swapped: the nearest figure is the wrong one.
+    swapped = "Lotus Asia Growth fee 0.43% a year, Northwind Global Equity fee 0.29% a year."
+    found = {q.expected: q.answer for q in questions(FEES_EN, swapped) if q.kind == "figure"}
+    assert found["0.29"] == "0.43"
+    assert found["0.43"] == "0.29"
+
+
+def test_questions_the_replies_cannot_answer_are_left_out() -> None:
+    # Two replies ask the same question with different answers: neither counts.
+    replies = ["The default is 10MB.", "The default is 64MB.",
+               "Harbor Bond Index charges 0.50% a year."]
+    found = questions(replies, "\n".join(replies))
+    assert [(q.kind, q.expected) for q in found] == [("figure", "0.50")]
+    assert found[0].question == f"Harbor Bond Index charges {MASK}% a year."
+
+
+# --------------------------------------------------------------------------- qualifier scope
+
+
+def test_a_nav_whose_caveat_was_dropped_fails_qualifier_scope() -> None:
+    replies = [NAV_EN, *FEES_EN]
+    dropped = "On 2026-10-09 the NAV of Harbor Bond Index was 10.37 USD."
+    by = {q.expected: q for q in questions(replies, dropped) if q.kind == "qualifier"}
+    assert not by["not"].kept
+    assert by["not"].found is None
+    assert by["not"].question == f"it is {MASK} the current NAV, which needs a fresh quote."
+    kept = ("On 2026-10-09 the NAV of Harbor Bond Index was 10.37 USD; "
+            "it is not the current NAV, which needs a fresh quote.")
+    by = {q.expected: q for q in questions(replies, kept) if q.kind == "qualifier"}
+    assert by["not"].kept
+    # The caveat's words without the word "not" keep nothing.
+    lost = "It is the current NAV, which needs a fresh quote."
+    assert qualifier_scope([NAV_EN], lost) == Score(0, qualifier_scope([NAV_EN], NAV_EN).total)
+
+
+def test_a_chinese_caveat_keeps_its_scope_or_not() -> None:
+    dropped = {q.expected: q.kept
+               for q in questions([NAV_ZH], "截至 2026-10-23，雪松红利基金单位净值 11.11")
+               if q.kind == "qualifier"}
+    assert dropped == {"截至": True, "不是": False}
+    kept = "截至 2026-10-23，雪松红利基金单位净值 11.11，是历史净值，不是当前净值"
+    assert qualifier_scope([NAV_ZH], kept) == Score(2, 2)
+    # Without the fund the dated NAV answers no question, and a bare "not the current
+    # NAV" holds under half of its sentence's words (which NAV is historical?).
+    assert qualifier_scope([NAV_ZH], "截至 2026-10-23 单位净值 11.11。不是当前净值") == Score(0, 2)
+
+
+def test_a_hedge_and_a_superlative_must_survive() -> None:
+    replies = ["CPU usage is unlikely to add up to exactly 100% on a busy host.",
+               "The smallest accepted key size is 512 bits."]
+    kept = qualifier_scope(replies, "\n".join(replies))
+    assert kept.ratio == 1.0
+    cut = qualifier_scope(replies, "CPU usage adds up to 100% on a busy host.\n"
+                                   "Accepted key size is 512 bits.")
+    assert cut.kept < kept.kept
+    lost = {q.expected for q in questions(replies, "CPU usage adds up to 100% on a busy host.\n"
+                                                   "Accepted key size is 512 bits.")
+            if q.kind == "qualifier" and not q.kept}
+    assert {"unlikely", "smallest", "exactly"} <= lost
+
+
+# --------------------------------------------------------------------------- invented
+
+
+def test_labels_equal_to_reply_ids_are_not_invented_figures() -> None:
+    labels = [f"a{i}" for i in range(10)]
+    summary = "[a3] Lotus Asia Growth 0.29%. [a4, a7] Northwind 0.43%."
+    assert invented(FEES_EN, summary, labels) == frozenset()
+    assert invented(FEES_EN, summary) == {"3", "4", "7"}
+    assert without_labels("[a3] x [b3] [a3, zz]", labels) == "  x [b3] [a3, zz]"
+    assert invented(FEES_EN, "Lotus Asia Growth 0.30% [a3]", labels) == {"0.30"}
+    assert invented(FEES_EN, "\n".join(FEES_EN), labels) == frozenset()
+
+
+# --------------------------------------------------------------------------- extractive-2
+
+
+def test_extractive2_on_the_demo_sample_loses_what_the_fees_are_about() -> None:
+    turns = sample_turns()[:10]
+    pairs = [Pair(i, f"r{i}", f"u{i}", u, f"a{i}", a) for i, (u, a) in enumerate(turns)]
+    outcome = Extractive2Summarizer().summarize(pairs)
+    assert isinstance(outcome, Reply)
+    replies = [p.assistant_content for p in pairs]
+    found = questions(replies, outcome.text)
+    figures_ = [q for q in found if q.kind == "figure"]
+    assert figures_
+    assert sum(q.kept for q in figures_) < len(figures_)
+    fees = {q.expected: q.kept for q in figures_ if "ongoing fee" in q.source}
+    assert fees["0.29"] is False
+    assert fees["0.43"] is False
+    caveat = [q for q in found if q.kind == "qualifier" and "current NAV" in q.source]
+    assert caveat
+    assert not any(q.kept for q in caveat)
+    assert invented(replies, outcome.text) == frozenset()
+
+
+# --------------------------------------------------------------------------- property
+
+
+@pytest.fixture(scope="module")
+def corpus_ranges() -> list[list[str]]:
+    corpus = build_corpus(seed=3, conversations=6)
+    return [[a for _, a in c.pairs[k : k + 10]]
+            for c in corpus for k in range(0, len(c.pairs) - 29, 10)]
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_replies_summarising_themselves_score_one_on_the_corpus(
+        corpus_ranges: list[list[str]], data: st.DataObject) -> None:
+    replies = data.draw(st.sampled_from(corpus_ranges))
+    figures_, caveats = scores(replies, "\n".join(replies))
+    assert figures_.total > 0
+    assert figures_.ratio == 1.0
+    assert caveats.total == 0 or caveats.ratio == 1.0
+    assert invented(replies, "\n".join(replies)) == frozenset()
