@@ -96,6 +96,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="with --corpus: the corpus seed (default: 0)")
     p.add_argument("--compare", action="append", default=[], metavar="MODEL[@R]",
+                   type=parse_compare,
                    help="also evaluate this model on the same ranges, side by side "
                         "(repeatable); @R sets an offline model's target share of the "
                         "replies' bytes (default: --extractive-target); "
@@ -204,18 +205,17 @@ class Contender:
 
 
 def parse_compare(spec: str) -> tuple[str, float | None]:
-    """`MODEL` or `MODEL@R` (R above 0 to 1) of --compare; anything else is a UsageError."""
+    """`MODEL` or `MODEL@R` (R above 0 to 1) of --compare (an argparse type)."""
     model, at, target = spec.rpartition("@")
     if not at:
         return spec, None
+    problem = f"expected MODEL or MODEL@R, R a share above 0 and at most 1, got {spec!r}"
     try:
         share = float(target)
     except ValueError:
-        raise UsageError(f"--compare {spec}: expected MODEL or MODEL@R, R a share "
-                         "above 0 and at most 1") from None
+        raise argparse.ArgumentTypeError(problem) from None
     if not model or not 0.0 < share <= 1.0:
-        raise UsageError(f"--compare {spec}: expected MODEL or MODEL@R, R a share "
-                         "above 0 and at most 1")
+        raise argparse.ArgumentTypeError(problem)
     return model, share
 
 
@@ -241,7 +241,7 @@ def compare_summarizer(model: str, target: float, args: argparse.Namespace) -> S
 
 def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | None) -> int:
     source, conversations = load_conversations(args)
-    compare = [parse_compare(spec) for spec in args.compare]
+    compare: list[tuple[str, float | None]] = args.compare
     done = 0
     total = len(conversations) * (1 + len(compare))
 

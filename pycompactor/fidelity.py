@@ -345,11 +345,13 @@ def _read(asked: _Asked, summary: _Candidates, weights: Mapping[str, float]) -> 
                     None if found is None else found.text, answer, kept)
 
 
-def questions(replies: Sequence[str], summary: str) -> tuple[Question, ...]:
+def questions(replies: Sequence[str], summary: str,
+              labels: Sequence[str] = ()) -> tuple[Question, ...]:
     """Every question the replies answer (figures first, then qualifiers, in reply
-    order), each with what the reader finds in the summary."""
+    order), each with what the reader finds in the summary. Bracketed `labels` (the
+    replies' ids) are read as no words: `[a3]` names a reply, not the figure 3."""
     weights, asked = _asked(tuple(replies))
-    target = _candidates([summary])
+    target = _candidates([without_labels(summary, labels)])
     return tuple(_read(a, target, weights) for a in asked)
 
 
@@ -358,20 +360,22 @@ def _tally(found: Iterable[Question], kind: str) -> Score:
     return Score(sum(1 for q in mine if q.kept), len(mine))
 
 
-def scores(replies: Sequence[str], summary: str) -> tuple[Score, Score]:
+def scores(replies: Sequence[str], summary: str,
+           labels: Sequence[str] = ()) -> tuple[Score, Score]:
     """(attribution, qualifier scope) at once."""
-    found = questions(replies, summary)
+    found = questions(replies, summary, labels)
     return _tally(found, "figure"), _tally(found, "qualifier")
 
 
-def attribution(replies: Sequence[str], summary: str) -> Score:
+def attribution(replies: Sequence[str], summary: str, labels: Sequence[str] = ()) -> Score:
     """Figures the reader still finds for the questions the replies answer."""
-    return scores(replies, summary)[0]
+    return scores(replies, summary, labels)[0]
 
 
-def qualifier_scope(replies: Sequence[str], summary: str) -> Score:
+def qualifier_scope(replies: Sequence[str], summary: str,
+                    labels: Sequence[str] = ()) -> Score:
     """Qualifiers the summary sentence the reader finds still carries."""
-    return scores(replies, summary)[1]
+    return scores(replies, summary, labels)[1]
 
 
 # --------------------------------------------------------------------------- invented

@@ -199,6 +199,11 @@ def test_labels_equal_to_reply_ids_are_not_invented_figures() -> None:
     assert without_labels("[a3] x [b3] [a3, zz]", labels) == "  x [b3] [a3, zz]"
     assert invented(FEES_EN, "Lotus Asia Growth 0.30% [a3]", labels) == {"0.30"}
     assert invented(FEES_EN, "\n".join(FEES_EN), labels) == frozenset()
+    # The reader reads a label as no words: "[a2]" beside a fund is not its figure 2.
+    labelled = "\n".join(f"[a{i}] {fund}: ongoing fee {fee}% a year"
+                         for i, (fund, fee) in enumerate(FUNDS.items()))
+    assert attribution(FEES_EN, labelled, labels) == Score(len(FUNDS), len(FUNDS))
+    assert attribution(FEES_EN, labelled).kept < len(FUNDS)
 
 
 # --------------------------------------------------------------------------- extractive-2
