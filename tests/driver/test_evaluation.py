@@ -144,7 +144,7 @@ def test_worst_ranges_lowest_attribution_first_with_their_text() -> None:
     data = report.to_dict()["worst"]
     assert [(w["conversation_id"], w["from_pair"]) for w in data] == [
         (cid, r.from_pair) for cid, r in worst]
-    first_id, first = worst[0]
+    _first_id, first = worst[0]
     assert data[0]["summary"] == first.summary
     assert len(data[0]["replies"]) == 10
     assert all(not q["kept"] for q in data[0]["lost"])
@@ -156,8 +156,10 @@ def test_the_worst_ranges_are_escaped_beside_their_source() -> None:
                                                           for i, r in enumerate(replies)])
     report = evaluate([conversation], ExtractiveSummarizer(), source="test")
     page = html_report(report)
-    assert "<b>Fund" not in page and "&lt;b&gt;Fund &amp; F" in page
-    assert "c&lt;1&gt;" in page and "c<1>" not in page
+    assert "<b>Fund" not in page
+    assert "&lt;b&gt;Fund &amp; F" in page
+    assert "c&lt;1&gt;" in page
+    assert "c<1>" not in page
     assert "The worst ranges, summary beside source" in page
 
 
