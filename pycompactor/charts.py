@@ -180,7 +180,8 @@ def scatter(title: str, points: Sequence[Point], *, x_label: str, y_label: str,
     `y_max`), each series joined in x order, each point labelled, and a legend."""
     plot_w = WIDTH - _LEFT - _RIGHT
     plot_h = HEIGHT - _TOP - _BOTTOM
-    step, steps = _axis(max((p.x for p in points), default=0.0))
+    # Headroom past the largest x, so its point and label stay inside the plot.
+    step, steps = _axis(1.1 * max((p.x for p in points), default=0.0))
     right = step * steps
 
     def at(p: Point) -> tuple[float, float]:
@@ -211,8 +212,10 @@ def scatter(title: str, points: Sequence[Point], *, x_label: str, y_label: str,
             x, y = at(p)
             out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{p.colour}">'
                        f"<title>{escape(p.label)}: {p.x:.2f}, {p.y:.2f}</title></circle>")
-            out.append(f'<text x="{x + 6:.1f}" y="{y - 6:.1f}" font-size="10" {_FONT}>'
-                       f"{escape(p.label)}</text>")
+            # Labels right of a point in the left half, left of it in the right half.
+            anchor, dx = ("start", 6) if x < _LEFT + plot_w / 2 else ("end", -6)
+            out.append(f'<text x="{x + dx:.1f}" y="{y - 6:.1f}" text-anchor="{anchor}"'
+                       f' font-size="10" {_FONT}>{escape(p.label)}</text>')
     out.append(f'<line x1="{_LEFT}" y1="{_TOP + plot_h}" x2="{WIDTH - _RIGHT}"'
                f' y2="{_TOP + plot_h}" stroke="#333333"/>')
     out.append(f'<text x="{_LEFT + plot_w / 2:.0f}" y="{HEIGHT - 22}" text-anchor="middle"'

@@ -353,3 +353,14 @@ def test_a_failed_range_is_reported_and_reaches_raw(model_server: ModelServer) -
     assert (overall.ranges, overall.failed, overall.summary_bytes) == (3, 2, 6)
     assert (overall.input_tokens, overall.output_tokens) == (901, 8)
     assert report.to_dict()["api"] == "chat"
+
+
+def test_scatter_joins_a_series_and_labels_every_point() -> None:
+    points = [charts.Point("m", "m@0.2", 0.2, 0.5, charts.BLUE),
+              charts.Point("m", "m@0.4", 0.4, 0.9, charts.BLUE),
+              charts.Point("<b>", "<b>@0.3", 0.3, 0.7, charts.ORANGE)]
+    svg = charts.scatter("t", points, x_label="x", y_label="y")
+    assert svg.count("<circle") == 3 + 2  # the points, and a legend mark per series
+    assert svg.count("<polyline") == 1  # only the series of two points is joined
+    assert "&lt;b&gt;@0.3" in svg
+    assert "<b>" not in svg
