@@ -202,6 +202,13 @@ def scatter(title: str, points: Sequence[Point], *, x_label: str, y_label: str,
         out.append(f'<text x="{x:.1f}" y="{_TOP + plot_h + 16}" text-anchor="middle"'
                    f' font-size="11" {_FONT}>{_fmt(round(step * i, 3))}</text>')
     series = list(dict.fromkeys(p.series for p in points))
+    # Points drawn at one spot (a model whose output stops growing past some target)
+    # share one label.
+    at_spot: dict[tuple[str, str], list[str]] = {}
+    for p in points:
+        x, y = at(p)
+        at_spot.setdefault((f"{x:.1f}", f"{y:.1f}"), []).append(p.label)
+    labelled: set[tuple[str, str]] = set()
     for name in series:
         mine = sorted((p for p in points if p.series == name), key=lambda p: p.x)
         if len(mine) > 1:
@@ -212,10 +219,14 @@ def scatter(title: str, points: Sequence[Point], *, x_label: str, y_label: str,
             x, y = at(p)
             out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{p.colour}">'
                        f"<title>{escape(p.label)}: {p.x:.2f}, {p.y:.2f}</title></circle>")
+            spot = (f"{x:.1f}", f"{y:.1f}")
+            if spot in labelled:
+                continue
+            labelled.add(spot)
             # Labels right of a point in the left half, left of it in the right half.
             anchor, dx = ("start", 6) if x < _LEFT + plot_w / 2 else ("end", -6)
             out.append(f'<text x="{x + dx:.1f}" y="{y - 6:.1f}" text-anchor="{anchor}"'
-                       f' font-size="10" {_FONT}>{escape(p.label)}</text>')
+                       f' font-size="10" {_FONT}>{escape(", ".join(at_spot[spot]))}</text>')
     out.append(f'<line x1="{_LEFT}" y1="{_TOP + plot_h}" x2="{WIDTH - _RIGHT}"'
                f' y2="{_TOP + plot_h}" stroke="#333333"/>')
     out.append(f'<text x="{_LEFT + plot_w / 2:.0f}" y="{HEIGHT - 22}" text-anchor="middle"'
