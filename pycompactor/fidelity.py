@@ -44,6 +44,11 @@ from pycompactor.qualifiers import qualifier_spans, sentences
 #: (rarity-weighted) words than it misses, and answers another question.
 MIN_SHARE: Final = 0.5
 
+#: A reply "sentence" of more words than this (a table, a log or a JSON blob on one line)
+#: states no fact a reader asks about as one question: it asks none, though it may still
+#: answer. The bound also keeps the reader linear on hostile input.
+MAX_QUESTION_WORDS: Final = 400
+
 #: Function words that say nothing about what a figure is (never a qualifier: "no",
 #: "not", "only", "as of" must stay words of a question).
 STOPWORDS_EN: Final = frozenset({
@@ -200,22 +205,33 @@ def _offered(question: _Question, sentence: _Sentence, weights: Mapping[str, flo
     if len(offered) <= 1:
         return offered[0] if offered else None
     clause = _clauses(sentence.text)
-    at = {f: [t.start for t in sentence.tokens if t.text == f] for f in offered}
+    offered_set = set(offered)
+    figure_at = sorted((t.start, t.text) for t in sentence.tokens if t.text in offered_set)
+    starts = [p for p, _ in figure_at]
+    occurrences: dict[str, list[int]] = {}
+    for t in sentence.tokens:
+        occurrences.setdefault(t.text, []).append(t.start)
     votes = dict.fromkeys(offered, 0.0)
     for w in sorted(question.words & sentence.words):
         # The occurrence of the word nearest to an offered figure votes for that figure,
         # a figure of its own clause first ("A: fee 0.29%, B: fee 0.43%"); a word as
-        # near to two figures votes for neither.
-        distance = {f: min((clause(t.start) != clause(p), abs(t.start - p))
-                           for t in sentence.tokens if t.text == w for p in at[f])
-                    for f in offered}
-        nearest = min(distance.values())
-        winners = [f for f, d in distance.items() if d == nearest]
+        # near to two figures votes for neither. Clauses are intervals, so the nearest
+        # figure of any occurrence is its neighbour on the left or on the right.
+        nearest: tuple[bool, int] | None = None
+        winners: set[str] = set()
+        for at in occurrences[w]:
+            i = bisect.bisect_left(starts, at)
+            for p, f in figure_at[max(i - 1, 0) : i + 1]:
+                key = (clause(at) != clause(p), abs(at - p))
+                if nearest is None or key < nearest:
+                    nearest, winners = key, {f}
+                elif key == nearest:
+                    winners.add(f)
         if len(winners) == 1:
-            votes[winners[0]] += weights[w]
+            votes[winners.pop()] += weights[w]
     top = max(votes.values())
-    winners = [f for f, v in votes.items() if v >= top - _EPSILON]
-    return winners[0] if len(winners) == 1 and top > 0 else None
+    most = [f for f, v in votes.items() if v >= top - _EPSILON]
+    return most[0] if len(most) == 1 and top > 0 else None
 
 
 def _answer(question: _Question, candidates: _Candidates,
@@ -287,6 +303,8 @@ class _Asked:
 def _figures_asked(source: _Candidates, weights: Mapping[str, float]) -> Iterator[_Asked]:
     seen: set[tuple[frozenset[str], str]] = set()
     for s in source.sentences:
+        if len(s.tokens) > MAX_QUESTION_WORDS:
+            continue
         for f in sorted(s.figures):
             question = _question((t.text for t in s.tokens if t.text != f), weights)
             if (question.words, f) in seen:
@@ -310,6 +328,8 @@ def _qualifier_found(question: _Question, candidates: _Candidates,
 def _qualifiers_asked(source: _Candidates, weights: Mapping[str, float]) -> Iterator[_Asked]:
     seen: set[tuple[frozenset[str], str]] = set()
     for s in source.sentences:
+        if len(s.tokens) > MAX_QUESTION_WORDS:
+            continue
         spans = qualifier_spans(s.text)
         for q in sorted(s.qualifiers):
             masked = _masked(s.text, [(a, b) for a, b, q2 in spans if q2 == q])

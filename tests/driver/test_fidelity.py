@@ -14,6 +14,7 @@ from pycompactor.corpus import build_corpus
 from pycompactor.extractive2 import Extractive2Summarizer
 from pycompactor.fidelity import (
     MASK,
+    MAX_QUESTION_WORDS,
     Score,
     attribution,
     invented,
@@ -249,3 +250,10 @@ def test_replies_summarising_themselves_score_one_on_the_corpus(
     assert figures_.ratio == 1.0
     assert caveats.total == 0 or caveats.ratio == 1.0
     assert invented(replies, "\n".join(replies)) == frozenset()
+
+
+def test_a_blob_on_one_line_asks_no_question_but_may_answer() -> None:
+    blob = ", ".join(f'"key{i}": {i}' for i in range(MAX_QUESTION_WORDS))
+    replies = [blob, "Harbor Bond Index charges 0.50% a year."]
+    assert [q.expected for q in questions(replies, "\n".join(replies))] == ["0.50"]
+    assert attribution(replies, blob).kept == 0
