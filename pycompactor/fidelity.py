@@ -5,7 +5,8 @@ Counting digits that survive (pycompactor.figures) cannot tell "Lotus Asia Growt
 measures here ask the summary the question each reply sentence answers, as a reader
 would, and check the answer (docs/evaluate.md defines them in prose):
 
-* **sentences** are pycompactor.qualifiers' (a summary line is a sentence too);
+* **sentences** are pycompactor.qualifiers' (a summary line is a sentence too); the
+  summary's bracketed reply labels (`[a3]`, the replies' ids) are read as no words;
 * **words** of a sentence: its figures (DESIGN §8), its other words lowercased minus a
   few English stopwords, and for Chinese text every character and every pair of adjacent
   characters (a reader matches Chinese without word boundaries);
@@ -16,13 +17,17 @@ would, and check the answer (docs/evaluate.md defines them in prose):
   holds, and keeps the best (ties included) when it holds at least `MIN_SHARE` of the
   question's weight. For a figure it reads the answer from the best sentences: the
   figures a sentence offers are those the question does not already name; with several,
-  each matched word votes with its weight for the offered figure nearest to it, and the
-  most voted wins. The answer is that figure when every best sentence gives the same one,
+  each matched word votes with its weight for the offered figure nearest to it (one of
+  its own clause first), and the most voted wins. The answer is that figure when every best sentence gives the same one,
   and none otherwise (five equally good lines with five different figures answer nothing);
 * a question **counts** only when the reader, given the reply sentences themselves, finds
-  the right answer: the replies summarising themselves score 1.0 by construction.
+  the right answer: the replies summarising themselves score 1.0 by construction;
+* **invented** figures are the summary's figures no reply holds (DESIGN §8).
 
-Pure functions over strings: no database, no clock.
+`attribution`, `qualifier_scope` and `scores` count; `questions` lists every question
+with the summary sentence the reader found (the evaluation's worst-range listing). Pure
+functions over strings: no database, no clock (the questions a range's replies ask are
+remembered, since an evaluation reads the same replies once per model and target).
 """
 
 from __future__ import annotations
