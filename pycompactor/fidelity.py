@@ -18,8 +18,9 @@ would, and check the answer (docs/evaluate.md defines them in prose):
   question's weight. For a figure it reads the answer from the best sentences: the
   figures a sentence offers are those the question does not already name; with several,
   each matched word votes with its weight for the offered figure nearest to it (one of
-  its own clause first), and the most voted wins. The answer is that figure when every best sentence gives the same one,
-  and none otherwise (five equally good lines with five different figures answer nothing);
+  its own clause first), and the most voted wins. The answer is that figure when every
+  best sentence gives the same one, and none otherwise (five equally good lines with
+  five different figures answer nothing);
 * a question **counts** only when the reader, given the reply sentences themselves, finds
   the right answer: the replies summarising themselves score 1.0 by construction;
 * **invented** figures are the summary's figures no reply holds (DESIGN §8).
