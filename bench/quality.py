@@ -11,19 +11,30 @@ ranges, as the worker would) and is measured by `pycompactor.evaluation`, the co
   block is its ten user messages, the marker line and the summary; 16 bytes a message);
 - reach at 8, 16, 32 and 64 KiB: pairs the next Run sees with the summaries over pairs
   the raw-only projection (newest pairs only) sees, pooled over conversations;
-- wall-clock milliseconds per range (p50, p95, max).
+- wall-clock milliseconds per range (p50, p95, max);
+- attribution, qualifier scope and invented figures (pycompactor.fidelity, issue 61).
+
+Then the frontier (issue 61): one model (`FRONTIER_MODEL` unless `run` is given
+another) at each target of `TARGETS`, beside naive whole-sentence selection
+(pycompactor.baseline, plain and caveats first) at the same targets, in the same run:
+median compression, attribution, qualifier scope, figure retention, invented figures,
+ms per range and history reach at 64 KiB against the raw-only projection. A model point
+is on or above the baseline's frontier when its attribution is at least the baseline
+envelope's at its compression (`above_frontier`).
 
 No database: the evaluation plans the projection with the engine's own pure planner.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from bench.common import Sizes
+from pycompactor.baseline import BaselineSummarizer
 from pycompactor.evaluate import read_corpus
 from pycompactor.evaluation import (
     DEFAULT_BUDGETS,
@@ -33,11 +44,17 @@ from pycompactor.evaluation import (
 )
 from pycompactor.extractive import OFFLINE_MODEL
 from pycompactor.extractive2 import EXTRACTIVE2_MODEL
+from pycompactor.extractive3 import EXTRACTIVE3_MODEL
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.projection import marker_line, message_cost, utf8_len
-from pycompactor.summarizer import make_summarizer
+from pycompactor.summarizer import Summarizer, make_summarizer
 
-MODELS = (OFFLINE_MODEL, EXTRACTIVE2_MODEL)
+MODELS = (OFFLINE_MODEL, EXTRACTIVE2_MODEL, EXTRACTIVE3_MODEL)
+#: The offline model the frontier measures (the default offline model of evaluate).
+FRONTIER_MODEL = EXTRACTIVE3_MODEL
+#: The byte targets the frontier tries, for the model and the baseline alike.
+TARGETS = (0.2, 0.3, 0.4, 0.5, 0.6)
+_REACH_BUDGET = 64 * 1024
 #: Messages of a summary block besides the ten user messages: the one summary message.
 _SUMMARY_MESSAGES = 1
 
@@ -83,12 +100,16 @@ def measure(conversations: Sequence[EvalConversation], model: str) -> dict[str, 
     """One summarizer on the corpus: every measure of the module docstring."""
     report = evaluate(conversations, make_summarizer(model), source="corpus",
                       budgets=DEFAULT_BUDGETS, clock=time.perf_counter)
+    return _measures(conversations, report)
+
+
+def _measures(conversations: Sequence[EvalConversation], report: Report) -> dict[str, Any]:
     done = [r for r in report.ranges if r.failure is None]
     ratios = [r.compression for r in done if r.compression is not None]
     millis = [r.seconds * 1000 for r in report.ranges]
     overall = report.overall
     return {
-        "model": model,
+        "model": report.model,
         "conversations": len(report.conversations),
         "pairs": sum(c.pairs for c in report.conversations),
         "ranges": len(report.ranges),
@@ -103,6 +124,11 @@ def measure(conversations: Sequence[EvalConversation], model: str) -> dict[str, 
                     "retention": overall.figure_retention},
         "qualifiers": {"total": overall.qualifiers_total, "kept": overall.qualifiers_kept,
                        "retention": overall.qualifier_retention},
+        "attribution": {"total": overall.attribution_total, "kept": overall.attribution_kept,
+                        "ratio": overall.attribution},
+        "qualifier_scope": {"total": overall.scope_total, "kept": overall.scope_kept,
+                            "ratio": overall.qualifier_scope},
+        "invented_figures": overall.invented_figures,
         "density": density(conversations, report),
         "reach": [{"budget_bytes": t.budget_bytes, "compacted": t.compacted,
                    "raw_only": t.raw_only,
@@ -117,6 +143,82 @@ def measure(conversations: Sequence[EvalConversation], model: str) -> dict[str, 
     }
 
 
-def run(sizes: Sizes) -> dict[str, Any]:
+def point(conversations: Sequence[EvalConversation], summarizer: Summarizer,
+          target: float) -> dict[str, Any]:
+    """One summarizer at one target: a point of the frontier."""
+    report = evaluate(conversations, summarizer, source="corpus", budgets=(_REACH_BUDGET,),
+                      clock=time.perf_counter)
+    done = [r for r in report.ranges if r.failure is None]
+    ratios = [r.compression for r in done if r.compression is not None]
+    millis = [r.seconds * 1000 for r in report.ranges]
+    overall = report.overall
+    [reach] = report.reach
+    return {
+        "model": summarizer.model, "target": target, "ranges": overall.ranges,
+        "failed": overall.failed,
+        "compression_median": statistics.median(ratios) if ratios else None,
+        "compression_pooled": overall.compression,
+        "attribution": overall.attribution, "qualifier_scope": overall.qualifier_scope,
+        "figure_retention": overall.figure_retention,
+        "qualifier_retention": overall.qualifier_retention,
+        "invented_figures": overall.invented_figures,
+        "ms_per_range": {"p50": _quantile(millis, 0.5), "p95": _quantile(millis, 0.95)},
+        "reach_64k": {"compacted": reach.compacted, "raw_only": reach.raw_only,
+                      "ratio": reach.compacted / reach.raw_only if reach.raw_only else None},
+    }
+
+
+def envelope(points: Sequence[tuple[float, float]], x: float) -> float:
+    """The baseline's frontier at compression x (pure): the best attribution reachable
+    at or below x, interpolated linearly between measured points and from (0, 0), flat
+    beyond the last point."""
+    best: list[tuple[float, float]] = [(0.0, 0.0)]
+    for px, py in sorted(points):
+        best.append((px, max(py, best[-1][1])))
+    if x >= best[-1][0]:
+        return best[-1][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(best):
+        if x0 <= x <= x1:
+            return y1 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return 0.0
+
+
+def above_frontier(model_point: dict[str, Any], baseline: Sequence[dict[str, Any]]) -> bool:
+    """Whether a point lies on or above the baseline's frontier (attribution against
+    median compression; a point without either is not)."""
+    x, y = model_point["compression_median"], model_point["attribution"]
+    known = [(b["compression_median"], b["attribution"]) for b in baseline
+             if b["compression_median"] is not None and b["attribution"] is not None]
+    if x is None or y is None:
+        return False
+    return bool(y >= envelope(known, x) - 1e-9)
+
+
+def frontier(conversations: Sequence[EvalConversation], model: str = FRONTIER_MODEL,
+             targets: Sequence[float] = TARGETS) -> dict[str, Any]:
+    """The model and the naive baselines at every target, in one run; the baselines
+    also at the bytes each model point actually spent (its pooled compression), so a
+    model that writes far below its target is compared at its own size, not against a
+    line drawn from the origin."""
+    points = [point(conversations, make_summarizer(model, extractive_target=t), t)
+              for t in targets]
+    baseline = [point(conversations, BaselineSummarizer(t), t) for t in targets]
+    caveats = [point(conversations, BaselineSummarizer(t, caveats_first=True), t)
+               for t in targets]
+    spent = sorted({round(p["compression_pooled"], 3) for p in points
+                    if p["compression_pooled"]} - set(targets))
+    matched = [point(conversations, BaselineSummarizer(min(t, 1.0), caveats_first=c), t)
+               for t in spent for c in (False, True)]
+    every = [*baseline, *caveats, *matched]
+    return {"model": model, "targets": list(targets), "points": points,
+            "baseline": baseline, "baseline_caveats_first": caveats,
+            "baseline_at_model_bytes": matched,
+            "above_baseline": [above_frontier(p, every) for p in points]}
+
+
+def run(sizes: Sizes, model: str = FRONTIER_MODEL) -> dict[str, Any]:
+    """The offline summarizers at their default targets (issue 28's measures, with
+    issue 61's), then `model`'s frontier against the naive baseline."""
     conversations = read_corpus(seed=0, conversations=sizes.quality_conversations)
-    return {"seed": 0, "models": [measure(conversations, m) for m in MODELS]}
+    models = [measure(conversations, m) for m in dict.fromkeys((*MODELS, model))]
+    return {"seed": 0, "models": models, "frontier": frontier(conversations, model)}

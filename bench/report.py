@@ -102,6 +102,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                           "met": measured is not None and measured <= 3})
     if "quality" in results:
         found += _quality_targets(results["quality"])
+        if "frontier" in results["quality"]:
+            found += _fidelity_targets(results["quality"])
     return found
 
 
@@ -135,6 +137,48 @@ def _quality_targets(quality: dict[str, Any]) -> list[dict[str, Any]]:
         found.append({"name": f"extractive-2 on the corpus ({model['ranges']:,} ranges):"
                               f" {name}", "measured": measured, "target": f"{op} {goal:g}",
                       "met": met})
+    return found
+
+
+#: Issue 61's goals for the frontier model at its default target, on the corpus.
+FIDELITY_GOALS = {
+    "compression_median": 0.40, "attribution": 0.95, "qualifier_scope": 0.90,
+    "figure_retention": 0.98, "invented_figures": 0, "ms_per_range_p95": 50.0,
+    "reach_64k_ratio": 1.8,
+}
+
+
+def _fidelity_targets(quality: dict[str, Any]) -> list[dict[str, Any]]:
+    frontier = quality["frontier"]
+    name = frontier["model"]
+    model = next(m for m in quality["models"] if m["model"] == name)
+    reach = next(r for r in model["reach"] if r["budget_bytes"] == 64 * KIB)
+    goals = FIDELITY_GOALS
+    rows = [
+        ("median compression", model["compression"]["median"], "<=",
+         goals["compression_median"]),
+        ("attribution (questions answered with the right figure)",
+         model["attribution"]["ratio"], ">=", goals["attribution"]),
+        ("qualifier scope", model["qualifier_scope"]["ratio"], ">=",
+         goals["qualifier_scope"]),
+        ("figure retention", model["figures"]["retention"], ">=", goals["figure_retention"]),
+        ("invented figures", model["invented_figures"], "<=", goals["invented_figures"]),
+        ("ms to summarize a range, p95", model["ms_per_range"]["p95"], "<=",
+         goals["ms_per_range_p95"]),
+        ("history reach at 64 KiB vs the raw-only projection", reach["ratio"], ">=",
+         goals["reach_64k_ratio"]),
+    ]
+    found = []
+    for label, measured, op, goal in rows:
+        met = measured is not None and (measured <= goal if op == "<=" else measured >= goal)
+        found.append({"name": f"{name} on the corpus, default target ({model['ranges']:,}"
+                              f" ranges): {label}", "measured": measured,
+                      "target": f"{op} {goal:g}", "met": met})
+    above = frontier["above_baseline"]
+    found.append({"name": f"{name} at targets {', '.join(f'{t:g}' for t in frontier['targets'])}:"
+                          " on or above naive whole-sentence selection's frontier",
+                  "measured": f"{sum(above)} of {len(above)}", "target": "all",
+                  "met": all(above)})
     return found
 
 
@@ -174,6 +218,34 @@ def _quality_lines(quality: dict[str, Any]) -> list[str]:
         [f"{_fmt(m['ms_per_range']['p50'])} / {_fmt(m['ms_per_range']['p95'])} /"
          f" {_fmt(m['ms_per_range']['max'])}" for m in models])
     row("failed ranges", [str(m["failed"]) for m in models])
+    if all("attribution" in m for m in models):
+        row("attribution", [f"{m['attribution']['kept']:,} / {m['attribution']['total']:,}"
+                            f" ({_pct(m['attribution']['ratio'])})" for m in models])
+        row("qualifier scope",
+            [f"{m['qualifier_scope']['kept']:,} / {m['qualifier_scope']['total']:,}"
+             f" ({_pct(m['qualifier_scope']['ratio'])})" for m in models])
+        row("invented figures", [str(m["invented_figures"]) for m in models])
+    if "frontier" in quality:
+        lines += _frontier_lines(quality["frontier"])
+    return lines
+
+
+def _frontier_lines(frontier: dict[str, Any]) -> list[str]:
+    """Issue 61's frontier: the model and naive whole-sentence selection at each target."""
+    lines = ["", f"The frontier on the same ranges: {frontier['model']} against naive"
+             " whole-sentence selection (pycompactor.baseline) at each target:", "",
+             "| summarizer | target | median compression | attribution | qualifier scope |"
+             " figures | invented | ms p50 / p95 | reach 64 KiB vs raw only |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [*frontier["points"], *frontier["baseline"], *frontier["baseline_caveats_first"],
+            *frontier.get("baseline_at_model_bytes", [])]
+    for p in rows:
+        lines.append(
+            f"| {p['model']} | {p['target']:g} | {_fmt(p['compression_median'])} |"
+            f" {_pct(p['attribution'])} | {_pct(p['qualifier_scope'])} |"
+            f" {_pct(p['figure_retention'])} | {p['invented_figures']} |"
+            f" {_fmt(p['ms_per_range']['p50'])} / {_fmt(p['ms_per_range']['p95'])} |"
+            f" {_fmt(p['reach_64k']['ratio'])} |")
     return lines
 
 

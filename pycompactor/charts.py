@@ -160,3 +160,89 @@ def text_image(lines: Sequence[str], *, title: str, standalone: bool = False) ->
                    f' font-size="12" xml:space="preserve">{escape(line)}</text>')
     out.append("</svg>")
     return "\n".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One labelled point of a scatter chart; points of one series share a colour and
+    are joined by a line in x order (a summarizer at several targets: its frontier)."""
+
+    series: str
+    label: str
+    x: float
+    y: float
+    colour: str
+
+
+def scatter(title: str, points: Sequence[Point], *, x_label: str, y_label: str,
+            y_max: float = 1.0, standalone: bool = False) -> str:
+    """Points on axes from 0 (x up to a round number past the largest x, y up to
+    `y_max`), each series joined in x order, each point labelled, and a legend."""
+    plot_w = WIDTH - _LEFT - _RIGHT
+    plot_h = HEIGHT - _TOP - _BOTTOM
+    # Headroom past the largest x, so its point and label stay inside the plot.
+    step, steps = _axis(1.1 * max((p.x for p in points), default=0.0))
+    right = step * steps
+
+    def at(p: Point) -> tuple[float, float]:
+        return (_LEFT + plot_w * min(p.x, right) / right,
+                _TOP + plot_h - plot_h * min(max(p.y, 0.0), y_max) / y_max)
+
+    out = _open(title, standalone)
+    for i in range(6):
+        y = _TOP + plot_h - plot_h * i / 5
+        out.append(f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{WIDTH - _RIGHT}" y2="{y:.1f}"'
+                   f' stroke="{_GRID}"/>')
+        out.append(f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end"'
+                   f' font-size="11" {_FONT}>{_fmt(round(y_max * i / 5, 3))}</text>')
+    for i in range(steps + 1):
+        x = _LEFT + plot_w * i / steps
+        out.append(f'<line x1="{x:.1f}" y1="{_TOP}" x2="{x:.1f}" y2="{_TOP + plot_h}"'
+                   f' stroke="{_GRID}"/>')
+        out.append(f'<text x="{x:.1f}" y="{_TOP + plot_h + 16}" text-anchor="middle"'
+                   f' font-size="11" {_FONT}>{_fmt(round(step * i, 3))}</text>')
+    series = list(dict.fromkeys(p.series for p in points))
+    # Points drawn at one spot (a model whose output stops growing past some target)
+    # share one label.
+    at_spot: dict[tuple[str, str], list[str]] = {}
+    for p in points:
+        x, y = at(p)
+        at_spot.setdefault((f"{x:.1f}", f"{y:.1f}"), []).append(p.label)
+    labelled: set[tuple[str, str]] = set()
+    for name in series:
+        mine = sorted((p for p in points if p.series == name), key=lambda p: p.x)
+        if len(mine) > 1:
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in map(at, mine))
+            out.append(f'<polyline points="{path}" fill="none" stroke="{mine[0].colour}"'
+                       ' stroke-width="1.5"/>')
+        for p in mine:
+            x, y = at(p)
+            out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{p.colour}">'
+                       f"<title>{escape(p.label)}: {p.x:.2f}, {p.y:.2f}</title></circle>")
+            spot = (f"{x:.1f}", f"{y:.1f}")
+            if spot in labelled:
+                continue
+            labelled.add(spot)
+            # Labels right of a point in the left half, left of it in the right half.
+            anchor, dx = ("start", 6) if x < _LEFT + plot_w / 2 else ("end", -6)
+            out.append(f'<text x="{x + dx:.1f}" y="{y - 6:.1f}" text-anchor="{anchor}"'
+                       f' font-size="10" {_FONT}>{escape(", ".join(at_spot[spot]))}</text>')
+    out.append(f'<line x1="{_LEFT}" y1="{_TOP + plot_h}" x2="{WIDTH - _RIGHT}"'
+               f' y2="{_TOP + plot_h}" stroke="#333333"/>')
+    out.append(f'<text x="{_LEFT + plot_w / 2:.0f}" y="{HEIGHT - 22}" text-anchor="middle"'
+               f' font-size="12" {_FONT}>{escape(x_label)}</text>')
+    out.append(f'<text transform="translate(14 {_TOP + plot_h / 2:.0f}) rotate(-90)"'
+               f' text-anchor="middle" font-size="12" {_FONT}>{escape(y_label)}</text>')
+    legend_x = _LEFT
+    for name in series if len(series) > 1 else ():
+        colour = next(p.colour for p in points if p.series == name)
+        out.append(f'<circle cx="{legend_x + 5}" cy="{HEIGHT - 9}" r="4" fill="{colour}"/>')
+        out.append(f'<text x="{legend_x + 14}" y="{HEIGHT - 5}" font-size="11" {_FONT}>'
+                   f"{escape(name)}</text>")
+        legend_x += 24 + 7 * len(name)
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+#: Colours for series beyond the first two (still apart under colour-vision deficiency).
+PALETTE: Final = (BLUE, ORANGE, "#38a169", "#805ad5", "#4a5568", "#d53f8c")

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
@@ -23,6 +24,7 @@ import psycopg
 
 from pycompactor import charts, db
 from pycompactor.argtypes import positive_int
+from pycompactor.baseline import BASELINE_CAVEATS_MODEL, BASELINE_MODELS, BaselineSummarizer
 from pycompactor.errors import UsageError
 from pycompactor.evaluation import (
     BUDGETS_KIB,
@@ -30,15 +32,18 @@ from pycompactor.evaluation import (
     ConversationResult,
     EvalConversation,
     EvalPair,
+    RangeResult,
     Report,
     Totals,
     conversation_from_texts,
     evaluate,
     guess_language,
 )
+from pycompactor.extractive import OFFLINE_MODEL
 from pycompactor.extractive3 import EXTRACTIVE3_MODEL
+from pycompactor.fidelity import Question
 from pycompactor.render import print_json
-from pycompactor.summarizer import Summarizer
+from pycompactor.summarizer import OpenAISummarizer, Summarizer, make_summarizer
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -49,6 +54,8 @@ if TYPE_CHECKING:
 EVALUATE_EXAMPLES: Final = (
     "  pycompactor evaluate --jsonl history.jsonl\n"
     "  pycompactor evaluate --corpus --limit 10 --html report.html\n"
+    "  pycompactor evaluate --corpus --compare pycompactor/extractive-2@0.5 \\\n"
+    "    --compare baseline/whole-sentences@0.35 --html report.html\n"
     "  pycompactor evaluate --database --dsn postgresql://reader@db/agent --limit 200 \\\n"
     "    --model gpt-4.1-mini --api responses --json\n"
     "\n"
@@ -59,6 +66,8 @@ EVALUATE_EXAMPLES: Final = (
 
 #: The model when neither --model nor PYCOMPACTOR_MODEL names one: offline, no server.
 DEFAULT_MODEL: Final = EXTRACTIVE3_MODEL
+#: Columns of the readable table: wide enough for every measure of a range on one line.
+TABLE_WIDTH: Final = 184
 #: Conversations read from a live database unless --limit says otherwise.
 DEFAULT_LIMIT: Final = 100
 # Histogram bins: compression is a ratio that can pass 1 (a summary longer than its
@@ -86,6 +95,13 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: the corpus's own size)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="with --corpus: the corpus seed (default: 0)")
+    p.add_argument("--compare", action="append", default=[], metavar="MODEL[@R]",
+                   type=parse_compare,
+                   help="also evaluate this model on the same ranges, side by side "
+                        "(repeatable); @R sets an offline model's target share of the "
+                        "replies' bytes (default: --extractive-target); "
+                        f"{' and '.join(BASELINE_MODELS)} are naive whole-sentence "
+                        "selection, the baseline")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--html", type=Path, default=None, metavar="FILE",
                    help="also write a self-contained HTML report with charts to FILE")
@@ -179,34 +195,137 @@ def load_conversations(args: argparse.Namespace) -> tuple[str, tuple[EvalConvers
                                      limit=args.limit or DEFAULT_LIMIT)
 
 
+@dataclass(frozen=True, slots=True)
+class Contender:
+    """One summarizer's report, named as the frontier chart and the side-by-side table
+    show it: the model, with `@R` for an offline model's target."""
+
+    label: str
+    report: Report
+
+
+def parse_compare(spec: str) -> tuple[str, float | None]:
+    """`MODEL` or `MODEL@R` (R above 0 to 1) of --compare (an argparse type)."""
+    model, at, target = spec.rpartition("@")
+    if not at:
+        return spec, None
+    problem = f"expected MODEL or MODEL@R, R a share above 0 and at most 1, got {spec!r}"
+    try:
+        share = float(target)
+    except ValueError:
+        raise argparse.ArgumentTypeError(problem) from None
+    if not model or not 0.0 < share <= 1.0:
+        raise argparse.ArgumentTypeError(problem)
+    return model, share
+
+
+def targeted(model: str) -> bool:
+    """Whether a model writes to a target share of bytes (offline, other than the
+    extractive-1 summarizer, which fills the contract's 6,000 characters)."""
+    return model in BASELINE_MODELS or (model.startswith("pycompactor/")
+                                        and model != OFFLINE_MODEL)
+
+
+def label(model: str, target: float) -> str:
+    return f"{model}@{target:g}" if targeted(model) else model
+
+
+def compare_summarizer(model: str, target: float, args: argparse.Namespace) -> Summarizer:
+    """The summarizer --compare names, built with the command's model options."""
+    if model in BASELINE_MODELS:
+        return BaselineSummarizer(target, caveats_first=model == BASELINE_CAVEATS_MODEL)
+    return make_summarizer(model, base_url=getattr(args, "base_url", None),
+                           timeout_seconds=args.timeout_seconds, api=args.api,
+                           extractive_target=target)
+
+
 def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | None) -> int:
     source, conversations = load_conversations(args)
+    compare: list[tuple[str, float | None]] = args.compare
     done = 0
+    total = len(conversations) * (1 + len(compare))
 
     def progress(result: ConversationResult) -> None:
         # A model takes seconds a range: on a terminal, say how far it got.
         nonlocal done
         done += 1
-        end = "\n" if done == len(conversations) else ""
-        print(f"\revaluated {done}/{len(conversations)} conversations "
+        end = "\n" if done == total else ""
+        print(f"\revaluated {done}/{total} conversations "
               f"({result.conversation_id})\x1b[K", end=end, file=sys.stderr, flush=True)
 
-    report = evaluate(conversations, summarizer, source=source, api=api,
-                      budgets=DEFAULT_BUDGETS,
-                      progress=progress if sys.stderr.isatty() else None)
+    def run(model: Summarizer, model_api: str | None) -> Report:
+        return evaluate(conversations, model, source=source, api=model_api,
+                        budgets=DEFAULT_BUDGETS,
+                        progress=progress if sys.stderr.isatty() else None)
+
+    report = run(summarizer, api)
+    primary = Contender(label(summarizer.model, args.extractive_target), report)
+    others = []
+    for model, target in compare:
+        share = args.extractive_target if target is None else target
+        other = compare_summarizer(model, share, args)
+        try:
+            other_api = args.api if isinstance(other, OpenAISummarizer) else None
+            others.append(Contender(label(model, share), run(other, other_api)))
+        finally:
+            other.close()
     if args.html is not None:
-        args.html.write_text(html_report(report), encoding="utf-8")
+        args.html.write_text(html_report(report, label=primary.label, compared=others),
+                             encoding="utf-8")
     if args.json:
-        print_json(report.to_dict())
+        print_json(report_json(primary, others))
     else:
         from rich.console import Console
         from rich.text import Text
 
-        console = Console(highlight=False, emoji=False, width=140)
-        console.print(readable(report))
+        console = Console(highlight=False, emoji=False, width=TABLE_WIDTH)
+        console.print(readable(report, label=primary.label, compared=others))
         if args.html is not None:
             console.print(Text(f"HTML report written to {args.html}"))
     return 0
+
+
+def report_json(primary: Contender, compared: Sequence[Contender] = ()) -> dict[str, Any]:
+    """What --json prints: the report (Report.to_dict), its label, the frontier (every
+    summarizer's pooled compression, attribution and qualifier scope), and each compared
+    summarizer pooled, with its summaries of the report's worst ranges."""
+    worst = primary.report.worst()
+    return {
+        **primary.report.to_dict(),
+        "label": primary.label,
+        "frontier": [frontier_point(c) for c in (primary, *compared)],
+        "compared": [{
+            "label": c.label, "model": c.report.model, "api": c.report.api,
+            "overall": c.report.overall.to_dict(),
+            "by_language": {k: v.to_dict() for k, v in c.report.by_language().items()},
+            "reach": [r.to_dict() for r in c.report.reach],
+            "worst": [_beside(c.report, cid, r) for cid, r in worst],
+        } for c in compared],
+    }
+
+
+def frontier_point(c: Contender) -> dict[str, Any]:
+    overall = c.report.overall
+    return {"label": c.label, "model": c.report.model, "compression": overall.compression,
+            "attribution": overall.attribution, "qualifier_scope": overall.qualifier_scope,
+            "figure_retention": overall.figure_retention,
+            "invented_figures": overall.invented_figures}
+
+
+def _range_of(report: Report, conversation_id: str, from_pair: int) -> RangeResult | None:
+    for c in report.conversations:
+        if c.conversation_id == conversation_id:
+            return next((r for r in c.ranges if r.from_pair == from_pair), None)
+    return None
+
+
+def _beside(report: Report, conversation_id: str, worst: RangeResult) -> dict[str, Any]:
+    """Another summarizer's summary of one of the primary's worst ranges."""
+    r = _range_of(report, conversation_id, worst.from_pair)
+    return {"conversation_id": conversation_id, "from_pair": worst.from_pair,
+            "summary": None if r is None else r.summary,
+            "attribution": None if r is None else r.attribution,
+            "qualifier_scope": None if r is None else r.qualifier_scope}
 
 
 # --------------------------------------------------------------------------- rendering
@@ -248,11 +367,17 @@ def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]],
     return Group(Text(""), Text(title, style="bold"), out)
 
 
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def range_rows(report: Report) -> list[tuple[object, ...]]:
     return [
         (c.conversation_id, c.language, f"{r.from_pair}-{r.to_pair}", r.replies_bytes,
          "-" if r.summary_bytes is None else r.summary_bytes, _ratio(r.compression),
          _kept(r.figures_kept, r.figures_total), _kept(r.qualifiers_kept, r.qualifiers_total),
+         _kept(r.attribution_kept, r.attribution_total), _kept(r.scope_kept, r.scope_total),
+         _count(r.invented_figures),
          _tokens(r.input_tokens, r.output_tokens), f"{r.seconds:.2f}", r.failure or "")
         for c in report.conversations for r in c.ranges
     ]
@@ -262,6 +387,7 @@ def totals_rows(report: Report) -> list[tuple[object, ...]]:
     def row(name: str, t: Totals) -> tuple[object, ...]:
         return (name, t.ranges, t.failed, t.replies_bytes, t.summary_bytes,
                 _ratio(t.compression), _pct(t.figure_retention), _pct(t.qualifier_retention),
+                _pct(t.attribution), _pct(t.qualifier_scope), t.invented_figures,
                 _tokens(t.input_tokens, t.output_tokens), f"{t.seconds:.2f}")
 
     return [*(row(lang, t) for lang, t in report.by_language().items()),
@@ -274,18 +400,79 @@ def reach_rows(report: Report) -> list[tuple[object, ...]]:
 
 
 RANGE_HEADERS: Final = ("conversation", "lang", "pairs", "reply bytes", "summary bytes",
-                        "compression", "figures", "qualifiers", "tokens in/out", "seconds",
-                        "failure")
+                        "compression", "figures", "qualifiers", "attribution", "scope",
+                        "invented", "tokens in/out", "seconds", "failure")
 TOTALS_HEADERS: Final = ("language", "ranges", "failed", "reply bytes", "summary bytes",
                          "compression", "figure retention", "qualifier retention",
-                         "tokens in/out", "seconds")
+                         "attribution", "qualifier scope", "invented", "tokens in/out",
+                         "seconds")
+SIDE_HEADERS: Final = ("summarizer", "ranges", "failed", "compression", "median",
+                       "attribution", "scope", "figures", "qualifiers", "invented",
+                       "seconds")
+LOST_HEADERS: Final = ("range", "question the replies answer", "expected",
+                       "the summary line the reader finds", "it reads")
+
+
+def _median(values: Sequence[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def side_rows(contenders: Sequence[Contender]) -> list[tuple[object, ...]]:
+    """One row per summarizer, pooled over the same ranges."""
+    rows: list[tuple[object, ...]] = []
+    for c in contenders:
+        t = c.report.overall
+        median = _median([r.compression for r in c.report.ranges if r.compression is not None])
+        rows.append((c.label, t.ranges, t.failed, _ratio(t.compression), _ratio(median),
+                     _pct(t.attribution), _pct(t.qualifier_scope), _pct(t.figure_retention),
+                     _pct(t.qualifier_retention), t.invented_figures, f"{t.seconds:.2f}"))
+    return rows
+
+
+def _lost_row(where: str, q: Question) -> tuple[object, ...]:
+    return (where, q.question, q.expected, q.found or "(none)",
+            q.answer or ("-" if q.kind == "figure" else "lost its qualifier"))
+
+
+def lost_rows(report: Report, *, per_range: int = 3) -> list[tuple[object, ...]]:
+    """The worst ranges' first lost questions: what the replies say beside what the
+    summary line the reader finds says."""
+    rows = []
+    for conversation_id, r in report.worst():
+        where = (f"{conversation_id} {r.from_pair}-{r.to_pair}: attribution "
+                 f"{_kept(r.attribution_kept, r.attribution_total)}, scope "
+                 f"{_kept(r.scope_kept, r.scope_total)}")
+        rows += [_lost_row(where if i == 0 else "", q) for i, q in enumerate(r.lost[:per_range])]
+    return rows
 REACH_HEADERS: Final = ("budget", "conversations", "pairs", "reached with compaction",
                         "reached raw only", "gain")
 
 
-def readable(report: Report, *, max_range_rows: int | None = None) -> Group:
+def _wrapped_table(title: str, headers: Sequence[str],
+                   rows: Sequence[Sequence[object]]) -> Group:
+    """A heading and a table of literal text whose long cells wrap (sentences)."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    out = Table(box=box.SIMPLE_HEAD)
+    for header in headers:
+        out.add_column(Text(header), overflow="fold")
+    for row in rows:
+        out.add_row(*(Text("" if v is None else str(v)) for v in row))
+    return Group(Text(""), Text(title, style="bold"), out)
+
+
+def readable(report: Report, *, max_range_rows: int | None = None, label: str | None = None,
+             compared: Sequence[Contender] = ()) -> Group:
     """The default output: per range (the first `max_range_rows` if given), pooled per
-    language and overall, reach."""
+    language and overall, reach, the worst ranges' lost questions, and the compared
+    summarizers side by side."""
     from rich.console import Group
     from rich.text import Text
 
@@ -300,18 +487,26 @@ def readable(report: Report, *, max_range_rows: int | None = None) -> Group:
         Text(f"pycompactor evaluate: model {report.model}{api}, source {report.source}: "
              f"{len(report.conversations)} conversations, {n_ranges} target ranges "
              "(nothing was written)", style="bold"),
-        _table("Per range (compression = summary bytes / the ten replies' bytes; figures and "
-               f"qualifiers: kept/total{more})", RANGE_HEADERS, rows,
-               right=RANGE_HEADERS[3:10]),
+        _table("Per range (compression = summary bytes / the ten replies' bytes; figures, "
+               f"qualifiers, attribution and scope: kept/total{more})", RANGE_HEADERS, rows,
+               right=RANGE_HEADERS[3:13]),
         _table("Pooled (ratios of sums over the summarized ranges)", TOTALS_HEADERS,
                totals_rows(report), right=TOTALS_HEADERS[1:]),
         _table("History the next Run sees: pairs reached under each budget, with the "
                "summaries and with the raw-only projection (newest pairs only)",
                REACH_HEADERS, reach_rows(report), right=REACH_HEADERS[1:]),
+        _wrapped_table("The worst ranges (lowest attribution; the first questions each "
+                       "summary does not answer; --json and --html show them whole)",
+                       LOST_HEADERS, lost_rows(report)),
+        *([_table("Side by side, on the same ranges (compression pooled and median; "
+                  "attribution, qualifier scope, figure and qualifier retention pooled; "
+                  "docs/evaluate.md defines each)", SIDE_HEADERS,
+                  side_rows([Contender(label or report.model, report), *compared]),
+                  right=SIDE_HEADERS[1:])] if compared else []),
     )
 
 
-def readable_text(report: Report, *, width: int = 140,
+def readable_text(report: Report, *, width: int = TABLE_WIDTH,
                   max_range_rows: int | None = None) -> str:
     """The readable report as plain text (no styling), lines without trailing blanks."""
     import io
@@ -324,13 +519,30 @@ def readable_text(report: Report, *, width: int = 140,
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()).strip("\n")
 
 
-def report_charts(report: Report, *, standalone: bool = False) -> dict[str, str]:
-    """The report's charts as SVG text, by name: compression and retention
-    distributions over the summarized ranges, and reach against budget."""
+def frontier_chart(contenders: Sequence[Contender], *, standalone: bool = False) -> str:
+    """Compression against attribution, one point per summarizer and target, a model's
+    targets joined: a team picks its target by looking."""
+    models = list(dict.fromkeys(c.report.model for c in contenders))
+    colour = {m: charts.PALETTE[i % len(charts.PALETTE)] for i, m in enumerate(models)}
+    points = [charts.Point(c.report.model, c.label, c.report.overall.compression or 0.0,
+                           c.report.overall.attribution or 0.0, colour[c.report.model])
+              for c in contenders]
+    return charts.scatter("Frontier: attribution against compression (pooled)", points,
+                          x_label="compression (summary bytes / reply bytes)",
+                          y_label="attribution", standalone=standalone)
+
+
+def report_charts(report: Report, *, standalone: bool = False, label: str | None = None,
+                  compared: Sequence[Contender] = ()) -> dict[str, str]:
+    """The report's charts as SVG text, by name: the frontier (this summarizer and the
+    compared ones), compression, retention and attribution distributions over the
+    summarized ranges, and reach against budget."""
     done = [r for r in report.ranges if r.failure is None]
     n = max(len(report.conversations), 1)
     reach = report.reach
     return {
+        "frontier": frontier_chart([Contender(label or report.model, report), *compared],
+                                   standalone=standalone),
         "compression": charts.histogram(
             "Compression per range (summary bytes / reply bytes)",
             [r.compression for r in done if r.compression is not None], _COMPRESSION_EDGES,
@@ -345,6 +557,11 @@ def report_charts(report: Report, *, standalone: bool = False) -> dict[str, str]
             [r.qualifier_retention for r in done if r.qualifier_retention is not None],
             _RETENTION_EDGES, x_label="qualified facts kept / in the replies",
             colour=charts.ORANGE, last_label="1 (all)", standalone=standalone),
+        "attribution": charts.histogram(
+            "Attribution per range",
+            [r.attribution for r in done if r.attribution is not None],
+            _RETENTION_EDGES, x_label="questions answered with the right figure / asked",
+            last_label="1 (all)", standalone=standalone),
         "reach": charts.bar_chart(
             "Pairs the next Run sees, per conversation (mean)",
             [f"{k} KiB" for k in (r.budget_bytes // 1024 for r in reach)],
@@ -362,6 +579,8 @@ table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 13px; }
 th, td { border-bottom: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 .charts { display: flex; flex-wrap: wrap; gap: 12px; }
+table.beside td { text-align: left; vertical-align: top; max-width: 40em; }
+pre { white-space: pre-wrap; font-size: 12px; margin: 0; }
 dt { font-weight: bold; margin-top: 0.5em; }
 """
 
@@ -373,13 +592,43 @@ def _html_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str
     return f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>"
 
 
-def html_report(report: Report, *, generated: datetime | None = None) -> str:
+def _html_text(text: str | None) -> str:
+    return "<i>(none)</i>" if text is None else f"<pre>{escape(text)}</pre>"
+
+
+def html_worst(report: Report, label: str, compared: Sequence[Contender] = ()) -> str:
+    """The worst ranges whole: the ten replies beside each summarizer's summary (all
+    text escaped), then the questions the summary does not answer."""
+    out = []
+    for conversation_id, r in report.worst():
+        head = "".join(f"<th>{escape(h)}</th>"
+                       for h in ("the ten replies", label, *(c.label for c in compared)))
+        others = [_range_of(c.report, conversation_id, r.from_pair) for c in compared]
+        cells = [_html_text("\n\n".join(r.replies)), _html_text(r.summary),
+                 *(_html_text(None if o is None else o.summary) for o in others)]
+        out.append(
+            f"<h3>{escape(conversation_id)}, pairs {r.from_pair}-{r.to_pair}: attribution "
+            f"{escape(_kept(r.attribution_kept, r.attribution_total))}, qualifier scope "
+            f"{escape(_kept(r.scope_kept, r.scope_total))}, invented "
+            f"{escape(_count(r.invented_figures))}, compression "
+            f"{escape(_ratio(r.compression))}</h3>\n"
+            f'<table class="beside"><thead><tr>{head}</tr></thead><tbody><tr>'
+            + "".join(f"<td>{c}</td>" for c in cells) + "</tr></tbody></table>\n"
+            + _html_table(LOST_HEADERS[1:], [_lost_row("", q)[1:] for q in r.lost]))
+    return "\n".join(out) or "<p>No range asks a question (no summarized range holds a " \
+                             "figure or a qualifier).</p>"
+
+
+def html_report(report: Report, *, generated: datetime | None = None,
+                label: str | None = None, compared: Sequence[Contender] = ()) -> str:
     """One self-contained HTML page: the tables and inline SVG charts; no script, no
     style sheet, font or image from anywhere else, so it opens offline."""
     when = (generated or datetime.now(UTC)).isoformat(timespec="seconds")
     api = f", {report.api} API" if report.api else ""
-    svgs = "\n".join(f'<figure id="{name}">{svg}</figure>'
-                     for name, svg in report_charts(report).items())
+    primary = label or report.model
+    svgs = "\n".join(f'<figure id="{name}">{svg}</figure>' for name, svg in report_charts(
+        report, label=primary, compared=compared).items())
+    side = _html_table(SIDE_HEADERS, side_rows([Contender(primary, report), *compared]))
     budgets = ", ".join(f"{k} KiB" for k in BUDGETS_KIB)
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -397,6 +646,8 @@ Generated {escape(when)}. Nothing was written to any database.</p>
 <div class="charts">
 {svgs}
 </div>
+<h2>Side by side</h2>
+{side}
 <h2>Pooled</h2>
 {_html_table(TOTALS_HEADERS, totals_rows(report))}
 <h2>History the next Run sees ({escape(budgets)})</h2>
@@ -410,10 +661,22 @@ ten replies that the summary holds verbatim, over all of them.</dd>
 <dt>qualifier retention</dt><dd>distinct qualified facts (a figure and a qualifier such as
 "not", "only", "no longer", "不再", "仅" in one sentence) of the replies that some sentence
 of the summary states whole, over all of them.</dd>
+<dt>attribution</dt><dd>each reply sentence with a figure asks a question: the sentence
+with that figure masked. A reader looks for the question's words in the summary (rare
+words weigh more) and reads the figure of the best sentence; the figure is kept when the
+reader finds it, and only it (five equal lines with five figures keep none). Questions the
+replies themselves do not answer unambiguously are not asked.</dd>
+<dt>qualifier scope</dt><dd>the same for a qualifier ("not", "only", "unlikely",
+"smallest", "as of", "不", "最小", ...): the summary sentence the reader finds by the
+qualifier's own sentence must carry it.</dd>
+<dt>invented</dt><dd>figures of the summary that no reply holds (labels equal to a reply's
+id aside).</dd>
 <dt>reach</dt><dd>pairs of the conversation that reach the next Run under the budget
 (user message verbatim; reply raw or summarized), by the projection's rules, against the
 raw-only projection (newest pairs only).</dd>
 </dl>
+<h2>The worst ranges, summary beside source</h2>
+{html_worst(report, primary, compared)}
 <h2>Per range</h2>
 {_html_table(RANGE_HEADERS, range_rows(report))}
 </body>

@@ -244,7 +244,7 @@ class RangeResult:
             "attribution_kept": self.attribution_kept, "attribution": self.attribution,
             "qualifier_scope_total": self.scope_total,
             "qualifier_scope_kept": self.scope_kept, "qualifier_scope": self.qualifier_scope,
-            "invented_figures": None if self.invented is None else list(self.invented),
+            "invented_figures": self.invented_figures, "invented": list(self.invented or ()),
             "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
             "seconds": round(self.seconds, 6), "failure": self.failure,
         }
@@ -259,7 +259,8 @@ def measure_range(pairs: Sequence[SourcePair], summary: str | None, *,
     replies = [p.assistant_content for p in pairs]
     figures = figure_stats(pairs, summary or "")
     qualified = qualifier_stats(replies, summary or "")
-    asked = fidelity.questions(replies, summary or "")
+    labels = [p.assistant_message_id for p in pairs]
+    asked = fidelity.questions(replies, summary or "", labels)
     attributed = [q for q in asked if q.kind == "figure"]
     scoped = [q for q in asked if q.kind == "qualifier"]
     done = summary is not None
@@ -278,7 +279,7 @@ def measure_range(pairs: Sequence[SourcePair], summary: str | None, *,
         scope_total=len(scoped),
         scope_kept=sum(q.kept for q in scoped) if done else None,
         invented=None if summary is None else tuple(sorted(fidelity.invented(
-            replies, summary, [p.assistant_message_id for p in pairs]))),
+            replies, summary, labels))),
         summary=summary, replies=tuple(replies),
         lost=tuple(q for q in asked if not q.kept) if done else (),
     )
@@ -564,8 +565,7 @@ def worst_dict(conversation_id: str, r: RangeResult) -> dict[str, Any]:
     return {"conversation_id": conversation_id, "from_pair": r.from_pair,
             "to_pair": r.to_pair, "compression": r.compression,
             "attribution": r.attribution, "qualifier_scope": r.qualifier_scope,
-            "invented_figures": None if r.invented is None else list(r.invented),
-            "summary": r.summary, "replies": list(r.replies),
+            "invented": list(r.invented or ()), "summary": r.summary, "replies": list(r.replies),
             "lost": [q.to_dict() for q in r.lost]}
 
 

@@ -5,7 +5,8 @@ Counting digits that survive (pycompactor.figures) cannot tell "Lotus Asia Growt
 measures here ask the summary the question each reply sentence answers, as a reader
 would, and check the answer (docs/evaluate.md defines them in prose):
 
-* **sentences** are pycompactor.qualifiers' (a summary line is a sentence too);
+* **sentences** are pycompactor.qualifiers' (a summary line is a sentence too); the
+  summary's bracketed reply labels (`[a3]`, the replies' ids) are read as no words;
 * **words** of a sentence: its figures (DESIGN §8), its other words lowercased minus a
   few English stopwords, and for Chinese text every character and every pair of adjacent
   characters (a reader matches Chinese without word boundaries);
@@ -16,13 +17,18 @@ would, and check the answer (docs/evaluate.md defines them in prose):
   holds, and keeps the best (ties included) when it holds at least `MIN_SHARE` of the
   question's weight. For a figure it reads the answer from the best sentences: the
   figures a sentence offers are those the question does not already name; with several,
-  each matched word votes with its weight for the offered figure nearest to it, and the
-  most voted wins. The answer is that figure when every best sentence gives the same one,
-  and none otherwise (five equally good lines with five different figures answer nothing);
+  each matched word votes with its weight for the offered figure nearest to it (one of
+  its own clause first), and the most voted wins. The answer is that figure when every
+  best sentence gives the same one, and none otherwise (five equally good lines with
+  five different figures answer nothing);
 * a question **counts** only when the reader, given the reply sentences themselves, finds
-  the right answer: the replies summarising themselves score 1.0 by construction.
+  the right answer: the replies summarising themselves score 1.0 by construction;
+* **invented** figures are the summary's figures no reply holds (DESIGN §8).
 
-Pure functions over strings: no database, no clock.
+`attribution`, `qualifier_scope` and `scores` count; `questions` lists every question
+with the summary sentence the reader found (the evaluation's worst-range listing). Pure
+functions over strings: no database, no clock (the questions a range's replies ask are
+remembered, since an evaluation reads the same replies once per model and target).
 """
 
 from __future__ import annotations
@@ -43,6 +49,11 @@ from pycompactor.qualifiers import qualifier_spans, sentences
 #: as the place that answers the question: below half, it shares fewer of the question's
 #: (rarity-weighted) words than it misses, and answers another question.
 MIN_SHARE: Final = 0.5
+
+#: A reply "sentence" of more words than this (a table, a log or a JSON blob on one line)
+#: states no fact a reader asks about as one question: it asks none, though it may still
+#: answer. The bound also keeps the reader linear on hostile input.
+MAX_QUESTION_WORDS: Final = 400
 
 #: Function words that say nothing about what a figure is (never a qualifier: "no",
 #: "not", "only", "as of" must stay words of a question).
@@ -200,22 +211,33 @@ def _offered(question: _Question, sentence: _Sentence, weights: Mapping[str, flo
     if len(offered) <= 1:
         return offered[0] if offered else None
     clause = _clauses(sentence.text)
-    at = {f: [t.start for t in sentence.tokens if t.text == f] for f in offered}
+    offered_set = set(offered)
+    figure_at = sorted((t.start, t.text) for t in sentence.tokens if t.text in offered_set)
+    starts = [p for p, _ in figure_at]
+    occurrences: dict[str, list[int]] = {}
+    for t in sentence.tokens:
+        occurrences.setdefault(t.text, []).append(t.start)
     votes = dict.fromkeys(offered, 0.0)
     for w in sorted(question.words & sentence.words):
         # The occurrence of the word nearest to an offered figure votes for that figure,
         # a figure of its own clause first ("A: fee 0.29%, B: fee 0.43%"); a word as
-        # near to two figures votes for neither.
-        distance = {f: min((clause(t.start) != clause(p), abs(t.start - p))
-                           for t in sentence.tokens if t.text == w for p in at[f])
-                    for f in offered}
-        nearest = min(distance.values())
-        winners = [f for f, d in distance.items() if d == nearest]
+        # near to two figures votes for neither. Clauses are intervals, so the nearest
+        # figure of any occurrence is its neighbour on the left or on the right.
+        nearest: tuple[bool, int] | None = None
+        winners: set[str] = set()
+        for at in occurrences[w]:
+            i = bisect.bisect_left(starts, at)
+            for p, f in figure_at[max(i - 1, 0) : i + 1]:
+                key = (clause(at) != clause(p), abs(at - p))
+                if nearest is None or key < nearest:
+                    nearest, winners = key, {f}
+                elif key == nearest:
+                    winners.add(f)
         if len(winners) == 1:
-            votes[winners[0]] += weights[w]
+            votes[winners.pop()] += weights[w]
     top = max(votes.values())
-    winners = [f for f, v in votes.items() if v >= top - _EPSILON]
-    return winners[0] if len(winners) == 1 and top > 0 else None
+    most = [f for f, v in votes.items() if v >= top - _EPSILON]
+    return most[0] if len(most) == 1 and top > 0 else None
 
 
 def _answer(question: _Question, candidates: _Candidates,
@@ -287,6 +309,8 @@ class _Asked:
 def _figures_asked(source: _Candidates, weights: Mapping[str, float]) -> Iterator[_Asked]:
     seen: set[tuple[frozenset[str], str]] = set()
     for s in source.sentences:
+        if len(s.tokens) > MAX_QUESTION_WORDS:
+            continue
         for f in sorted(s.figures):
             question = _question((t.text for t in s.tokens if t.text != f), weights)
             if (question.words, f) in seen:
@@ -310,6 +334,8 @@ def _qualifier_found(question: _Question, candidates: _Candidates,
 def _qualifiers_asked(source: _Candidates, weights: Mapping[str, float]) -> Iterator[_Asked]:
     seen: set[tuple[frozenset[str], str]] = set()
     for s in source.sentences:
+        if len(s.tokens) > MAX_QUESTION_WORDS:
+            continue
         spans = qualifier_spans(s.text)
         for q in sorted(s.qualifiers):
             masked = _masked(s.text, [(a, b) for a, b, q2 in spans if q2 == q])
@@ -345,11 +371,13 @@ def _read(asked: _Asked, summary: _Candidates, weights: Mapping[str, float]) -> 
                     None if found is None else found.text, answer, kept)
 
 
-def questions(replies: Sequence[str], summary: str) -> tuple[Question, ...]:
+def questions(replies: Sequence[str], summary: str,
+              labels: Sequence[str] = ()) -> tuple[Question, ...]:
     """Every question the replies answer (figures first, then qualifiers, in reply
-    order), each with what the reader finds in the summary."""
+    order), each with what the reader finds in the summary. Bracketed `labels` (the
+    replies' ids) are read as no words: `[a3]` names a reply, not the figure 3."""
     weights, asked = _asked(tuple(replies))
-    target = _candidates([summary])
+    target = _candidates([without_labels(summary, labels)])
     return tuple(_read(a, target, weights) for a in asked)
 
 
@@ -358,20 +386,22 @@ def _tally(found: Iterable[Question], kind: str) -> Score:
     return Score(sum(1 for q in mine if q.kept), len(mine))
 
 
-def scores(replies: Sequence[str], summary: str) -> tuple[Score, Score]:
+def scores(replies: Sequence[str], summary: str,
+           labels: Sequence[str] = ()) -> tuple[Score, Score]:
     """(attribution, qualifier scope) at once."""
-    found = questions(replies, summary)
+    found = questions(replies, summary, labels)
     return _tally(found, "figure"), _tally(found, "qualifier")
 
 
-def attribution(replies: Sequence[str], summary: str) -> Score:
+def attribution(replies: Sequence[str], summary: str, labels: Sequence[str] = ()) -> Score:
     """Figures the reader still finds for the questions the replies answer."""
-    return scores(replies, summary)[0]
+    return scores(replies, summary, labels)[0]
 
 
-def qualifier_scope(replies: Sequence[str], summary: str) -> Score:
+def qualifier_scope(replies: Sequence[str], summary: str,
+                    labels: Sequence[str] = ()) -> Score:
     """Qualifiers the summary sentence the reader finds still carries."""
-    return scores(replies, summary)[1]
+    return scores(replies, summary, labels)[1]
 
 
 # --------------------------------------------------------------------------- invented

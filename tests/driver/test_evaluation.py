@@ -102,6 +102,67 @@ def test_measure_range_counts_figures_and_qualified_facts() -> None:
         measure_range(pairs[:9], summary)
 
 
+def test_measure_range_asks_the_replies_questions_of_the_summary() -> None:
+    funds = ["Lotus Asia Growth", "Northwind Global Equity", "Harbor Bond Index",
+             "Cedar Dividend", "Maple Income"]
+    replies = [f"{fund} charges an ongoing fee of 0.{i + 2}9% per year and no entry fee."
+               for i, fund in enumerate(funds)]
+    replies += [f"Background {w} without a number, never mind."
+                for w in ("one", "two", "three", "four", "five")]
+    pairs = [EvalPair(i, f"u{i}", "q", f"a{i}", r) for i, r in enumerate(replies)]
+    named = "\n".join(f"[a{i}] {fund}: ongoing fee 0.{i + 2}9% a year, no entry fee"
+                      for i, fund in enumerate(funds))
+    result = measure_range(pairs, named)
+    assert (result.attribution_total, result.attribution_kept) == (5, 5)
+    assert result.attribution == 1.0
+    assert result.invented == ()  # [a0]..[a4] are the replies' ids, not figures
+    anonymous = "\n".join(f"an ongoing fee of 0.{i + 2}9% per year and no entry"
+                          for i in range(5))
+    lost = measure_range(pairs, anonymous)
+    assert (lost.attribution_kept, lost.figures_kept) == (0, 5)  # every digit, no answer
+    assert [q.expected for q in lost.lost if q.kind == "figure"] == [
+        "0.29", "0.39", "0.49", "0.59", "0.69"]
+    # Five "no", five "without", five "never": the background's caveats are gone.
+    assert lost.scope_total == 15
+    assert lost.scope_kept is not None
+    assert lost.scope_kept <= 5
+    invented = measure_range(pairs, "Lotus Asia Growth charges 0.30% a year.")
+    assert invented.invented == ("0.30",)
+    assert invented.invented_figures == 1
+    failed = measure_range(pairs, None, failure="timeout")
+    assert (failed.attribution_total, failed.attribution_kept, failed.invented) == (5, None,
+                                                                                   None)
+    assert failed.to_dict()["invented"] == []
+
+
+def test_worst_ranges_lowest_attribution_first_with_their_text() -> None:
+    report = sample_report()
+    worst = report.worst()
+    assert worst
+    ratios = [r.attribution if r.attribution is not None else 1.0 for _, r in worst]
+    assert ratios == sorted(ratios)
+    data = report.to_dict()["worst"]
+    assert [(w["conversation_id"], w["from_pair"]) for w in data] == [
+        (cid, r.from_pair) for cid, r in worst]
+    _first_id, first = worst[0]
+    assert data[0]["summary"] == first.summary
+    assert len(data[0]["replies"]) == 10
+    assert all(not q["kept"] for q in data[0]["lost"])
+
+
+def test_the_worst_ranges_are_escaped_beside_their_source() -> None:
+    replies = [f"<b>Fund & F{i}</b> charges <i>0.{i}5%</i> a year, never more." for i in range(31)]
+    conversation = conversation_from_texts("c<1>", "en", [(f"q{i}", r)
+                                                          for i, r in enumerate(replies)])
+    report = evaluate([conversation], ExtractiveSummarizer(), source="test")
+    page = html_report(report)
+    assert "<b>Fund" not in page
+    assert "&lt;b&gt;Fund &amp; F" in page
+    assert "c&lt;1&gt;" in page
+    assert "c<1>" not in page
+    assert "The worst ranges, summary beside source" in page
+
+
 def test_reply_problem_applies_the_completion_rules_in_order() -> None:
     assert reply_problem(Reply("ok", "stop", 0)) is None
     assert reply_problem(Failure("timeout")) == "timeout"
@@ -233,7 +294,7 @@ def test_evaluate_summarizes_every_target_range_and_measures_it() -> None:
     assert set(report.by_language()) == {"en", "zh"}
     data = report.to_dict()
     assert set(data) == {"model", "api", "source", "budgets", "overall", "by_language",
-                         "reach", "conversations"}
+                         "reach", "worst", "conversations"}
     assert data["model"] == "pycompactor/extractive-1"
     assert data["overall"]["ranges"] == 3
     assert [r["pairs"] for r in data["reach"]] == [76] * 4
@@ -242,9 +303,10 @@ def test_evaluate_summarizes_every_target_range_and_measures_it() -> None:
 def test_charts_and_html_are_self_contained() -> None:
     report = sample_report()
     svgs = report_charts(report)
-    assert set(svgs) == {"compression", "figure-retention", "qualifier-retention", "reach"}
+    assert set(svgs) == {"frontier", "compression", "figure-retention",
+                         "qualifier-retention", "attribution", "reach"}
     page = html_report(report)
-    assert page.count("<svg") == 4
+    assert page.count("<svg") == 6
     for outside in ("http://", "https://", "<script", "@import", "<link", "url("):
         assert outside not in page
     standalone = report_charts(report, standalone=True)["reach"]
@@ -291,3 +353,14 @@ def test_a_failed_range_is_reported_and_reaches_raw(model_server: ModelServer) -
     assert (overall.ranges, overall.failed, overall.summary_bytes) == (3, 2, 6)
     assert (overall.input_tokens, overall.output_tokens) == (901, 8)
     assert report.to_dict()["api"] == "chat"
+
+
+def test_scatter_joins_a_series_and_labels_every_point() -> None:
+    points = [charts.Point("m", "m@0.2", 0.2, 0.5, charts.BLUE),
+              charts.Point("m", "m@0.4", 0.4, 0.9, charts.BLUE),
+              charts.Point("<b>", "<b>@0.3", 0.3, 0.7, charts.ORANGE)]
+    svg = charts.scatter("t", points, x_label="x", y_label="y")
+    assert svg.count("<circle") == 3 + 2  # the points, and a legend mark per series
+    assert svg.count("<polyline") == 1  # only the series of two points is joined
+    assert "&lt;b&gt;@0.3" in svg
+    assert "<b>" not in svg

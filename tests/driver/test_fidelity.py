@@ -14,6 +14,7 @@ from pycompactor.corpus import build_corpus
 from pycompactor.extractive2 import Extractive2Summarizer
 from pycompactor.fidelity import (
     MASK,
+    MAX_QUESTION_WORDS,
     Score,
     attribution,
     invented,
@@ -199,6 +200,11 @@ def test_labels_equal_to_reply_ids_are_not_invented_figures() -> None:
     assert without_labels("[a3] x [b3] [a3, zz]", labels) == "  x [b3] [a3, zz]"
     assert invented(FEES_EN, "Lotus Asia Growth 0.30% [a3]", labels) == {"0.30"}
     assert invented(FEES_EN, "\n".join(FEES_EN), labels) == frozenset()
+    # The reader reads a label as no words: "[a2]" beside a fund is not its figure 2.
+    labelled = "\n".join(f"[a{i}] {fund}: ongoing fee {fee}% a year"
+                         for i, (fund, fee) in enumerate(FUNDS.items()))
+    assert attribution(FEES_EN, labelled, labels) == Score(len(FUNDS), len(FUNDS))
+    assert attribution(FEES_EN, labelled).kept < len(FUNDS)
 
 
 # --------------------------------------------------------------------------- extractive-2
@@ -244,3 +250,10 @@ def test_replies_summarising_themselves_score_one_on_the_corpus(
     assert figures_.ratio == 1.0
     assert caveats.total == 0 or caveats.ratio == 1.0
     assert invented(replies, "\n".join(replies)) == frozenset()
+
+
+def test_a_blob_on_one_line_asks_no_question_but_may_answer() -> None:
+    blob = ", ".join(f'"key{i}": {i}' for i in range(MAX_QUESTION_WORDS))
+    replies = [blob, "Harbor Bond Index charges 0.50% a year."]
+    assert [q.expected for q in questions(replies, "\n".join(replies))] == ["0.50"]
+    assert attribution(replies, blob).kept == 0

@@ -81,7 +81,26 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
         assert model["density"]["ratio"] is not None
         assert {"p50", "p95", "max"} <= set(model["ms_per_range"])
     assert len({m["ranges"] for m in quality["models"]}) == 1
+    for model in quality["models"]:
+        assert {"total", "kept", "ratio"} <= set(model["attribution"])
+        assert {"total", "kept", "ratio"} <= set(model["qualifier_scope"])
+        assert model["invented_figures"] == 0  # the offline summarizers never invent one
     assert sum(t["name"].startswith("extractive-2 on the corpus") for t in data["targets"]) == 6
+    # Issue 61's frontier: the model and naive whole-sentence selection at every target,
+    # in the same run, on the same ranges.
+    frontier = quality["frontier"]
+    assert frontier["model"] == "pycompactor/extractive-2"
+    assert frontier["targets"] == [0.2, 0.3, 0.4, 0.5, 0.6]
+    for series in ("points", "baseline", "baseline_caveats_first"):
+        assert [p["target"] for p in frontier[series]] == frontier["targets"]
+        for p in frontier[series]:
+            assert p["ranges"] == quality["models"][0]["ranges"]
+            assert {"compression_median", "attribution", "qualifier_scope", "figure_retention",
+                    "invented_figures", "ms_per_range", "reach_64k"} <= set(p)
+    assert all(p["compression_median"] <= p["target"] for p in frontier["baseline"])
+    assert len(frontier["above_baseline"]) == 5
+    assert sum(t["name"].startswith("pycompactor/extractive-2 on the corpus, default target")
+               for t in data["targets"]) == 7
     # The statement profile: each operation's time split by pg_stat_statements, the
     # engine's own statements nested under the calls the client sent.
     profile = data["statements"]
@@ -104,7 +123,8 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert counts["pycompactor"] > counts["floor"] > counts["plain"] > 0
     wal = data["instructions"]["wal_bytes_per_cycle"]
     assert wal["pycompactor"] > wal["plain"] > 0
-    assert len(data["targets"]) == 21  # fifteen engine targets, six quality goals
+    # Fifteen engine targets, six quality goals (issue 28), eight fidelity goals (issue 61).
+    assert len(data["targets"]) == 29
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 
     table = (tmp_path / "latest.md").read_text(encoding="utf-8")
@@ -113,6 +133,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert "| target | measured | goal | met |" in table
     assert "Where the time goes" in table
     assert "Instructions per claim -> complete cycle (callgrind" in table
+    assert "The frontier on the same ranges" in table
 
 
 def test_bench_record_replaces_the_block_between_the_markers(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor.summarizer import load_prompt
 from tests.e2e.cli import run_cli
+from tests.e2e.test_cli_contract import documented_shapes, mismatches
 from tests.modelserver import ModelServer, RecordedRequest, ScriptedResponse, response, stop
 from tests.workerkit import seed, worker_env
 
@@ -48,7 +49,8 @@ def test_jsonl_with_the_offline_model(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert set(report) == {"model", "api", "source", "budgets", "overall", "by_language",
-                           "reach", "conversations"}
+                           "reach", "worst", "conversations", "label", "frontier",
+                           "compared"}
     assert (report["model"], report["api"], report["source"]) == (
         "pycompactor/extractive-2", None, "jsonl:history.jsonl")
     assert report["budgets"] == [8192, 16384, 32768, 65536]
@@ -102,9 +104,40 @@ def test_html_report_is_one_self_contained_file(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["history.jsonl", "report.html"]
     html = page.read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>")
-    assert html.count("<svg") == 4
+    assert html.count("<svg") == 6
     for outside in ("http://", "https://", "<script", "<link", "@import", "url(", "src="):
         assert outside not in html, outside
+
+
+def test_compare_puts_models_side_by_side(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "history.jsonl")
+    page = tmp_path / "report.html"
+    args = ("evaluate", "--jsonl", str(source), "--compare", "baseline/whole-sentences@0.5",
+            "--compare", "pycompactor/extractive-1")
+    result = run_cli(*args, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert mismatches(documented_shapes()["evaluate"], report) == []
+    assert report["label"] == "pycompactor/extractive-2@0.35"
+    assert [p["label"] for p in report["frontier"]] == [
+        "pycompactor/extractive-2@0.35", "baseline/whole-sentences@0.5",
+        "pycompactor/extractive-1"]
+    baseline = report["compared"][0]
+    assert baseline["overall"]["ranges"] == report["overall"]["ranges"] == 3
+    assert baseline["overall"]["compression"] <= 0.5
+    assert [w["from_pair"] for w in baseline["worst"]] == [
+        w["from_pair"] for w in report["worst"]]
+    assert report["worst"], "the sample's ranges ask questions"
+    table = run_cli(*args, "--html", str(page))
+    assert table.returncode == 0, table.stderr
+    for heading in ("Side by side", "The worst ranges", "attribution", "qualifier scope",
+                    "baseline/whole-sentences@0.5"):
+        assert heading in table.stdout
+    html = page.read_text(encoding="utf-8")
+    assert html.count("<circle") >= 3  # the frontier: one point per summarizer
+    bad = run_cli("evaluate", "--jsonl", str(source), "--compare", "m@1.5")
+    assert bad.returncode == 2
+    assert "expected MODEL or MODEL@R" in bad.stderr
 
 
 def test_bad_jsonl_names_the_line(tmp_path: Path) -> None:
