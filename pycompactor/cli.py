@@ -248,10 +248,11 @@ def add_model_arguments(p: argparse.ArgumentParser, *, default: str | None = Non
     p.add_argument("--timeout-seconds", type=positive_float, default=120.0, metavar="S",
                    help="deadline of one model call, transport retry included (default: 120)")
     p.add_argument("--extractive-target", type=retention_ratio, metavar="R",
-                   default=os.environ.get("PYCOMPACTOR_EXTRACTIVE_TARGET", "0.35"),
-                   help="pycompactor/extractive-2 and -3 only: summaries of at most R x the UTF-8 "
-                        "bytes of their ten replies, above 0 to 1 "
-                        "(env: PYCOMPACTOR_EXTRACTIVE_TARGET; default: 0.35)")
+                   default=os.environ.get("PYCOMPACTOR_EXTRACTIVE_TARGET"),
+                   help="pycompactor/extractive-2 and -3 only: summaries of at most R x the "
+                        "UTF-8 bytes of their ten replies, above 0 to 1 "
+                        "(env: PYCOMPACTOR_EXTRACTIVE_TARGET; default: the model's own, "
+                        "0.4 for extractive-3, 0.35 for extractive-2)")
     p.set_defaults(default_model=default)
 
 
@@ -267,11 +268,16 @@ def build_summarizer(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parser.error("no model given; pass --model or set PYCOMPACTOR_MODEL "
                      "(pycompactor/extractive-1 needs no server)")
     try:
-        return make_summarizer(model, base_url=getattr(args, "base_url", None),
-                               timeout_seconds=args.timeout_seconds, api=args.api,
-                               extractive_target=args.extractive_target)
+        summarizer = make_summarizer(model, base_url=getattr(args, "base_url", None),
+                                     timeout_seconds=args.timeout_seconds, api=args.api,
+                                     extractive_target=args.extractive_target)
     except UsageError as exc:
         parser.error(str(exc))
+    # The target the model writes to, so a report names it (its own default when not given).
+    target = getattr(summarizer, "target", None)
+    if args.extractive_target is None and isinstance(target, float):
+        args.extractive_target = target
+    return summarizer
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

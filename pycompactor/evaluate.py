@@ -40,6 +40,7 @@ from pycompactor.evaluation import (
     guess_language,
 )
 from pycompactor.extractive import OFFLINE_MODEL
+from pycompactor.extractive3 import DEFAULT_TARGET as EXTRACTIVE3_TARGET
 from pycompactor.extractive3 import EXTRACTIVE3_MODEL
 from pycompactor.fidelity import Question
 from pycompactor.render import print_json
@@ -262,7 +263,10 @@ def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | No
     primary = Contender(label(summarizer.model, args.extractive_target), report)
     others = []
     for model, target in compare:
-        share = args.extractive_target if target is None else target
+        # Without @R: the first model's target, else the default offline model's.
+        share = target if target is not None else (
+            args.extractive_target if args.extractive_target is not None
+            else EXTRACTIVE3_TARGET)
         other = compare_summarizer(model, share, args)
         try:
             other_api = args.api if isinstance(other, OpenAISummarizer) else None

@@ -28,6 +28,7 @@ from typing import Any, Final, Literal, Protocol, TypeAlias
 from pycompactor.errors import PycompactorError, UsageError
 from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
 from pycompactor.extractive2 import DEFAULT_TARGET, EXTRACTIVE2_MODEL, Extractive2Summarizer
+from pycompactor.extractive3 import DEFAULT_TARGET as EXTRACTIVE3_TARGET
 from pycompactor.extractive3 import EXTRACTIVE3_MODEL, Extractive3Summarizer
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import AssistantReply
@@ -284,14 +285,18 @@ def make_summarizer(
     api_key: str | None = None,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     api: Api = "chat",
-    extractive_target: float = DEFAULT_TARGET,
+    extractive_target: float | None = None,
 ) -> Summarizer:
     """The summarizer for a configured model id: offline for `pycompactor/extractive-1`,
     `-2` and `-3` (which call no API, so `api` does not apply; `extractive_target` is
-    extractive-2's and extractive-3's share of the replies' bytes)."""
+    extractive-2's and extractive-3's share of the replies' bytes, None for the model's
+    own default)."""
     if model == OFFLINE_MODEL:
         return ExtractiveSummarizer()
     if model in (EXTRACTIVE2_MODEL, EXTRACTIVE3_MODEL):
+        if extractive_target is None:
+            extractive_target = (EXTRACTIVE3_TARGET if model == EXTRACTIVE3_MODEL
+                                 else DEFAULT_TARGET)
         if not 0.0 < extractive_target <= 1.0:
             raise UsageError("--extractive-target must be a share above 0 and at most 1, "
                              f"got {extractive_target}")

@@ -45,7 +45,8 @@ def write_jsonl(path: Path) -> Path:
 
 def test_jsonl_with_the_offline_model(tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "history.jsonl")
-    result = run_cli("evaluate", "--jsonl", str(source), "--json")
+    result = run_cli("evaluate", "--jsonl", str(source), "--json",
+                     "--model", "pycompactor/extractive-2")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert set(report) == {"model", "api", "source", "budgets", "overall", "by_language",
@@ -61,7 +62,7 @@ def test_jsonl_with_the_offline_model(tmp_path: Path) -> None:
     first = en["ranges"][0]
     # Ten fund numbers (F0..F9), ten values and ten dates, all distinct.
     assert first["figures_total"] == 30
-    # extractive-2 (the default) writes at most 0.35 of the replies' bytes: here room for
+    # extractive-2 writes at most 0.35 of the replies' bytes by default: here room for
     # the figures of six of the ten replies, cut to the figures and their "no longer",
     # and the measures say so.
     assert first["figure_retention"] == first["figures_kept"] / 30 == 0.6
@@ -84,15 +85,17 @@ def test_jsonl_with_the_offline_model(tmp_path: Path) -> None:
     assert "\x1b[" not in table.stdout  # readable off a terminal
 
 
-def test_corpus_with_extractive_2_by_default() -> None:
+def test_corpus_with_extractive_3_by_default() -> None:
     result = run_cli("evaluate", "--corpus", "--limit", "2", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert (report["model"], report["source"]) == ("pycompactor/extractive-2", "corpus:seed=0")
+    assert (report["model"], report["source"]) == ("pycompactor/extractive-3", "corpus:seed=0")
+    assert report["label"] == "pycompactor/extractive-3@0.4"  # its own default target
     assert len(report["conversations"]) == 2
     assert report["overall"]["ranges"] == sum(
         len(c["ranges"]) for c in report["conversations"]) > 0
-    assert report["overall"]["compression"] <= 0.35  # extractive-2's default target
+    assert report["overall"]["compression"] <= 0.4
+    assert report["overall"]["invented_figures"] == 0
 
 
 def test_html_report_is_one_self_contained_file(tmp_path: Path) -> None:
@@ -112,8 +115,8 @@ def test_html_report_is_one_self_contained_file(tmp_path: Path) -> None:
 def test_compare_puts_models_side_by_side(tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "history.jsonl")
     page = tmp_path / "report.html"
-    args = ("evaluate", "--jsonl", str(source), "--compare", "baseline/whole-sentences@0.5",
-            "--compare", "pycompactor/extractive-1")
+    args = ("evaluate", "--jsonl", str(source), "--model", "pycompactor/extractive-2",
+            "--compare", "baseline/whole-sentences@0.5", "--compare", "pycompactor/extractive-1")
     result = run_cli(*args, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
