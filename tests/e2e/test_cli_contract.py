@@ -177,6 +177,7 @@ JSON_COMMANDS = [
     ("audit-exhausted", ["audit", "--view", "exhausted"]),
     ("audit-events", ["audit", "--view", "events", "--limit", "100"]),
     ("audit-queue", ["audit", "--view", "queue"]),
+    ("audit-models", ["audit", "--view", "models"]),
     ("evaluate", ["evaluate", "--database"]),
 ]
 
