@@ -23,7 +23,7 @@ import psycopg
 
 from pycompactor import charts, db
 from pycompactor.argtypes import positive_int
-from pycompactor.errors import UsageError
+from pycompactor.errors import SchemaNotMigrated, UsageError
 from pycompactor.evaluation import (
     BUDGETS_KIB,
     DEFAULT_BUDGETS,
@@ -38,7 +38,7 @@ from pycompactor.evaluation import (
 )
 from pycompactor.extractive2 import EXTRACTIVE2_MODEL
 from pycompactor.render import print_json
-from pycompactor.summarizer import Summarizer
+from pycompactor.summarizer import FirstCallGuard, Summarizer
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -145,18 +145,27 @@ def read_corpus(seed: int = 0, conversations: int | None = None,
 
 
 def read_database(dsn: str | None, conversation_ids: Sequence[str] | None = None, *,
-                  limit: int = DEFAULT_LIMIT) -> tuple[EvalConversation, ...]:
+                  limit: int = DEFAULT_LIMIT,
+                  warnings: list[str] | None = None) -> tuple[EvalConversation, ...]:
     """Eligible pairs of a live database's conversations (the given ids, else the first
     `limit` of compaction.source_runs in id order), read with the engine's read
     functions in one READ ONLY, REPEATABLE READ transaction: one consistent snapshot,
     and a transaction the server itself refuses to write in. Closed before any model
-    call (DESIGN §11)."""
+    call (DESIGN §11). A given id the source holds no run of is added to `warnings`."""
     with db.connect(dsn, read_only=True) as conn:
+        # The same first words as every other command on an unmigrated database, not a
+        # missing relation's (which would point at check-source).
+        if not db.engine_schema_present(conn):
+            raise SchemaNotMigrated()
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         with conn.transaction():
             ids = (list(dict.fromkeys(conversation_ids)) if conversation_ids
                    else db.conversations_after(conn, "", limit))
             found = [(cid, db.eligible_pairs(conn, cid)) for cid in ids]
+            if conversation_ids and warnings is not None:
+                warnings.extend(
+                    f"the source holds no runs for conversation {cid!r}; is the id right?"
+                    for cid, pairs in found if not pairs and not db.source_holds(conn, cid))
     return tuple(
         EvalConversation(cid, guess_language(p.assistant_content for p in pairs), tuple(
             EvalPair(p.pair_index, p.user_message_id, p.user_content,
@@ -165,8 +174,10 @@ def read_database(dsn: str | None, conversation_ids: Sequence[str] | None = None
     )
 
 
-def load_conversations(args: argparse.Namespace) -> tuple[str, tuple[EvalConversation, ...]]:
-    """(a name for the source, its conversations) from the command's arguments."""
+def load_conversations(args: argparse.Namespace, warnings: list[str] | None = None,
+                       ) -> tuple[str, tuple[EvalConversation, ...]]:
+    """(a name for the source, its conversations) from the command's arguments; what
+    deserves a warning (an unknown --conversation) is added to `warnings`."""
     if args.conversation and not args.database:
         raise UsageError("--conversation applies to --database only")
     if args.limit is not None and args.jsonl is not None:
@@ -176,11 +187,20 @@ def load_conversations(args: argparse.Namespace) -> tuple[str, tuple[EvalConvers
     if args.corpus:
         return f"corpus:seed={args.seed}", read_corpus(args.seed, args.limit)
     return "database", read_database(args.dsn, args.conversation,
-                                     limit=args.limit or DEFAULT_LIMIT)
+                                     limit=args.limit or DEFAULT_LIMIT, warnings=warnings)
 
 
 def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | None) -> int:
-    source, conversations = load_conversations(args)
+    """The command: 0 when it measured something, 1 when every range's call failed
+    (the report still printed). Warnings go to stderr and, with --json, into the
+    report's `warnings`."""
+    warnings: list[str] = []
+    source, conversations = load_conversations(args, warnings)
+    for warning in warnings:
+        print(f"pycompactor: warning: {warning}", file=sys.stderr)
+    # A remote model whose first call cannot connect stops the run with one line naming
+    # the URL (ModelUnreachable), rather than reporting every range connection_error.
+    summarizer = FirstCallGuard(summarizer)
     done = 0
 
     def progress(result: ConversationResult) -> None:
@@ -197,7 +217,7 @@ def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | No
     if args.html is not None:
         args.html.write_text(html_report(report), encoding="utf-8")
     if args.json:
-        print_json(report.to_dict())
+        print_json({**report.to_dict(), "warnings": warnings})
     else:
         from rich.console import Console
         from rich.text import Text
@@ -206,6 +226,12 @@ def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | No
         console.print(readable(report))
         if args.html is not None:
             console.print(Text(f"HTML report written to {args.html}"))
+    ranges = report.ranges
+    if ranges and all(r.failure is not None for r in ranges):
+        reasons = sorted({r.failure for r in ranges if r.failure is not None})
+        print(f"pycompactor: every one of the {len(ranges)} ranges failed "
+              f"({', '.join(reasons)}); nothing was measured", file=sys.stderr)
+        return 1
     return 0
 
 

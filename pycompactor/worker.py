@@ -70,6 +70,7 @@ from pycompactor.errors import (
     DatabaseTimeout,
     LockTimeout,
     LogLost,
+    ModelUnreachable,
     PycompactorError,
     TransactionConflict,
 )
@@ -78,7 +79,12 @@ from pycompactor.figures import FigureStats, figure_stats
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import QueuedConversation, RangeClaim, RangeReply
 from pycompactor.outcomes import Failure, ModelOutcome, Reply
-from pycompactor.summarizer import DEFAULT_TIMEOUT_SECONDS, PROMPT_VERSION, Summarizer
+from pycompactor.summarizer import (
+    DEFAULT_TIMEOUT_SECONDS,
+    PROMPT_VERSION,
+    Summarizer,
+    unreachable,
+)
 
 #: Failure reason when the shutdown drain ran out before the model answered.
 INTERRUPTED: Final = "interrupted"
@@ -260,6 +266,10 @@ class Worker:
         self._refused: Counter[str] = Counter()
         self._outcomes: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
+        # The first model call's outcome decides whether the server is there at all
+        # (`unreachable`): if not, the worker stops and `run` raises this.
+        self._first_call_seen = False
+        self._unreachable: ModelUnreachable | None = None
 
     # -- stopping ------------------------------------------------------------------
 
@@ -336,6 +346,8 @@ class Worker:
                        lease_seconds=cfg.lease.total_seconds(),
                        timeout_seconds=cfg.timeout_seconds,
                        min_figure_retention=cfg.min_figure_retention, pid=os.getpid())
+        if cfg.conversation is not None:
+            self._warn_if_unknown(cfg.conversation)
         heartbeats = threading.Thread(target=self._heartbeat_loop, name="heartbeat",
                                       daemon=True)
         heartbeats.start()
@@ -358,7 +370,19 @@ class Worker:
                        refused=report.refused, outcomes=report.outcomes)
         if self._log.broken:
             raise LogLost()
+        if self._unreachable is not None:
+            raise self._unreachable
         return report
+
+    def _warn_if_unknown(self, conversation_id: str) -> None:
+        """Say so when the source has no run of --conversation's id: a mistyped id would
+        otherwise pass as a conversation with nothing to do."""
+        with self._pool.get() as conn:
+            known = db.source_holds(conn, conversation_id)
+        if not known:
+            self._log.emit("warning", conversation_id=conversation_id,
+                           warning="the source holds no runs for this conversation;"
+                                   " is the id right?")
 
     def report(self) -> WorkerReport:
         with self._counts_lock:
@@ -712,6 +736,8 @@ class Worker:
         started = running.started
         try:
             outcome, replies = self._summarize(job)
+            if replies:  # the model was called
+                self._first_outcome(outcome)
             outcome, figures = self._judge_figures(replies, outcome)
             with running.lock:
                 if running.state != "calling":
@@ -735,6 +761,18 @@ class Worker:
                 self._running.pop((job.job_id, job.attempt), None)
             running.done.set()
             self._slots.release()
+
+    def _first_outcome(self, outcome: ModelOutcome) -> None:
+        """After the process's first model call: a server it could not connect to stops
+        the worker (the attempt is recorded failed as any other)."""
+        with self._counts_lock:
+            if self._first_call_seen:
+                return
+            self._first_call_seen = True
+        error = unreachable(self._summarizer, outcome)
+        if error is not None:
+            self._unreachable = error
+            self.request_stop()
 
     def _summarize(self, job: ClaimedJob) -> tuple[ModelOutcome, list[RangeReply]]:
         """Read the claimed range's replies (only while its hash is the claimed one), then

@@ -31,12 +31,14 @@ def claim_and_complete(conn: Conn, conversation_id: str, from_pair: int, model: 
         "%s, 'default', %s, %s, %s, %s, %s, 'test-worker')",
         (conversation_id, from_pair, target.source_message_ids, target.source_hash, model, V3),
     ).fetchone()
-    assert claim is not None and claim[0], claim
+    assert claim is not None
+    assert claim[0], claim
     done = conn.execute(
         "SELECT ok, reason, summary_id FROM compaction.complete(%s, %s, %s, 'stop', 0)",
         (claim[2], claim[3], text),
     ).fetchone()
-    assert done is not None and done[0], done
+    assert done is not None
+    assert done[0], done
     summary_id: int = done[2]
     return summary_id
 
