@@ -17,6 +17,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pycompactor import __version__, db
@@ -32,7 +33,7 @@ from pycompactor.argtypes import (
     temperature,
 )
 from pycompactor.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
-from pycompactor.errors import PycompactorError, about_database
+from pycompactor.errors import PycompactorError, SchemaNotMigrated, about_database
 from pycompactor.eventlog import redact, secrets_of
 from pycompactor.render import placement_runs, print_json, render_table
 
@@ -139,6 +140,21 @@ def cmd_project(args: argparse.Namespace) -> int:
             [(r.summary_id, f"{r.from_pair}-{r.from_pair + 9}", r.reason)
              for r in projection.rejected_summaries],
         ))
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from pycompactor.importer import import_file, render, terminal_progress
+
+    with db.connect(args.dsn) as conn:
+        if not db.engine_schema_present(conn):
+            raise SchemaNotMigrated()
+        report = import_file(conn, args.file, scope=args.scope, batch_size=args.batch_size,
+                             progress=terminal_progress if sys.stderr.isatty() else None)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print(render(report))
     return 0
 
 
@@ -400,6 +416,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-rebuild", action="store_true",
                    help="do not derive the existing history now (the engine judges from the"
                         " views until CALL compaction.rebuild_derived_state())")
+
+    p = add("import", cmd_import,
+            "load your own history (JSON lines) into the reference tables and queue it",
+            "  pycompactor import history.jsonl       # the evaluate --jsonl form\n"
+            "  pycompactor import sessions.jsonl      # Agents SDK items per session\n"
+            "  pycompactor import history.jsonl --json\n"
+            "\n"
+            "One conversation a line: {\"conversation_id\", \"pairs\": [{\"user\","
+            " \"assistant\"}, ...]}\n"
+            "or {\"conversation_id\", \"items\": [...]} (docs/import.md). The file is checked\n"
+            "whole first; each conversation is written in one transaction, ids already\n"
+            "there are skipped, and the reference tables are analyzed at the end.")
+    p.add_argument("file", type=Path, metavar="FILE", help="the JSON lines file")
+    p.add_argument("--scope", default="default", metavar="S",
+                   help="summary lane to queue the conversations for (default: default)")
+    p.add_argument("--batch-size", type=positive_int, default=1000, metavar="N",
+                   help="rows per INSERT statement (default: 1000)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     p = add("audit", cmd_audit,
             "show jobs, stale summaries, exhausted identities or the event log (metadata only)",

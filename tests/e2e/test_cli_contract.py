@@ -23,6 +23,7 @@ from tests.history import History
 Conn = psycopg.Connection[Any]
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 COMMANDS = ("migrate", "worker", "plan", "project", "audit", "check-source", "install-recipe",
+            "import",
             "evaluate", "demo")
 
 
