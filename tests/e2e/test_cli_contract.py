@@ -92,7 +92,8 @@ def test_help_has_usage_options_and_examples(command: str) -> None:
 
 # What a command needs before an unknown option is the first problem argparse reports.
 REQUIRED = {"plan": ["conv"], "project": ["conv", "--budget-bytes", "1"],
-            "install-recipe": ["agents-sqlalchemy"], "evaluate": ["--database"]}
+            "install-recipe": ["agents-sqlalchemy"], "evaluate": ["--database"],
+            "import": ["history.jsonl"]}
 BAD_ARGUMENTS = [
     ("migrate", ["--to"], "argument --to: expected one argument"),
     ("worker", ["--model", OFFLINE_MODEL, "--concurrency", "0"],
@@ -123,6 +124,13 @@ BAD_ARGUMENTS = [
     ("evaluate", ["--database", "--limit", "0"],
      "argument --limit: expected a number of at least 1, got 0"),
     ("demo", ["now"], "unrecognized arguments: now"),
+    ("import", [], "the following arguments are required: FILE"),
+    ("import", ["h.jsonl", "--batch-size", "0"],
+     "argument --batch-size: expected a number of at least 1, got 0"),
+    ("worker", ["--model", OFFLINE_MODEL, "--temperature", "3"],
+     "argument --temperature: expected a temperature from 0 to 2, got 3"),
+    ("worker", ["--model", OFFLINE_MODEL, "--max-output-tokens", "-1"],
+     "argument --max-output-tokens: expected a number of at least 0, got -1"),
 ] + [(command, [*REQUIRED.get(command, []), "--no-such-option"],
        "unrecognized arguments: --no-such-option") for command in COMMANDS]
 
