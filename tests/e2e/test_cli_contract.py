@@ -188,13 +188,18 @@ JSON_COMMANDS = [
     ("audit-queue", ["audit", "--view", "queue"]),
     ("audit-models", ["audit", "--view", "models"]),
     ("evaluate", ["evaluate", "--database"]),
+    ("import", ["import", "IMPORT_FILE"]),
 ]
 
 
-def test_json_output_has_the_documented_shape(rich_database: str) -> None:
+def test_json_output_has_the_documented_shape(rich_database: str, tmp_path: Path) -> None:
     shapes = documented_shapes()
     assert set(shapes) == {name for name, _ in JSON_COMMANDS}
+    export = tmp_path / "history.jsonl"
+    export.write_text(json.dumps({"conversation_id": "imported", "pairs": [
+        {"user": "q", "assistant": "a"}]}) + "\n", encoding="utf-8")
     for name, args in JSON_COMMANDS:
+        args = [str(export) if a == "IMPORT_FILE" else a for a in args]
         result = run_cli(*args, "--json", "--dsn", rich_database)
         assert result.returncode == 0, (name, result.stderr)
         value = json.loads(result.stdout)

@@ -23,7 +23,8 @@ def export(path: Path, conversations: int = 20, pairs: int = 50) -> Path:
             out.write(json.dumps({
                 "conversation_id": f"conv-{c:02d}", "language": "en",
                 "pairs": [{"user": f"How is fund F{p} doing?",
-                           "assistant": f"Fund F{p} closed at NAV {10 + p}.25 on 2026-10-0{1 + p % 9}."}
+                           "assistant": f"Fund F{p} closed at NAV {10 + p}.25"
+                                        f" on 2026-10-0{1 + p % 9}."}
                           for p in range(pairs)]}) + "\n")
     return path
 
