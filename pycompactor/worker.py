@@ -269,6 +269,9 @@ class Worker:
         # The first model call's outcome decides whether the server is there at all
         # (`unreachable`): if not, the worker stops and `run` raises this.
         self._first_call_seen = False
+        # Targets claim_next_targets has shown, and whether --conversation was checked.
+        self._seen_targets = 0
+        self._warned = False
         self._unreachable: ModelUnreachable | None = None
 
     # -- stopping ------------------------------------------------------------------
@@ -346,8 +349,6 @@ class Worker:
                        lease_seconds=cfg.lease.total_seconds(),
                        timeout_seconds=cfg.timeout_seconds,
                        min_figure_retention=cfg.min_figure_retention, pid=os.getpid())
-        if cfg.conversation is not None:
-            self._warn_if_unknown(cfg.conversation)
         heartbeats = threading.Thread(target=self._heartbeat_loop, name="heartbeat",
                                       daemon=True)
         heartbeats.start()
@@ -437,6 +438,11 @@ class Worker:
             self._ack(entries)
             claimed += n
             throttled = throttled or admission_full
+        if cfg.conversation is not None and not self._seen_targets and not self._warned:
+            # Asked only when --conversation gave nothing to look at: a pass that found
+            # targets costs no statement more.
+            self._warned = True
+            self._warn_if_unknown(cfg.conversation)
         if (examined == 0 and not self._hinted and not self.stopping
                 and cfg.conversation is None and not cfg.sweep):
             self._hinted = True
@@ -573,6 +579,7 @@ class Worker:
         except BaseException:
             self._release_slots(free)
             raise
+        self._seen_targets += len(targets)
         remaining: list[Candidate] = []
         answered: list[tuple[Candidate, RangeClaim]] = []
         for target in targets:
