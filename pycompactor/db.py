@@ -845,6 +845,29 @@ def set_projection_models(conn: Connection, models: Sequence[str]) -> int:
                     {"models": list(models)})[0])
 
 
+def summary_verdicts_by_model(conn: Connection, conversation_id: str,
+                              scope: str = "default") -> list[tuple[str, str | None]]:
+    """(model, verdict) of each stored summary of a conversation and scope: the verdict
+    is None for the one its range's projection uses, else version_not_projectable,
+    stale_source or superseded (what `evaluate --database` counts per model). Two
+    statements, each standing alone (docs/operations.md, Citus rules): the verdicts of
+    compaction.projection_frame, then the summaries' models."""
+    frame = _row(conn, tuple_row,
+                 "SELECT summary_ids, summary_reasons FROM compaction.projection_frame("
+                 "%(conversation_id)s::text, %(scope)s::text, 2147483640)",
+                 {"conversation_id": conversation_id, "scope": scope})
+    verdicts: dict[int, str | None] = dict(zip(frame[0], frame[1], strict=True))
+    if not verdicts:
+        return []
+    models = _rows(conn, tuple_row,
+                   "SELECT summary_id, model FROM compaction.summaries"
+                   " WHERE conversation_id = %(conversation_id)s::text"
+                   " AND summary_id = ANY (%(ids)s::bigint[])",
+                   {"conversation_id": conversation_id, "ids": list(verdicts)})
+    return sorted(((str(model), verdicts[summary_id]) for summary_id, model in models),
+                  key=lambda pair: (pair[0], pair[1] or ""))
+
+
 def audit_models(conn: Connection, *, conversation_id: str | None = None) -> AuditReport:
     """Per model: jobs, completed and imported summaries, failed and running attempts,
     reported tokens and figures, and its place in the projection preference (1 first;

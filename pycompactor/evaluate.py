@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
@@ -144,9 +145,47 @@ def read_corpus(seed: int = 0, conversations: int | None = None,
                  for c in corpus.build_corpus(seed=seed, conversations=conversations))
 
 
+@dataclass(frozen=True, slots=True)
+class StoredByModel:
+    """What one model's stored summaries of the conversations read are to the next Run
+    (`evaluate --database`): how many, how many the projection uses, how many another
+    model's or a newer one supersedes, how many are stale or of a version never used."""
+
+    model: str
+    summaries: int
+    used: int
+    superseded: int
+    not_usable: int
+    #: Its place in compaction.settings.projection_models (1 first), None when not named.
+    projection_preference: int | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"model": self.model, "summaries": self.summaries, "used": self.used,
+                "superseded": self.superseded, "not_usable": self.not_usable,
+                "projection_preference": self.projection_preference}
+
+
+def stored_by_model(conn: db.Connection, conversation_ids: Sequence[str]) -> list[StoredByModel]:
+    """Per model, the verdicts on the stored summaries of the conversations (scope
+    default), with the owner's preference (docs/projection.md, "superseded")."""
+    preference = db.projection_models(conn)
+    counts: dict[str, list[int]] = {}
+    for cid in conversation_ids:
+        for model, verdict in db.summary_verdicts_by_model(conn, cid):
+            row = counts.setdefault(model, [0, 0, 0, 0])
+            row[0] += 1
+            row[1 if verdict is None else 2 if verdict == "superseded" else 3] += 1
+    return [StoredByModel(model, row[0], row[1], row[2], row[3],
+                          preference.index(model) + 1 if model in preference else None)
+            for model, row in sorted(counts.items(),
+                                     key=lambda kv: (kv[0] not in preference,
+                                                     preference.index(kv[0])
+                                                     if kv[0] in preference else 0, kv[0]))]
+
+
 def read_database(dsn: str | None, conversation_ids: Sequence[str] | None = None, *,
-                  limit: int = DEFAULT_LIMIT,
-                  warnings: list[str] | None = None) -> tuple[EvalConversation, ...]:
+                  limit: int = DEFAULT_LIMIT, warnings: list[str] | None = None,
+                  stored: list[StoredByModel] | None = None) -> tuple[EvalConversation, ...]:
     """Eligible pairs of a live database's conversations (the given ids, else the first
     `limit` of compaction.source_runs in id order), read with the engine's read
     functions in one READ ONLY, REPEATABLE READ transaction: one consistent snapshot,
@@ -162,6 +201,8 @@ def read_database(dsn: str | None, conversation_ids: Sequence[str] | None = None
             ids = (list(dict.fromkeys(conversation_ids)) if conversation_ids
                    else db.conversations_after(conn, "", limit))
             found = [(cid, db.eligible_pairs(conn, cid)) for cid in ids]
+            if stored is not None:
+                stored.extend(stored_by_model(conn, ids))
             if conversation_ids and warnings is not None:
                 warnings.extend(
                     f"the source holds no runs for conversation {cid!r}; is the id right?"
@@ -175,6 +216,7 @@ def read_database(dsn: str | None, conversation_ids: Sequence[str] | None = None
 
 
 def load_conversations(args: argparse.Namespace, warnings: list[str] | None = None,
+                       stored: list[StoredByModel] | None = None,
                        ) -> tuple[str, tuple[EvalConversation, ...]]:
     """(a name for the source, its conversations) from the command's arguments; what
     deserves a warning (an unknown --conversation) is added to `warnings`."""
@@ -187,7 +229,8 @@ def load_conversations(args: argparse.Namespace, warnings: list[str] | None = No
     if args.corpus:
         return f"corpus:seed={args.seed}", read_corpus(args.seed, args.limit)
     return "database", read_database(args.dsn, args.conversation,
-                                     limit=args.limit or DEFAULT_LIMIT, warnings=warnings)
+                                     limit=args.limit or DEFAULT_LIMIT, warnings=warnings,
+                                     stored=stored)
 
 
 def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | None) -> int:
@@ -195,7 +238,9 @@ def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | No
     (the report still printed). Warnings go to stderr and, with --json, into the
     report's `warnings`."""
     warnings: list[str] = []
-    source, conversations = load_conversations(args, warnings)
+    # With --database: what each model already stored is to the next Run.
+    stored: list[StoredByModel] = []
+    source, conversations = load_conversations(args, warnings, stored)
     for warning in warnings:
         print(f"pycompactor: warning: {warning}", file=sys.stderr)
     # A remote model whose first call cannot connect stops the run with one line naming
@@ -217,13 +262,21 @@ def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | No
     if args.html is not None:
         args.html.write_text(html_report(report), encoding="utf-8")
     if args.json:
-        print_json({**report.to_dict(), "warnings": warnings})
+        print_json({**report.to_dict(), "warnings": warnings,
+                    "stored_by_model": [m.to_dict() for m in stored]})
     else:
         from rich.console import Console
         from rich.text import Text
 
         console = Console(highlight=False, emoji=False, width=140)
         console.print(readable(report))
+        if stored:
+            console.print(_table(
+                "Summaries already stored for these conversations, per model (what the next"
+                " Run gets from them; projection_preference: compaction.settings."
+                "projection_models)", STORED_HEADERS,
+                [(m.model, m.projection_preference or "-", m.summaries, m.used, m.superseded,
+                  m.not_usable) for m in stored], right=STORED_HEADERS[1:]))
         if args.html is not None:
             console.print(Text(f"HTML report written to {args.html}"))
     ranges = report.ranges
@@ -305,6 +358,8 @@ RANGE_HEADERS: Final = ("conversation", "lang", "pairs", "reply bytes", "summary
 TOTALS_HEADERS: Final = ("language", "ranges", "failed", "reply bytes", "summary bytes",
                          "compression", "figure retention", "qualifier retention",
                          "tokens in/out", "seconds")
+STORED_HEADERS: Final = ("model", "preference", "summaries", "used", "superseded",
+                         "stale or not projectable")
 REACH_HEADERS: Final = ("budget", "conversations", "pairs", "reached with compaction",
                         "reached raw only", "gain")
 

@@ -48,7 +48,7 @@ def test_jsonl_with_the_offline_model(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert set(report) == {"model", "api", "source", "budgets", "overall", "by_language",
-                           "reach", "conversations", "warnings"}
+                           "reach", "conversations", "warnings", "stored_by_model"}
     assert (report["model"], report["api"], report["source"]) == (
         "pycompactor/extractive-2", None, "jsonl:history.jsonl")
     assert report["budgets"] == [8192, 16384, 32768, 65536]

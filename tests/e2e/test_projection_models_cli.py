@@ -46,6 +46,14 @@ def test_two_models_and_the_owner_preference(conn: Conn, dsn: str) -> None:
     models = json.loads(run_cli("audit", "--view", "models", "--json", "--dsn", dsn).stdout)
     assert [(m["model"], m["projection_preference"], m["completed"]) for m in models] == [
         (OFFLINE_MODEL, 1, 1), (EXTRACTIVE2_MODEL, None, 1)]
+    # evaluate --database says what each model's stored summaries are to the next Run.
+    evaluated = run_cli("evaluate", "--database", "--json", "--dsn", dsn)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["stored_by_model"] == [
+        {"model": OFFLINE_MODEL, "summaries": 1, "used": 1, "superseded": 0, "not_usable": 0,
+         "projection_preference": 1},
+        {"model": EXTRACTIVE2_MODEL, "summaries": 1, "used": 0, "superseded": 1,
+         "not_usable": 0, "projection_preference": None}]
     table = run_cli("audit", "--view", "models", "--dsn", dsn)
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[0] == (
