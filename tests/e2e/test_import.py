@@ -5,6 +5,10 @@ worker summarizes what was imported."""
 from __future__ import annotations
 
 import json
+import os
+import pty
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +145,26 @@ def test_agents_sdk_items(conn: Conn, dsn: str, tmp_path: Path) -> None:
     assert [(p.user_content, p.assistant_content, p.assistant_message_id) for p in pairs] == [
         (f"question {t}", f"answer {t}", f"msg_{t}") for t in range(30)]
     assert [t.from_pair for t in db.plan_targets(conn, "s-1")] == [0]
+
+
+def test_a_progress_bar_on_a_terminal(dsn: str, tmp_path: Path) -> None:
+    path = export(tmp_path / "history.jsonl", conversations=3, pairs=2)
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-m", "pycompactor", "import", str(path),
+                               "--dsn", dsn], stdout=subprocess.PIPE, stderr=follower,
+                              check=False, timeout=120)
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal's other end is closed: all read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+    assert done.returncode == 0
+    assert b"importing [##############################] 3/3 conversations" in shown

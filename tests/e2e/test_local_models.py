@@ -31,16 +31,18 @@ def attempts(conn: Conn) -> list[tuple[Any, ...]]:
                         " ORDER BY job_id, attempt").fetchall()
 
 
-def env(dsn: str) -> dict[str, str]:
-    # No OPENAI_BASE_URL: the flag alone points the worker (a local server takes any key).
-    return worker_env(dsn, None, OPENAI_API_KEY="local")
-
-
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+def env(dsn: str) -> dict[str, str]:
+    # The flag alone points the worker, over OPENAI_BASE_URL (here a port nobody serves);
+    # a local server takes any key.
+    return worker_env(dsn, None, OPENAI_API_KEY="local",
+                      OPENAI_BASE_URL=f"http://127.0.0.1:{closed_port()}/v1")
 
 
 @pytest.mark.parametrize("kind", sorted(LOCAL_SERVERS))
