@@ -1268,11 +1268,12 @@ def projection_pairs_query(conversation_id: str) -> Query:
 def projection_summaries_query(conversation_id: str, scope: str) -> Query:
     """Rows (summary_id, from_pair, to_pair, source_message_ids, source_hash,
     prompt_version, projectable, completed_at, summary_bytes, source_current,
-    version_rank, model_rank): every completed summary's metadata, no text (what a
-    projection reads from a schema before revision 0041 without its derived state)."""
+    version_rank): every completed summary's metadata, no text (what a projection reads
+    from a schema before revision 0041 without its derived state; such a schema has no
+    model preference, revision 0048, so model_rank is not asked for)."""
     return ("SELECT summary_id, from_pair, to_pair, source_message_ids, source_hash,"
             " prompt_version, projectable, completed_at, summary_bytes, source_current,"
-            " version_rank, model_rank"
+            " version_rank"
             " FROM compaction.projection_summaries(%(conversation_id)s::text,"
             " %(scope)s::text)",
             {"conversation_id": conversation_id, "scope": scope})
