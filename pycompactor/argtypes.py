@@ -89,3 +89,17 @@ def retention_ratio(text: str) -> float:
     if not 0.0 <= value <= 1.0:  # NaN fails this too
         raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text}")
     return value
+
+
+def temperature(text: str) -> float | None:
+    """A sampling temperature from 0 to 2, or "none" (send none)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a temperature from 0 to 2 or 'none', got {text!r}") from None
+    if not 0.0 <= value <= 2.0:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected a temperature from 0 to 2, got {text}")
+    return value

@@ -26,6 +26,9 @@ TABLE_COLUMNS: dict[str, list[str]] = {
                "job_id", "attempt", "reason", "summary_id"],
     "queue": ["scope", "queued", "leased", "expired_leases", "oldest_queued_at",
               "oldest_queued_age"],
+    "models": ["model", "projection_preference", "jobs", "completed", "imported",
+               "failed_attempts", "running", "input_tokens", "output_tokens", "figures_kept",
+               "figures_total"],
 }
 
 AUDIT_EXAMPLES = (
@@ -34,15 +37,19 @@ AUDIT_EXAMPLES = (
     "  pycompactor audit --view exhausted --json\n"
     "  pycompactor audit --view events --limit 20 --conversation conv-42\n"
     "  pycompactor audit --view queue                 # queued, leased, oldest age per scope\n"
+    "  pycompactor audit --view models                # per model, and the projection preference\n"
 )
 
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--view", choices=list(db.AUDIT_VIEWS), default="jobs",
+    parser.add_argument("--view", choices=[*db.AUDIT_VIEWS, *db.AUDIT_REPORTS],
+                        default="jobs",
                         help="jobs (default): jobs with attempts; stale: summaries whose source"
                              " changed; exhausted: identities with 2 failed attempts; events:"
                              " the event log; queue: the work queue per scope (entries"
-                             " waiting, leased, the oldest one's age)")
+                             " waiting, leased, the oldest one's age); models: per model,"
+                             " its jobs, summaries, failed attempts, tokens and figures, and"
+                             " its place in the owner's projection preference")
     parser.add_argument("--conversation", metavar="ID", default=None,
                         help="only this conversation (not with --view queue)")
     parser.add_argument("--limit", type=positive_int, default=50, metavar="N",
@@ -62,9 +69,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
         parser: argparse.ArgumentParser = args.command_parser
         parser.error(f"--conversation does not apply to --view {args.view} (one row per scope)")
     with db.connect(args.dsn, read_only=True) as conn:
-        report = db.audit(conn, args.view, conversation_id=args.conversation, limit=args.limit)
+        if args.view == "models":
+            report = db.audit_models(conn, conversation_id=args.conversation)
+            preference = db.projection_models(conn)
+        else:
+            report = db.audit(conn, args.view, conversation_id=args.conversation,
+                              limit=args.limit)
     if args.json:
         print_json([{k: jsonable(v) for k, v in row.items()} for row in report.rows])
-    else:
-        print(render(args.view, report))
+        return 0
+    if args.view == "models":
+        # The rule the preference feeds (docs/contract.md §9), said where it is shown.
+        print("projection preference (compaction.settings.projection_models): "
+              + (", ".join(preference) + " (named earlier first, then unnamed models)"
+                 if preference else "none (a range's latest valid summary is used)"))
+    print(render(args.view, report))
     return 0

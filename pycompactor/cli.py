@@ -17,6 +17,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pycompactor import __version__, db
@@ -24,13 +25,15 @@ from pycompactor.argtypes import (
     budget_bytes,
     lease_seconds,
     non_negative_float,
+    non_negative_int,
     port_number,
     positive_float,
     positive_int,
     retention_ratio,
+    temperature,
 )
 from pycompactor.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
-from pycompactor.errors import PycompactorError, about_database
+from pycompactor.errors import PycompactorError, SchemaNotMigrated, about_database
 from pycompactor.eventlog import redact, secrets_of
 from pycompactor.render import placement_runs, print_json, render_table
 
@@ -111,6 +114,12 @@ def cmd_project(args: argparse.Namespace) -> int:
                                      scope=args.scope)
         if not projection.pairs:
             warn_if_unknown(conn, args.conversation)
+    if projection.pairs and not projection.messages:
+        # Exit 0 all the same (docs/contract.md §9): an empty history is a valid answer,
+        # but rarely the one meant.
+        print(f"pycompactor: warning: a budget of {projection.budget_bytes} bytes takes none"
+              f" of the {len(projection.pairs)} eligible pairs (the newest pair alone costs"
+              " more); every pair is omitted", file=sys.stderr)
     if args.json:
         print_json(projection.to_dict())
         return 0
@@ -132,6 +141,21 @@ def cmd_project(args: argparse.Namespace) -> int:
             [(r.summary_id, f"{r.from_pair}-{r.from_pair + 9}", r.reason)
              for r in projection.rejected_summaries],
         ))
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from pycompactor.importer import import_file, render, terminal_progress
+
+    with db.connect(args.dsn) as conn:
+        if not db.engine_schema_present(conn):
+            raise SchemaNotMigrated()
+        report = import_file(conn, args.file, scope=args.scope, batch_size=args.batch_size,
+                             progress=terminal_progress if sys.stderr.isatty() else None)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print(render(report))
     return 0
 
 
@@ -227,10 +251,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_model_arguments(p: argparse.ArgumentParser, *, default: str | None = None,
-                        base_url: bool = False) -> None:
+def add_model_arguments(p: argparse.ArgumentParser, *, default: str | None = None) -> None:
     """The model's arguments, the same for every command that calls a summarizer (worker,
     evaluate); `default` is the model when neither --model nor PYCOMPACTOR_MODEL gives one."""
+    from pycompactor.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_TEMPERATURE
+
     fallback = ("" if default is None
                 else f"; default: {default}, which needs no server")
     # A command with a default model (evaluate) records nothing: its model is only called.
@@ -239,9 +264,22 @@ def add_model_arguments(p: argparse.ArgumentParser, *, default: str | None = Non
                    help=f"{what} (env: PYCOMPACTOR_MODEL); "
                         "pycompactor/extractive-3 (or the older -1 and -2) selects an "
                         f"offline summarizer{fallback}")
-    if base_url:
-        p.add_argument("--base-url", default=None, metavar="URL",
-                       help="the OpenAI-compatible server (env: OPENAI_BASE_URL)")
+    p.add_argument("--base-url", default=None, metavar="URL",
+                   help="the OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1 for a "
+                        "local llama-server (env: OPENAI_BASE_URL; docs/models.md)")
+    p.add_argument("--max-output-tokens", type=non_negative_int, metavar="N",
+                   default=os.environ.get("PYCOMPACTOR_MAX_OUTPUT_TOKENS",
+                                          str(DEFAULT_MAX_OUTPUT_TOKENS)),
+                   help="output limit sent with each request (max_tokens, or "
+                        "max_output_tokens with --api responses); 0 sends none "
+                        "(env: PYCOMPACTOR_MAX_OUTPUT_TOKENS; default: "
+                        f"{DEFAULT_MAX_OUTPUT_TOKENS}, room for a 6,000-character summary)")
+    p.add_argument("--temperature", type=temperature, metavar="T",
+                   default=os.environ.get("PYCOMPACTOR_TEMPERATURE",
+                                          str(DEFAULT_TEMPERATURE)),
+                   help="sampling temperature, 0 to 2, or 'none' to send none; dropped for "
+                        "a model that refuses it (env: PYCOMPACTOR_TEMPERATURE; default: "
+                        f"{DEFAULT_TEMPERATURE:g})")
     p.add_argument("--api", choices=("chat", "responses"), default="chat",
                    help="OpenAI API to call: chat (Chat Completions, default) or responses "
                         "(the Responses API); the offline summarizer calls neither")
@@ -268,9 +306,11 @@ def build_summarizer(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parser.error("no model given; pass --model or set PYCOMPACTOR_MODEL "
                      "(pycompactor/extractive-1 needs no server)")
     try:
-        summarizer = make_summarizer(model, base_url=getattr(args, "base_url", None),
+        summarizer = make_summarizer(model, base_url=args.base_url,
                                      timeout_seconds=args.timeout_seconds, api=args.api,
-                                     extractive_target=args.extractive_target)
+                                     extractive_target=args.extractive_target,
+                                     max_output_tokens=args.max_output_tokens or None,
+                                     temperature=args.temperature)
     except UsageError as exc:
         parser.error(str(exc))
     # The target the model writes to, so a report names it (its own default when not given).
@@ -388,6 +428,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not derive the existing history now (the engine judges from the"
                         " views until CALL compaction.rebuild_derived_state())")
 
+    p = add("import", cmd_import,
+            "load your own history (JSON lines) into the reference tables and queue it",
+            "  pycompactor import history.jsonl       # the evaluate --jsonl form\n"
+            "  pycompactor import sessions.jsonl      # Agents SDK items per session\n"
+            "  pycompactor import history.jsonl --json\n"
+            "\n"
+            "One conversation a line: {\"conversation_id\", \"pairs\": [{\"user\","
+            " \"assistant\"}, ...]}\n"
+            "or {\"conversation_id\", \"items\": [...]} (docs/import.md). The file is checked\n"
+            "whole first; each conversation is written in one transaction, ids already\n"
+            "there are skipped, and the reference tables are analyzed at the end.")
+    p.add_argument("file", type=Path, metavar="FILE", help="the JSON lines file")
+    p.add_argument("--scope", default="default", metavar="S",
+                   help="summary lane to queue the conversations for (default: default)")
+    p.add_argument("--batch-size", type=positive_int, default=1000, metavar="N",
+                   help="rows per INSERT statement (default: 1000)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
     p = add("audit", cmd_audit,
             "show jobs, stale summaries, exhausted identities or the event log (metadata only)",
             AUDIT_EXAMPLES)
@@ -469,7 +527,7 @@ def add_evaluate_command(add: Callable[[str, Handler, str, str], argparse.Argume
             "compression, figure and qualifier retention, history reach per budget",
             EVALUATE_EXAMPLES)
     add_evaluate_arguments(p)
-    add_model_arguments(p, default=DEFAULT_MODEL, base_url=True)
+    add_model_arguments(p, default=DEFAULT_MODEL)
 
 
 def quiet_driver_warnings() -> None:

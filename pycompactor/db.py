@@ -793,6 +793,90 @@ AUDIT_VIEWS: dict[str, tuple[str, str]] = {
 }
 #: Views without a conversation_id column (a conversation filter does not apply).
 AUDIT_VIEWS_PER_SCOPE: Final = frozenset({"queue"})
+#: Reports that are not a view's rows but a summary of them (`audit_models`).
+AUDIT_REPORTS: Final = ("models",)
+
+# Per model, from compaction.audit_jobs (which the auditor may read) and the owner's
+# projection preference (compaction.projection_models(), docs/contract.md §9): what each
+# model did, and where the preference ranks it. A model the preference names but no job
+# used has a row of zeros, so a typo in the preference shows.
+_AUDIT_MODELS_SQL: Final = """
+WITH preference AS (
+    SELECT p.model, p.position::int AS position
+    FROM pg_catalog.unnest(compaction.projection_models()) WITH ORDINALITY AS p (model, position)
+), done AS (
+    SELECT j.model,
+           count(DISTINCT (j.conversation_id, j.job_id))::int AS jobs,
+           count(*) FILTER (WHERE j.state = 'completed')::int AS completed,
+           count(*) FILTER (WHERE j.state = 'imported')::int AS imported,
+           count(*) FILTER (WHERE j.state = 'failed')::int AS failed_attempts,
+           count(*) FILTER (WHERE j.state = 'running')::int AS running,
+           sum(j.input_tokens)::bigint AS input_tokens,
+           sum(j.output_tokens)::bigint AS output_tokens,
+           sum(j.figures_kept)::bigint AS figures_kept,
+           sum(j.figures_total)::bigint AS figures_total
+    FROM compaction.audit_jobs AS j
+    WHERE %(conversation_id)s::text IS NULL OR j.conversation_id = %(conversation_id)s::text
+    GROUP BY j.model
+)
+SELECT coalesce(d.model, p.model) AS model, p.position AS projection_preference,
+       coalesce(d.jobs, 0) AS jobs, coalesce(d.completed, 0) AS completed,
+       coalesce(d.imported, 0) AS imported,
+       coalesce(d.failed_attempts, 0) AS failed_attempts, coalesce(d.running, 0) AS running,
+       d.input_tokens, d.output_tokens, d.figures_kept, d.figures_total
+FROM done AS d
+FULL JOIN preference AS p ON p.model = d.model
+ORDER BY p.position NULLS LAST, 1
+"""
+
+
+def projection_models(conn: Connection) -> list[str]:
+    """The owner's model preference for projection (docs/contract.md §9), in order;
+    empty when none is set."""
+    return [str(m) for m in _row(conn, tuple_row,
+                                 "SELECT compaction.projection_models()", {})[0]]
+
+
+def set_projection_models(conn: Connection, models: Sequence[str]) -> int:
+    """Set the owner's model preference for projection (the owner only); returns how
+    many conversations' verdicts were judged again."""
+    return int(_row(conn, tuple_row,
+                    "SELECT compaction.set_projection_models(%(models)s::text[])",
+                    {"models": list(models)})[0])
+
+
+def summary_verdicts_by_model(conn: Connection, conversation_id: str,
+                              scope: str = "default") -> list[tuple[str, str | None]]:
+    """(model, verdict) of each stored summary of a conversation and scope: the verdict
+    is None for the one its range's projection uses, else version_not_projectable,
+    stale_source or superseded (what `evaluate --database` counts per model). Two
+    statements, each standing alone (docs/operations.md, Citus rules): the verdicts of
+    compaction.projection_frame, then the summaries' models."""
+    frame = _row(conn, tuple_row,
+                 "SELECT summary_ids, summary_reasons FROM compaction.projection_frame("
+                 "%(conversation_id)s::text, %(scope)s::text, 2147483640)",
+                 {"conversation_id": conversation_id, "scope": scope})
+    verdicts: dict[int, str | None] = dict(zip(frame[0], frame[1], strict=True))
+    if not verdicts:
+        return []
+    models = _rows(conn, tuple_row,
+                   "SELECT summary_id, model FROM compaction.summaries"
+                   " WHERE conversation_id = %(conversation_id)s::text"
+                   " AND summary_id = ANY (%(ids)s::bigint[])",
+                   {"conversation_id": conversation_id, "ids": list(verdicts)})
+    return sorted(((str(model), verdicts[summary_id]) for summary_id, model in models),
+                  key=lambda pair: (pair[0], pair[1] or ""))
+
+
+def audit_models(conn: Connection, *, conversation_id: str | None = None) -> AuditReport:
+    """Per model: jobs, completed and imported summaries, failed and running attempts,
+    reported tokens and figures, and its place in the projection preference (1 first;
+    None when not named)."""
+    with _call(conn, dict_row) as cur:
+        cur.execute(_AUDIT_MODELS_SQL, {"conversation_id": conversation_id})
+        rows = cur.fetchall()
+        columns = [c.name for c in cur.description or []]
+    return AuditReport(view="models", columns=columns, rows=rows)
 
 
 def audit(conn: Connection, view: str, *, conversation_id: str | None = None,
@@ -1185,7 +1269,8 @@ def projection_summaries_query(conversation_id: str, scope: str) -> Query:
     """Rows (summary_id, from_pair, to_pair, source_message_ids, source_hash,
     prompt_version, projectable, completed_at, summary_bytes, source_current,
     version_rank): every completed summary's metadata, no text (what a projection reads
-    from a schema before revision 0041 without its derived state)."""
+    from a schema before revision 0041 without its derived state; such a schema has no
+    model preference, revision 0048, so model_rank is not asked for)."""
     return ("SELECT summary_id, from_pair, to_pair, source_message_ids, source_hash,"
             " prompt_version, projectable, completed_at, summary_bytes, source_current,"
             " version_rank"

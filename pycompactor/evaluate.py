@@ -25,7 +25,7 @@ import psycopg
 from pycompactor import charts, db
 from pycompactor.argtypes import positive_int
 from pycompactor.baseline import BASELINE_CAVEATS_MODEL, BASELINE_MODELS, BaselineSummarizer
-from pycompactor.errors import UsageError
+from pycompactor.errors import SchemaNotMigrated, UsageError
 from pycompactor.evaluation import (
     BUDGETS_KIB,
     DEFAULT_BUDGETS,
@@ -44,7 +44,7 @@ from pycompactor.extractive3 import DEFAULT_TARGET as EXTRACTIVE3_TARGET
 from pycompactor.extractive3 import EXTRACTIVE3_MODEL
 from pycompactor.fidelity import Question
 from pycompactor.render import print_json
-from pycompactor.summarizer import OpenAISummarizer, Summarizer, make_summarizer
+from pycompactor.summarizer import FirstCallGuard, OpenAISummarizer, Summarizer, make_summarizer
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -161,19 +161,68 @@ def read_corpus(seed: int = 0, conversations: int | None = None,
                  for c in corpus.build_corpus(seed=seed, conversations=conversations))
 
 
+@dataclass(frozen=True, slots=True)
+class StoredByModel:
+    """What one model's stored summaries of the conversations read are to the next Run
+    (`evaluate --database`): how many, how many the projection uses, how many another
+    model's or a newer one supersedes, how many are stale or of a version never used."""
+
+    model: str
+    summaries: int
+    used: int
+    superseded: int
+    not_usable: int
+    #: Its place in compaction.settings.projection_models (1 first), None when not named.
+    projection_preference: int | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"model": self.model, "summaries": self.summaries, "used": self.used,
+                "superseded": self.superseded, "not_usable": self.not_usable,
+                "projection_preference": self.projection_preference}
+
+
+def stored_by_model(conn: db.Connection, conversation_ids: Sequence[str]) -> list[StoredByModel]:
+    """Per model, the verdicts on the stored summaries of the conversations (scope
+    default), with the owner's preference (docs/projection.md, "superseded")."""
+    preference = db.projection_models(conn)
+    counts: dict[str, list[int]] = {}
+    for cid in conversation_ids:
+        for model, verdict in db.summary_verdicts_by_model(conn, cid):
+            row = counts.setdefault(model, [0, 0, 0, 0])
+            row[0] += 1
+            row[1 if verdict is None else 2 if verdict == "superseded" else 3] += 1
+    return [StoredByModel(model, row[0], row[1], row[2], row[3],
+                          preference.index(model) + 1 if model in preference else None)
+            for model, row in sorted(counts.items(),
+                                     key=lambda kv: (kv[0] not in preference,
+                                                     preference.index(kv[0])
+                                                     if kv[0] in preference else 0, kv[0]))]
+
+
 def read_database(dsn: str | None, conversation_ids: Sequence[str] | None = None, *,
-                  limit: int = DEFAULT_LIMIT) -> tuple[EvalConversation, ...]:
+                  limit: int = DEFAULT_LIMIT, warnings: list[str] | None = None,
+                  stored: list[StoredByModel] | None = None) -> tuple[EvalConversation, ...]:
     """Eligible pairs of a live database's conversations (the given ids, else the first
     `limit` of compaction.source_runs in id order), read with the engine's read
     functions in one READ ONLY, REPEATABLE READ transaction: one consistent snapshot,
     and a transaction the server itself refuses to write in. Closed before any model
-    call (DESIGN §11)."""
+    call (DESIGN §11). A given id the source holds no run of is added to `warnings`."""
     with db.connect(dsn, read_only=True) as conn:
+        # The same first words as every other command on an unmigrated database, not a
+        # missing relation's (which would point at check-source).
+        if not db.engine_schema_present(conn):
+            raise SchemaNotMigrated()
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         with conn.transaction():
             ids = (list(dict.fromkeys(conversation_ids)) if conversation_ids
                    else db.conversations_after(conn, "", limit))
             found = [(cid, db.eligible_pairs(conn, cid)) for cid in ids]
+            if stored is not None:
+                stored.extend(stored_by_model(conn, ids))
+            if conversation_ids and warnings is not None:
+                warnings.extend(
+                    f"the source holds no runs for conversation {cid!r}; is the id right?"
+                    for cid, pairs in found if not pairs and not db.source_holds(conn, cid))
     return tuple(
         EvalConversation(cid, guess_language(p.assistant_content for p in pairs), tuple(
             EvalPair(p.pair_index, p.user_message_id, p.user_content,
@@ -182,8 +231,11 @@ def read_database(dsn: str | None, conversation_ids: Sequence[str] | None = None
     )
 
 
-def load_conversations(args: argparse.Namespace) -> tuple[str, tuple[EvalConversation, ...]]:
-    """(a name for the source, its conversations) from the command's arguments."""
+def load_conversations(args: argparse.Namespace, warnings: list[str] | None = None,
+                       stored: list[StoredByModel] | None = None,
+                       ) -> tuple[str, tuple[EvalConversation, ...]]:
+    """(a name for the source, its conversations) from the command's arguments; what
+    deserves a warning (an unknown --conversation) is added to `warnings`."""
     if args.conversation and not args.database:
         raise UsageError("--conversation applies to --database only")
     if args.limit is not None and args.jsonl is not None:
@@ -193,7 +245,8 @@ def load_conversations(args: argparse.Namespace) -> tuple[str, tuple[EvalConvers
     if args.corpus:
         return f"corpus:seed={args.seed}", read_corpus(args.seed, args.limit)
     return "database", read_database(args.dsn, args.conversation,
-                                     limit=args.limit or DEFAULT_LIMIT)
+                                     limit=args.limit or DEFAULT_LIMIT, warnings=warnings,
+                                     stored=stored)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +294,18 @@ def compare_summarizer(model: str, target: float, args: argparse.Namespace) -> S
 
 
 def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | None) -> int:
-    source, conversations = load_conversations(args)
+    """The command: 0 when it measured something, 1 when every range's call failed
+    (the report still printed). Warnings go to stderr and, with --json, into the
+    report's `warnings`."""
+    warnings: list[str] = []
+    # With --database: what each model already stored is to the next Run.
+    stored: list[StoredByModel] = []
+    source, conversations = load_conversations(args, warnings, stored)
+    for warning in warnings:
+        print(f"pycompactor: warning: {warning}", file=sys.stderr)
+    # A remote model whose first call cannot connect stops the run with one line naming
+    # the URL (ModelUnreachable), rather than reporting every range connection_error.
+    summarizer = FirstCallGuard(summarizer)
     compare: list[tuple[str, float | None]] = args.compare
     done = 0
     total = len(conversations) * (1 + len(compare))
@@ -277,15 +341,29 @@ def run_evaluate(args: argparse.Namespace, summarizer: Summarizer, api: str | No
         args.html.write_text(html_report(report, label=primary.label, compared=others),
                              encoding="utf-8")
     if args.json:
-        print_json(report_json(primary, others))
+        print_json({**report_json(primary, others), "warnings": warnings,
+                    "stored_by_model": [m.to_dict() for m in stored]})
     else:
         from rich.console import Console
         from rich.text import Text
 
         console = Console(highlight=False, emoji=False, width=TABLE_WIDTH)
         console.print(readable(report, label=primary.label, compared=others))
+        if stored:
+            console.print(_table(
+                "Summaries already stored for these conversations, per model (what the next"
+                " Run gets from them; projection_preference: compaction.settings."
+                "projection_models)", STORED_HEADERS,
+                [(m.model, m.projection_preference or "-", m.summaries, m.used, m.superseded,
+                  m.not_usable) for m in stored], right=STORED_HEADERS[1:]))
         if args.html is not None:
             console.print(Text(f"HTML report written to {args.html}"))
+    ranges = report.ranges
+    if ranges and all(r.failure is not None for r in ranges):
+        reasons = sorted({r.failure for r in ranges if r.failure is not None})
+        print(f"pycompactor: every one of the {len(ranges)} ranges failed "
+              f"({', '.join(reasons)}); nothing was measured", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -410,6 +488,8 @@ TOTALS_HEADERS: Final = ("language", "ranges", "failed", "reply bytes", "summary
                          "compression", "figure retention", "qualifier retention",
                          "attribution", "qualifier scope", "invented", "tokens in/out",
                          "seconds")
+STORED_HEADERS: Final = ("model", "preference", "summaries", "used", "superseded",
+                         "stale or not projectable")
 SIDE_HEADERS: Final = ("summarizer", "ranges", "failed", "compression", "median",
                        "attribution", "scope", "figures", "qualifiers", "invented",
                        "seconds")

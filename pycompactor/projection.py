@@ -43,7 +43,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager, contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
 from typing import Any, Final, Literal, NamedTuple, Protocol, TypedDict, TypeVar, overload
@@ -150,6 +150,10 @@ class SummaryBinding:
     #: prompt version: compaction.projection_summaries).
     version_rank: int
     completed_at: datetime
+    #: Then the owner's model preference, higher first (`model_preference` of the
+    #: summary's model and compaction.settings.projection_models; 0 when not named).
+    #: Keyword-only with a default: a caller without a preference leaves it out.
+    model_rank: int = field(default=0, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +177,7 @@ class StoredSummary(SummaryBinding):
             self.summary_id, self.from_pair, self.to_pair, tuple(self.source_message_ids),
             self.source_hash, self.prompt_version, self.projectable, self.version_rank,
             self.completed_at, utf8_len(self.summary), source_is_current(self, pairs),
+            model_rank=self.model_rank,
         )
 
 
@@ -448,9 +453,24 @@ def check_budget(budget_bytes: object) -> int:
     return budget_bytes
 
 
-def _preference(summary: SummaryCandidate) -> tuple[int, datetime, int]:
-    # Sorted descending: newer prompt version, then latest completed_at, then higher id.
-    return (summary.version_rank, summary.completed_at, summary.summary_id)
+def model_preference(model: str, projection_models: Sequence[str]) -> int:
+    """A model's rank in the owner's projection preference, higher preferred: a model
+    named earlier before one named later, named before unnamed (0).
+
+    The twin of compaction.model_preference (docs/contract.md §9); a caller of
+    `project_pairs` passes it as each summary's `model_rank`.
+    """
+    try:
+        return len(projection_models) - list(projection_models).index(model)
+    except ValueError:
+        return 0
+
+
+def _preference(summary: SummaryCandidate) -> tuple[int, int, datetime, int]:
+    # Sorted descending (docs/contract.md §9): newer prompt version, then the owner's
+    # model preference, then latest completed_at, then higher id.
+    return (summary.version_rank, summary.model_rank, summary.completed_at,
+            summary.summary_id)
 
 
 def _range_ids(pairs: Sequence[PairMeta], start: int) -> tuple[str, ...]:
@@ -916,7 +936,8 @@ def _projection_steps(conversation_id: str, budget: int, scope: str,
     # A schema before revision 0041, judged from the views: every pair, every summary.
     # Plain tuples, then PairMeta._make: one per eligible pair, so per-row cost counts.
     all_pairs = list(map(PairMeta._make, (yield db.projection_pairs_query(conversation_id))))
-    # Rows of db.projection_summaries_query; version_rank comes last there.
+    # Rows of db.projection_summaries_query; version_rank comes last there. A schema this
+    # old has no model preference (revision 0048): model_rank stays 0.
     summaries = [SummaryCandidate(r[0], r[1], r[2], tuple(r[3]), r[4], r[5], r[6], r[10], r[7],
                                   r[8], r[9])
                  for r in (yield db.projection_summaries_query(conversation_id, scope))]

@@ -134,3 +134,60 @@ def delete_conversation(conn: Connection, conversation_id: str) -> None:
         conn.execute(psycopg.sql.SQL(
             "DELETE FROM compaction_source.{} WHERE conversation_id = %(c)s").format(
                 psycopg.sql.Identifier(table)), {"c": conversation_id})
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """One reference run as written."""
+
+    run_id: str
+    status: str
+
+
+def insert_history(conn: Connection, conversation_id: str, runs: Sequence[RunRow],
+                   messages: Sequence[MessageRow], *, batch_size: int = 1000) -> tuple[int, int]:
+    """Write one conversation's runs and messages (`pycompactor import`), `batch_size`
+    rows a statement, skipping every row whose id is already there (a re-import writes
+    nothing twice); (runs written, messages written). The caller's transaction makes
+    the conversation whole or absent."""
+    ensure_conversation(conn, conversation_id)
+    written_runs = written_messages = 0
+    with conn.cursor() as cur:
+        for start in range(0, len(runs), batch_size):
+            batch = runs[start : start + batch_size]
+            cur.execute(
+                "INSERT INTO compaction_source.runs (run_id, conversation_id, status, created_at)"
+                " SELECT u.run_id, %(c)s, u.status, now()"
+                " FROM unnest(%(runs)s::text[], %(statuses)s::text[]) AS u (run_id, status)"
+                " ON CONFLICT (conversation_id, run_id) DO NOTHING",
+                {"c": conversation_id, "runs": [r.run_id for r in batch],
+                 "statuses": [r.status for r in batch]})
+            written_runs += max(cur.rowcount, 0)
+        for start in range(0, len(messages), batch_size):
+            rows = messages[start : start + batch_size]
+            cur.execute(
+                "INSERT INTO compaction_source.messages"
+                " (message_id, conversation_id, run_id, role, status, content, seq, created_at)"
+                " SELECT u.message_id, %(c)s, u.run_id, u.role, u.status, u.content, u.seq, now()"
+                " FROM unnest(%(ids)s::text[], %(runs)s::text[], %(roles)s::text[],"
+                " %(statuses)s::text[], %(contents)s::text[], %(seqs)s::bigint[])"
+                " AS u (message_id, run_id, role, status, content, seq)"
+                " ON CONFLICT (conversation_id, message_id) DO NOTHING",
+                {"c": conversation_id, "ids": [m.message_id for m in rows],
+                 "runs": [m.run_id for m in rows], "roles": [m.role for m in rows],
+                 "statuses": [m.status for m in rows], "contents": [m.content for m in rows],
+                 "seqs": [m.seq for m in rows]})
+            written_messages += max(cur.rowcount, 0)
+    return written_runs, written_messages
+
+
+#: The reference tables, analyzed after an import so the planner knows their size (a
+#: bulk load leaves them without statistics until autovacuum comes by; check-source
+#: reports that).
+REFERENCE_TABLES = ("compaction_source.conversations", "compaction_source.runs",
+                    "compaction_source.messages")
+
+
+def analyze_reference_tables(conn: Connection) -> None:
+    conn.execute("ANALYZE compaction_source.conversations, compaction_source.runs,"
+                 " compaction_source.messages")

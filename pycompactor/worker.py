@@ -70,6 +70,7 @@ from pycompactor.errors import (
     DatabaseTimeout,
     LockTimeout,
     LogLost,
+    ModelUnreachable,
     PycompactorError,
     TransactionConflict,
 )
@@ -78,7 +79,12 @@ from pycompactor.figures import FigureStats, figure_stats
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import QueuedConversation, RangeClaim, RangeReply
 from pycompactor.outcomes import Failure, ModelOutcome, Reply
-from pycompactor.summarizer import DEFAULT_TIMEOUT_SECONDS, PROMPT_VERSION, Summarizer
+from pycompactor.summarizer import (
+    DEFAULT_TIMEOUT_SECONDS,
+    PROMPT_VERSION,
+    Summarizer,
+    unreachable,
+)
 
 #: Failure reason when the shutdown drain ran out before the model answered.
 INTERRUPTED: Final = "interrupted"
@@ -260,6 +266,13 @@ class Worker:
         self._refused: Counter[str] = Counter()
         self._outcomes: Counter[str] = Counter()
         self._counts_lock = threading.Lock()
+        # The first model call's outcome decides whether the server is there at all
+        # (`unreachable`): if not, the worker stops and `run` raises this.
+        self._first_call_seen = False
+        # Targets claim_next_targets has shown, and whether --conversation was checked.
+        self._seen_targets = 0
+        self._warned = False
+        self._unreachable: ModelUnreachable | None = None
 
     # -- stopping ------------------------------------------------------------------
 
@@ -358,7 +371,19 @@ class Worker:
                        refused=report.refused, outcomes=report.outcomes)
         if self._log.broken:
             raise LogLost()
+        if self._unreachable is not None:
+            raise self._unreachable
         return report
+
+    def _warn_if_unknown(self, conversation_id: str) -> None:
+        """Say so when the source has no run of --conversation's id: a mistyped id would
+        otherwise pass as a conversation with nothing to do."""
+        with self._pool.get() as conn:
+            known = db.source_holds(conn, conversation_id)
+        if not known:
+            self._log.emit("warning", conversation_id=conversation_id,
+                           warning="the source holds no runs for this conversation;"
+                                   " is the id right?")
 
     def report(self) -> WorkerReport:
         with self._counts_lock:
@@ -413,6 +438,11 @@ class Worker:
             self._ack(entries)
             claimed += n
             throttled = throttled or admission_full
+        if cfg.conversation is not None and not self._seen_targets and not self._warned:
+            # Asked only when --conversation gave nothing to look at: a pass that found
+            # targets costs no statement more.
+            self._warned = True
+            self._warn_if_unknown(cfg.conversation)
         if (examined == 0 and not self._hinted and not self.stopping
                 and cfg.conversation is None and not cfg.sweep):
             self._hinted = True
@@ -549,6 +579,7 @@ class Worker:
         except BaseException:
             self._release_slots(free)
             raise
+        self._seen_targets += len(targets)
         remaining: list[Candidate] = []
         answered: list[tuple[Candidate, RangeClaim]] = []
         for target in targets:
@@ -712,6 +743,8 @@ class Worker:
         started = running.started
         try:
             outcome, replies = self._summarize(job)
+            if replies:  # the model was called
+                self._first_outcome(outcome)
             outcome, figures = self._judge_figures(replies, outcome)
             with running.lock:
                 if running.state != "calling":
@@ -735,6 +768,18 @@ class Worker:
                 self._running.pop((job.job_id, job.attempt), None)
             running.done.set()
             self._slots.release()
+
+    def _first_outcome(self, outcome: ModelOutcome) -> None:
+        """After the process's first model call: a server it could not connect to stops
+        the worker (the attempt is recorded failed as any other)."""
+        with self._counts_lock:
+            if self._first_call_seen:
+                return
+            self._first_call_seen = True
+        error = unreachable(self._summarizer, outcome)
+        if error is not None:
+            self._unreachable = error
+            self.request_stop()
 
     def _summarize(self, job: ClaimedJob) -> tuple[ModelOutcome, list[RangeReply]]:
         """Read the claimed range's replies (only while its hash is the claimed one), then

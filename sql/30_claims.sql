@@ -47,15 +47,25 @@ CREATE TABLE compaction.settings (
     -- Revision 0026, internal: no unexpired attempt holds a slot above it (see
     -- settings_high_water below). Kept by the engine, never set by hand.
     admission_high_water int NOT NULL DEFAULT 0,
+    -- Revision 0048: the owner's model preference among a range's valid summaries
+    -- (docs/contract.md §9), set through compaction.set_projection_models, which also
+    -- re-judges the verdicts it decides.
+    projection_models text[] NOT NULL DEFAULT '{}',
     CONSTRAINT settings_pkey PRIMARY KEY (singleton),
     -- With the primary key, at most one row can exist.
     CONSTRAINT settings_single_row CHECK (singleton),
     CONSTRAINT settings_max_running_not_negative CHECK (max_running >= 0),
     -- One admission slot row per unit: a typo must not create a billion of them.
-    CONSTRAINT settings_max_running_bounded CHECK (max_running <= 10000)
+    CONSTRAINT settings_max_running_bounded CHECK (max_running <= 10000),
+    -- A NULL element would name no model (set_projection_models also refuses repeats).
+    CONSTRAINT settings_projection_models_named CHECK (
+        pg_catalog.array_position(projection_models, NULL) IS NULL
+        AND pg_catalog.cardinality(projection_models) <= 100)
 );
 COMMENT ON TABLE compaction.settings IS
-    'Engine settings, a single row: max_running caps running (unexpired) attempts across the database (default 8); admission_high_water is the engine''s own';
+    'Engine settings, a single row: max_running caps running (unexpired) attempts across the database (default 8); projection_models orders a range''s valid summaries by model (set with set_projection_models); admission_high_water is the engine''s own';
+COMMENT ON COLUMN compaction.settings.projection_models IS
+    'The owner''s model preference for projection (docs/contract.md §9): among a range''s valid summaries of one prompt version, a model named earlier before one named later, named before unnamed; empty by default; set with compaction.set_projection_models';
 COMMENT ON COLUMN compaction.settings.admission_high_water IS
     'Internal (revision 0026): no unexpired attempt holds an admission slot above this; at least max_running, raised with it, lowered only by a claim that found the slots above max_running free';
 

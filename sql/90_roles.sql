@@ -116,6 +116,10 @@ GRANT EXECUTE ON FUNCTION
     compaction.projection_frame(text, text, int),
     compaction.projection_read(text, text, int, bigint, int)
 TO compaction_worker, compaction_reader;
+-- Revision 0048: the owner's model preference, names only (shown by `pycompactor audit`
+-- and `evaluate`); only the owner sets it (compaction.set_projection_models).
+GRANT EXECUTE ON FUNCTION compaction.projection_models()
+TO compaction_worker, compaction_reader, compaction_auditor;
 
 -- Derived state (revision 0005). The worker plans from it and reads a claimed range's
 -- replies; the auditor may prove it against the views (ids, counts and hashes only).

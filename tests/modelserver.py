@@ -260,6 +260,56 @@ def too_long(chars: int = 6001) -> ScriptedResponse:
     return stop("x" * chars)
 
 
+# --- local OpenAI-compatible servers, as each answers (docs/models.md) -------------------
+
+#: How each local server is reached and what it says, as docs/models.md gives it: the
+#: base URL's port, the model name it serves (None: any name is taken, the loaded model
+#: answers), what its answers carry beyond OpenAI's fields, and the error body for a
+#: model it does not serve.
+LOCAL_SERVERS: dict[str, dict[str, Any]] = {
+    "llama.cpp": {"port": 8080, "model": None,
+                  "extra": {"system_fingerprint": "b4600-0123abcd",
+                            "timings": {"prompt_n": 1, "predicted_n": 1}}},
+    "vllm": {"port": 8000, "model": "Qwen/Qwen2.5-7B-Instruct",
+             "extra": {"prompt_logprobs": None}, "choice_extra": {"stop_reason": None},
+             "unknown": {"object": "error", "message": "The model `{model}` does not exist.",
+                         "type": "NotFoundError", "param": None, "code": 404}},
+    "ollama": {"port": 11434, "model": "llama3.1:8b",
+               "extra": {"system_fingerprint": "fp_ollama"},
+               "unknown": {"error": {"message": "model \"{model}\" not found, try pulling it first",
+                                     "type": "api_error", "param": None, "code": None}}},
+}
+#: The scripted model's characters per token: an answer longer than max_tokens x this is
+#: cut there with finish_reason "length", as each of the three servers does.
+CHARS_PER_TOKEN = 4
+
+
+def local_server(kind: str, text: str) -> Handler:
+    """A Chat Completions handler answering as `kind` (a key of LOCAL_SERVERS) would with
+    a model whose answer is `text`: the model name checked as that server checks it, the
+    answer cut at the request's max_tokens (or max_completion_tokens) with
+    finish_reason "length", else "stop", with the server's own extra fields."""
+    server = LOCAL_SERVERS[kind]
+
+    def answer(request: RecordedRequest) -> ScriptedResponse:
+        body = request.json
+        served = server["model"]
+        if served is not None and body["model"] != served:
+            error = json.loads(json.dumps(server["unknown"]).replace("{model}", body["model"]))
+            return json_response(error, status=404)
+        limit = body.get("max_tokens", body.get("max_completion_tokens"))
+        content, finish = text, "stop"
+        if limit is not None and len(text) > limit * CHARS_PER_TOKEN:
+            content, finish = text[: limit * CHARS_PER_TOKEN], "length"
+        one = {**choice(content, finish_reason=finish), **server.get("choice_extra", {})}
+        tokens = -(-len(content) // CHARS_PER_TOKEN)
+        payload = {**completion_body([one], model=served or "local-model",
+                                     usage=(1200, tokens)), **server["extra"]}
+        return json_response(payload)
+
+    return answer
+
+
 # --- the server --------------------------------------------------------------------------
 
 

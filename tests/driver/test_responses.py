@@ -75,7 +75,9 @@ def test_request_shape_and_a_completed_summary(conn: Conn, dsn: str,
     # The same pinned prompt as instructions, the same labelled replies as input, no tools.
     pairs_0_9 = make_pairs([p.assistant_content for p in seeded[:10]])
     expected_input = json.loads(replies_document(pairs_0_9))
-    assert set(body) == {"model", "instructions", "input", "store"}
+    assert set(body) == {"model", "instructions", "input", "store", "max_output_tokens",
+                         "temperature"}
+    assert (body["max_output_tokens"], body["temperature"]) == (2000, 0)
     assert (body["model"], body["instructions"], body["store"]) == (MODEL, load_prompt(), False)
     labelled = json.loads(body["input"])["assistant_replies"]
     assert [r["content"] for r in labelled] == [r["content"] for r in

@@ -78,7 +78,10 @@ def test_request_carries_only_the_assistant_replies(
         assert forbidden not in raw
 
     body = request.json
-    assert set(body) == {"model", "messages"}
+    # The output limit and temperature are the only knobs (defaults: room for a
+    # 6,000-character summary, and 0).
+    assert set(body) == {"model", "messages", "max_tokens", "temperature"}
+    assert (body["max_tokens"], body["temperature"]) == (2000, 0)
     assert body["model"] == MODEL
     system, replies = body["messages"]
     assert system == {"role": "system", "content": load_prompt()}

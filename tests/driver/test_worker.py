@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from pycompactor import db
+from pycompactor.errors import ModelUnreachable
 from pycompactor.eventlog import EventLog
 from pycompactor.models import NextTarget, RangeClaim, RangeReply
 from pycompactor.summarizer import OpenAISummarizer, Summarizer
@@ -148,7 +149,10 @@ def test_connection_error(conn: Conn, dsn: str, one_range: str) -> None:
     with socket.socket() as s:  # a port nobody listens on any more
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    run_once(dsn, f"http://127.0.0.1:{port}/v1")
+    # The first call of the process cannot connect: the worker records the attempt and
+    # stops, naming the URL (docs/models.md).
+    with pytest.raises(ModelUnreachable, match=f"at http://127.0.0.1:{port}/v1/"):
+        run_once(dsn, f"http://127.0.0.1:{port}/v1")
     assert [(a.state, a.reason) for a in attempts(conn, "conv-1")] == [
         ("failed", "connection_error")]
     assert summaries(conn) == []

@@ -23,6 +23,7 @@ from tests.history import History
 Conn = psycopg.Connection[Any]
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 COMMANDS = ("migrate", "worker", "plan", "project", "audit", "check-source", "install-recipe",
+            "import",
             "evaluate", "demo")
 
 
@@ -91,7 +92,8 @@ def test_help_has_usage_options_and_examples(command: str) -> None:
 
 # What a command needs before an unknown option is the first problem argparse reports.
 REQUIRED = {"plan": ["conv"], "project": ["conv", "--budget-bytes", "1"],
-            "install-recipe": ["agents-sqlalchemy"], "evaluate": ["--database"]}
+            "install-recipe": ["agents-sqlalchemy"], "evaluate": ["--database"],
+            "import": ["history.jsonl"]}
 BAD_ARGUMENTS = [
     ("migrate", ["--to"], "argument --to: expected one argument"),
     ("worker", ["--model", OFFLINE_MODEL, "--concurrency", "0"],
@@ -122,6 +124,13 @@ BAD_ARGUMENTS = [
     ("evaluate", ["--database", "--limit", "0"],
      "argument --limit: expected a number of at least 1, got 0"),
     ("demo", ["now"], "unrecognized arguments: now"),
+    ("import", [], "the following arguments are required: FILE"),
+    ("import", ["h.jsonl", "--batch-size", "0"],
+     "argument --batch-size: expected a number of at least 1, got 0"),
+    ("worker", ["--model", OFFLINE_MODEL, "--temperature", "3"],
+     "argument --temperature: expected a temperature from 0 to 2, got 3"),
+    ("worker", ["--model", OFFLINE_MODEL, "--max-output-tokens", "-1"],
+     "argument --max-output-tokens: expected a number of at least 0, got -1"),
 ] + [(command, [*REQUIRED.get(command, []), "--no-such-option"],
        "unrecognized arguments: --no-such-option") for command in COMMANDS]
 
@@ -177,14 +186,20 @@ JSON_COMMANDS = [
     ("audit-exhausted", ["audit", "--view", "exhausted"]),
     ("audit-events", ["audit", "--view", "events", "--limit", "100"]),
     ("audit-queue", ["audit", "--view", "queue"]),
+    ("audit-models", ["audit", "--view", "models"]),
     ("evaluate", ["evaluate", "--database"]),
+    ("import", ["import", "IMPORT_FILE"]),
 ]
 
 
-def test_json_output_has_the_documented_shape(rich_database: str) -> None:
+def test_json_output_has_the_documented_shape(rich_database: str, tmp_path: Path) -> None:
     shapes = documented_shapes()
     assert set(shapes) == {name for name, _ in JSON_COMMANDS}
+    export = tmp_path / "history.jsonl"
+    export.write_text(json.dumps({"conversation_id": "imported", "pairs": [
+        {"user": "q", "assistant": "a"}]}) + "\n", encoding="utf-8")
     for name, args in JSON_COMMANDS:
+        args = [str(export) if a == "IMPORT_FILE" else a for a in args]
         result = run_cli(*args, "--json", "--dsn", rich_database)
         assert result.returncode == 0, (name, result.stderr)
         value = json.loads(result.stdout)

@@ -51,7 +51,7 @@ def test_jsonl_with_the_offline_model(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert set(report) == {"model", "api", "source", "budgets", "overall", "by_language",
                            "reach", "worst", "conversations", "label", "frontier",
-                           "compared"}
+                           "compared", "warnings", "stored_by_model"}
     assert (report["model"], report["api"], report["source"]) == (
         "pycompactor/extractive-2", None, "jsonl:history.jsonl")
     assert report["budgets"] == [8192, 16384, 32768, 65536]

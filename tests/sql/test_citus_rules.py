@@ -41,6 +41,9 @@ FAN_OUT = {
     "compaction.read_audit_exhausted",
     "compaction.read_audit_queue",
     "compaction.read_audit_events",   # revision 0027
+    # the owner's model preference: re-judges each conversation that has a verdict by
+    # rederive_summary_verdicts, one conversation per statement (revision 0048)
+    "compaction.set_projection_models",
 }
 
 

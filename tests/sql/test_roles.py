@@ -180,7 +180,9 @@ def test_auditor_sees_metadata_only(conn: Conn, login_role: LoginRole) -> None:
                                   "compaction.read_audit_events()",
                                   "compaction.explain_runs(text)",
                                   "compaction.verify_conversation(text)",
-                                  "compaction.derived_state_status()"}
+                                  "compaction.derived_state_status()",
+                                  # model names only (revision 0048)
+                                  "compaction.projection_models()"}
 
 
 def test_no_function_is_executable_by_public_and_writers_are_definers(conn: Conn) -> None:
