@@ -2547,15 +2547,25 @@ CREATE TABLE compaction.settings (
     -- Revision 0026, internal: no unexpired attempt holds a slot above it (see
     -- settings_high_water below). Kept by the engine, never set by hand.
     admission_high_water int NOT NULL DEFAULT 0,
+    -- Revision 0048: the owner's model preference among a range's valid summaries
+    -- (docs/contract.md §9), set through compaction.set_projection_models, which also
+    -- re-judges the verdicts it decides.
+    projection_models text[] NOT NULL DEFAULT '{}',
     CONSTRAINT settings_pkey PRIMARY KEY (singleton),
     -- With the primary key, at most one row can exist.
     CONSTRAINT settings_single_row CHECK (singleton),
     CONSTRAINT settings_max_running_not_negative CHECK (max_running >= 0),
     -- One admission slot row per unit: a typo must not create a billion of them.
-    CONSTRAINT settings_max_running_bounded CHECK (max_running <= 10000)
+    CONSTRAINT settings_max_running_bounded CHECK (max_running <= 10000),
+    -- A NULL element would name no model (set_projection_models also refuses repeats).
+    CONSTRAINT settings_projection_models_named CHECK (
+        pg_catalog.array_position(projection_models, NULL) IS NULL
+        AND pg_catalog.cardinality(projection_models) <= 100)
 );
 COMMENT ON TABLE compaction.settings IS
-    'Engine settings, a single row: max_running caps running (unexpired) attempts across the database (default 8); admission_high_water is the engine''s own';
+    'Engine settings, a single row: max_running caps running (unexpired) attempts across the database (default 8); projection_models orders a range''s valid summaries by model (set with set_projection_models); admission_high_water is the engine''s own';
+COMMENT ON COLUMN compaction.settings.projection_models IS
+    'The owner''s model preference for projection (docs/contract.md §9): among a range''s valid summaries of one prompt version, a model named earlier before one named later, named before unnamed; empty by default; set with compaction.set_projection_models';
 COMMENT ON COLUMN compaction.settings.admission_high_water IS
     'Internal (revision 0026): no unexpired attempt holds an admission slot above this; at least max_running, raised with it, lowered only by a claim that found the slots above max_running free';
 
@@ -5683,6 +5693,23 @@ COMMENT ON VIEW compaction.audit_events IS
 -- (SECURITY DEFINER): the source views run with their owner's rights anyway, and the
 -- summaries sit behind engine tables.
 
+-- Revision 0048: the owner's model preference (docs/contract.md §9) as a number, higher
+-- preferred, like the version's rank: among a range's valid summaries of one version, a
+-- model named earlier in settings.projection_models before one named later, named before
+-- unnamed (0). SQL, immutable and without SET clauses, so the planner inlines it into
+-- the window orders of judge_summaries and judged_frame.
+CREATE FUNCTION compaction.model_preference(p_model text, p_models text[])
+RETURNS int
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT coalesce(pg_catalog.cardinality(p_models) + 1
+                    - pg_catalog.array_position(p_models, p_model), 0)
+$$;
+COMMENT ON FUNCTION compaction.model_preference(text, text[]) IS
+    'Internal: a model''s rank in the owner''s projection preference, higher preferred: cardinality + 1 - its position in p_models, 0 when not named (docs/contract.md §9)';
+
 CREATE FUNCTION compaction.projection_summaries(p_conversation_id text, p_scope text)
 RETURNS TABLE (
     summary_id         bigint,
@@ -5695,7 +5722,8 @@ RETURNS TABLE (
     completed_at       timestamptz,
     summary_bytes      int,
     source_current     boolean,
-    version_rank       int
+    version_rank       int,
+    model_rank         int
 )
 LANGUAGE plpgsql
 STABLE
@@ -5710,6 +5738,7 @@ DECLARE
     v_from    int[];
     v_ids     text[];
     v_hashes  text[];
+    v_models  text[] := (SELECT st.projection_models FROM compaction.settings AS st);
 BEGIN
     -- source_current: the range exists now with exactly the stored ids and hash. From the
     -- derived state that is a comparison per summary. Judged from the views, one call
@@ -5735,7 +5764,8 @@ BEGIN
     RETURN QUERY
     WITH summaries AS (
         SELECT s.summary_id, s.from_pair, s.to_pair, s.source_message_ids, s.source_hash,
-               s.prompt_version, s.completed_at, pg_catalog.octet_length(s.summary) AS bytes
+               s.prompt_version, s.model, s.completed_at,
+               pg_catalog.octet_length(s.summary) AS bytes
         FROM compaction.summaries AS s
         WHERE s.conversation_id = p_conversation_id
           AND s.scope = p_scope
@@ -5765,7 +5795,9 @@ BEGIN
                     AND n.source_hash = s.source_hash, false),
            -- Preference among a range's projectable summaries (revision 0009): the
            -- version's number after '@', higher first; -1 for a version without one.
-           coalesce(pg_catalog.substring(s.prompt_version, '@([0-9]{1,9})$')::int, -1)
+           coalesce(pg_catalog.substring(s.prompt_version, '@([0-9]{1,9})$')::int, -1),
+           -- Then the owner's model preference (revision 0048), higher first.
+           compaction.model_preference(s.model, v_models)
     FROM summaries AS s
     LEFT JOIN compaction.prompt_versions AS v ON v.prompt_version = s.prompt_version
     LEFT JOIN now_ranges AS n ON n.from_pair = s.from_pair
@@ -5773,7 +5805,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.projection_summaries(text, text) IS
-    'Completed summaries of a conversation and scope without their text: source binding, version, whether it is projectable, completed_at, UTF-8 byte length, whether its source is current, and the version''s rank (the number after @, -1 without one; higher is preferred)';
+    'Completed summaries of a conversation and scope without their text: source binding, version, whether it is projectable, completed_at, UTF-8 byte length, whether its source is current, the version''s rank (the number after @, -1 without one; higher is preferred) and the model''s rank in settings.projection_models (higher is preferred, 0 when not named)';
 
 CREATE FUNCTION compaction.projection_texts(
     p_conversation_id text, p_message_ids text[], p_summary_ids bigint[])
@@ -5818,10 +5850,14 @@ SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_models text[] := (SELECT st.projection_models FROM compaction.settings AS st);
 BEGIN
     RETURN QUERY
     WITH stored AS (
         SELECT js.summary_id, j.scope, j.from_pair, js.completed_at,
+               -- The owner's model preference (revision 0048), higher preferred.
+               compaction.model_preference(j.model, v_models) AS model_rank,
                coalesce(v.projectable, false) AS projectable,
                -- The version's number after '@', higher preferred; -1 without one.
                coalesce(pg_catalog.substring(j.prompt_version, '@([0-9]{1,9})$')::int, -1)
@@ -5838,7 +5874,8 @@ BEGIN
         WHERE js.conversation_id = p_conversation_id
           AND (p_summary_ids IS NULL OR js.summary_id = ANY (p_summary_ids))
     ), judged AS (
-        SELECT s.summary_id, s.scope, s.from_pair, s.version_rank, s.completed_at,
+        SELECT s.summary_id, s.scope, s.from_pair, s.version_rank, s.model_rank,
+               s.completed_at,
                CASE WHEN NOT s.projectable THEN 'version_not_projectable'
                     WHEN NOT s.current THEN 'stale_source' END AS reason
         FROM stored AS s
@@ -5847,8 +5884,8 @@ BEGIN
            CASE WHEN j.reason IS NULL
                      AND pg_catalog.row_number() OVER (
                              PARTITION BY j.scope, j.from_pair, j.reason IS NULL
-                             ORDER BY j.version_rank DESC, j.completed_at DESC,
-                                      j.summary_id DESC) > 1
+                             ORDER BY j.version_rank DESC, j.model_rank DESC,
+                                      j.completed_at DESC, j.summary_id DESC) > 1
                 THEN 'superseded' ELSE j.reason END
     FROM judged AS j;
 END
@@ -5960,6 +5997,70 @@ $$;
 COMMENT ON FUNCTION compaction.rederive_summary_verdicts(text, int[], bigint) IS
     'Internal: re-judges the summaries of the listed ranges of a conversation (every summary when NULL) into compaction.summary_verdicts, first adding p_new_summary_id''s row when given (not on Citus, where no derived state is kept)';
 
+-- Revision 0048: the owner's model preference (docs/contract.md §9). The verdicts it
+-- decides are derived state, so setting it re-judges every conversation that has a
+-- verdict, each under its conversation_state row as complete and import_summary take it
+-- (sql/25_tracking.sql): a completion that judged its range with the old preference
+-- commits before its conversation is re-judged here, and one that waits for this
+-- transaction judges with the new one. A conversation without a verdict has no summary
+-- to order, and the first summary of a range has none to be preferred to. Slow on a
+-- large database (every summary is judged once), and meant to be: it is a rare decision
+-- of the owner's. On Citus no verdict is stored and nothing is re-judged.
+CREATE FUNCTION compaction.set_projection_models(p_models text[])
+RETURNS int
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_conversation text;
+    v_count        int := 0;
+BEGIN
+    IF p_models IS NULL
+       OR pg_catalog.array_ndims(p_models) > 1
+       OR pg_catalog.array_position(p_models, NULL) IS NOT NULL
+       OR pg_catalog.cardinality(p_models) > 100
+       OR EXISTS (SELECT FROM pg_catalog.unnest(p_models) AS m (model)
+                  WHERE NOT compaction.has_content(m.model))
+       OR (SELECT count(DISTINCT m.model) FROM pg_catalog.unnest(p_models) AS m (model))
+          <> pg_catalog.cardinality(p_models) THEN
+        RAISE EXCEPTION 'p_models must list at most 100 distinct model names, none NULL or blank, got %',
+            p_models
+            USING ERRCODE = 'CP020',
+                  HINT = 'Name models as workers record them, e.g. ARRAY[''gpt-4o-mini'']; ''{}'' for no preference.';
+    END IF;
+    UPDATE compaction.settings AS st
+    SET projection_models = p_models
+    WHERE st.singleton;
+    FOR v_conversation IN
+        SELECT DISTINCT v.conversation_id FROM compaction.summary_verdicts AS v ORDER BY 1
+    LOOP
+        INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
+        VALUES (v_conversation, 0, 1)
+        ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1;
+        PERFORM compaction.rederive_summary_verdicts(v_conversation, NULL);
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END
+$$;
+COMMENT ON FUNCTION compaction.set_projection_models(text[]) IS
+    'Sets the owner''s model preference for projection (settings.projection_models, docs/contract.md §9: among a range''s valid summaries of one version, a model named earlier before one named later, named before unnamed; ''{}'' for none) and re-judges the stored verdicts; returns how many conversations were re-judged (owner only)';
+
+CREATE FUNCTION compaction.projection_models()
+RETURNS text[]
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT st.projection_models FROM compaction.settings AS st
+$$;
+COMMENT ON FUNCTION compaction.projection_models() IS
+    'The owner''s model preference for projection (settings.projection_models; empty when none): model names only, no content';
+
 -- Revision 0041: projection_frame's row judged from the views (before an install's
 -- rebuild has finished, after a source view is re-pointed, and always on Citus), from one
 -- judgement of the conversation. The judgement reads every pair anyway, so the frame
@@ -6011,6 +6112,8 @@ DECLARE
     v_hashes      text[];
     v_projectable boolean[];
     v_ranks       int[];
+    v_model_ranks int[];
+    v_models      text[] := (SELECT st.projection_models FROM compaction.settings AS st);
     v_completed   timestamptz[];
     v_bytes       int[];
     -- Per summary, whether its range exists now with its 20 ids; the ranges to hash.
@@ -6031,14 +6134,17 @@ BEGIN
     SELECT pg_catalog.array_agg(s.summary_id), pg_catalog.array_agg(s.from_pair),
            pg_catalog.array_agg(s.source_message_ids), pg_catalog.array_agg(s.source_hash),
            pg_catalog.array_agg(s.projectable), pg_catalog.array_agg(s.version_rank),
+           pg_catalog.array_agg(s.model_rank),
            pg_catalog.array_agg(s.completed_at), pg_catalog.array_agg(s.bytes)
     INTO v_summary_ids, v_froms, v_stored_ids, v_hashes, v_projectable, v_ranks,
-         v_completed, v_bytes
+         v_model_ranks, v_completed, v_bytes
     FROM (SELECT x.summary_id, x.from_pair, x.source_message_ids, x.source_hash,
                  coalesce(v.projectable, false) AS projectable,
                  -- The version's number after '@', higher preferred; -1 without one.
                  coalesce(pg_catalog.substring(x.prompt_version, '@([0-9]{1,9})$')::int, -1)
                      AS version_rank,
+                 -- The owner's model preference (revision 0048), higher preferred.
+                 compaction.model_preference(x.model, v_models) AS model_rank,
                  x.completed_at, pg_catalog.octet_length(x.summary) AS bytes
           FROM compaction.summaries AS x
           LEFT JOIN compaction.prompt_versions AS v ON v.prompt_version = x.prompt_version
@@ -6085,16 +6191,18 @@ BEGIN
     -- The verdicts: judge_summaries' rule, against the ranges judged above.
     RETURN QUERY
     WITH judged AS (
-        SELECT u.summary_id, u.from_pair, u.version_rank, u.completed_at, u.bytes,
+        SELECT u.summary_id, u.from_pair, u.version_rank, u.model_rank, u.completed_at,
+               u.bytes,
                CASE WHEN NOT u.projectable THEN 'version_not_projectable'
                     WHEN NOT coalesce(u.same_ids AND h.source_hash = u.source_hash, false)
                         THEN 'stale_source' END AS reason
         FROM ROWS FROM (pg_catalog.unnest(v_summary_ids), pg_catalog.unnest(v_froms),
                         pg_catalog.unnest(v_hashes), pg_catalog.unnest(v_projectable),
-                        pg_catalog.unnest(v_ranks), pg_catalog.unnest(v_completed),
+                        pg_catalog.unnest(v_ranks), pg_catalog.unnest(v_model_ranks),
+                        pg_catalog.unnest(v_completed),
                         pg_catalog.unnest(v_bytes), pg_catalog.unnest(v_same_ids))
              AS u (summary_id, from_pair, source_hash, projectable, version_rank,
-                   completed_at, bytes, same_ids)
+                   model_rank, completed_at, bytes, same_ids)
         LEFT JOIN ROWS FROM (pg_catalog.unnest(v_now_froms), pg_catalog.unnest(v_now_hashes))
              AS h (from_pair, source_hash) ON h.from_pair = u.from_pair
     ), verdicts AS (
@@ -6102,8 +6210,8 @@ BEGIN
                CASE WHEN j.reason IS NULL
                          AND pg_catalog.row_number() OVER (
                                  PARTITION BY j.from_pair, j.reason IS NULL
-                                 ORDER BY j.version_rank DESC, j.completed_at DESC,
-                                          j.summary_id DESC) > 1
+                                 ORDER BY j.version_rank DESC, j.model_rank DESC,
+                                          j.completed_at DESC, j.summary_id DESC) > 1
                     THEN 'superseded' ELSE j.reason END AS reason,
                j.bytes
         FROM judged AS j
@@ -6757,6 +6865,10 @@ GRANT EXECUTE ON FUNCTION
     compaction.projection_frame(text, text, int),
     compaction.projection_read(text, text, int, bigint, int)
 TO compaction_worker, compaction_reader;
+-- Revision 0048: the owner's model preference, names only (shown by `pycompactor audit`
+-- and `evaluate`); only the owner sets it (compaction.set_projection_models).
+GRANT EXECUTE ON FUNCTION compaction.projection_models()
+TO compaction_worker, compaction_reader, compaction_auditor;
 
 -- Derived state (revision 0005). The worker plans from it and reads a claimed range's
 -- replies; the auditor may prove it against the views (ids, counts and hashes only).
