@@ -131,14 +131,14 @@ def test_a_mistyped_offline_model_gets_did_you_mean(dsn: str, command: list[str]
         assert result.stderr.splitlines()[-1].endswith(
             "error: unknown model 'pycompactor/extractve-2'; did you mean "
             "pycompactor/extractive-2? (offline models: pycompactor/extractive-1, "
-            "pycompactor/extractive-2)")
+            "pycompactor/extractive-2, pycompactor/extractive-3)")
 
 
 def test_a_remote_model_without_a_key_is_pointed_at_the_default_offline_model(dsn: str) -> None:
     result = run_cli("worker", "--once", "--model", "gpt-4o-mini", "--dsn", dsn,
                      env={"OPENAI_API_KEY": ""})
     assert result.returncode == 2
-    assert "or use --model pycompactor/extractive-2" in result.stderr
+    assert "or use the offline --model pycompactor/extractive-3" in result.stderr
 
 
 def test_the_worker_stops_when_its_first_call_cannot_connect(conn: Conn, dsn: str) -> None:
