@@ -505,21 +505,26 @@ BEGIN
                             AND sr.run_id = sm.run_id);
         RETURN;
     END IF;
-    -- Each run named looked up on its own, by key (as in rederive, revision 0035); its
-    -- messages only when the conversation has no such run (the common answer: it has).
+    -- Each run named looked up on its own, by key (a lateral subquery per run, kept apart
+    -- by OFFSET 0, as in rederive, revision 0035); its messages only when the conversation
+    -- has no such run (the common answer: it has). As EXISTS tests, the generic plan may
+    -- hash a subquery instead, reading every run of the conversation once per write.
     WITH judged AS (
-        SELECT k.run_id,
-               CASE WHEN EXISTS (SELECT 1 FROM compaction.source_runs AS sr
-                                 WHERE sr.run_id = k.run_id
-                                   AND sr.conversation_id = p_conversation_id)
-                    THEN false
-                    ELSE EXISTS (SELECT 1 FROM compaction.source_messages AS sm
-                                 WHERE sm.run_id = k.run_id
-                                   AND sm.conversation_id = p_conversation_id
-                                   AND sm.role IN ('user', 'assistant'))
-               END AS is_foreign
-        FROM (SELECT DISTINCT r.run_id FROM pg_catalog.unnest(p_run_ids) AS r (run_id)
-              WHERE r.run_id IS NOT NULL) AS k
+        SELECT k.run_id, r.held IS NULL AND coalesce(m.found, false) AS is_foreign
+        FROM (SELECT DISTINCT u.run_id FROM pg_catalog.unnest(p_run_ids) AS u (run_id)
+              WHERE u.run_id IS NOT NULL) AS k
+        LEFT JOIN LATERAL (
+            SELECT true AS held FROM compaction.source_runs AS sr
+            WHERE sr.run_id = k.run_id AND sr.conversation_id = p_conversation_id
+            OFFSET 0) AS r ON true
+        LEFT JOIN LATERAL (
+            SELECT pg_catalog.bool_or(true) AS found
+            FROM (SELECT 1 FROM compaction.source_messages AS sm
+                  WHERE r.held IS NULL
+                    AND sm.run_id = k.run_id
+                    AND sm.conversation_id = p_conversation_id
+                    AND sm.role IN ('user', 'assistant')
+                  OFFSET 0) AS x) AS m ON true
     ), gone AS (
         DELETE FROM compaction.foreign_messages AS f
         USING judged AS j

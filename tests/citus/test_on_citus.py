@@ -420,7 +420,7 @@ def test_an_upgrade_keeps_judge_runs_planned_with_its_values_on_citus(
     from tests.citus.conftest import create_distributed_database, drop_distributed_database
 
     def settings(c: Conn) -> Any:
-        return function_settings(c, "compaction.judge_runs(text, text[])", "plan_cache_mode")
+        return function_settings(c, "compaction.judge_runs(text, text[], boolean)", "plan_cache_mode")
 
     name = f"u_{uuid.uuid4().hex[:12]}"
     try:
@@ -525,7 +525,7 @@ def test_a_judgement_asks_every_shard_on_one_connection_per_node(
     from tests.citus.conftest import create_distributed_database, drop_distributed_database
 
     def pool(c: Conn) -> list[str]:
-        return function_settings(c, "compaction.judge_runs(text, text[])", "citus.")
+        return function_settings(c, "compaction.judge_runs(text, text[], boolean)", "citus.")
 
     assert pool(conn) == ["citus.max_adaptive_executor_pool_size=1"]
     name = f"u_{uuid.uuid4().hex[:12]}"
