@@ -1797,4 +1797,15 @@ DROP TABLE compaction.foreign_messages;
 DROP FUNCTION compaction.derived_state_serves(text);
 DROP FUNCTION compaction.refresh_foreign_messages(text, text[]);
 
+-- judge_runs, made anew, gets back the settings distribute_on_citus gives it.
+DO $$
+BEGIN
+    IF compaction.engine_distributed() THEN
+        ALTER FUNCTION compaction.judge_runs(text, text[]) RESET plan_cache_mode;
+        ALTER FUNCTION compaction.judge_runs(text, text[])
+            SET citus.max_adaptive_executor_pool_size = 1;
+    END IF;
+END
+$$;
+
 CALL compaction.assign_ownership();

@@ -1970,6 +1970,20 @@ BEGIN
 END
 $$;
 
+-- A database already distributed on Citus: the new table joins the conversation group,
+-- and judge_runs, made anew, gets back the settings distribute_on_citus gives it.
+DO $$
+BEGIN
+    IF compaction.engine_distributed() THEN
+        EXECUTE 'SELECT create_distributed_table(''compaction.foreign_messages'','
+                ' ''conversation_id'', colocate_with => ''compaction.pairs'')';
+        ALTER FUNCTION compaction.judge_runs(text, text[], boolean) RESET plan_cache_mode;
+        ALTER FUNCTION compaction.judge_runs(text, text[], boolean)
+            SET citus.max_adaptive_executor_pool_size = 1;
+    END IF;
+END
+$$;
+
 CALL compaction.assign_ownership();
 -- After ownership has passed to compaction_owner, as sql/90_roles.sql does.
 REVOKE TRUNCATE ON compaction.foreign_messages FROM compaction_owner;

@@ -420,7 +420,8 @@ def test_an_upgrade_keeps_judge_runs_planned_with_its_values_on_citus(
     from tests.citus.conftest import create_distributed_database, drop_distributed_database
 
     def settings(c: Conn) -> Any:
-        return function_settings(c, "compaction.judge_runs(text, text[], boolean)", "plan_cache_mode")
+        return function_settings(c, "compaction.judge_runs(text, text[], boolean)",
+                                 "plan_cache_mode")
 
     name = f"u_{uuid.uuid4().hex[:12]}"
     try:

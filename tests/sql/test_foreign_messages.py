@@ -10,7 +10,6 @@ verify_conversation is clean wherever the derived state is kept.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -28,18 +27,23 @@ TRACKING = ["runs_track_insert", "runs_track_update", "runs_track_delete",
 
 
 @pytest.fixture(params=["derived", "views"])
-def mode(request: pytest.FixtureRequest, conn: Conn) -> Iterator[str]:
+def mode(request: pytest.FixtureRequest, conn: Conn) -> str:
     """derived: the tracked reference tables; views: every read judged from the views."""
     if request.param == "views":
         for trigger in TRACKING:
             table = trigger.split("_", 1)[0]
             conn.execute(f"ALTER TABLE compaction_source.{table} DISABLE TRIGGER {trigger}")
     assert derived_state_in_use(conn) == (request.param == "derived")
-    yield request.param
+    return str(request.param)
 
 
 def pair_runs(conn: Conn, conversation_id: str) -> list[str]:
     return [p.run_id for p in db.eligible_pairs(conn, conversation_id)]
+
+
+def paired_in(conn: Conn, *conversations: str) -> list[bool]:
+    """Whether R-r is a pair in each conversation."""
+    return [RUN in pair_runs(conn, c) for c in conversations]
 
 
 def reasons(conn: Conn, conversation_id: str) -> dict[str, str | None]:
@@ -67,25 +71,25 @@ def two_runs_of_one_id(conn: Conn) -> History:
 def test_a_run_id_in_two_conversations_is_a_pair_in_each_until_a_foreign_message_names_it(
         conn: Conn, mode: str) -> None:
     h = two_runs_of_one_id(conn)
-    assert RUN in pair_runs(conn, "C") and RUN in pair_runs(conn, "D")
+    assert paired_in(conn, "C", "D") == [True, True]
     check(conn, mode)
     stray = h.message("E", RUN, "user", "a question filed under E, which has no run R-r")
-    assert RUN not in pair_runs(conn, "C") and RUN not in pair_runs(conn, "D")
+    assert paired_in(conn, "C", "D") == [False, False]
     assert reasons(conn, "C")[RUN] == reasons(conn, "D")[RUN] == "foreign_message"
     assert len(pair_runs(conn, "E")) == 1  # E's own pair is untouched
     check(conn, mode)
     conn.execute("DELETE FROM compaction_source.messages WHERE message_id = %s", (stray,))
-    assert RUN in pair_runs(conn, "C") and RUN in pair_runs(conn, "D")
+    assert paired_in(conn, "C", "D") == [True, True]
     check(conn, mode)
 
 
 def test_a_run_created_after_its_foreign_message_takes_it_over(conn: Conn, mode: str) -> None:
     h = two_runs_of_one_id(conn)
     h.message("E", RUN, "assistant", "a reply waiting for its run")
-    assert RUN not in pair_runs(conn, "C") and RUN not in pair_runs(conn, "D")
+    assert paired_in(conn, "C", "D") == [False, False]
     check(conn, mode)
     h.run("E", run_id=RUN)  # the message now belongs to (E, R-r)
-    assert RUN in pair_runs(conn, "C") and RUN in pair_runs(conn, "D")
+    assert paired_in(conn, "C", "D") == [True, True]
     assert reasons(conn, "E")[RUN] == "no_user_message"
     check(conn, mode)
 
@@ -98,7 +102,7 @@ def test_a_run_deleted_under_its_messages_makes_them_foreign(conn: Conn, mode: s
     assert reasons(conn, "C")[RUN] == "foreign_message"
     check(conn, mode)
     History(conn).run("D", run_id=RUN)
-    assert RUN in pair_runs(conn, "C") and RUN in pair_runs(conn, "D")
+    assert paired_in(conn, "C", "D") == [True, True]
     check(conn, mode)
 
 
@@ -136,10 +140,10 @@ def test_one_statement_across_conversations(conn: Conn, mode: str) -> None:
         " VALUES ('x1', 'C', %s, 'tool', 'completed', 'tool output', 100),"
         "        ('x2', 'E', %s, 'assistant', 'completed', 'stray', 100),"
         "        ('x3', 'D', %s, 'system', 'completed', 'note', 100)", (RUN, RUN, RUN))
-    assert RUN not in pair_runs(conn, "C") and RUN not in pair_runs(conn, "D")
+    assert paired_in(conn, "C", "D") == [False, False]
     check(conn, mode)
     conn.execute("DELETE FROM compaction_source.messages WHERE message_id IN ('x1', 'x2', 'x3')")
-    assert RUN in pair_runs(conn, "C") and RUN in pair_runs(conn, "D")
+    assert paired_in(conn, "C", "D") == [True, True]
     check(conn, mode)
 
 
