@@ -217,11 +217,15 @@ BEGIN
                             -- judge_runs' first rule: only a Run in one of these can pair
                             -- (track_source_changes asks the same, word for word)
                             AND sr.status IN ('completed', 'partial', 'clarify_pending')
-                            -- and only one with a user message (revision 0047; of any
-                            -- conversation: judge_runs asks more). A Run written in its
-                            -- final state before its messages ends here, unjudged.
+                            -- and only one with a user message of its own (revision
+                            -- 0047; 0048: a message belongs to its own conversation's
+                            -- run, DESIGN §3, so no other conversation is read). A Run
+                            -- written in its final state before its messages ends here,
+                            -- unjudged.
                             AND EXISTS (SELECT 1 FROM compaction.source_messages AS sm
-                                        WHERE sm.run_id = k.run_id AND sm.role = 'user')
+                                        WHERE sm.run_id = k.run_id
+                                          AND sm.conversation_id = p_conversation_id
+                                          AND sm.role = 'user')
                           OFFSET 0) AS r)
           AND NOT EXISTS (SELECT 1
                           FROM pg_catalog.unnest(v_runs) AS k (run_id)
@@ -757,6 +761,7 @@ BEGIN
                                      AND EXISTS (SELECT 1
                                                  FROM compaction.source_messages AS sm
                                                  WHERE sm.run_id = k.run_id
+                                                   AND sm.conversation_id = v_conversation
                                                    AND sm.role = 'user')
                                    OFFSET 0) AS r)
                    AND NOT EXISTS (SELECT 1
