@@ -20,7 +20,7 @@
 -- until `CALL compaction.rebuild_derived_state()` re-derives everything.
 --
 -- pairs, ranges and summary_verdicts judge each conversation by its own rows alone (the
--- rules of DESIGN §3 but the foreign-message one); foreign_messages records, per
+-- rules of docs/contract.md §3 but the foreign-message one); foreign_messages records, per
 -- conversation, the run ids its foreign messages name. Each is written only by the
 -- tracking of its own conversation. A read uses a conversation's derived state while no
 -- foreign message names one of its pairs' runs (compaction.derived_state_serves); else it
@@ -115,27 +115,23 @@ CREATE INDEX summary_verdicts_rejected_idx
     ON compaction.summary_verdicts (conversation_id, scope, from_pair, summary_id) INCLUDE (reason)
     WHERE reason IS NOT NULL;
 
--- Revision 0048 (DESIGN §3, §11): the one question of a run's judgement that crosses
--- conversations, whether a foreign message names the run, asked of a record the tracking
--- keeps per conversation. A message is foreign when its own conversation has no run of its
--- run_id; such a user or assistant message breaks run R in every conversation that has
--- one. One row per (conversation holding such messages, run id they name): the
--- conversation's own tracking writes it (its rows only, co-located on Citus), and a
--- conversation C's judgement reads it by run id (compaction.derived_state_serves). Rows
--- exist only while a message waits for its Run (written before it) or is misfiled, so
--- the table stays small.
+-- Revision 0048 (docs/contract.md §3, §11): the one question of a run's judgement
+-- that crosses conversations, whether a foreign message names the run, asked of a
+-- record the tracking keeps per conversation. A message is foreign when its own
+-- conversation has no run of its run_id; such a user or assistant message breaks run R
+-- in every conversation that has one. One row per (conversation holding such messages,
+-- run id they name): the conversation's own tracking writes it (its rows only,
+-- co-located on Citus), and a conversation's reads ask it about their pairs' run ids
+-- (compaction.derived_state_serves). Rows exist only while a message waits for its Run
+-- (written before it) or is misfiled, so the table stays small, and it is read whole:
+-- no index but its key, which the tracking's writes use.
 CREATE TABLE compaction.foreign_messages (
     conversation_id text NOT NULL,
     run_id          text NOT NULL,
     CONSTRAINT foreign_messages_pkey PRIMARY KEY (conversation_id, run_id)
 );
 COMMENT ON TABLE compaction.foreign_messages IS
-    'Derived state: each conversation holding a user/assistant message whose run_id names no run of that conversation (a foreign message, DESIGN §3), with the run id named; such a message breaks run R in every conversation that has one';
--- A conversation's judgement asks by run id (docs/contract.md §11: on Citus, a read of
--- every shard's few rows).
-CREATE INDEX foreign_messages_run_idx ON compaction.foreign_messages (run_id);
-COMMENT ON INDEX compaction.foreign_messages_run_idx IS
-    'The conversations holding a foreign message that names a run id';
+    'Derived state: each conversation holding a user/assistant message whose run_id names no run of that conversation (a foreign message, contract §3), with the run id named; such a message breaks run R in every conversation that has one';
 
 CREATE TABLE compaction.source_tracking (
     singleton   boolean NOT NULL DEFAULT true,
@@ -284,8 +280,8 @@ COMMENT ON FUNCTION compaction.derived_state_status() IS
     'in_use (derived state kept and used), not_rebuilt (tracked, but CALL compaction.rebuild_derived_state() has not run since the views or triggers changed), untracked (some table behind the views has no tracking triggers: every call judges from the views)';
 
 -- Revision 0048: whether a read of one conversation may use its derived state. The
--- derived pairs judge the conversation by its own rows (DESIGN §3 but the foreign-message
--- rule, which only other conversations' tracking could see change): they are the
+-- derived pairs judge the conversation by its own rows (docs/contract.md §3 but the
+-- foreign-message rule, which only other conversations' tracking sees change): they are the
 -- conversation's pairs while no foreign message names one of their runs. The record of
 -- foreign messages is read first, whole (it holds only messages waiting for their Run or
 -- misfiled: one short read, on Citus of every shard), then the few run ids it names are
@@ -322,4 +318,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.derived_state_serves(text) IS
-    'True when reads of this conversation use the derived state: it is in use (derived_state_current) and no foreign message (DESIGN §3) names a run of one of the conversation''s derived pairs (else its reads judge it from the views)';
+    'True when reads of this conversation use the derived state: it is in use (derived_state_current) and no foreign message (contract §3) names a run of one of the conversation''s derived pairs (else its reads judge it from the views)';

@@ -48,10 +48,10 @@ COMMENT ON FUNCTION compaction.is_target(int, bigint) IS
 -- indexed_pairs keeps the runs with no reason, explain_runs shows the reasons. It returns
 -- no message text (byte lengths come from the varlena header without detoasting), so
 -- judging a long conversation does not read its text.
--- Revision 0048: p_foreign = false judges the runs by the conversation's own rows alone,
--- every rule but the foreign-message one (DESIGN §3): what the derived pairs keep
--- (compaction.rederive_runs), since only another conversation's tracking sees that rule's
--- answer change; reads apply it through compaction.derived_state_serves.
+-- Revision 0048: p_foreign = false judges the runs by the conversation's own rows
+-- alone, every rule but the foreign-message one (docs/contract.md §3): what the derived
+-- pairs keep (compaction.rederive_runs), since only another conversation's tracking sees
+-- that rule's answer change; reads apply it through compaction.derived_state_serves.
 CREATE FUNCTION compaction.judge_runs(p_conversation_id text, p_run_ids text[] DEFAULT NULL,
                                       p_foreign boolean DEFAULT true)
 RETURNS TABLE (

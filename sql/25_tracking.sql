@@ -58,7 +58,7 @@ $$;
 COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
     'Internal: with the conversation''s conversation_state row held, true when a rebuild will derive this conversation after the calling transaction ends (the derived state is not in use, and no rebuild has reached the conversation), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction';
 
--- Revision 0048: the conversation's record of foreign messages (DESIGN §3,
+-- Revision 0048: the conversation's record of foreign messages (docs/contract.md §3,
 -- compaction.foreign_messages) for the runs named (NULL: every run id its messages
 -- name), from the conversation's own rows: a run id is recorded while one of the
 -- conversation's user or assistant messages names it and the conversation has no run of
@@ -119,7 +119,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.refresh_foreign_messages(text, text[]) IS
-    'Internal: with the conversation''s conversation_state row held, records which of the run ids named (NULL: all) the conversation''s foreign user/assistant messages name (DESIGN §3), from its own rows';
+    'Internal: with the conversation''s conversation_state row held, records which of the run ids named (NULL: all) the conversation''s foreign user/assistant messages name (contract §3), from its own rows';
 
 -- Re-derives one conversation's pairs and ranges after a write touched the runs named
 -- (NULL: every run of the conversation). Most writes take a short path of a few lookups
@@ -219,9 +219,9 @@ BEGIN
                             AND sr.status IN ('completed', 'partial', 'clarify_pending')
                             -- and only one with a user message of its own (revision
                             -- 0047; 0048: a message belongs to its own conversation's
-                            -- run, DESIGN §3, so no other conversation is read). A Run
-                            -- written in its final state before its messages ends here,
-                            -- unjudged.
+                            -- run, docs/contract.md §3, so no other conversation is
+                            -- read). A Run written in its final state before its
+                            -- messages ends here, unjudged.
                             AND EXISTS (SELECT 1 FROM compaction.source_messages AS sm
                                         WHERE sm.run_id = k.run_id
                                           AND sm.conversation_id = p_conversation_id
@@ -727,10 +727,10 @@ BEGIN
     END IF;
 
     -- The common statement (an agent's single-row writes): its rows name one conversation.
-    -- Revision 0048: a statement re-derives only the conversations its rows name, by their
-    -- own rows (DESIGN §3: a message belongs to its own conversation's run of its run id,
-    -- and a foreign one is recorded under its own conversation, compaction.foreign_messages;
-    -- docs/contract.md §11), so no other conversation is asked about here.
+    -- Revision 0048: a statement re-derives only the conversations its rows name, by
+    -- their own rows (docs/contract.md §3: a message belongs to its own conversation's
+    -- run of its run id, and a foreign one is recorded under its own conversation,
+    -- compaction.foreign_messages; §11), so no other conversation is asked about here.
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
         IF NOT v_runs_known THEN
             PERFORM compaction.rederive(v_conversation, NULL, TG_RELID);
@@ -1033,8 +1033,8 @@ BEGIN
     -- that reads no engine table (revision 0022): on Citus a statement that reads a
     -- distributed table runs on the shard, where these functions cannot run theirs.
     -- Revision 0048: the pairs as the conversation's own rows make them (every rule of
-    -- DESIGN §3 but the foreign-message one, which reads apply from the record of foreign
-    -- messages checked below), numbered as judged_pairs numbers them.
+    -- docs/contract.md §3 but the foreign-message one, which reads apply from the record
+    -- of foreign messages checked below), numbered as judged_pairs numbers them.
     SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(j)), '[]')
     INTO v_judged
     FROM (SELECT (row_number() OVER w - 1)::int AS pair_index,

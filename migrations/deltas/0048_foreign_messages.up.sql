@@ -10,27 +10,23 @@
 -- verify_conversation checks the record too. The functions changed are replaced whole.
 
 
--- Revision 0048 (DESIGN §3, §11): the one question of a run's judgement that crosses
--- conversations, whether a foreign message names the run, asked of a record the tracking
--- keeps per conversation. A message is foreign when its own conversation has no run of its
--- run_id; such a user or assistant message breaks run R in every conversation that has
--- one. One row per (conversation holding such messages, run id they name): the
--- conversation's own tracking writes it (its rows only, co-located on Citus), and a
--- conversation C's judgement reads it by run id (compaction.derived_state_serves). Rows
--- exist only while a message waits for its Run (written before it) or is misfiled, so
--- the table stays small.
+-- Revision 0048 (docs/contract.md §3, §11): the one question of a run's judgement
+-- that crosses conversations, whether a foreign message names the run, asked of a
+-- record the tracking keeps per conversation. A message is foreign when its own
+-- conversation has no run of its run_id; such a user or assistant message breaks run R
+-- in every conversation that has one. One row per (conversation holding such messages,
+-- run id they name): the conversation's own tracking writes it (its rows only,
+-- co-located on Citus), and a conversation's reads ask it about their pairs' run ids
+-- (compaction.derived_state_serves). Rows exist only while a message waits for its Run
+-- (written before it) or is misfiled, so the table stays small, and it is read whole:
+-- no index but its key, which the tracking's writes use.
 CREATE TABLE compaction.foreign_messages (
     conversation_id text NOT NULL,
     run_id          text NOT NULL,
     CONSTRAINT foreign_messages_pkey PRIMARY KEY (conversation_id, run_id)
 );
 COMMENT ON TABLE compaction.foreign_messages IS
-    'Derived state: each conversation holding a user/assistant message whose run_id names no run of that conversation (a foreign message, DESIGN §3), with the run id named; such a message breaks run R in every conversation that has one';
--- A conversation's judgement asks by run id (docs/contract.md §11: on Citus, a read of
--- every shard's few rows).
-CREATE INDEX foreign_messages_run_idx ON compaction.foreign_messages (run_id);
-COMMENT ON INDEX compaction.foreign_messages_run_idx IS
-    'The conversations holding a foreign message that names a run id';
+    'Derived state: each conversation holding a user/assistant message whose run_id names no run of that conversation (a foreign message, contract §3), with the run id named; such a message breaks run R in every conversation that has one';
 
 CREATE TRIGGER foreign_messages_truncate_guard
     BEFORE TRUNCATE ON compaction.foreign_messages
@@ -70,7 +66,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.derived_state_serves(text) IS
-    'True when reads of this conversation use the derived state: it is in use (derived_state_current) and no foreign message (DESIGN §3) names a run of one of the conversation''s derived pairs (else its reads judge it from the views)';
+    'True when reads of this conversation use the derived state: it is in use (derived_state_current) and no foreign message (contract §3) names a run of one of the conversation''s derived pairs (else its reads judge it from the views)';
 
 CREATE OR REPLACE FUNCTION compaction.judge_runs(p_conversation_id text, p_run_ids text[] DEFAULT NULL,
                                       p_foreign boolean DEFAULT true)
@@ -537,7 +533,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.refresh_foreign_messages(text, text[]) IS
-    'Internal: with the conversation''s conversation_state row held, records which of the run ids named (NULL: all) the conversation''s foreign user/assistant messages name (DESIGN §3), from its own rows';
+    'Internal: with the conversation''s conversation_state row held, records which of the run ids named (NULL: all) the conversation''s foreign user/assistant messages name (contract §3), from its own rows';
 
 CREATE OR REPLACE FUNCTION compaction.rederive(p_conversation_id text, p_run_ids text[],
                                     p_table oid DEFAULT NULL)
@@ -620,9 +616,9 @@ BEGIN
                             AND sr.status IN ('completed', 'partial', 'clarify_pending')
                             -- and only one with a user message of its own (revision
                             -- 0047; 0048: a message belongs to its own conversation's
-                            -- run, DESIGN §3, so no other conversation is read). A Run
-                            -- written in its final state before its messages ends here,
-                            -- unjudged.
+                            -- run, docs/contract.md §3, so no other conversation is
+                            -- read). A Run written in its final state before its
+                            -- messages ends here, unjudged.
                             AND EXISTS (SELECT 1 FROM compaction.source_messages AS sm
                                         WHERE sm.run_id = k.run_id
                                           AND sm.conversation_id = p_conversation_id
@@ -916,10 +912,10 @@ BEGIN
     END IF;
 
     -- The common statement (an agent's single-row writes): its rows name one conversation.
-    -- Revision 0048: a statement re-derives only the conversations its rows name, by their
-    -- own rows (DESIGN §3: a message belongs to its own conversation's run of its run id,
-    -- and a foreign one is recorded under its own conversation, compaction.foreign_messages;
-    -- docs/contract.md §11), so no other conversation is asked about here.
+    -- Revision 0048: a statement re-derives only the conversations its rows name, by
+    -- their own rows (docs/contract.md §3: a message belongs to its own conversation's
+    -- run of its run id, and a foreign one is recorded under its own conversation,
+    -- compaction.foreign_messages; §11), so no other conversation is asked about here.
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
         IF NOT v_runs_known THEN
             PERFORM compaction.rederive(v_conversation, NULL, TG_RELID);
@@ -1045,8 +1041,8 @@ BEGIN
     -- that reads no engine table (revision 0022): on Citus a statement that reads a
     -- distributed table runs on the shard, where these functions cannot run theirs.
     -- Revision 0048: the pairs as the conversation's own rows make them (every rule of
-    -- DESIGN §3 but the foreign-message one, which reads apply from the record of foreign
-    -- messages checked below), numbered as judged_pairs numbers them.
+    -- docs/contract.md §3 but the foreign-message one, which reads apply from the record
+    -- of foreign messages checked below), numbered as judged_pairs numbers them.
     SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(j)), '[]')
     INTO v_judged
     FROM (SELECT (row_number() OVER w - 1)::int AS pair_index,

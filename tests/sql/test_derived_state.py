@@ -175,7 +175,7 @@ class ReferenceSource:
 
     def add_run(self, conn: Conn, run_id: str, conversation_id: str) -> bool:
         """A completed run of this id in this conversation (the key is (conversation,
-        run id): an id may repeat across conversations, DESIGN §2)."""
+        run id): an id may repeat across conversations, docs/contract.md §2)."""
         conn.execute(
             "INSERT INTO compaction_source.runs (run_id, conversation_id, status, created_at)"
             " VALUES (%s, %s, 'completed', now()) ON CONFLICT DO NOTHING",
@@ -432,7 +432,7 @@ class MoveRun:
 
 @dataclass(frozen=True)
 class ReuseRun:
-    """A run of a picked run's id in another conversation (DESIGN §3: each is its own),
+    """A run of a picked run's id in another conversation (docs/contract.md §3: each is its own),
     with its own user and assistant messages or none."""
     pick: int
     conversation: int

@@ -1,4 +1,4 @@
-"""The revised DESIGN §3 (docs/contract.md §3): a message belongs to its own conversation's
+"""The revised contract §3 (docs/contract.md): a message belongs to its own conversation's
 run of its run id; a user or assistant message whose own conversation has no run of that
 id is *foreign*, and breaks the run of that id in every conversation that has one. A run id
 repeated across conversations, each with its own run, is a pair in each.
