@@ -85,7 +85,9 @@ BEGIN
     -- conversation has a run of that id belongs to that run alone. That is the one
     -- question that crosses conversations, so it is asked on its own, by run id (a read
     -- of every shard under Citus); everything else below addresses this conversation's
-    -- rows only.
+    -- rows only. A message a host's view gives no conversation belongs to none and is
+    -- recorded under none (compaction.foreign_messages is kept per conversation): it
+    -- breaks nothing.
     -- Runs named are asked about as named (revision 0034): v_foreign is only compared
     -- with this conversation's runs below, so a named run of another conversation
     -- changes no verdict, and no read of the conversation's runs is needed. (That read,
@@ -119,7 +121,7 @@ BEGIN
                                      FROM compaction.source_runs AS sr
                                      WHERE sr.conversation_id = p_conversation_id))
           AND sm.role IN ('user', 'assistant')
-          AND sm.conversation_id IS DISTINCT FROM p_conversation_id
+          AND sm.conversation_id <> p_conversation_id
           AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS so
                           WHERE so.conversation_id = sm.conversation_id
                             AND so.run_id = sm.run_id);
@@ -128,7 +130,7 @@ BEGIN
         FROM compaction.source_messages AS sm
         WHERE sm.run_id = ANY (v_runs)
           AND sm.role IN ('user', 'assistant')
-          AND sm.conversation_id IS DISTINCT FROM p_conversation_id
+          AND sm.conversation_id <> p_conversation_id
           AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS so
                           WHERE so.conversation_id = sm.conversation_id
                             AND so.run_id = sm.run_id);
@@ -218,7 +220,8 @@ COMMENT ON FUNCTION compaction.judge_runs(text, text[], boolean) IS
     'Internal: every run of a conversation (or only those named) with the first eligibility rule it breaks (NULL when it forms a pair), its pair''s ids and UTF-8 byte lengths; no text (p_foreign = false: by the conversation''s own rows, without the foreign-message rule)';
 
 -- The pairs as judged from the views on this call: the truth the derived state caches,
--- read when the derived state is not in use and by verify_conversation.
+-- read when the derived state does not serve the conversation
+-- (compaction.derived_state_serves).
 CREATE FUNCTION compaction.judged_pairs(p_conversation_id text)
 RETURNS TABLE (
     pair_index           int,

@@ -7,7 +7,9 @@
 -- name; the tracking writes only the rows of the conversations a statement names; a read
 -- uses a conversation's derived state while no foreign message names one of its pairs'
 -- runs (compaction.derived_state_serves), and judges it from the views otherwise.
--- verify_conversation checks the record too. The functions changed are replaced whole.
+-- verify_conversation checks the record too. A message a host's view gives no
+-- conversation breaks nothing (it belongs to none, and is recorded under none). The
+-- functions changed are replaced whole.
 
 
 -- Revision 0048 (docs/contract.md §3, §11): the one question of a run's judgement
@@ -101,7 +103,9 @@ BEGIN
     -- conversation has a run of that id belongs to that run alone. That is the one
     -- question that crosses conversations, so it is asked on its own, by run id (a read
     -- of every shard under Citus); everything else below addresses this conversation's
-    -- rows only.
+    -- rows only. A message a host's view gives no conversation belongs to none and is
+    -- recorded under none (compaction.foreign_messages is kept per conversation): it
+    -- breaks nothing.
     -- Runs named are asked about as named (revision 0034): v_foreign is only compared
     -- with this conversation's runs below, so a named run of another conversation
     -- changes no verdict, and no read of the conversation's runs is needed. (That read,
@@ -135,7 +139,7 @@ BEGIN
                                      FROM compaction.source_runs AS sr
                                      WHERE sr.conversation_id = p_conversation_id))
           AND sm.role IN ('user', 'assistant')
-          AND sm.conversation_id IS DISTINCT FROM p_conversation_id
+          AND sm.conversation_id <> p_conversation_id
           AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS so
                           WHERE so.conversation_id = sm.conversation_id
                             AND so.run_id = sm.run_id);
@@ -144,7 +148,7 @@ BEGIN
         FROM compaction.source_messages AS sm
         WHERE sm.run_id = ANY (v_runs)
           AND sm.role IN ('user', 'assistant')
-          AND sm.conversation_id IS DISTINCT FROM p_conversation_id
+          AND sm.conversation_id <> p_conversation_id
           AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS so
                           WHERE so.conversation_id = sm.conversation_id
                             AND so.run_id = sm.run_id);
