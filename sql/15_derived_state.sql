@@ -9,6 +9,7 @@
 --   compaction.conversation_state  pair count, and the row every writer of one
 --                                  conversation's derived state updates first
 --   compaction.summary_verdicts    every completed summary's verdict against the ranges
+--   compaction.foreign_messages    the run ids each conversation's foreign messages name
 --   compaction.source_tracking     under which source definition the derived state was built
 --
 -- The read functions (sql/20_pairs.sql) use the derived state only while
@@ -17,6 +18,13 @@
 -- disabling or dropping a tracking trigger, or TRUNCATE of a tracked table makes it false,
 -- and every function falls back to judging from the views on each call (exact, slower)
 -- until `CALL compaction.rebuild_derived_state()` re-derives everything.
+--
+-- pairs, ranges and summary_verdicts judge each conversation by its own rows alone (the
+-- rules of docs/contract.md §3 but the foreign-message one); foreign_messages records, per
+-- conversation, the run ids its foreign messages name. Each is written only by the
+-- tracking of its own conversation. A read uses a conversation's derived state while no
+-- foreign message names one of its pairs' runs (compaction.derived_state_serves); else it
+-- judges that conversation from the views, exact, for as long as the message stays.
 --
 -- Citus (DESIGN §11): the per-conversation tables lead every key with conversation_id;
 -- source_tracking is a single-row global table (a reference table).
@@ -106,6 +114,24 @@ CREATE UNIQUE INDEX summary_verdicts_one_chosen
 CREATE INDEX summary_verdicts_rejected_idx
     ON compaction.summary_verdicts (conversation_id, scope, from_pair, summary_id) INCLUDE (reason)
     WHERE reason IS NOT NULL;
+
+-- Revision 0048 (docs/contract.md §3, §11): the one question of a run's judgement
+-- that crosses conversations, whether a foreign message names the run, asked of a
+-- record the tracking keeps per conversation. A message is foreign when its own
+-- conversation has no run of its run_id; such a user or assistant message breaks run R
+-- in every conversation that has one. One row per (conversation holding such messages,
+-- run id they name): the conversation's own tracking writes it (its rows only,
+-- co-located on Citus), and a conversation's reads ask it about their pairs' run ids
+-- (compaction.derived_state_serves). Rows exist only while a message waits for its Run
+-- (written before it) or is misfiled, so the table stays small, and it is read whole:
+-- no index but its key, which the tracking's writes use.
+CREATE TABLE compaction.foreign_messages (
+    conversation_id text NOT NULL,
+    run_id          text NOT NULL,
+    CONSTRAINT foreign_messages_pkey PRIMARY KEY (conversation_id, run_id)
+);
+COMMENT ON TABLE compaction.foreign_messages IS
+    'Derived state: each conversation holding a user/assistant message whose run_id names no run of that conversation (a foreign message, contract §3), with the run id named; such a message breaks run R in every conversation that has one';
 
 CREATE TABLE compaction.source_tracking (
     singleton   boolean NOT NULL DEFAULT true,
@@ -252,3 +278,44 @@ AS $$
 $$;
 COMMENT ON FUNCTION compaction.derived_state_status() IS
     'in_use (derived state kept and used), not_rebuilt (tracked, but CALL compaction.rebuild_derived_state() has not run since the views or triggers changed), untracked (some table behind the views has no tracking triggers: every call judges from the views)';
+
+-- Revision 0048: whether a read of one conversation may use its derived state. The
+-- derived pairs judge the conversation by its own rows (docs/contract.md §3 but the
+-- foreign-message rule, which only other conversations' tracking sees change): they are the
+-- conversation's pairs while no foreign message names one of their runs. The record of
+-- foreign messages is read first, whole (it holds only messages waiting for their Run or
+-- misfiled: one short read, on Citus of every shard), then the few run ids it names are
+-- looked up among the conversation's pairs, each on its own (see compaction.rederive on
+-- pairs_run_hash_idx). Two statements: the second reads only the conversation's shard.
+CREATE FUNCTION compaction.derived_state_serves(p_conversation_id text)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_named text[];
+BEGIN
+    IF NOT compaction.derived_state_current() THEN
+        RETURN false;
+    END IF;
+    SELECT pg_catalog.array_agg(DISTINCT f.run_id) INTO v_named
+    FROM compaction.foreign_messages AS f;
+    IF v_named IS NULL THEN
+        RETURN true;
+    END IF;
+    RETURN NOT EXISTS (
+        SELECT 1
+        FROM pg_catalog.unnest(v_named) AS k (run_id)
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM compaction.pairs AS p
+            WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+              AND p.run_id = k.run_id
+              AND (p.conversation_id = p_conversation_id) IS TRUE
+            OFFSET 0) AS q);
+END
+$$;
+COMMENT ON FUNCTION compaction.derived_state_serves(text) IS
+    'True when reads of this conversation use the derived state: it is in use (derived_state_current) and no foreign message (contract §3) names a run of one of the conversation''s derived pairs (else its reads judge it from the views)';

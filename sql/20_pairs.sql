@@ -48,7 +48,12 @@ COMMENT ON FUNCTION compaction.is_target(int, bigint) IS
 -- indexed_pairs keeps the runs with no reason, explain_runs shows the reasons. It returns
 -- no message text (byte lengths come from the varlena header without detoasting), so
 -- judging a long conversation does not read its text.
-CREATE FUNCTION compaction.judge_runs(p_conversation_id text, p_run_ids text[] DEFAULT NULL)
+-- Revision 0048: p_foreign = false judges the runs by the conversation's own rows
+-- alone, every rule but the foreign-message one (docs/contract.md §3): what the derived
+-- pairs keep (compaction.rederive_runs), since only another conversation's tracking sees
+-- that rule's answer change; reads apply it through compaction.derived_state_serves.
+CREATE FUNCTION compaction.judge_runs(p_conversation_id text, p_run_ids text[] DEFAULT NULL,
+                                      p_foreign boolean DEFAULT true)
 RETURNS TABLE (
     run_id               text,
     run_status           text,
@@ -75,10 +80,14 @@ DECLARE
     v_named_ids    text[];
     v_named_status text[];
 BEGIN
-    -- §3: a run with a user or assistant message filed under another conversation is no
-    -- pair. That is the one question that crosses conversations, so it is asked on its
-    -- own, by run id alone (a read of every shard under Citus); everything else below
-    -- addresses this conversation's rows only.
+    -- §3 (revision 0048): a run named by a foreign user or assistant message, one filed
+    -- under a conversation that has no run of that id, is no pair. A message whose own
+    -- conversation has a run of that id belongs to that run alone. That is the one
+    -- question that crosses conversations, so it is asked on its own, by run id (a read
+    -- of every shard under Citus); everything else below addresses this conversation's
+    -- rows only. A message a host's view gives no conversation belongs to none and is
+    -- recorded under none (compaction.foreign_messages is kept per conversation): it
+    -- breaks nothing.
     -- Runs named are asked about as named (revision 0034): v_foreign is only compared
     -- with this conversation's runs below, so a named run of another conversation
     -- changes no verdict, and no read of the conversation's runs is needed. (That read,
@@ -93,7 +102,9 @@ BEGIN
     -- conversation with more runs keeps the subquery.
     -- (Not read with a LIMIT: a LIMIT invites a plan that scans the table for the first
     -- rows it finds, and a host's table behind the view may be large.)
-    IF p_run_ids IS NULL THEN
+    IF NOT coalesce(p_foreign, true) THEN
+        NULL;  -- the conversation's own rows only: v_foreign stays NULL
+    ELSIF p_run_ids IS NULL THEN
         SELECT pg_catalog.array_agg(sr.run_id) INTO v_runs
         FROM compaction.source_runs AS sr
         WHERE sr.conversation_id = p_conversation_id;
@@ -101,20 +112,28 @@ BEGIN
     ELSE
         v_runs := p_run_ids;
     END IF;
-    IF v_many THEN
+    IF NOT coalesce(p_foreign, true) THEN
+        NULL;
+    ELSIF v_many THEN
         SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
         FROM compaction.source_messages AS sm
         WHERE sm.run_id = ANY (ARRAY(SELECT sr.run_id
                                      FROM compaction.source_runs AS sr
                                      WHERE sr.conversation_id = p_conversation_id))
           AND sm.role IN ('user', 'assistant')
-          AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
+          AND sm.conversation_id <> p_conversation_id
+          AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS so
+                          WHERE so.conversation_id = sm.conversation_id
+                            AND so.run_id = sm.run_id);
     ELSE
         SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
         FROM compaction.source_messages AS sm
         WHERE sm.run_id = ANY (v_runs)
           AND sm.role IN ('user', 'assistant')
-          AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
+          AND sm.conversation_id <> p_conversation_id
+          AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS so
+                          WHERE so.conversation_id = sm.conversation_id
+                            AND so.run_id = sm.run_id);
     END IF;
     -- The runs named, found by run id first (OFFSET 0 keeps the conversation's test out
     -- of that scan): in this function's generic plan, both tests in one scan were
@@ -197,11 +216,12 @@ BEGIN
     FROM per_run AS p;
 END
 $$;
-COMMENT ON FUNCTION compaction.judge_runs(text, text[]) IS
-    'Internal: every run of a conversation (or only those named) with the first eligibility rule it breaks (NULL when it forms a pair), its pair''s ids and UTF-8 byte lengths; no text';
+COMMENT ON FUNCTION compaction.judge_runs(text, text[], boolean) IS
+    'Internal: every run of a conversation (or only those named) with the first eligibility rule it breaks (NULL when it forms a pair), its pair''s ids and UTF-8 byte lengths; no text (p_foreign = false: by the conversation''s own rows, without the foreign-message rule)';
 
 -- The pairs as judged from the views on this call: the truth the derived state caches,
--- read when the derived state is not in use and by verify_conversation.
+-- read when the derived state does not serve the conversation
+-- (compaction.derived_state_serves).
 CREATE FUNCTION compaction.judged_pairs(p_conversation_id text)
 RETURNS TABLE (
     pair_index           int,
@@ -246,7 +266,7 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF compaction.derived_state_current() THEN
+    IF compaction.derived_state_serves(p_conversation_id) THEN
         RETURN QUERY
         SELECT p.pair_index, p.run_id, p.user_message_id, p.user_bytes,
                p.assistant_message_id, p.assistant_bytes
@@ -313,9 +333,10 @@ $$;
 COMMENT ON FUNCTION compaction.eligible_pairs(text) IS
     'Settled user/assistant pairs of a conversation, ordered by the user message (seq, message_id); pair_index is 0-based';
 
--- While the derived state is current (revision 0012), a run that holds a pair there is
--- eligible without judging it again (the derived state is exact, and a run's verdict does
--- not depend on the other runs: re-derivation judges runs one by one the same way);
+-- While the derived state serves the conversation (revision 0012; 0048: and no foreign
+-- message names one of its pairs' runs), a run that holds a pair there is eligible
+-- without judging it again (the derived state is exact, and a run's verdict does not
+-- depend on the other runs: re-derivation judges runs one by one the same way);
 -- only the runs without a pair are judged, for their reasons. check-source calls this
 -- for every sampled conversation, and judging a run through a host's views can be dear
 -- (the Agents SDK recipe parses each item's JSON).
@@ -335,7 +356,7 @@ DECLARE
     v_reasons  text[];
     v_seqs     bigint[];
 BEGIN
-    IF NOT compaction.derived_state_current() THEN
+    IF NOT compaction.derived_state_serves(p_conversation_id) THEN
         RETURN QUERY
         SELECT j.run_id, j.run_status, j.reason IS NULL, j.reason
         FROM compaction.judge_runs(p_conversation_id) AS j
@@ -496,7 +517,7 @@ DECLARE
     v_pairs bigint;
     v_ids   text[];
 BEGIN
-    IF compaction.derived_state_current() THEN
+    IF compaction.derived_state_serves(p_conversation_id) THEN
         RETURN QUERY
         SELECT coalesce((SELECT cs.pair_count::bigint FROM compaction.conversation_state AS cs
                          WHERE cs.conversation_id = p_conversation_id), 0),
@@ -544,7 +565,7 @@ DECLARE
     v_from int[];
     v_ids  text[];
 BEGIN
-    IF compaction.derived_state_current() THEN
+    IF compaction.derived_state_serves(p_conversation_id) THEN
         RETURN QUERY
         SELECT r.from_pair, r.source_message_ids, r.source_hash
         FROM compaction.ranges AS r
@@ -594,7 +615,7 @@ DECLARE
     v_from int[];
     v_ids  text[];
 BEGIN
-    IF compaction.derived_state_current() THEN
+    IF compaction.derived_state_serves(p_conversation_id) THEN
         IF p_from_pairs IS NULL THEN
             RETURN QUERY
             SELECT r.from_pair, r.from_pair + 9, r.source_message_ids, r.source_hash

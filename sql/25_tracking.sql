@@ -58,6 +58,69 @@ $$;
 COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
     'Internal: with the conversation''s conversation_state row held, true when a rebuild will derive this conversation after the calling transaction ends (the derived state is not in use, and no rebuild has reached the conversation), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction';
 
+-- Revision 0048: the conversation's record of foreign messages (docs/contract.md §3,
+-- compaction.foreign_messages) for the runs named (NULL: every run id its messages
+-- name), from the conversation's own rows: a run id is recorded while one of the
+-- conversation's user or assistant messages names it and the conversation has no run of
+-- that id. Called by compaction.rederive and the tracking trigger with the
+-- conversation's conversation_state row held, so the conversation's writers take their
+-- turns (a message and its Run written at once by two transactions: the second sees the
+-- first's rows). Only this conversation's rows are read and written (docs/contract.md
+-- §11). No SET clause, as rederive.
+CREATE FUNCTION compaction.refresh_foreign_messages(p_conversation_id text, p_run_ids text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+BEGIN
+    IF p_run_ids IS NULL THEN
+        DELETE FROM compaction.foreign_messages AS f
+        WHERE f.conversation_id = p_conversation_id;
+        INSERT INTO compaction.foreign_messages (conversation_id, run_id)
+        SELECT DISTINCT p_conversation_id, sm.run_id
+        FROM compaction.source_messages AS sm
+        WHERE sm.conversation_id = p_conversation_id
+          AND sm.run_id IS NOT NULL
+          AND sm.role IN ('user', 'assistant')
+          AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                          WHERE sr.conversation_id = p_conversation_id
+                            AND sr.run_id = sm.run_id);
+        RETURN;
+    END IF;
+    -- Each run named looked up on its own, by key (a lateral subquery per run, kept apart
+    -- by OFFSET 0, as in rederive, revision 0035); its messages only when the conversation
+    -- has no such run (the common answer: it has). As EXISTS tests, the generic plan may
+    -- hash a subquery instead, reading every run of the conversation once per write.
+    WITH judged AS (
+        SELECT k.run_id, r.held IS NULL AND coalesce(m.found, false) AS is_foreign
+        FROM (SELECT DISTINCT u.run_id FROM pg_catalog.unnest(p_run_ids) AS u (run_id)
+              WHERE u.run_id IS NOT NULL) AS k
+        LEFT JOIN LATERAL (
+            SELECT true AS held FROM compaction.source_runs AS sr
+            WHERE sr.run_id = k.run_id AND sr.conversation_id = p_conversation_id
+            OFFSET 0) AS r ON true
+        LEFT JOIN LATERAL (
+            SELECT pg_catalog.bool_or(true) AS found
+            FROM (SELECT 1 FROM compaction.source_messages AS sm
+                  WHERE r.held IS NULL
+                    AND sm.run_id = k.run_id
+                    AND sm.conversation_id = p_conversation_id
+                    AND sm.role IN ('user', 'assistant')
+                  OFFSET 0) AS x) AS m ON true
+    ), gone AS (
+        DELETE FROM compaction.foreign_messages AS f
+        USING judged AS j
+        WHERE f.conversation_id = p_conversation_id AND f.run_id = j.run_id
+          AND NOT j.is_foreign
+    )
+    INSERT INTO compaction.foreign_messages (conversation_id, run_id)
+    SELECT p_conversation_id, j.run_id FROM judged AS j WHERE j.is_foreign
+    ON CONFLICT (conversation_id, run_id) DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION compaction.refresh_foreign_messages(text, text[]) IS
+    'Internal: with the conversation''s conversation_state row held, records which of the run ids named (NULL: all) the conversation''s foreign user/assistant messages name (contract §3), from its own rows';
+
 -- Re-derives one conversation's pairs and ranges after a write touched the runs named
 -- (NULL: every run of the conversation). Most writes take a short path of a few lookups
 -- by key: the touched runs form no pair before or after the write (a Run inserted as
@@ -130,6 +193,9 @@ BEGIN
        AND compaction.defer_to_rebuild(p_conversation_id) THEN
         RETURN;
     END IF;
+    -- Revision 0048: the conversation's foreign messages first; the pairs below are
+    -- judged by its own rows alone.
+    PERFORM compaction.refresh_foreign_messages(p_conversation_id, p_run_ids);
 
     IF v_runs IS NULL THEN
         v_runs := ARRAY(SELECT sr.run_id FROM compaction.source_runs AS sr
@@ -151,11 +217,15 @@ BEGIN
                             -- judge_runs' first rule: only a Run in one of these can pair
                             -- (track_source_changes asks the same, word for word)
                             AND sr.status IN ('completed', 'partial', 'clarify_pending')
-                            -- and only one with a user message (revision 0047; of any
-                            -- conversation: judge_runs asks more). A Run written in its
-                            -- final state before its messages ends here, unjudged.
+                            -- and only one with a user message of its own (revision
+                            -- 0047; 0048: a message belongs to its own conversation's
+                            -- run, docs/contract.md §3, so no other conversation is
+                            -- read). A Run written in its final state before its
+                            -- messages ends here, unjudged.
                             AND EXISTS (SELECT 1 FROM compaction.source_messages AS sm
-                                        WHERE sm.run_id = k.run_id AND sm.role = 'user')
+                                        WHERE sm.run_id = k.run_id
+                                          AND sm.conversation_id = p_conversation_id
+                                          AND sm.role = 'user')
                           OFFSET 0) AS r)
           AND NOT EXISTS (SELECT 1
                           FROM pg_catalog.unnest(v_runs) AS k (run_id)
@@ -205,7 +275,8 @@ BEGIN
     WITH fresh AS (
         SELECT j.run_id, j.user_seq, j.user_message_id, j.user_bytes,
                j.assistant_message_id, j.assistant_bytes
-        FROM compaction.judge_runs(p_conversation_id, p_run_ids) AS j
+        -- by the conversation's own rows (revision 0048; see judge_runs)
+        FROM compaction.judge_runs(p_conversation_id, p_run_ids, false) AS j
         WHERE j.reason IS NULL
     )
     SELECT (SELECT coalesce(array_agg(ROW(p_conversation_id, f.run_id, 0, f.user_seq,
@@ -535,7 +606,6 @@ DECLARE
     v_runs                text[] := '{}';
     v_conversation        text;
     v_run_ids             text[];
-    v_elsewhere           boolean;
     v_count               int;
     v_unchanged           boolean;
     v_touched             record;
@@ -656,9 +726,11 @@ BEGIN
         END IF;
     END IF;
 
-    -- The common statement (an agent's single-row writes): its rows name one conversation
-    -- and every run they name belongs to it now. A lookup of those runs decides that,
-    -- where the general grouping below costs several times as much to start.
+    -- The common statement (an agent's single-row writes): its rows name one conversation.
+    -- Revision 0048: a statement re-derives only the conversations its rows name, by
+    -- their own rows (docs/contract.md §3: a message belongs to its own conversation's
+    -- run of its run id, and a foreign one is recorded under its own conversation,
+    -- compaction.foreign_messages; §11), so no other conversation is asked about here.
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
         IF NOT v_runs_known THEN
             PERFORM compaction.rederive(v_conversation, NULL, TG_RELID);
@@ -671,15 +743,12 @@ BEGIN
             v_run_ids := ARRAY(SELECT DISTINCT r.run_id
                                FROM pg_catalog.unnest(v_run_ids) AS r (run_id));
         END IF;
-        -- Whether a touched run lives in another conversation and, for a later statement
-        -- of a transaction that already holds this conversation's conversation_state row
-        -- (see rederive), rederive's no-change question and the pair count, in one
-        -- statement: its snapshot is taken after the lock was, so it sees what rederive
-        -- would see. An agent's second and third statements per Run end here.
-        SELECT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
-                       WHERE sr.run_id = ANY (v_run_ids)
-                         AND sr.conversation_id <> v_conversation),
-               cs.pair_count,
+        -- For a later statement of a transaction that already holds this conversation's
+        -- conversation_state row (see rederive): rederive's no-change question and the
+        -- pair count, in one statement: its snapshot is taken after the lock was, so it
+        -- sees what rederive would see. An agent's second and third statements per Run
+        -- end here.
+        SELECT cs.pair_count,
                CASE WHEN cs.pair_count IS NOT NULL THEN
                    -- rederive's no-change test, word for word
                    NOT EXISTS (SELECT 1
@@ -692,6 +761,7 @@ BEGIN
                                      AND EXISTS (SELECT 1
                                                  FROM compaction.source_messages AS sm
                                                  WHERE sm.run_id = k.run_id
+                                                   AND sm.conversation_id = v_conversation
                                                    AND sm.role = 'user')
                                    OFFSET 0) AS r)
                    AND NOT EXISTS (SELECT 1
@@ -706,50 +776,42 @@ BEGIN
                                          AND (p.conversation_id = v_conversation) IS TRUE
                                        OFFSET 0) AS q)
                END
-        INTO v_elsewhere, v_count, v_unchanged
+        INTO v_count, v_unchanged
         FROM (SELECT) AS one
         LEFT JOIN compaction.conversation_state AS cs
           ON cs.conversation_id = v_conversation
          AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
-        IF NOT v_elsewhere THEN
-            IF v_count IS NULL THEN
-                PERFORM compaction.rederive(v_conversation, v_run_ids, TG_RELID);
-            ELSIF v_unchanged THEN
-                NULL;
-            ELSIF EXISTS (SELECT 1 FROM compaction.source_tracking AS st
-                          WHERE st.singleton
-                            AND (st.rebuild_after < v_conversation
-                                 OR (st.rebuild_after IS NULL
-                                     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
-                                                     WHERE t.tgrelid = TG_RELID
-                                                       AND t.oid = ANY (st.object_oids)))))
-                  AND compaction.defer_to_rebuild(v_conversation) THEN
-                NULL;  -- left to the rebuild (compaction.rederive's test)
-            ELSE
-                PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
-            END IF;
+        IF v_count IS NULL THEN
+            PERFORM compaction.rederive(v_conversation, v_run_ids, TG_RELID);
             RETURN NULL;
         END IF;
+        -- The row is held: the record of foreign messages first, as rederive does (also
+        -- for a conversation left to a rebuild below, which derives it again whole).
+        PERFORM compaction.refresh_foreign_messages(v_conversation, v_run_ids);
+        IF v_unchanged THEN
+            NULL;
+        ELSIF EXISTS (SELECT 1 FROM compaction.source_tracking AS st
+                      WHERE st.singleton
+                        AND (st.rebuild_after < v_conversation
+                             OR (st.rebuild_after IS NULL
+                                 AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
+                                                 WHERE t.tgrelid = TG_RELID
+                                                   AND t.oid = ANY (st.object_oids)))))
+              AND compaction.defer_to_rebuild(v_conversation) THEN
+            NULL;  -- left to the rebuild (compaction.rederive's test)
+        ELSE
+            PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
+        END IF;
+        RETURN NULL;
     END IF;
 
     -- Each touched conversation once, in a fixed order (concurrent bulk writers lock
-    -- conversation_state rows in one order), with the runs it must look at: the runs
-    -- named by the rows, under the conversation the rows name and under the conversation
-    -- the run belongs to now (a message filed under another conversation still counts
-    -- against its run's).
+    -- conversation_state rows in one order), with the runs its rows name.
     FOR v_touched IN
-        WITH touched AS (
-            SELECT t.conversation_id, t.run_id
-            FROM ROWS FROM (pg_catalog.unnest(v_conversations), pg_catalog.unnest(v_runs))
-                AS t (conversation_id, run_id)
-        )
         SELECT t.conversation_id,
                array_agg(DISTINCT t.run_id) FILTER (WHERE t.run_id IS NOT NULL) AS run_ids
-        FROM (SELECT c.conversation_id, c.run_id FROM touched AS c
-              UNION
-              SELECT sr.conversation_id, sr.run_id
-              FROM compaction.source_runs AS sr
-              WHERE sr.run_id IN (SELECT c.run_id FROM touched AS c)) AS t
+        FROM ROWS FROM (pg_catalog.unnest(v_conversations), pg_catalog.unnest(v_runs))
+             AS t (conversation_id, run_id)
         WHERE t.conversation_id IS NOT NULL
         GROUP BY t.conversation_id
         ORDER BY t.conversation_id
@@ -959,6 +1021,7 @@ DECLARE
     v_reasons text[];
     v_judged  jsonb;
     v_ranges  jsonb;
+    v_foreign text[];
 BEGIN
     -- Every summary judged now against the derived ranges (checked against the views
     -- below): the verdicts the derived state must hold.
@@ -969,9 +1032,26 @@ BEGIN
     -- The pairs judged from the views and the full ranges' hashes, each in a statement
     -- that reads no engine table (revision 0022): on Citus a statement that reads a
     -- distributed table runs on the shard, where these functions cannot run theirs.
+    -- Revision 0048: the pairs as the conversation's own rows make them (every rule of
+    -- docs/contract.md §3 but the foreign-message one, which reads apply from the record
+    -- of foreign messages checked below), numbered as judged_pairs numbers them.
     SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(j)), '[]')
     INTO v_judged
-    FROM compaction.judged_pairs(p_conversation_id) AS j;
+    FROM (SELECT (row_number() OVER w - 1)::int AS pair_index,
+                 o.run_id, o.user_seq, o.user_message_id, o.user_bytes,
+                 o.assistant_message_id, o.assistant_bytes
+          FROM compaction.judge_runs(p_conversation_id, NULL, false) AS o
+          WHERE o.reason IS NULL
+          WINDOW w AS (ORDER BY o.user_seq, o.user_message_id)) AS j;
+    -- The run ids this conversation's foreign messages name, judged from the views.
+    SELECT pg_catalog.array_agg(DISTINCT sm.run_id ORDER BY sm.run_id) INTO v_foreign
+    FROM compaction.source_messages AS sm
+    WHERE sm.conversation_id = p_conversation_id
+      AND sm.run_id IS NOT NULL
+      AND sm.role IN ('user', 'assistant')
+      AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                      WHERE sr.conversation_id = p_conversation_id
+                        AND sr.run_id = sm.run_id);
     SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                'from_pair', g.from_pair, 'ids', g.ids,
                'hash', compaction.range_hash(p_conversation_id, g.ids))), '[]')
@@ -1060,11 +1140,24 @@ BEGIN
                    WHERE v.conversation_id = p_conversation_id) AS s
           ON s.summary_id = j.summary_id
         WHERE (j.scope, j.from_pair, j.reason) IS DISTINCT FROM (s.scope, s.from_pair, s.reason)
+        UNION ALL
+        SELECT CASE WHEN s.run_id IS NULL THEN 'foreign_missing' ELSE 'foreign_extra' END,
+               pg_catalog.format('run id %s: judged %s, derived %s',
+                                 coalesce(j.run_id, s.run_id),
+                                 CASE WHEN j.run_id IS NULL THEN 'no foreign message'
+                                      ELSE 'named by a foreign message' END,
+                                 CASE WHEN s.run_id IS NULL THEN 'not recorded'
+                                      ELSE 'recorded' END)
+        FROM pg_catalog.unnest(v_foreign) AS j (run_id)
+        FULL JOIN (SELECT f.run_id FROM compaction.foreign_messages AS f
+                   WHERE f.conversation_id = p_conversation_id) AS s
+          ON s.run_id = j.run_id
+        WHERE j.run_id IS NULL OR s.run_id IS NULL
         ORDER BY 1, 2;
 END
 $$;
 COMMENT ON FUNCTION compaction.verify_conversation(text) IS
-    'Recomputes one conversation from the source views and returns one row per difference from the derived state: pairs, ranges and summary verdicts (no rows: consistent); ids, counts, hashes and reasons only';
+    'Recomputes one conversation from the source views and returns one row per difference from the derived state: pairs and ranges (as the conversation''s own rows make them), summary verdicts, and the run ids its foreign messages name (no rows: consistent); ids, counts, hashes and reasons only';
 
 CREATE FUNCTION compaction.rederive_conversation(p_conversation_id text)
 RETURNS void
@@ -1215,10 +1308,15 @@ BEGIN
             -- over a view that is not one table (the Agents SDK recipe's runs come from
             -- its messages) min() aggregated every row after the resume point at each
             -- step, a rebuild quadratic in the conversations (revision 0028).
+            -- Revision 0048: the messages' conversations too, since a conversation with
+            -- no run may hold foreign messages (compaction.foreign_messages).
             v_next := least(
                 (SELECT sr.conversation_id FROM compaction.source_runs AS sr
                  WHERE sr.conversation_id > v_after
                  ORDER BY sr.conversation_id LIMIT 1),
+                (SELECT sm.conversation_id FROM compaction.source_messages AS sm
+                 WHERE sm.conversation_id > v_after
+                 ORDER BY sm.conversation_id LIMIT 1),
                 (SELECT cs.conversation_id FROM compaction.conversation_state AS cs
                  WHERE cs.conversation_id > v_after
                  ORDER BY cs.conversation_id LIMIT 1));

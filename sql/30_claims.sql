@@ -1069,7 +1069,7 @@ BEGIN
     -- for. With the derived state in use, current_range's read is made here (revision
     -- 0045, as range_replies does): the call of a set-returning definer function cost
     -- more than its one statement.
-    IF compaction.derived_state_current() THEN
+    IF compaction.derived_state_serves(p_conversation_id) THEN
         SELECT coalesce((SELECT cs.pair_count::bigint FROM compaction.conversation_state AS cs
                          WHERE cs.conversation_id = p_conversation_id), 0),
                r.source_message_ids, r.source_hash

@@ -57,7 +57,7 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_derived boolean := compaction.derived_state_current();
+    v_derived boolean := compaction.derived_state_serves(p_conversation_id);
     v_ids     text[];
     v_hash    text;
 BEGIN

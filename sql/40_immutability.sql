@@ -254,6 +254,11 @@ ALTER TABLE compaction.pairs ENABLE ALWAYS TRIGGER pairs_truncate_guard;
 ALTER TABLE compaction.ranges ENABLE ALWAYS TRIGGER ranges_truncate_guard;
 ALTER TABLE compaction.summary_verdicts ENABLE ALWAYS TRIGGER summary_verdicts_truncate_guard;
 ALTER TABLE compaction.source_tracking ENABLE ALWAYS TRIGGER source_tracking_truncate_guard;
+-- Revision 0048: the record of foreign messages, derived state like the others.
+CREATE TRIGGER foreign_messages_truncate_guard
+    BEFORE TRUNCATE ON compaction.foreign_messages
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+ALTER TABLE compaction.foreign_messages ENABLE ALWAYS TRIGGER foreign_messages_truncate_guard;
 
 -- Revision 0018: emptied, the conversations' lock rows would be written again by the next
 -- claim, but reap would pass over conversations with expired attempts until then.

@@ -48,7 +48,7 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_derived boolean := compaction.derived_state_current();
+    v_derived boolean := compaction.derived_state_serves(p_conversation_id);
     v_ranges  int[];
     v_from    int[];
     v_ids     text[];
@@ -596,7 +596,7 @@ BEGIN
     IF p_pairs IS NULL OR p_pairs < 0 THEN
         RAISE EXCEPTION 'p_pairs must be 0 or more, got %', p_pairs USING ERRCODE = 'CP020';
     END IF;
-    IF NOT compaction.derived_state_current() THEN
+    IF NOT compaction.derived_state_serves(p_conversation_id) THEN
         RETURN QUERY SELECT * FROM compaction.judged_frame(p_conversation_id, p_scope);
         RETURN;
     END IF;

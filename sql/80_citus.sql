@@ -35,7 +35,8 @@ AS $$
            ('compaction.pairs', 'distributed', 14, 'conversation'),
            ('compaction.ranges', 'distributed', 15, 'conversation'),
            ('compaction.summary_verdicts', 'distributed', 16, 'conversation'),
-           ('compaction.conversation_locks', 'distributed', 17, 'conversation')
+           ('compaction.conversation_locks', 'distributed', 17, 'conversation'),
+           ('compaction.foreign_messages', 'distributed', 18, 'conversation')
 $$;
 COMMENT ON FUNCTION compaction.citus_tables() IS
     'Every engine table with its Citus placement (distributed by conversation_id, or reference), the order compaction.distribute_on_citus() applies them in, and the co-location group of a distributed table (conversation, or queue alone)';
@@ -204,13 +205,13 @@ BEGIN
     END LOOP;
     -- judge_runs keeps one generic plan on a single node (planning per call costs more
     -- than running); Citus can plan its queries only with the values bound.
-    ALTER FUNCTION compaction.judge_runs(text, text[]) RESET plan_cache_mode;
+    ALTER FUNCTION compaction.judge_runs(text, text[], boolean) RESET plan_cache_mode;
     -- Revision 0038: a judgement's question to every shard of the messages runs on one
     -- connection per node. Its tasks are index probes of a few runs each; with more
     -- connections the executor opened new ones to the workers in most judgements (14 ms
     -- against 9.6 ms for a conversation of 100 runs on the loopback cluster, and the
     -- drain of `make bench-citus` took 7.4-9.2 s against 5.6-5.8 s).
-    ALTER FUNCTION compaction.judge_runs(text, text[])
+    ALTER FUNCTION compaction.judge_runs(text, text[], boolean)
         SET citus.max_adaptive_executor_pool_size = 1;
     -- Revision 0041: judged from the views (always, on Citus) projection_read sends the
     -- texts in its own statement (through projection_texts until revision 0043), whose

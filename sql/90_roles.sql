@@ -136,6 +136,8 @@ TO compaction_worker, compaction_reader, compaction_auditor;
 REVOKE TRUNCATE ON compaction.conversation_state, compaction.pairs, compaction.ranges,
                    compaction.summary_verdicts, compaction.source_tracking
 FROM compaction_owner;
+-- Revision 0048: the record of foreign messages, derived state like the others.
+REVOKE TRUNCATE ON compaction.foreign_messages FROM compaction_owner;
 -- Revision 0018: no role but the owner holds any privilege on the conversations' lock
 -- rows, so no role without engine grants can lock one (docs/security.md).
 REVOKE TRUNCATE ON compaction.conversation_locks FROM compaction_owner;

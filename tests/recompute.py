@@ -61,24 +61,38 @@ def has_content(text: str) -> bool:
     return any(ch not in WHITESPACE for ch in text)
 
 
-def pairs_of(raw: Raw, conversation_id: str) -> list[PairRow]:
-    """DESIGN §3, rule by rule, then the order (user seq, user message id)."""
-    of_run: dict[str, list[RawMessage]] = defaultdict(list)
+def pairs_of(raw: Raw, conversation_id: str, *, foreign: bool = True) -> list[PairRow]:
+    """DESIGN §3, rule by rule, then the order (user seq, user message id).
+
+    A message belongs to its own conversation's run of its run id; a user/assistant
+    message whose own conversation has no run of that id is foreign and breaks the run of
+    that id in every conversation that has one. (The raw rows must hold every
+    conversation whose messages may name this one's runs.) foreign=False leaves that rule
+    out: the pairs the conversation's own rows make, which its derived state keeps.
+    """
+    runs_held = {(r.conversation_id, r.run_id) for r in raw.runs}
+    belonging: dict[tuple[str, str], list[RawMessage]] = defaultdict(list)
+    named_elsewhere: set[str] = set()
     for m in raw.messages:
-        if m.run_id is not None and m.role in ("user", "assistant"):
-            of_run[m.run_id].append(m)
+        if m.run_id is None or m.role not in ("user", "assistant"):
+            continue
+        if (m.conversation_id, m.run_id) in runs_held:
+            belonging[(m.conversation_id, m.run_id)].append(m)
+        else:
+            named_elsewhere.add(m.run_id)
     found: list[tuple[int, bytes, str, RawMessage, RawMessage]] = []
     for run in raw.runs:
         if run.conversation_id != conversation_id or run.status not in PAIR_RUN_STATUSES:
             continue
-        users = [m for m in of_run[run.run_id] if m.role == "user"]
-        assistants = [m for m in of_run[run.run_id] if m.role == "assistant"]
+        own = belonging[(conversation_id, run.run_id)]
+        users = [m for m in own if m.role == "user"]
+        assistants = [m for m in own if m.role == "assistant"]
         if len(users) != 1 or len(assistants) != 1:
             continue
         user, assistant = users[0], assistants[0]
         if assistant.status != "completed":
             continue
-        if user.conversation_id != conversation_id or assistant.conversation_id != conversation_id:
+        if foreign and run.run_id in named_elsewhere:
             continue
         if not has_content(user.content) or not has_content(assistant.content):
             continue

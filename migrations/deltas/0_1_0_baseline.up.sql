@@ -166,6 +166,7 @@ COMMENT ON VIEW compaction.source_messages IS
 --   compaction.conversation_state  pair count, and the row every writer of one
 --                                  conversation's derived state updates first
 --   compaction.summary_verdicts    every completed summary's verdict against the ranges
+--   compaction.foreign_messages    the run ids each conversation's foreign messages name
 --   compaction.source_tracking     under which source definition the derived state was built
 --
 -- The read functions (sql/20_pairs.sql) use the derived state only while
@@ -174,6 +175,13 @@ COMMENT ON VIEW compaction.source_messages IS
 -- disabling or dropping a tracking trigger, or TRUNCATE of a tracked table makes it false,
 -- and every function falls back to judging from the views on each call (exact, slower)
 -- until `CALL compaction.rebuild_derived_state()` re-derives everything.
+--
+-- pairs, ranges and summary_verdicts judge each conversation by its own rows alone (the
+-- rules of docs/contract.md §3 but the foreign-message one); foreign_messages records, per
+-- conversation, the run ids its foreign messages name. Each is written only by the
+-- tracking of its own conversation. A read uses a conversation's derived state while no
+-- foreign message names one of its pairs' runs (compaction.derived_state_serves); else it
+-- judges that conversation from the views, exact, for as long as the message stays.
 --
 -- Citus (DESIGN §11): the per-conversation tables lead every key with conversation_id;
 -- source_tracking is a single-row global table (a reference table).
@@ -263,6 +271,24 @@ CREATE UNIQUE INDEX summary_verdicts_one_chosen
 CREATE INDEX summary_verdicts_rejected_idx
     ON compaction.summary_verdicts (conversation_id, scope, from_pair, summary_id) INCLUDE (reason)
     WHERE reason IS NOT NULL;
+
+-- Revision 0048 (docs/contract.md §3, §11): the one question of a run's judgement
+-- that crosses conversations, whether a foreign message names the run, asked of a
+-- record the tracking keeps per conversation. A message is foreign when its own
+-- conversation has no run of its run_id; such a user or assistant message breaks run R
+-- in every conversation that has one. One row per (conversation holding such messages,
+-- run id they name): the conversation's own tracking writes it (its rows only,
+-- co-located on Citus), and a conversation's reads ask it about their pairs' run ids
+-- (compaction.derived_state_serves). Rows exist only while a message waits for its Run
+-- (written before it) or is misfiled, so the table stays small, and it is read whole:
+-- no index but its key, which the tracking's writes use.
+CREATE TABLE compaction.foreign_messages (
+    conversation_id text NOT NULL,
+    run_id          text NOT NULL,
+    CONSTRAINT foreign_messages_pkey PRIMARY KEY (conversation_id, run_id)
+);
+COMMENT ON TABLE compaction.foreign_messages IS
+    'Derived state: each conversation holding a user/assistant message whose run_id names no run of that conversation (a foreign message, contract §3), with the run id named; such a message breaks run R in every conversation that has one';
 
 CREATE TABLE compaction.source_tracking (
     singleton   boolean NOT NULL DEFAULT true,
@@ -410,6 +436,47 @@ $$;
 COMMENT ON FUNCTION compaction.derived_state_status() IS
     'in_use (derived state kept and used), not_rebuilt (tracked, but CALL compaction.rebuild_derived_state() has not run since the views or triggers changed), untracked (some table behind the views has no tracking triggers: every call judges from the views)';
 
+-- Revision 0048: whether a read of one conversation may use its derived state. The
+-- derived pairs judge the conversation by its own rows (docs/contract.md §3 but the
+-- foreign-message rule, which only other conversations' tracking sees change): they are the
+-- conversation's pairs while no foreign message names one of their runs. The record of
+-- foreign messages is read first, whole (it holds only messages waiting for their Run or
+-- misfiled: one short read, on Citus of every shard), then the few run ids it names are
+-- looked up among the conversation's pairs, each on its own (see compaction.rederive on
+-- pairs_run_hash_idx). Two statements: the second reads only the conversation's shard.
+CREATE FUNCTION compaction.derived_state_serves(p_conversation_id text)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_named text[];
+BEGIN
+    IF NOT compaction.derived_state_current() THEN
+        RETURN false;
+    END IF;
+    SELECT pg_catalog.array_agg(DISTINCT f.run_id) INTO v_named
+    FROM compaction.foreign_messages AS f;
+    IF v_named IS NULL THEN
+        RETURN true;
+    END IF;
+    RETURN NOT EXISTS (
+        SELECT 1
+        FROM pg_catalog.unnest(v_named) AS k (run_id)
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM compaction.pairs AS p
+            WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+              AND p.run_id = k.run_id
+              AND (p.conversation_id = p_conversation_id) IS TRUE
+            OFFSET 0) AS q);
+END
+$$;
+COMMENT ON FUNCTION compaction.derived_state_serves(text) IS
+    'True when reads of this conversation use the derived state: it is in use (derived_state_current) and no foreign message (contract §3) names a run of one of the conversation''s derived pairs (else its reads judge it from the views)';
+
 -- ==== sql/20_pairs.sql ====
 -- pycompactor stored logic, section 2: eligible pairs, the window policy, source binding.
 --
@@ -461,7 +528,12 @@ COMMENT ON FUNCTION compaction.is_target(int, bigint) IS
 -- indexed_pairs keeps the runs with no reason, explain_runs shows the reasons. It returns
 -- no message text (byte lengths come from the varlena header without detoasting), so
 -- judging a long conversation does not read its text.
-CREATE FUNCTION compaction.judge_runs(p_conversation_id text, p_run_ids text[] DEFAULT NULL)
+-- Revision 0048: p_foreign = false judges the runs by the conversation's own rows
+-- alone, every rule but the foreign-message one (docs/contract.md §3): what the derived
+-- pairs keep (compaction.rederive_runs), since only another conversation's tracking sees
+-- that rule's answer change; reads apply it through compaction.derived_state_serves.
+CREATE FUNCTION compaction.judge_runs(p_conversation_id text, p_run_ids text[] DEFAULT NULL,
+                                      p_foreign boolean DEFAULT true)
 RETURNS TABLE (
     run_id               text,
     run_status           text,
@@ -488,10 +560,14 @@ DECLARE
     v_named_ids    text[];
     v_named_status text[];
 BEGIN
-    -- §3: a run with a user or assistant message filed under another conversation is no
-    -- pair. That is the one question that crosses conversations, so it is asked on its
-    -- own, by run id alone (a read of every shard under Citus); everything else below
-    -- addresses this conversation's rows only.
+    -- §3 (revision 0048): a run named by a foreign user or assistant message, one filed
+    -- under a conversation that has no run of that id, is no pair. A message whose own
+    -- conversation has a run of that id belongs to that run alone. That is the one
+    -- question that crosses conversations, so it is asked on its own, by run id (a read
+    -- of every shard under Citus); everything else below addresses this conversation's
+    -- rows only. A message a host's view gives no conversation belongs to none and is
+    -- recorded under none (compaction.foreign_messages is kept per conversation): it
+    -- breaks nothing.
     -- Runs named are asked about as named (revision 0034): v_foreign is only compared
     -- with this conversation's runs below, so a named run of another conversation
     -- changes no verdict, and no read of the conversation's runs is needed. (That read,
@@ -506,7 +582,9 @@ BEGIN
     -- conversation with more runs keeps the subquery.
     -- (Not read with a LIMIT: a LIMIT invites a plan that scans the table for the first
     -- rows it finds, and a host's table behind the view may be large.)
-    IF p_run_ids IS NULL THEN
+    IF NOT coalesce(p_foreign, true) THEN
+        NULL;  -- the conversation's own rows only: v_foreign stays NULL
+    ELSIF p_run_ids IS NULL THEN
         SELECT pg_catalog.array_agg(sr.run_id) INTO v_runs
         FROM compaction.source_runs AS sr
         WHERE sr.conversation_id = p_conversation_id;
@@ -514,20 +592,28 @@ BEGIN
     ELSE
         v_runs := p_run_ids;
     END IF;
-    IF v_many THEN
+    IF NOT coalesce(p_foreign, true) THEN
+        NULL;
+    ELSIF v_many THEN
         SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
         FROM compaction.source_messages AS sm
         WHERE sm.run_id = ANY (ARRAY(SELECT sr.run_id
                                      FROM compaction.source_runs AS sr
                                      WHERE sr.conversation_id = p_conversation_id))
           AND sm.role IN ('user', 'assistant')
-          AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
+          AND sm.conversation_id <> p_conversation_id
+          AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS so
+                          WHERE so.conversation_id = sm.conversation_id
+                            AND so.run_id = sm.run_id);
     ELSE
         SELECT pg_catalog.array_agg(DISTINCT sm.run_id) INTO v_foreign
         FROM compaction.source_messages AS sm
         WHERE sm.run_id = ANY (v_runs)
           AND sm.role IN ('user', 'assistant')
-          AND sm.conversation_id IS DISTINCT FROM p_conversation_id;
+          AND sm.conversation_id <> p_conversation_id
+          AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS so
+                          WHERE so.conversation_id = sm.conversation_id
+                            AND so.run_id = sm.run_id);
     END IF;
     -- The runs named, found by run id first (OFFSET 0 keeps the conversation's test out
     -- of that scan): in this function's generic plan, both tests in one scan were
@@ -610,11 +696,12 @@ BEGIN
     FROM per_run AS p;
 END
 $$;
-COMMENT ON FUNCTION compaction.judge_runs(text, text[]) IS
-    'Internal: every run of a conversation (or only those named) with the first eligibility rule it breaks (NULL when it forms a pair), its pair''s ids and UTF-8 byte lengths; no text';
+COMMENT ON FUNCTION compaction.judge_runs(text, text[], boolean) IS
+    'Internal: every run of a conversation (or only those named) with the first eligibility rule it breaks (NULL when it forms a pair), its pair''s ids and UTF-8 byte lengths; no text (p_foreign = false: by the conversation''s own rows, without the foreign-message rule)';
 
 -- The pairs as judged from the views on this call: the truth the derived state caches,
--- read when the derived state is not in use and by verify_conversation.
+-- read when the derived state does not serve the conversation
+-- (compaction.derived_state_serves).
 CREATE FUNCTION compaction.judged_pairs(p_conversation_id text)
 RETURNS TABLE (
     pair_index           int,
@@ -659,7 +746,7 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF compaction.derived_state_current() THEN
+    IF compaction.derived_state_serves(p_conversation_id) THEN
         RETURN QUERY
         SELECT p.pair_index, p.run_id, p.user_message_id, p.user_bytes,
                p.assistant_message_id, p.assistant_bytes
@@ -726,9 +813,10 @@ $$;
 COMMENT ON FUNCTION compaction.eligible_pairs(text) IS
     'Settled user/assistant pairs of a conversation, ordered by the user message (seq, message_id); pair_index is 0-based';
 
--- While the derived state is current (revision 0012), a run that holds a pair there is
--- eligible without judging it again (the derived state is exact, and a run's verdict does
--- not depend on the other runs: re-derivation judges runs one by one the same way);
+-- While the derived state serves the conversation (revision 0012; 0048: and no foreign
+-- message names one of its pairs' runs), a run that holds a pair there is eligible
+-- without judging it again (the derived state is exact, and a run's verdict does not
+-- depend on the other runs: re-derivation judges runs one by one the same way);
 -- only the runs without a pair are judged, for their reasons. check-source calls this
 -- for every sampled conversation, and judging a run through a host's views can be dear
 -- (the Agents SDK recipe parses each item's JSON).
@@ -748,7 +836,7 @@ DECLARE
     v_reasons  text[];
     v_seqs     bigint[];
 BEGIN
-    IF NOT compaction.derived_state_current() THEN
+    IF NOT compaction.derived_state_serves(p_conversation_id) THEN
         RETURN QUERY
         SELECT j.run_id, j.run_status, j.reason IS NULL, j.reason
         FROM compaction.judge_runs(p_conversation_id) AS j
@@ -909,7 +997,7 @@ DECLARE
     v_pairs bigint;
     v_ids   text[];
 BEGIN
-    IF compaction.derived_state_current() THEN
+    IF compaction.derived_state_serves(p_conversation_id) THEN
         RETURN QUERY
         SELECT coalesce((SELECT cs.pair_count::bigint FROM compaction.conversation_state AS cs
                          WHERE cs.conversation_id = p_conversation_id), 0),
@@ -957,7 +1045,7 @@ DECLARE
     v_from int[];
     v_ids  text[];
 BEGIN
-    IF compaction.derived_state_current() THEN
+    IF compaction.derived_state_serves(p_conversation_id) THEN
         RETURN QUERY
         SELECT r.from_pair, r.source_message_ids, r.source_hash
         FROM compaction.ranges AS r
@@ -1007,7 +1095,7 @@ DECLARE
     v_from int[];
     v_ids  text[];
 BEGIN
-    IF compaction.derived_state_current() THEN
+    IF compaction.derived_state_serves(p_conversation_id) THEN
         IF p_from_pairs IS NULL THEN
             RETURN QUERY
             SELECT r.from_pair, r.from_pair + 9, r.source_message_ids, r.source_hash
@@ -1155,6 +1243,69 @@ $$;
 COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
     'Internal: with the conversation''s conversation_state row held, true when a rebuild will derive this conversation after the calling transaction ends (the derived state is not in use, and no rebuild has reached the conversation), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction';
 
+-- Revision 0048: the conversation's record of foreign messages (docs/contract.md §3,
+-- compaction.foreign_messages) for the runs named (NULL: every run id its messages
+-- name), from the conversation's own rows: a run id is recorded while one of the
+-- conversation's user or assistant messages names it and the conversation has no run of
+-- that id. Called by compaction.rederive and the tracking trigger with the
+-- conversation's conversation_state row held, so the conversation's writers take their
+-- turns (a message and its Run written at once by two transactions: the second sees the
+-- first's rows). Only this conversation's rows are read and written (docs/contract.md
+-- §11). No SET clause, as rederive.
+CREATE FUNCTION compaction.refresh_foreign_messages(p_conversation_id text, p_run_ids text[])
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+BEGIN
+    IF p_run_ids IS NULL THEN
+        DELETE FROM compaction.foreign_messages AS f
+        WHERE f.conversation_id = p_conversation_id;
+        INSERT INTO compaction.foreign_messages (conversation_id, run_id)
+        SELECT DISTINCT p_conversation_id, sm.run_id
+        FROM compaction.source_messages AS sm
+        WHERE sm.conversation_id = p_conversation_id
+          AND sm.run_id IS NOT NULL
+          AND sm.role IN ('user', 'assistant')
+          AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                          WHERE sr.conversation_id = p_conversation_id
+                            AND sr.run_id = sm.run_id);
+        RETURN;
+    END IF;
+    -- Each run named looked up on its own, by key (a lateral subquery per run, kept apart
+    -- by OFFSET 0, as in rederive, revision 0035); its messages only when the conversation
+    -- has no such run (the common answer: it has). As EXISTS tests, the generic plan may
+    -- hash a subquery instead, reading every run of the conversation once per write.
+    WITH judged AS (
+        SELECT k.run_id, r.held IS NULL AND coalesce(m.found, false) AS is_foreign
+        FROM (SELECT DISTINCT u.run_id FROM pg_catalog.unnest(p_run_ids) AS u (run_id)
+              WHERE u.run_id IS NOT NULL) AS k
+        LEFT JOIN LATERAL (
+            SELECT true AS held FROM compaction.source_runs AS sr
+            WHERE sr.run_id = k.run_id AND sr.conversation_id = p_conversation_id
+            OFFSET 0) AS r ON true
+        LEFT JOIN LATERAL (
+            SELECT pg_catalog.bool_or(true) AS found
+            FROM (SELECT 1 FROM compaction.source_messages AS sm
+                  WHERE r.held IS NULL
+                    AND sm.run_id = k.run_id
+                    AND sm.conversation_id = p_conversation_id
+                    AND sm.role IN ('user', 'assistant')
+                  OFFSET 0) AS x) AS m ON true
+    ), gone AS (
+        DELETE FROM compaction.foreign_messages AS f
+        USING judged AS j
+        WHERE f.conversation_id = p_conversation_id AND f.run_id = j.run_id
+          AND NOT j.is_foreign
+    )
+    INSERT INTO compaction.foreign_messages (conversation_id, run_id)
+    SELECT p_conversation_id, j.run_id FROM judged AS j WHERE j.is_foreign
+    ON CONFLICT (conversation_id, run_id) DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION compaction.refresh_foreign_messages(text, text[]) IS
+    'Internal: with the conversation''s conversation_state row held, records which of the run ids named (NULL: all) the conversation''s foreign user/assistant messages name (contract §3), from its own rows';
+
 -- Re-derives one conversation's pairs and ranges after a write touched the runs named
 -- (NULL: every run of the conversation). Most writes take a short path of a few lookups
 -- by key: the touched runs form no pair before or after the write (a Run inserted as
@@ -1227,6 +1378,9 @@ BEGIN
        AND compaction.defer_to_rebuild(p_conversation_id) THEN
         RETURN;
     END IF;
+    -- Revision 0048: the conversation's foreign messages first; the pairs below are
+    -- judged by its own rows alone.
+    PERFORM compaction.refresh_foreign_messages(p_conversation_id, p_run_ids);
 
     IF v_runs IS NULL THEN
         v_runs := ARRAY(SELECT sr.run_id FROM compaction.source_runs AS sr
@@ -1248,11 +1402,15 @@ BEGIN
                             -- judge_runs' first rule: only a Run in one of these can pair
                             -- (track_source_changes asks the same, word for word)
                             AND sr.status IN ('completed', 'partial', 'clarify_pending')
-                            -- and only one with a user message (revision 0047; of any
-                            -- conversation: judge_runs asks more). A Run written in its
-                            -- final state before its messages ends here, unjudged.
+                            -- and only one with a user message of its own (revision
+                            -- 0047; 0048: a message belongs to its own conversation's
+                            -- run, docs/contract.md §3, so no other conversation is
+                            -- read). A Run written in its final state before its
+                            -- messages ends here, unjudged.
                             AND EXISTS (SELECT 1 FROM compaction.source_messages AS sm
-                                        WHERE sm.run_id = k.run_id AND sm.role = 'user')
+                                        WHERE sm.run_id = k.run_id
+                                          AND sm.conversation_id = p_conversation_id
+                                          AND sm.role = 'user')
                           OFFSET 0) AS r)
           AND NOT EXISTS (SELECT 1
                           FROM pg_catalog.unnest(v_runs) AS k (run_id)
@@ -1302,7 +1460,8 @@ BEGIN
     WITH fresh AS (
         SELECT j.run_id, j.user_seq, j.user_message_id, j.user_bytes,
                j.assistant_message_id, j.assistant_bytes
-        FROM compaction.judge_runs(p_conversation_id, p_run_ids) AS j
+        -- by the conversation's own rows (revision 0048; see judge_runs)
+        FROM compaction.judge_runs(p_conversation_id, p_run_ids, false) AS j
         WHERE j.reason IS NULL
     )
     SELECT (SELECT coalesce(array_agg(ROW(p_conversation_id, f.run_id, 0, f.user_seq,
@@ -1632,7 +1791,6 @@ DECLARE
     v_runs                text[] := '{}';
     v_conversation        text;
     v_run_ids             text[];
-    v_elsewhere           boolean;
     v_count               int;
     v_unchanged           boolean;
     v_touched             record;
@@ -1753,9 +1911,11 @@ BEGIN
         END IF;
     END IF;
 
-    -- The common statement (an agent's single-row writes): its rows name one conversation
-    -- and every run they name belongs to it now. A lookup of those runs decides that,
-    -- where the general grouping below costs several times as much to start.
+    -- The common statement (an agent's single-row writes): its rows name one conversation.
+    -- Revision 0048: a statement re-derives only the conversations its rows name, by
+    -- their own rows (docs/contract.md §3: a message belongs to its own conversation's
+    -- run of its run id, and a foreign one is recorded under its own conversation,
+    -- compaction.foreign_messages; §11), so no other conversation is asked about here.
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
         IF NOT v_runs_known THEN
             PERFORM compaction.rederive(v_conversation, NULL, TG_RELID);
@@ -1768,15 +1928,12 @@ BEGIN
             v_run_ids := ARRAY(SELECT DISTINCT r.run_id
                                FROM pg_catalog.unnest(v_run_ids) AS r (run_id));
         END IF;
-        -- Whether a touched run lives in another conversation and, for a later statement
-        -- of a transaction that already holds this conversation's conversation_state row
-        -- (see rederive), rederive's no-change question and the pair count, in one
-        -- statement: its snapshot is taken after the lock was, so it sees what rederive
-        -- would see. An agent's second and third statements per Run end here.
-        SELECT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
-                       WHERE sr.run_id = ANY (v_run_ids)
-                         AND sr.conversation_id <> v_conversation),
-               cs.pair_count,
+        -- For a later statement of a transaction that already holds this conversation's
+        -- conversation_state row (see rederive): rederive's no-change question and the
+        -- pair count, in one statement: its snapshot is taken after the lock was, so it
+        -- sees what rederive would see. An agent's second and third statements per Run
+        -- end here.
+        SELECT cs.pair_count,
                CASE WHEN cs.pair_count IS NOT NULL THEN
                    -- rederive's no-change test, word for word
                    NOT EXISTS (SELECT 1
@@ -1789,6 +1946,7 @@ BEGIN
                                      AND EXISTS (SELECT 1
                                                  FROM compaction.source_messages AS sm
                                                  WHERE sm.run_id = k.run_id
+                                                   AND sm.conversation_id = v_conversation
                                                    AND sm.role = 'user')
                                    OFFSET 0) AS r)
                    AND NOT EXISTS (SELECT 1
@@ -1803,50 +1961,42 @@ BEGIN
                                          AND (p.conversation_id = v_conversation) IS TRUE
                                        OFFSET 0) AS q)
                END
-        INTO v_elsewhere, v_count, v_unchanged
+        INTO v_count, v_unchanged
         FROM (SELECT) AS one
         LEFT JOIN compaction.conversation_state AS cs
           ON cs.conversation_id = v_conversation
          AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
-        IF NOT v_elsewhere THEN
-            IF v_count IS NULL THEN
-                PERFORM compaction.rederive(v_conversation, v_run_ids, TG_RELID);
-            ELSIF v_unchanged THEN
-                NULL;
-            ELSIF EXISTS (SELECT 1 FROM compaction.source_tracking AS st
-                          WHERE st.singleton
-                            AND (st.rebuild_after < v_conversation
-                                 OR (st.rebuild_after IS NULL
-                                     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
-                                                     WHERE t.tgrelid = TG_RELID
-                                                       AND t.oid = ANY (st.object_oids)))))
-                  AND compaction.defer_to_rebuild(v_conversation) THEN
-                NULL;  -- left to the rebuild (compaction.rederive's test)
-            ELSE
-                PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
-            END IF;
+        IF v_count IS NULL THEN
+            PERFORM compaction.rederive(v_conversation, v_run_ids, TG_RELID);
             RETURN NULL;
         END IF;
+        -- The row is held: the record of foreign messages first, as rederive does (also
+        -- for a conversation left to a rebuild below, which derives it again whole).
+        PERFORM compaction.refresh_foreign_messages(v_conversation, v_run_ids);
+        IF v_unchanged THEN
+            NULL;
+        ELSIF EXISTS (SELECT 1 FROM compaction.source_tracking AS st
+                      WHERE st.singleton
+                        AND (st.rebuild_after < v_conversation
+                             OR (st.rebuild_after IS NULL
+                                 AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
+                                                 WHERE t.tgrelid = TG_RELID
+                                                   AND t.oid = ANY (st.object_oids)))))
+              AND compaction.defer_to_rebuild(v_conversation) THEN
+            NULL;  -- left to the rebuild (compaction.rederive's test)
+        ELSE
+            PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
+        END IF;
+        RETURN NULL;
     END IF;
 
     -- Each touched conversation once, in a fixed order (concurrent bulk writers lock
-    -- conversation_state rows in one order), with the runs it must look at: the runs
-    -- named by the rows, under the conversation the rows name and under the conversation
-    -- the run belongs to now (a message filed under another conversation still counts
-    -- against its run's).
+    -- conversation_state rows in one order), with the runs its rows name.
     FOR v_touched IN
-        WITH touched AS (
-            SELECT t.conversation_id, t.run_id
-            FROM ROWS FROM (pg_catalog.unnest(v_conversations), pg_catalog.unnest(v_runs))
-                AS t (conversation_id, run_id)
-        )
         SELECT t.conversation_id,
                array_agg(DISTINCT t.run_id) FILTER (WHERE t.run_id IS NOT NULL) AS run_ids
-        FROM (SELECT c.conversation_id, c.run_id FROM touched AS c
-              UNION
-              SELECT sr.conversation_id, sr.run_id
-              FROM compaction.source_runs AS sr
-              WHERE sr.run_id IN (SELECT c.run_id FROM touched AS c)) AS t
+        FROM ROWS FROM (pg_catalog.unnest(v_conversations), pg_catalog.unnest(v_runs))
+             AS t (conversation_id, run_id)
         WHERE t.conversation_id IS NOT NULL
         GROUP BY t.conversation_id
         ORDER BY t.conversation_id
@@ -2056,6 +2206,7 @@ DECLARE
     v_reasons text[];
     v_judged  jsonb;
     v_ranges  jsonb;
+    v_foreign text[];
 BEGIN
     -- Every summary judged now against the derived ranges (checked against the views
     -- below): the verdicts the derived state must hold.
@@ -2066,9 +2217,26 @@ BEGIN
     -- The pairs judged from the views and the full ranges' hashes, each in a statement
     -- that reads no engine table (revision 0022): on Citus a statement that reads a
     -- distributed table runs on the shard, where these functions cannot run theirs.
+    -- Revision 0048: the pairs as the conversation's own rows make them (every rule of
+    -- docs/contract.md §3 but the foreign-message one, which reads apply from the record
+    -- of foreign messages checked below), numbered as judged_pairs numbers them.
     SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(j)), '[]')
     INTO v_judged
-    FROM compaction.judged_pairs(p_conversation_id) AS j;
+    FROM (SELECT (row_number() OVER w - 1)::int AS pair_index,
+                 o.run_id, o.user_seq, o.user_message_id, o.user_bytes,
+                 o.assistant_message_id, o.assistant_bytes
+          FROM compaction.judge_runs(p_conversation_id, NULL, false) AS o
+          WHERE o.reason IS NULL
+          WINDOW w AS (ORDER BY o.user_seq, o.user_message_id)) AS j;
+    -- The run ids this conversation's foreign messages name, judged from the views.
+    SELECT pg_catalog.array_agg(DISTINCT sm.run_id ORDER BY sm.run_id) INTO v_foreign
+    FROM compaction.source_messages AS sm
+    WHERE sm.conversation_id = p_conversation_id
+      AND sm.run_id IS NOT NULL
+      AND sm.role IN ('user', 'assistant')
+      AND NOT EXISTS (SELECT 1 FROM compaction.source_runs AS sr
+                      WHERE sr.conversation_id = p_conversation_id
+                        AND sr.run_id = sm.run_id);
     SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
                'from_pair', g.from_pair, 'ids', g.ids,
                'hash', compaction.range_hash(p_conversation_id, g.ids))), '[]')
@@ -2157,11 +2325,24 @@ BEGIN
                    WHERE v.conversation_id = p_conversation_id) AS s
           ON s.summary_id = j.summary_id
         WHERE (j.scope, j.from_pair, j.reason) IS DISTINCT FROM (s.scope, s.from_pair, s.reason)
+        UNION ALL
+        SELECT CASE WHEN s.run_id IS NULL THEN 'foreign_missing' ELSE 'foreign_extra' END,
+               pg_catalog.format('run id %s: judged %s, derived %s',
+                                 coalesce(j.run_id, s.run_id),
+                                 CASE WHEN j.run_id IS NULL THEN 'no foreign message'
+                                      ELSE 'named by a foreign message' END,
+                                 CASE WHEN s.run_id IS NULL THEN 'not recorded'
+                                      ELSE 'recorded' END)
+        FROM pg_catalog.unnest(v_foreign) AS j (run_id)
+        FULL JOIN (SELECT f.run_id FROM compaction.foreign_messages AS f
+                   WHERE f.conversation_id = p_conversation_id) AS s
+          ON s.run_id = j.run_id
+        WHERE j.run_id IS NULL OR s.run_id IS NULL
         ORDER BY 1, 2;
 END
 $$;
 COMMENT ON FUNCTION compaction.verify_conversation(text) IS
-    'Recomputes one conversation from the source views and returns one row per difference from the derived state: pairs, ranges and summary verdicts (no rows: consistent); ids, counts, hashes and reasons only';
+    'Recomputes one conversation from the source views and returns one row per difference from the derived state: pairs and ranges (as the conversation''s own rows make them), summary verdicts, and the run ids its foreign messages name (no rows: consistent); ids, counts, hashes and reasons only';
 
 CREATE FUNCTION compaction.rederive_conversation(p_conversation_id text)
 RETURNS void
@@ -2312,10 +2493,15 @@ BEGIN
             -- over a view that is not one table (the Agents SDK recipe's runs come from
             -- its messages) min() aggregated every row after the resume point at each
             -- step, a rebuild quadratic in the conversations (revision 0028).
+            -- Revision 0048: the messages' conversations too, since a conversation with
+            -- no run may hold foreign messages (compaction.foreign_messages).
             v_next := least(
                 (SELECT sr.conversation_id FROM compaction.source_runs AS sr
                  WHERE sr.conversation_id > v_after
                  ORDER BY sr.conversation_id LIMIT 1),
+                (SELECT sm.conversation_id FROM compaction.source_messages AS sm
+                 WHERE sm.conversation_id > v_after
+                 ORDER BY sm.conversation_id LIMIT 1),
                 (SELECT cs.conversation_id FROM compaction.conversation_state AS cs
                  WHERE cs.conversation_id > v_after
                  ORDER BY cs.conversation_id LIMIT 1));
@@ -3569,7 +3755,7 @@ BEGIN
     -- for. With the derived state in use, current_range's read is made here (revision
     -- 0045, as range_replies does): the call of a set-returning definer function cost
     -- more than its one statement.
-    IF compaction.derived_state_current() THEN
+    IF compaction.derived_state_serves(p_conversation_id) THEN
         SELECT coalesce((SELECT cs.pair_count::bigint FROM compaction.conversation_state AS cs
                          WHERE cs.conversation_id = p_conversation_id), 0),
                r.source_message_ids, r.source_hash
@@ -4883,7 +5069,7 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_derived boolean := compaction.derived_state_current();
+    v_derived boolean := compaction.derived_state_serves(p_conversation_id);
     v_ids     text[];
     v_hash    text;
 BEGIN
@@ -5220,6 +5406,11 @@ ALTER TABLE compaction.pairs ENABLE ALWAYS TRIGGER pairs_truncate_guard;
 ALTER TABLE compaction.ranges ENABLE ALWAYS TRIGGER ranges_truncate_guard;
 ALTER TABLE compaction.summary_verdicts ENABLE ALWAYS TRIGGER summary_verdicts_truncate_guard;
 ALTER TABLE compaction.source_tracking ENABLE ALWAYS TRIGGER source_tracking_truncate_guard;
+-- Revision 0048: the record of foreign messages, derived state like the others.
+CREATE TRIGGER foreign_messages_truncate_guard
+    BEFORE TRUNCATE ON compaction.foreign_messages
+    FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
+ALTER TABLE compaction.foreign_messages ENABLE ALWAYS TRIGGER foreign_messages_truncate_guard;
 
 -- Revision 0018: emptied, the conversations' lock rows would be written again by the next
 -- claim, but reap would pass over conversations with expired attempts until then.
@@ -5733,7 +5924,7 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_derived boolean := compaction.derived_state_current();
+    v_derived boolean := compaction.derived_state_serves(p_conversation_id);
     v_ranges  int[];
     v_from    int[];
     v_ids     text[];
@@ -6281,7 +6472,7 @@ BEGIN
     IF p_pairs IS NULL OR p_pairs < 0 THEN
         RAISE EXCEPTION 'p_pairs must be 0 or more, got %', p_pairs USING ERRCODE = 'CP020';
     END IF;
-    IF NOT compaction.derived_state_current() THEN
+    IF NOT compaction.derived_state_serves(p_conversation_id) THEN
         RETURN QUERY SELECT * FROM compaction.judged_frame(p_conversation_id, p_scope);
         RETURN;
     END IF;
@@ -6556,7 +6747,8 @@ AS $$
            ('compaction.pairs', 'distributed', 14, 'conversation'),
            ('compaction.ranges', 'distributed', 15, 'conversation'),
            ('compaction.summary_verdicts', 'distributed', 16, 'conversation'),
-           ('compaction.conversation_locks', 'distributed', 17, 'conversation')
+           ('compaction.conversation_locks', 'distributed', 17, 'conversation'),
+           ('compaction.foreign_messages', 'distributed', 18, 'conversation')
 $$;
 COMMENT ON FUNCTION compaction.citus_tables() IS
     'Every engine table with its Citus placement (distributed by conversation_id, or reference), the order compaction.distribute_on_citus() applies them in, and the co-location group of a distributed table (conversation, or queue alone)';
@@ -6725,13 +6917,13 @@ BEGIN
     END LOOP;
     -- judge_runs keeps one generic plan on a single node (planning per call costs more
     -- than running); Citus can plan its queries only with the values bound.
-    ALTER FUNCTION compaction.judge_runs(text, text[]) RESET plan_cache_mode;
+    ALTER FUNCTION compaction.judge_runs(text, text[], boolean) RESET plan_cache_mode;
     -- Revision 0038: a judgement's question to every shard of the messages runs on one
     -- connection per node. Its tasks are index probes of a few runs each; with more
     -- connections the executor opened new ones to the workers in most judgements (14 ms
     -- against 9.6 ms for a conversation of 100 runs on the loopback cluster, and the
     -- drain of `make bench-citus` took 7.4-9.2 s against 5.6-5.8 s).
-    ALTER FUNCTION compaction.judge_runs(text, text[])
+    ALTER FUNCTION compaction.judge_runs(text, text[], boolean)
         SET citus.max_adaptive_executor_pool_size = 1;
     -- Revision 0041: judged from the views (always, on Citus) projection_read sends the
     -- texts in its own statement (through projection_texts until revision 0043), whose
@@ -6885,6 +7077,8 @@ TO compaction_worker, compaction_reader, compaction_auditor;
 REVOKE TRUNCATE ON compaction.conversation_state, compaction.pairs, compaction.ranges,
                    compaction.summary_verdicts, compaction.source_tracking
 FROM compaction_owner;
+-- Revision 0048: the record of foreign messages, derived state like the others.
+REVOKE TRUNCATE ON compaction.foreign_messages FROM compaction_owner;
 -- Revision 0018: no role but the owner holds any privilege on the conversations' lock
 -- rows, so no role without engine grants can lock one (docs/security.md).
 REVOKE TRUNCATE ON compaction.conversation_locks FROM compaction_owner;

@@ -401,7 +401,7 @@ def test_a_judgement_asks_every_shard_on_one_connection_per_node(conn: Conn) -> 
     judgement's question to every shard is index probes; more connections cost more to
     open than they save), and the judgement stands with it."""
     def pool(c: Conn) -> list[str]:
-        return function_settings(c, "compaction.judge_runs(text, text[])", "citus.")
+        return function_settings(c, "compaction.judge_runs(text, text[], boolean)", "citus.")
 
     assert pool(conn) == ["citus.max_adaptive_executor_pool_size=1"]
     conn.execute(_history_sql("pooled", runs=40))

@@ -362,3 +362,36 @@ def test_a_settled_run_and_its_messages_from_two_writers_pair(
     assert [p[1] for p in engine_pairs(conn, "c")][5:] == ["late"]
     assert [p[0] for p in engine_pairs(conn, "c")] == list(range(6))
     assert_matches(conn, read_reference(conn, ["c"]), ["c"])
+
+
+def _stray_message(c: Conn) -> None:
+    c.execute("INSERT INTO compaction_source.messages"
+              " (message_id, conversation_id, run_id, role, status, content, seq)"
+              " VALUES ('stray', 'e', 'shared', 'user', 'completed', 'q', 100)")
+
+
+def _run_of_stray(c: Conn) -> None:
+    c.execute("INSERT INTO compaction_source.runs (run_id, conversation_id, status)"
+              " VALUES ('shared', 'e', 'running')")
+
+
+@pytest.mark.parametrize("run_first", [True, False], ids=["run_first", "message_first"])
+def test_a_message_and_its_run_from_two_writers_leave_it_belonging(
+    conn: Conn, dsn: str, run_first: bool
+) -> None:
+    """Revision 0048: the record of foreign messages is kept under the conversation's
+    row too. A message naming run 'shared' and that run, written to conversation e by two
+    writers at once: whichever commits second judges on a snapshot holding the other's
+    row, so the message ends up belonging to e's run, never recorded as foreign, and
+    conversation c's own run 'shared' stays a pair."""
+    h = History(conn)
+    h.conversation("e")
+    h.run("c", run_id="shared")
+    h.message("c", "shared", "user", "question")
+    h.message("c", "shared", "assistant", "answer")
+    first_write, second_write = ((_run_of_stray, _stray_message) if run_first
+                                 else (_stray_message, _run_of_stray))
+    write_in_turn(conn, dsn, first_write, second_write)
+    assert conn.execute("SELECT * FROM compaction.foreign_messages").fetchall() == []
+    assert [p[1] for p in engine_pairs(conn, "c")] == ["shared"]
+    assert_matches(conn, read_reference(conn, ["c", "e"]), ["c", "e"])

@@ -4,7 +4,9 @@ from-scratch recomputation and compaction.verify_conversation finds nothing.
 A hypothesis property: random sequences of writes (whole Runs appended, bulk inserts, old
 messages edited, whitespace-only and NBSP edits, run and message status flips, a second
 assistant message, deleted messages and runs, Runs inserted before others, ties on seq,
-messages and runs moved to another conversation, roles, seqs and message ids changed, one
+messages and runs moved to another conversation, a run id reused in another conversation,
+a run created for a message that named it from elsewhere, a run deleted under its
+messages, roles, seqs and message ids changed, one
 UPDATE across several conversations, several writes in one transaction, rolled-back
 transactions). After each write, and inside each multi-write transaction after every
 write, `eligible_pairs`, `plan_targets` and `source_hash` (every multiple of 10 up to past
@@ -90,6 +92,8 @@ class Source(Protocol):
                     column: str, value: Any) -> None: ...
     def delete_message(self, conn: Conn, message_id: str) -> None: ...
     def delete_run(self, conn: Conn, run_id: str) -> None: ...
+    def add_run(self, conn: Conn, run_id: str, conversation_id: str) -> bool: ...
+    def delete_run_row(self, conn: Conn, run_id: str, conversation_id: str) -> None: ...
     def read(self, conn: Conn, conversations: Sequence[str]) -> Raw: ...
 
 
@@ -168,6 +172,19 @@ class ReferenceSource:
     def delete_run(self, conn: Conn, run_id: str) -> None:
         conn.execute("DELETE FROM compaction_source.messages WHERE run_id = %s", (run_id,))
         conn.execute("DELETE FROM compaction_source.runs WHERE run_id = %s", (run_id,))
+
+    def add_run(self, conn: Conn, run_id: str, conversation_id: str) -> bool:
+        """A completed run of this id in this conversation (the key is (conversation,
+        run id): an id may repeat across conversations, docs/contract.md §2)."""
+        conn.execute(
+            "INSERT INTO compaction_source.runs (run_id, conversation_id, status, created_at)"
+            " VALUES (%s, %s, 'completed', now()) ON CONFLICT DO NOTHING",
+            (run_id, conversation_id))
+        return True
+
+    def delete_run_row(self, conn: Conn, run_id: str, conversation_id: str) -> None:
+        conn.execute("DELETE FROM compaction_source.runs"
+                     " WHERE conversation_id = %s AND run_id = %s", (conversation_id, run_id))
 
     def read(self, conn: Conn, conversations: Sequence[str]) -> Raw:
         return read_reference(conn, conversations)
@@ -272,6 +289,12 @@ class HostSource:
     def delete_run(self, conn: Conn, run_id: str) -> None:
         conn.execute("DELETE FROM agent.chat_messages WHERE turn = %s", (run_id,))
         conn.execute("DELETE FROM agent.turns WHERE turn_id = %s", (run_id,))
+
+    def add_run(self, conn: Conn, run_id: str, conversation_id: str) -> bool:
+        return False  # a turn id is the host's whole key: it never repeats
+
+    def delete_run_row(self, conn: Conn, run_id: str, conversation_id: str) -> None:
+        pass  # the host's messages keep their turn by a foreign key
 
     def read(self, conn: Conn, conversations: Sequence[str]) -> Raw:
         ids = list(conversations)
@@ -408,6 +431,28 @@ class MoveRun:
 
 
 @dataclass(frozen=True)
+class ReuseRun:
+    """A run of a picked run's id in another conversation (docs/contract.md §3: each is its own),
+    with its own user and assistant messages or none."""
+    pick: int
+    conversation: int
+    with_messages: bool
+
+
+@dataclass(frozen=True)
+class AdoptForeign:
+    """A run created in a message's conversation for the run id it names: a foreign
+    message stops being foreign."""
+    pick: int
+
+
+@dataclass(frozen=True)
+class DropRunRow:
+    """A run deleted under its messages: they become foreign."""
+    pick: int
+
+
+@dataclass(frozen=True)
 class Together:
     """Several writes in one transaction; checked after each, then committed or rolled back."""
     writes: tuple[Any, ...]
@@ -445,6 +490,9 @@ single_writes = st.one_of(
     st.builds(DeleteRun, picks),
     st.builds(MoveMessage, picks, conversation_picks),
     st.builds(MoveRun, picks, conversation_picks, st.booleans()),
+    st.builds(ReuseRun, picks, conversation_picks, st.booleans()),
+    st.builds(AdoptForeign, picks),
+    st.builds(DropRunRow, picks),
 )
 writes = st.one_of(
     single_writes,
@@ -568,6 +616,24 @@ class Writer:
                     source.update_run(conn, run.run_id, "conversation_id", target)
                     if write.with_messages:
                         source.move_run_messages(conn, run.run_id, target)
+        elif isinstance(write, ReuseRun):
+            if run := self.run(write.pick):
+                target = self.conversation(write.conversation)
+                if source.add_run(conn, run.run_id, target) and write.with_messages:
+                    seq = self.next_seq(target)
+                    source.insert_messages(conn, [
+                        NewMessage(target, run.run_id, "user", "completed", "again", seq),
+                        NewMessage(target, run.run_id, "assistant", "completed", "reused",
+                                   seq + 1)])
+        elif isinstance(write, AdoptForeign):
+            raw = self.raw()
+            held = {(r.conversation_id, r.run_id) for r in raw.runs}
+            if (m := self.message(write.pick)) and m.run_id is not None \
+                    and (m.conversation_id, m.run_id) not in held:
+                source.add_run(conn, m.run_id, m.conversation_id)
+        elif isinstance(write, DropRunRow):
+            if run := self.run(write.pick):
+                source.delete_run_row(conn, run.run_id, run.conversation_id)
         elif isinstance(write, Together):
             before = self.raw()
             try:
@@ -719,7 +785,8 @@ def expected_verdicts(pairs: Sequence[PairRow], summaries: Sequence[SummaryRow]
 
 
 def assert_verdicts(conn: Conn, raw: Raw, conversations: Sequence[str], tracked: bool) -> None:
-    """The stored verdicts (tracked) and a projection's reasons equal the recomputation."""
+    """The stored verdicts (tracked: from the conversation's own rows) and a projection's
+    reasons equal the recomputation."""
     for cid in conversations:
         summaries: list[SummaryRow] = conn.execute(
             "SELECT summary_id, scope, from_pair, source_message_ids, source_hash,"
@@ -727,10 +794,14 @@ def assert_verdicts(conn: Conn, raw: Raw, conversations: Sequence[str], tracked:
             " WHERE conversation_id = %s", (cid,)).fetchall()
         expected = expected_verdicts(pairs_of(raw, cid), summaries)
         if tracked:
+            # Kept against the ranges the conversation's own rows make (revision 0048: a
+            # foreign message's effect is applied by the reads, which then judge from
+            # the views).
             stored = {r[0]: (r[1], r[2], r[3]) for r in conn.execute(
                 "SELECT summary_id, scope, from_pair, reason FROM compaction.summary_verdicts"
                 " WHERE conversation_id = %s", (cid,))}
-            assert stored == expected, f"summary_verdicts({cid!r})"
+            assert stored == expected_verdicts(pairs_of(raw, cid, foreign=False),
+                                               summaries), f"summary_verdicts({cid!r})"
         projection = project_history(conn, cid, budget_bytes=10_000_000)
         assert sorted((r.summary_id, r.reason) for r in projection.rejected_summaries) == sorted(
             (sid, reason) for sid, (scope, _, reason) in expected.items()

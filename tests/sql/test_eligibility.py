@@ -131,6 +131,27 @@ def test_a_reply_filed_elsewhere_is_found_in_a_conversation_of_any_size(
     assert len(run_ids(conn)) == runs - 1
 
 
+@pytest.mark.parametrize("runs", [256, 257])
+def test_a_message_of_another_conversations_own_run_of_that_id_breaks_nothing(
+        conn: Conn, runs: int) -> None:
+    """Revision 0048 (contract §3): a message whose own conversation has a run of that id
+    belongs to that run; only a foreign one (its conversation has no such run) breaks the
+    run elsewhere. Both forms of judge_runs' question (a value, a subquery)."""
+    h = History(conn)
+    pairs = h.pairs("c", runs)
+    shared = pairs[runs // 2].run_id
+    h.run("other", run_id=shared)
+    h.message("other", shared, "assistant", "a reply of other's own run of that id")
+    judge = ("SELECT run_id, reason FROM compaction.judge_runs('c')"
+             " WHERE reason IS NOT NULL")
+    assert conn.execute(judge).fetchall() == []
+    assert len(run_ids(conn)) == runs
+    assert reasons(conn, "other") == {shared: "no_user_message"}
+    h.message("third", shared, "user", "filed where no run of that id is")
+    assert conn.execute(judge).fetchall() == [(shared, "foreign_message")]
+    assert reasons(conn, "other") == {shared: "foreign_message"}
+
+
 @pytest.mark.parametrize("blank", ["", " ", "\t", "\n", "\r\n", "\f", "\v", " \t\n\r\f\v "])
 def test_ascii_whitespace_only_content_is_empty(conn: Conn, blank: str) -> None:
     h = History(conn)

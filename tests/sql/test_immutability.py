@@ -19,7 +19,8 @@ ENGINE_TABLES = ["jobs", "attempts", "job_summaries", "event_log", "admission", 
 # Revision 0027: the event log is a view over the attempts and event_log.
 LOG_VIEW = "audit_events"
 # The derived state (a cache of the source) is guarded against TRUNCATE as well.
-DERIVED_TABLES = ["conversation_state", "pairs", "ranges", "summary_verdicts", "source_tracking"]
+DERIVED_TABLES = ["conversation_state", "pairs", "ranges", "summary_verdicts", "source_tracking",
+                  "foreign_messages"]
 # And the conversations' lock rows (revision 0018): emptied, reap would pass them over.
 LOCK_TABLES = ["conversation_locks"]
 

@@ -318,7 +318,8 @@ def test_judged_from_the_views_a_projection_judges_the_conversation_once(conn: C
     for start in range(0, 50, 10):
         import_summary(conn, "once", pairs, start)
     judge_from_the_views(conn)
-    counted = ["compaction.judge_runs(text, text[])", "compaction.range_hash(text, text[])",
+    counted = ["compaction.judge_runs(text, text[], boolean)",
+               "compaction.range_hash(text, text[])",
                "compaction.range_hashes(text, int[], text[])"]
     conn.execute("SET track_functions = 'all'")
 
@@ -390,7 +391,8 @@ def test_judged_from_the_views_the_projection_is_the_derived_states(conn: Conn,
         assert any(r["reason"] == "did_not_fit"
                    for b in budgets for r in derived[b]["rejected_summaries"])
     judge_from_the_views(conn)
-    counted = ["compaction.judged_frame(text, text)", "compaction.judge_runs(text, text[])",
+    counted = ["compaction.judged_frame(text, text)",
+               "compaction.judge_runs(text, text[], boolean)",
                "compaction.indexed_pairs(text)"]
     conn.execute("SET track_functions = 'all'")
     with conn.transaction():

@@ -127,7 +127,7 @@ def explain_body(conn: Conn, function: str, argument: str,
 
 
 def test_judging_runs_uses_indexes_and_reads_one_conversation(crowded: Conn) -> None:
-    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG)
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[], boolean)", BIG)
     scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
              if "Relation Name" in n or "Index Name" in n}
     assert not [s for s in scans if s[0] == "Seq Scan"], scans
@@ -136,7 +136,7 @@ def test_judging_runs_uses_indexes_and_reads_one_conversation(crowded: Conn) -> 
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
     assert scanned == BIG_PAIRS * 3
     # How many runs: the conversation's, by index.
-    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG,
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[], boolean)", BIG,
                         statement="runs")
     assert not [n for n in plan if n["Node Type"] == "Seq Scan"], plan
     assert sum(n["Actual Rows"] * n["Actual Loops"] for n in plan
@@ -144,7 +144,7 @@ def test_judging_runs_uses_indexes_and_reads_one_conversation(crowded: Conn) -> 
     # The question across conversations (more than 256 runs: by subquery): this
     # conversation's runs, then their messages by run id, none of which is filed
     # elsewhere here.
-    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG,
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[], boolean)", BIG,
                         statement="foreign_many")
     scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
              if "Relation Name" in n or "Index Name" in n}
@@ -158,7 +158,7 @@ def test_judging_named_runs_reads_only_those_runs(crowded: Conn) -> None:
     """What a tracking trigger pays per appended Run: the runs named, by index."""
     runs = f"ARRAY['{BIG}/r17', '{BIG}/r9000']"
     # The runs named, by run id (revision 0036: in a statement of their own).
-    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG, run_ids=runs,
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[], boolean)", BIG, run_ids=runs,
                         statement="named")
     scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
              if "Relation Name" in n or "Index Name" in n}
@@ -166,7 +166,7 @@ def test_judging_named_runs_reads_only_those_runs(crowded: Conn) -> None:
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
     assert scanned == 2
     # The verdicts: the two runs' messages, nothing else.
-    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG, run_ids=runs,
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[], boolean)", BIG, run_ids=runs,
                         values={"v_named_ids": runs,
                                 "v_named_status": "ARRAY['completed', 'completed']"})
     scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
@@ -174,7 +174,7 @@ def test_judging_named_runs_reads_only_those_runs(crowded: Conn) -> None:
     assert not [s for s in scans if s[0] == "Seq Scan"], scans
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
     assert scanned == 2 * 2  # their two messages each
-    plan = explain_body(crowded, "compaction.judge_runs(text, text[])", BIG, run_ids=runs,
+    plan = explain_body(crowded, "compaction.judge_runs(text, text[], boolean)", BIG, run_ids=runs,
                         statement="foreign", values={"v_runs": runs})
     assert not [n for n in plan if n["Node Type"] == "Seq Scan"], plan
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
