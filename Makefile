@@ -12,7 +12,7 @@ PG ?= $(or $(PYCOMPACTOR_PG),auto)
 export PYCOMPACTOR_PG := $(PG)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo wheel test prepare-test lint typecheck pytest baseline bench bench-record bench-scale bench-citus test-citus docs-images clean
+.PHONY: help venv demo wheel test prepare-test lint typecheck pytest freeze-baseline bench bench-record bench-scale bench-citus test-citus docs-images clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -61,8 +61,8 @@ pytest: prepare-test ## the test suite against a throwaway cluster (PG=... picks
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Until 0.1.0 is released the schema is one revision; README.md, "Changing the schema".
-baseline: ## rewrite migrations/deltas/0_1_0_baseline.up.sql from sql/ (until 0.1.0 is released)
-	$(PYTHON) scripts/build_baseline.py
+freeze-baseline: ## at the 0.1.0 release only: write sql/ into the baseline's frozen up delta
+	$(PYTHON) scripts/freeze_baseline.py
 
 # Not part of `make test`: it needs a Citus installation, named by its pg_config.
 test-citus: $(STAMP) ## the engine on a real Citus cluster (coordinator + 2 workers): PG_CONFIG=/path/to/pg_config

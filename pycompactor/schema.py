@@ -151,6 +151,17 @@ def run_delta(name: str) -> None:
         execute_file(cursor, delta_path(name))
 
 
+def run_definition() -> None:
+    """Execute the current definition (sql/, in order) inside the running alembic
+    revision: the 0.1.0 baseline's upgrade until the release freezes it into a delta."""
+    from alembic import op
+
+    raw: Any = op.get_bind().connection.dbapi_connection
+    with raw.cursor() as cursor:
+        for path in sql_files():
+            execute_file(cursor, path)
+
+
 def execute_file(cursor: psycopg.Cursor[Any], path: Path) -> None:
     """Send one SQL file as a single parameterless simple query (`%`, `:name` stay verbatim)."""
     cursor.execute(path.read_text(encoding="utf-8").encode("utf-8"))

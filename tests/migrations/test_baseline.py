@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import subprocess
 import sys
 import textwrap
@@ -53,6 +54,33 @@ def engine_relations(dsn: str) -> int:
 def test_the_baseline_is_the_only_revision_and_has_no_parent() -> None:
     assert schema.heads() == [schema.BASELINE]
     assert not schema.PRE_BASELINE.fullmatch(schema.BASELINE)
+
+
+def test_a_revision_after_the_baseline_needs_the_baseline_frozen() -> None:
+    """Until the release the baseline applies sql/ itself; a revision after it would then
+    be applied on top of a baseline that already holds its change. So a second revision
+    exists only beside the frozen delta `make freeze-baseline` writes at the release."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(schema.alembic_config(""))
+    revisions = {r.revision for r in script.walk_revisions()}
+    frozen = schema.delta_path("0_1_0_baseline.up.sql").exists()
+    assert revisions == {schema.BASELINE} or frozen, revisions
+
+
+def test_the_frozen_baseline_will_build_what_sql_describes(
+        pg_bindir: Path, new_database: NewDatabase, tmp_path: Path) -> None:
+    """What `make freeze-baseline` writes at the release, run as one delta, builds the
+    catalog sql/ describes."""
+    script = runpy.run_path(str(REPO / "scripts" / "freeze_baseline.py"))
+    delta = tmp_path / "0_1_0_baseline.up.sql"
+    delta.write_text(script["baseline_text"](), encoding="utf-8")
+    frozen, direct = new_database(), new_database()
+    with psycopg.connect(frozen) as conn, conn.cursor() as cursor:
+        schema.execute_file(cursor, delta)
+    with psycopg.connect(direct) as conn:
+        schema.apply_current_definition(conn)
+    assert dump_schema(pg_bindir, frozen) == dump_schema(pg_bindir, direct)
 
 
 def test_a_pre_baseline_database_is_refused_and_left_as_it_was(

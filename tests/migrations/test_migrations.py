@@ -54,8 +54,8 @@ def test_migrated_catalog_equals_sql_definition(
     expected = dump_schema(pg_bindir, from_sql)
     assert "CREATE FUNCTION compaction.eligible_pairs" in expected
     assert dump_schema(pg_bindir, migrated) == expected, (
-        "the migrated head differs from sql/: until 0.1.0 is released run `make baseline`;"
-        " from then on add a revision (README.md, \"Changing the schema\")")
+        "the migrated head differs from sql/: a released baseline or revision is frozen;"
+        " add a revision (README.md, \"Changing the schema\")")
 
 
 def test_downgrade_to_base_then_upgrade_round_trips(
