@@ -53,7 +53,7 @@ MODELS = (OFFLINE_MODEL, EXTRACTIVE2_MODEL, EXTRACTIVE3_MODEL)
 #: The offline model the frontier measures (the default offline model of evaluate).
 FRONTIER_MODEL = EXTRACTIVE3_MODEL
 #: The byte targets the frontier tries, for the model and the baseline alike.
-TARGETS = (0.2, 0.3, 0.4, 0.5, 0.6)
+TARGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 _REACH_BUDGET = 64 * 1024
 #: Messages of a summary block besides the ten user messages: the one summary message.
 _SUMMARY_MESSAGES = 1

@@ -90,7 +90,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     # in the same run, on the same ranges.
     frontier = quality["frontier"]
     assert frontier["model"] == "pycompactor/extractive-2"
-    assert frontier["targets"] == [0.2, 0.3, 0.4, 0.5, 0.6]
+    assert frontier["targets"] == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     for series in ("points", "baseline", "baseline_caveats_first"):
         assert [p["target"] for p in frontier[series]] == frontier["targets"]
         for p in frontier[series]:
