@@ -89,3 +89,14 @@ def retention_ratio(text: str) -> float:
     if not 0.0 <= value <= 1.0:  # NaN fails this too
         raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text}")
     return value
+
+
+def invented_figures_allowed(text: str) -> int:
+    # The worker's own bound (WorkerConfig): refused here, it is a usage error.
+    from pycompactor.figures import MAX_INVENTED_FIGURES_BOUND
+
+    value = non_negative_int(text)
+    if value > MAX_INVENTED_FIGURES_BOUND:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_INVENTED_FIGURES_BOUND} figures, got {value}")
+    return value

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from pycompactor import __version__, db
 from pycompactor.argtypes import (
     budget_bytes,
+    invented_figures_allowed,
     lease_seconds,
     non_negative_float,
     port_number,
@@ -205,6 +206,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         lease=timedelta(seconds=args.lease_seconds), poll_seconds=args.poll_seconds,
         drain_seconds=args.drain_seconds, timeout_seconds=args.timeout_seconds,
         log_format=args.log_format, min_figure_retention=args.min_figure_retention,
+        max_invented_figures=args.max_invented_figures,
         timeouts=db.Timeouts(lock=timedelta(seconds=args.lock_timeout_seconds),
                              statement=timedelta(seconds=args.statement_timeout_seconds)),
     )
@@ -432,6 +434,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fail an attempt (reason figures_lost) whose summary keeps fewer than "
                         "R x the distinct figures (numbers, dates, amounts) of its ten replies; "
                         "0 to 1 (env: PYCOMPACTOR_MIN_FIGURE_RETENTION; default: 0 = off)")
+    p.add_argument("--max-invented-figures", type=invented_figures_allowed, metavar="N",
+                   default=os.environ.get("PYCOMPACTOR_MAX_INVENTED_FIGURES", "0"),
+                   help="fail an attempt (reason figures_invented) whose summary states more "
+                        "than N distinct figures that none of its ten replies holds "
+                        "(bracketed reply ids aside); 0 to 6000 "
+                        "(env: PYCOMPACTOR_MAX_INVENTED_FIGURES; default: 0)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="stderr log: key=value text (default) or one JSON object per line")
     p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",

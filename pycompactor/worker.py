@@ -74,7 +74,12 @@ from pycompactor.errors import (
     TransactionConflict,
 )
 from pycompactor.eventlog import EventLog, LogFormat, secrets_of
-from pycompactor.figures import FigureStats, figure_stats
+from pycompactor.figures import (
+    MAX_INVENTED_FIGURES_BOUND,
+    FigureStats,
+    figure_stats,
+    invented_figures,
+)
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import QueuedConversation, RangeClaim, RangeReply
 from pycompactor.outcomes import Failure, ModelOutcome, Reply
@@ -92,6 +97,9 @@ SOURCE_MOVED: Final = "source_moved"
 SOURCE_UNREADABLE: Final = "source_unreadable"
 #: Failure reason when a summary kept fewer than --min-figure-retention of the figures.
 FIGURES_LOST: Final = "figures_lost"
+#: Failure reason when a summary states more figures that no reply holds than
+#: --max-invented-figures allows (DESIGN.md §8; the default allows none).
+FIGURES_INVENTED: Final = "figures_invented"
 
 # Claim refusals after which the conversation may become claimable later: put it back.
 # Not already_running: that attempt's worker completes it, or the reaper expires it and
@@ -145,12 +153,20 @@ class WorkerConfig:
     #: --min-figure-retention: a summary keeping fewer than this share of its range's
     #: figures fails with `figures_lost` (0, the default, turns the gate off).
     min_figure_retention: float = 0.0
+    #: --max-invented-figures: a summary stating more than this many distinct figures
+    #: that none of its ten replies holds fails with `figures_invented` (default 0).
+    max_invented_figures: int = 0
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("a worker needs a model")
         if not 0.0 <= self.min_figure_retention <= 1.0:
             raise ValueError("min_figure_retention must lie between 0 and 1")
+        if isinstance(self.max_invented_figures, bool) \
+                or not isinstance(self.max_invented_figures, int) \
+                or not 0 <= self.max_invented_figures <= MAX_INVENTED_FIGURES_BOUND:
+            raise ValueError("max_invented_figures must be a whole number from 0 to "
+                             f"{MAX_INVENTED_FIGURES_BOUND}")
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch_size must be at least 1")
         low, high = db.LEASE_BOUNDS
@@ -198,6 +214,15 @@ class JobResult:
     reason: str
     summary_id: int | None
     latency_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """A reply's figures (DESIGN.md §8): kept of the replies' (stats), and how many
+    distinct figures it states that no reply holds (invented)."""
+
+    stats: FigureStats
+    invented: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,7 +360,8 @@ class Worker:
                        conversation_id=cfg.conversation, concurrency=cfg.concurrency,
                        lease_seconds=cfg.lease.total_seconds(),
                        timeout_seconds=cfg.timeout_seconds,
-                       min_figure_retention=cfg.min_figure_retention, pid=os.getpid())
+                       min_figure_retention=cfg.min_figure_retention,
+                       max_invented_figures=cfg.max_invented_figures, pid=os.getpid())
         heartbeats = threading.Thread(target=self._heartbeat_loop, name="heartbeat",
                                       daemon=True)
         heartbeats.start()
@@ -753,21 +779,33 @@ class Worker:
         except Exception as exc:  # a summarizer bug is still just a failed attempt
             return Failure(WORKER_ERROR, f"{type(exc).__name__}: {exc}"), replies
 
-    def _judge_figures(self, replies: Sequence[RangeReply],
-                       outcome: ModelOutcome) -> tuple[ModelOutcome, FigureStats | None]:
-        """Count the figures a reply kept (DESIGN.md §8) and apply --min-figure-retention.
+    def _judge_figures(self, replies: Sequence[RangeReply], outcome: ModelOutcome,
+                       ) -> tuple[ModelOutcome, Figures | None]:
+        """Count the figures a reply kept and invented (DESIGN.md §8), and apply
+        --max-invented-figures, then --min-figure-retention.
 
-        Only a reply the database would accept can fail the gate: a truncated or empty
+        Only a reply the database would accept can fail a gate: a truncated or empty
         reply keeps its own reason (not_stopped, empty, ...), judged by `complete`.
         """
         if not isinstance(outcome, Reply):
             return outcome, None
-        figures = figure_stats(replies, outcome.text)
-        metrics.figures_counted(figures)
+        figures = Figures(figure_stats(replies, outcome.text),
+                          len(invented_figures(replies, outcome.text)))
+        metrics.figures_counted(figures.stats)
+        allowed = self.config.max_invented_figures
         threshold = self.config.min_figure_retention
-        if figures.below(threshold) and self._acceptable(outcome):
+        if figures.invented > allowed and self._acceptable(outcome):
+            metrics.figures_invented()
+            # The count only: the figures themselves are summary text, kept out of logs.
+            return Failure(FIGURES_INVENTED,
+                           f"states {figures.invented} figures no reply holds, more than "
+                           f"the {allowed} --max-invented-figures allows",
+                           input_tokens=outcome.input_tokens,
+                           output_tokens=outcome.output_tokens), figures
+        if figures.stats.below(threshold) and self._acceptable(outcome):
             metrics.figures_lost()
-            return Failure(FIGURES_LOST, f"kept {figures.kept} of {figures.total} figures, "
+            return Failure(FIGURES_LOST, f"kept {figures.stats.kept} of "
+                                         f"{figures.stats.total} figures, "
                                          f"below {threshold:g} of them",
                            input_tokens=outcome.input_tokens,
                            output_tokens=outcome.output_tokens), figures
@@ -779,7 +817,7 @@ class Worker:
                         reply.tool_call_count) is None
 
     def _record(self, job: ClaimedJob, outcome: ModelOutcome, started: float,
-                figures: FigureStats | None = None) -> JobResult:
+                figures: Figures | None = None) -> JobResult:
         """complete (Reply) or fail (Failure) with the fencing token, retrying DB trouble
         until the lease would have run out anyway."""
         give_up = started + self.config.lease.total_seconds()
@@ -819,7 +857,7 @@ class Worker:
         return JobResult(job, outcome_name, reason, summary_id, _ms_since(started))
 
     def _finished(self, result: JobResult, outcome: ModelOutcome | None,
-                  figures: FigureStats | None = None) -> None:
+                  figures: Figures | None = None) -> None:
         with self._counts_lock:
             self._outcomes[result.outcome] += 1
         metrics.attempt_finished(result.outcome, result.reason)
@@ -843,7 +881,8 @@ class Worker:
                           input_tokens=outcome.input_tokens,
                           output_tokens=outcome.output_tokens)
         if figures is not None:
-            fields.update(figures_total=figures.total, figures_kept=figures.kept)
+            fields.update(figures_total=figures.stats.total, figures_kept=figures.stats.kept,
+                          figures_invented=figures.invented)
         self._log.emit(event, **fields)
 
     def _heartbeat_loop(self) -> None:
@@ -919,11 +958,12 @@ def _oldest_age(batch: Sequence[QueuedConversation], lease: timedelta) -> float:
     return max(((e.lease_expires_at - lease) - e.enqueued_at).total_seconds() for e in batch)
 
 
-def reply_stats(reply: Reply, figures: FigureStats | None) -> dict[str, int]:
+def reply_stats(reply: Reply, figures: Figures | None) -> dict[str, int]:
     """complete's p_stats: the figures (always, for a reply) and the usage reported."""
     stats: dict[str, int] = {}
     if figures is not None:
-        stats.update(figures_total=figures.total, figures_kept=figures.kept)
+        stats.update(figures_total=figures.stats.total, figures_kept=figures.stats.kept,
+                     figures_invented=figures.invented)
     if reply.input_tokens is not None:
         stats["input_tokens"] = reply.input_tokens
     if reply.output_tokens is not None:

@@ -352,7 +352,8 @@ CREATE INDEX audit_events_recorded_at_idx ON compaction.event_log (recorded_at, 
 -- own: attempts_at_most_two (bounded retries: the first attempt and one retry, never a
 -- third), attempts_state_valid, attempts_finished_iff_terminal,
 -- attempts_reason_matches_state, attempts_stats_valid (complete()'s p_stats, DESIGN §6:
--- non-negative counts, NULL when not reported), attempts_times_valid (stored times are
+-- non-negative counts, NULL when not reported; figures_invented since revision 0048),
+-- attempts_times_valid (stored times are
 -- the server's, finite and ordered: revision 0007) and attempts_reason_is_code (the
 -- auditor reads reasons and never sees content). A rule passes when it is NULL, as a
 -- CHECK does. PL/pgSQL with no SET clause and every name qualified: the session keeps its
@@ -360,7 +361,7 @@ CREATE INDEX audit_events_recorded_at_idx ON compaction.event_log (recorded_at, 
 CREATE FUNCTION compaction.attempt_rules_hold(
     p_attempt int, p_state text, p_reason text, p_started_at timestamptz,
     p_lease_expires_at timestamptz, p_finished_at timestamptz, p_input_tokens int,
-    p_output_tokens int, p_figures_total int, p_figures_kept int)
+    p_output_tokens int, p_figures_total int, p_figures_kept int, p_figures_invented int)
 RETURNS boolean
 LANGUAGE plpgsql
 IMMUTABLE
@@ -386,7 +387,8 @@ BEGIN
               AND p_figures_total OPERATOR(pg_catalog.>=) 0
               AND p_figures_kept OPERATOR(pg_catalog.>=) 0
               AND p_figures_kept OPERATOR(pg_catalog.<=) p_figures_total
-              AND (p_figures_kept IS NULL OR p_figures_total IS NOT NULL)) IS FALSE
+              AND (p_figures_kept IS NULL OR p_figures_total IS NOT NULL)
+              AND p_figures_invented OPERATOR(pg_catalog.>=) 0) IS FALSE
             THEN 'attempts_stats_valid'
         WHEN (pg_catalog.isfinite(p_started_at) AND pg_catalog.isfinite(p_lease_expires_at)
               AND (p_finished_at IS NULL
@@ -404,7 +406,7 @@ BEGIN
     RETURN true;
 END
 $$;
-COMMENT ON FUNCTION compaction.attempt_rules_hold(int, text, text, timestamptz, timestamptz, timestamptz, int, int, int, int) IS
+COMMENT ON FUNCTION compaction.attempt_rules_hold(int, text, text, timestamptz, timestamptz, timestamptz, int, int, int, int, int) IS
     'Internal: the CHECK attempts_rules; true when every rule of an attempt row holds, else the check_violation (23514) named after the broken rule (attempts_at_most_two, attempts_state_valid, attempts_finished_iff_terminal, attempts_reason_matches_state, attempts_stats_valid, attempts_times_valid, attempts_reason_is_code)';
 
 CREATE TABLE compaction.attempts (
@@ -445,12 +447,17 @@ CREATE TABLE compaction.attempts (
     finish_event_id    bigint,
     finish_recorded_at timestamptz,
     finish_xact_id     xid8,
+    -- Figures of the summary that none of the ten replies holds, as the worker reported
+    -- them to complete (DESIGN §8, revision 0048); NULL when not reported.
+    figures_invented   int,
     CONSTRAINT attempts_pkey PRIMARY KEY (conversation_id, job_id, attempt),
     CONSTRAINT attempts_job_fkey FOREIGN KEY (conversation_id, job_id)
         REFERENCES compaction.jobs (conversation_id, job_id)
 );
 COMMENT ON TABLE compaction.attempts IS
     'Append-only attempt log: one row per claim of an identity (at most 2); only running -> completed | failed (and lease renewal) ever changes';
+COMMENT ON COLUMN compaction.attempts.figures_invented IS
+    'Figures of the summary that none of the ten replies holds, as reported to complete in p_stats (DESIGN §8); NULL when not reported';
 -- The rules of an attempt row, one CHECK (revision 0021). PostgreSQL rebuilds a table's
 -- CHECK expressions from their stored form in every statement that writes a row, and
 -- attempts are written twice per cycle: their seven CHECKs were about 12% of a claim ->
@@ -462,7 +469,7 @@ COMMENT ON TABLE compaction.attempts IS
 ALTER TABLE compaction.attempts
     ADD CONSTRAINT attempts_rules CHECK (compaction.attempt_rules_hold(
         attempt, state, reason, started_at, lease_expires_at, finished_at,
-        input_tokens, output_tokens, figures_total, figures_kept)) NOT VALID;
+        input_tokens, output_tokens, figures_total, figures_kept, figures_invented)) NOT VALID;
 -- The final word on exclusivity: one running attempt per identity, whatever the callers do.
 CREATE UNIQUE INDEX attempts_one_running
     ON compaction.attempts (conversation_id, job_id) WHERE state = 'running';
@@ -1481,7 +1488,8 @@ COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz, text) IS
     'Internal: locks attempt (job_id, attempt) of the given conversation (or the job''s) and returns it with its job, first failing it (lease_expired) if its lease ran out; attempt_row NULL if unknown or claimed by another login (owner and superusers aside)';
 
 -- complete()'s p_stats (DESIGN.md §6): NULL, or an object whose keys are among
--- input_tokens, output_tokens, figures_total, figures_kept, each a non-negative integer
+-- input_tokens, output_tokens, figures_total, figures_kept, figures_invented (revision
+-- 0048), each a non-negative integer
 -- (JSON number without fraction or exponent, below 2^31), figures_kept only with
 -- figures_total and never above it. Anything else is CP020. The counts come back in the
 -- matching columns of an attempts row (the other columns NULL).
@@ -1505,8 +1513,9 @@ BEGIN
             USING ERRCODE = 'CP020';
     END IF;
     FOR v_key, v_value IN SELECT e.key, e.value FROM pg_catalog.jsonb_each(p_stats) AS e LOOP
-        IF v_key NOT IN ('input_tokens', 'output_tokens', 'figures_total', 'figures_kept') THEN
-            RAISE EXCEPTION 'p_stats: unknown key % (known: input_tokens, output_tokens, figures_total, figures_kept)',
+        IF v_key NOT IN ('input_tokens', 'output_tokens', 'figures_total', 'figures_kept',
+                         'figures_invented') THEN
+            RAISE EXCEPTION 'p_stats: unknown key % (known: input_tokens, output_tokens, figures_total, figures_kept, figures_invented)',
                     pg_catalog.quote_literal(pg_catalog.left(v_key, 64))
                 USING ERRCODE = 'CP020';
         END IF;
@@ -1523,6 +1532,7 @@ BEGIN
     v_stats.output_tokens := (p_stats ->> 'output_tokens')::int;
     v_stats.figures_total := (p_stats ->> 'figures_total')::int;
     v_stats.figures_kept := (p_stats ->> 'figures_kept')::int;
+    v_stats.figures_invented := (p_stats ->> 'figures_invented')::int;
     IF v_stats.figures_kept IS NOT NULL
        AND (v_stats.figures_total IS NULL OR v_stats.figures_kept > v_stats.figures_total) THEN
         RAISE EXCEPTION 'p_stats: figures_kept needs figures_total and must not exceed it'
@@ -1605,7 +1615,8 @@ BEGIN
             finish_reason = p_finish_reason, tool_call_count = p_tool_call_count,
             response_id = p_response_id, summary_chars = pg_catalog.char_length(p_summary),
             input_tokens = v_stats.input_tokens, output_tokens = v_stats.output_tokens,
-            figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept
+            figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept,
+            figures_invented = v_stats.figures_invented
         WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
           AND a.attempt = p_attempt
         RETURNING a.* INTO v_attempt;
@@ -1655,7 +1666,8 @@ BEGIN
         finish_reason = p_finish_reason, tool_call_count = p_tool_call_count,
         response_id = p_response_id, summary_chars = pg_catalog.char_length(p_summary),
         input_tokens = v_stats.input_tokens, output_tokens = v_stats.output_tokens,
-        figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept
+        figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept,
+        figures_invented = v_stats.figures_invented
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     RETURNING a.* INTO v_attempt;
@@ -1672,7 +1684,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text) IS
-    'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off or claimed by another login';
+    'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures kept and invented): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off or claimed by another login';
 
 CREATE FUNCTION compaction.fail(
     p_job_id  bigint,
