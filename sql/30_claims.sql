@@ -22,7 +22,7 @@
 --
 -- Time and inputs. The server owns time: p_now is honoured only for a superuser or a
 -- member of compaction_owner (caller_now); leases lie within 1 second..1 day
--- (checked_lease); reasons that reach the auditor are codes (checked_reason); identifiers
+-- by their end, lease_fits and lease_end); reasons that reach the auditor are codes (checked_reason); identifiers
 -- that become index keys are bounded (oversized_identifier, revision 0018).
 --
 -- Ownership (revision 0018). An attempt belongs to the login that claimed it
@@ -616,7 +616,7 @@ COMMENT ON FUNCTION compaction.caller_is_privileged() IS
 
 -- The server owns time (DESIGN §6): p_now exists for tests and repairs by a superuser or
 -- the owner. The worker's calls call it only for a given p_now (revision 0045), and
--- checked_lease only for a lease out of its range: a call of a function with a SET clause
+-- lease_end only for a lease lease_fits does not take: a call of a function with a SET clause
 -- saves and restores the settings, which costs more than either rule.
 CREATE FUNCTION compaction.caller_now(p_now timestamptz)
 RETURNS timestamptz
@@ -680,22 +680,69 @@ $$;
 COMMENT ON FUNCTION compaction.oversized_identifier(text, text, text, text) IS
     'Internal: NULL when the conversation id (at most 1024 bytes), scope (1024), model (256) and worker name (256) fit, else the message naming the first one over its limit (callers raise CP020)';
 
-CREATE FUNCTION compaction.checked_lease(p_lease interval)
-RETURNS interval
+-- A lease is bounded by its effect, on the clock (revision 0049): it must end 1 second to
+-- 1 day after now. Intervals compare with 30-day months and 24-hour days, so a bound on
+-- the interval itself let '10000 years -3599999 days' (144 years, on the clock) pass as a
+-- day (issue 62). The callers test the usual lease in line (lease_fits: a number of
+-- seconds, or a day and some time, whose end is within bounds), and call this only for
+-- the rest: it answers the end, or raises (CP023, or p_errcode) for any lease whose end
+-- is before now + 1 second, after now + 1 day (or 24 hours, whichever is later: a day
+-- can be 23 or 25 hours across a change of clocks), or off the calendar.
+CREATE FUNCTION compaction.lease_end(p_lease interval, p_now timestamptz,
+                                     p_errcode text DEFAULT 'CP023')
+RETURNS timestamptz
 LANGUAGE plpgsql
-IMMUTABLE
+STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_end timestamptz;
 BEGIN
-    IF p_lease IS NULL OR p_lease < interval '1 second' OR p_lease > interval '1 day' THEN
-        RAISE EXCEPTION 'a lease must lie between 1 second and 1 day, got %', coalesce(p_lease::text, 'NULL')
-            USING ERRCODE = 'CP023';
+    BEGIN
+        IF p_now + p_lease >= p_now + interval '1 second'
+           AND p_now + p_lease <= GREATEST(p_now + interval '1 day',
+                                           p_now + interval '24 hours') THEN
+            v_end := p_now + p_lease;
+        END IF;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        v_end := NULL;  -- an end off the calendar is no lease
+    END;
+    IF v_end IS NULL THEN
+        RAISE EXCEPTION 'a lease between 1 second and 1 day is needed, counted by when it ends: % from % is not',
+                coalesce(p_lease::text, 'NULL'), p_now
+            USING ERRCODE = p_errcode;
     END IF;
-    RETURN p_lease;
+    RETURN v_end;
 END
 $$;
-COMMENT ON FUNCTION compaction.checked_lease(interval) IS
-    'Internal: p_lease if it lies between 1 second and 1 day, else CP023';
+COMMENT ON FUNCTION compaction.lease_end(interval, timestamptz, text) IS
+    'Internal: p_now + p_lease when that ends 1 second to 1 day after p_now (on the clock, not by comparing intervals), else CP023 (or p_errcode)';
+
+-- The usual lease, tested in line by the functions that take one (no call): a lease whose
+-- interval has no months and at most one day (so that adding it cannot leave the
+-- calendar) and whose end lies within bounds. Any other lease goes to lease_end.
+CREATE FUNCTION compaction.lease_fits(p_lease interval, p_now timestamptz)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+PARALLEL SAFE
+AS $$
+    SELECT CASE
+               WHEN p_lease OPERATOR(pg_catalog.>=) '00:00:01'::pg_catalog.interval
+                    AND p_lease OPERATOR(pg_catalog.<=) '1 day'::pg_catalog.interval
+                    AND pg_catalog.date_part('year', p_lease) OPERATOR(pg_catalog.=) 0
+                    AND pg_catalog.date_part('month', p_lease) OPERATOR(pg_catalog.=) 0
+                    AND pg_catalog.date_part('day', p_lease) OPERATOR(pg_catalog.>=) 0
+                    AND pg_catalog.date_part('day', p_lease) OPERATOR(pg_catalog.<=) 1
+               THEN (p_now OPERATOR(pg_catalog.+) p_lease)
+                        OPERATOR(pg_catalog.>=) (p_now OPERATOR(pg_catalog.+) '00:00:01'::pg_catalog.interval)
+                    AND (p_now OPERATOR(pg_catalog.+) p_lease)
+                        OPERATOR(pg_catalog.<=) (p_now OPERATOR(pg_catalog.+) '1 day'::pg_catalog.interval)
+               ELSE false
+           END
+$$;
+COMMENT ON FUNCTION compaction.lease_fits(interval, timestamptz) IS
+    'Internal: true for a usual lease (no months, at most a day and some time) that ends 1 second to 1 day after p_now; the rest is for lease_end';
 
 -- Reasons reach the auditor, who never sees content: a code, never free text.
 CREATE FUNCTION compaction.checked_reason(p_reason text)
@@ -1013,15 +1060,14 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    -- Revision 0045: caller_now and checked_lease are called only when they have
+    -- Revision 0045: caller_now and lease_end are called only when they have
     -- something to check (a given p_now, a lease out of range); each call carries a SET
     -- clause, whose save and restore of the settings cost more than the rule.
     v_now         timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
                                       ELSE compaction.caller_now(p_now) END;
-    v_lease       timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
-                                                   AND p_lease <= interval '1 day'
-                                              THEN p_lease
-                                              ELSE compaction.checked_lease(p_lease) END;
+    v_lease       timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                      THEN v_now + p_lease
+                                      ELSE compaction.lease_end(p_lease, v_now) END;
     v_accepts     boolean;
     v_pairs       bigint;
     v_target_ids  text[];
@@ -1152,10 +1198,9 @@ AS $$
 DECLARE
     v_now        timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
                                      ELSE compaction.caller_now(p_now) END;
-    v_lease      timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
-                                                  AND p_lease <= interval '1 day'
-                                             THEN p_lease
-                                             ELSE compaction.checked_lease(p_lease) END;
+    v_lease      timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                     THEN v_now + p_lease
+                                     ELSE compaction.lease_end(p_lease, v_now) END;
     v_n          int := coalesce(pg_catalog.cardinality(p_from_pairs), 0);
     v_oversized  text;
     v_accepts    boolean;
@@ -1313,10 +1358,9 @@ AS $$
 DECLARE
     v_now       timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
                                     ELSE compaction.caller_now(p_now) END;
-    v_lease     timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
-                                                 AND p_lease <= interval '1 day'
-                                            THEN p_lease
-                                            ELSE compaction.checked_lease(p_lease) END;
+    v_lease     timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                    THEN v_now + p_lease
+                                    ELSE compaction.lease_end(p_lease, v_now) END;
     v_oversized text;
     v_accepts   boolean;
     v_from      int[];
@@ -1750,10 +1794,9 @@ AS $$
 DECLARE
     v_now     timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
                                   ELSE compaction.caller_now(p_now) END;
-    v_lease   timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
-                                               AND p_lease <= interval '1 day'
-                                          THEN p_lease
-                                          ELSE compaction.checked_lease(p_lease) END;
+    v_lease   timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                  THEN v_now + p_lease
+                                  ELSE compaction.lease_end(p_lease, v_now) END;
     v_attempt compaction.attempts;
 BEGIN
     v_attempt := (compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id)).attempt_row;
@@ -1774,7 +1817,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.heartbeat(bigint, int, interval, timestamptz, text) IS
-    'Renews the lease of running attempt (job_id, attempt) to now + p_lease (1 second..1 day, else CP023); ok = false if fenced off or claimed by another login (lease_lost)';
+    'Renews the lease of running attempt (job_id, attempt) to now + p_lease (ending 1 second..1 day from now, else CP023); ok = false if fenced off or claimed by another login (lease_lost)';
 
 -- ---------------------------------------------------------------------------------------
 -- The public view of completed summaries

@@ -1,0 +1,587 @@
+-- 0049_worker_surface_again: the worker surface, second pass (issue 62).
+--
+-- * A lease is bounded by its effect, on the clock: it must end 1 second to 1 day after
+--   now (compaction.lease_fits in line, compaction.lease_end for the rest), in claim,
+--   claim_targets, claim_next_targets, heartbeat and dequeue. Intervals compare with
+--   30-day months, which let '10000 years -3599999 days' (144 years) pass as a day.
+--   compaction.checked_lease is gone.
+
+CREATE FUNCTION compaction.lease_end(p_lease interval, p_now timestamptz,
+                                     p_errcode text DEFAULT 'CP023')
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_end timestamptz;
+BEGIN
+    BEGIN
+        IF p_now + p_lease >= p_now + interval '1 second'
+           AND p_now + p_lease <= GREATEST(p_now + interval '1 day',
+                                           p_now + interval '24 hours') THEN
+            v_end := p_now + p_lease;
+        END IF;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        v_end := NULL;  -- an end off the calendar is no lease
+    END;
+    IF v_end IS NULL THEN
+        RAISE EXCEPTION 'a lease between 1 second and 1 day is needed, counted by when it ends: % from % is not',
+                coalesce(p_lease::text, 'NULL'), p_now
+            USING ERRCODE = p_errcode;
+    END IF;
+    RETURN v_end;
+END
+$$;
+COMMENT ON FUNCTION compaction.lease_end(interval, timestamptz, text) IS
+    'Internal: p_now + p_lease when that ends 1 second to 1 day after p_now (on the clock, not by comparing intervals), else CP023 (or p_errcode)';
+
+CREATE FUNCTION compaction.lease_fits(p_lease interval, p_now timestamptz)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+PARALLEL SAFE
+AS $$
+    SELECT CASE
+               WHEN p_lease OPERATOR(pg_catalog.>=) '00:00:01'::pg_catalog.interval
+                    AND p_lease OPERATOR(pg_catalog.<=) '1 day'::pg_catalog.interval
+                    AND pg_catalog.date_part('year', p_lease) OPERATOR(pg_catalog.=) 0
+                    AND pg_catalog.date_part('month', p_lease) OPERATOR(pg_catalog.=) 0
+                    AND pg_catalog.date_part('day', p_lease) OPERATOR(pg_catalog.>=) 0
+                    AND pg_catalog.date_part('day', p_lease) OPERATOR(pg_catalog.<=) 1
+               THEN (p_now OPERATOR(pg_catalog.+) p_lease)
+                        OPERATOR(pg_catalog.>=) (p_now OPERATOR(pg_catalog.+) '00:00:01'::pg_catalog.interval)
+                    AND (p_now OPERATOR(pg_catalog.+) p_lease)
+                        OPERATOR(pg_catalog.<=) (p_now OPERATOR(pg_catalog.+) '1 day'::pg_catalog.interval)
+               ELSE false
+           END
+$$;
+COMMENT ON FUNCTION compaction.lease_fits(interval, timestamptz) IS
+    'Internal: true for a usual lease (no months, at most a day and some time) that ends 1 second to 1 day after p_now; the rest is for lease_end';
+
+CREATE OR REPLACE FUNCTION compaction.claim(
+    p_conversation_id    text,
+    p_scope              text,
+    p_from_pair          int,
+    p_source_message_ids text[],
+    p_source_hash        text,
+    p_model              text,
+    p_prompt_version     text,
+    p_worker             text,
+    p_lease              interval DEFAULT '5 minutes',
+    p_now                timestamptz DEFAULT NULL)
+RETURNS TABLE (claimed boolean, reason text, job_id bigint, attempt int,
+               lease_expires_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+-- Every lookup in this call is by key. A worker's connection lives for hours, and a plan
+-- cached while the engine's tables were still small (a new deployment, a first backlog)
+-- would scan them instead, at a cost that grows with every job until autovacuum's ANALYZE
+-- has them planned again (revision 0017 measured a claim -> complete cycle at less than
+-- half its speed after 1,600 cycles on one connection). With sequential scans disabled
+-- the first plans are the index plans, and they hold whatever the tables' size; jit off,
+-- since the disabled scans' cost would cross jit_above_cost and compile on every call.
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    -- Revision 0045: caller_now and lease_end are called only when they have
+    -- something to check (a given p_now, a lease out of range); each call carries a SET
+    -- clause, whose save and restore of the settings cost more than the rule.
+    v_now         timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
+                                      ELSE compaction.caller_now(p_now) END;
+    v_lease       timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                      THEN v_now + p_lease
+                                      ELSE compaction.lease_end(p_lease, v_now) END;
+    v_accepts     boolean;
+    v_pairs       bigint;
+    v_target_ids  text[];
+    v_target_hash text;
+    v_is_target   boolean;
+    v_answer      record;
+    v_oversized   text;
+BEGIN
+    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
+       OR p_model = '' OR p_worker IS NULL THEN
+        RAISE EXCEPTION 'claim needs a conversation, a non-empty scope, model and worker'
+            USING ERRCODE = 'CP020';
+    END IF;
+    v_oversized := compaction.oversized_identifier(p_conversation_id, p_scope, p_model, p_worker);
+    IF v_oversized IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_oversized USING ERRCODE = 'CP020';
+    END IF;
+
+    -- Checks in the contract's order; the first failing one is the answer.
+    IF p_from_pair IS NULL OR p_from_pair < 0 OR p_from_pair % 10 <> 0 THEN
+        RETURN QUERY SELECT false, 'invalid_range'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF NOT compaction.valid_source_ids(p_source_message_ids) THEN
+        RETURN QUERY SELECT false, 'invalid_source_ids'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT pv.accepts_new_jobs INTO v_accepts
+    FROM compaction.prompt_versions AS pv
+    WHERE pv.prompt_version = p_prompt_version;
+    IF v_accepts IS NOT TRUE THEN
+        RETURN QUERY SELECT false, 'prompt_version_closed'::text, NULL::bigint, NULL::int, NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    -- The range as it is now, from the derived state (no message text read): the pair
+    -- count decides whether it is a target, the stored ids and hash whether it matches.
+    -- Read before the conversation's lock (revision 0038): the lock orders the engine's
+    -- writers of the conversation, and none of them changes its history, so the answer
+    -- is the same either side of it; judged from the views (Citus, an untracked source)
+    -- it is most of a claim's time, which the conversation's other writers no longer wait
+    -- for. With the derived state in use, current_range's read is made here (revision
+    -- 0045, as range_replies does): the call of a set-returning definer function cost
+    -- more than its one statement.
+    IF compaction.derived_state_current() THEN
+        SELECT coalesce((SELECT cs.pair_count::bigint FROM compaction.conversation_state AS cs
+                         WHERE cs.conversation_id = p_conversation_id), 0),
+               r.source_message_ids, r.source_hash
+        INTO v_pairs, v_target_ids, v_target_hash
+        FROM (SELECT 1) AS one
+        LEFT JOIN compaction.ranges AS r
+          ON r.conversation_id = p_conversation_id AND r.from_pair = p_from_pair;
+    ELSE
+        SELECT r.pair_count, r.source_message_ids, r.source_hash
+        INTO v_pairs, v_target_ids, v_target_hash
+        FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+    END IF;
+    v_is_target := compaction.is_target(p_from_pair, v_pairs);
+
+    -- From here on the conversation's engine rows are ours until commit: the statement of
+    -- lock_conversation, written out here and in fence (revision 0018), where a call per
+    -- cycle would cost as much as the row lock itself.
+    INSERT INTO compaction.conversation_locks AS l (conversation_id)
+    VALUES (p_conversation_id)
+    ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+        WHERE false;
+    -- The one writer under the lock that follows a change of history is an erasure (its
+    -- history deleted before it or with it): a conversation with an erasure's tombstone
+    -- is judged again, under the lock, so that no claim lands after an erasure on
+    -- history it judged before.
+    IF EXISTS (SELECT 1 FROM compaction.event_log AS e
+               WHERE e.conversation_id = p_conversation_id AND e.kind = 'erasure') THEN
+        SELECT r.pair_count, r.source_message_ids, r.source_hash
+        INTO v_pairs, v_target_ids, v_target_hash
+        FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+        v_is_target := compaction.is_target(p_from_pair, v_pairs);
+    END IF;
+    -- An assignment, not a query: a claim -> complete cycle costs 1.0% more
+    -- instructions than with the checks written out in claim (a query over the call,
+    -- 1.6%).
+    v_answer := compaction.claim_range(p_conversation_id, p_scope, p_from_pair,
+                                       p_source_message_ids, p_source_hash, p_model,
+                                       p_prompt_version, p_worker, v_now, v_lease,
+                                       v_is_target, v_target_ids, v_target_hash);
+    claimed := v_answer.claimed;
+    reason := v_answer.reason;
+    job_id := v_answer.job_id;
+    attempt := v_answer.attempt;
+    lease_expires_at := v_answer.lease_expires_at;
+    RETURN NEXT;
+END
+$$;
+COMMENT ON FUNCTION compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz) IS
+    'Claims one attempt of an identity for a worker with a lease, bound to the calling login, or returns the first refusal reason (see DESIGN §6)';
+
+CREATE OR REPLACE FUNCTION compaction.claim_targets(
+    p_conversation_id    text,
+    p_scope              text,
+    p_from_pairs         int[],
+    p_source_message_ids text[],
+    p_source_hashes      text[],
+    p_model              text,
+    p_prompt_version     text,
+    p_worker             text,
+    p_lease              interval DEFAULT '5 minutes',
+    p_now                timestamptz DEFAULT NULL)
+RETURNS TABLE (from_pair int, claimed boolean, reason text, job_id bigint, attempt int,
+               lease_expires_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+-- As claim's: every lookup by key, whatever the tables' statistics when first planned.
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now        timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
+                                     ELSE compaction.caller_now(p_now) END;
+    v_lease      timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                     THEN v_now + p_lease
+                                     ELSE compaction.lease_end(p_lease, v_now) END;
+    v_n          int := coalesce(pg_catalog.cardinality(p_from_pairs), 0);
+    v_oversized  text;
+    v_accepts    boolean;
+    v_refusals   text[] := '{}';
+    v_judge      int[] := '{}';
+    v_from       int[];
+    v_target_ids text[];
+    v_hashes     text[];
+    v_at         int;
+    v_reason     text;
+    v_answer     record;
+BEGIN
+    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
+       OR p_model = '' OR p_worker IS NULL THEN
+        RAISE EXCEPTION 'claim_targets needs a conversation, a non-empty scope, model and worker'
+            USING ERRCODE = 'CP020';
+    END IF;
+    v_oversized := compaction.oversized_identifier(p_conversation_id, p_scope, p_model, p_worker);
+    IF v_oversized IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_oversized USING ERRCODE = 'CP020';
+    END IF;
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    -- A batch is what a worker's free model calls can take: a few ranges, never a
+    -- conversation's history held under its lock at once.
+    IF v_n > 100 THEN
+        RAISE EXCEPTION 'claim_targets takes at most 100 ranges a call, got %', v_n
+            USING ERRCODE = 'CP020';
+    END IF;
+    IF pg_catalog.array_ndims(p_from_pairs) <> 1
+       OR pg_catalog.array_ndims(p_source_message_ids) IS DISTINCT FROM 2
+       OR pg_catalog.array_length(p_source_message_ids, 1) <> v_n
+       OR pg_catalog.array_ndims(p_source_hashes) IS DISTINCT FROM 1
+       OR pg_catalog.cardinality(p_source_hashes) <> v_n THEN
+        RAISE EXCEPTION 'claim_targets needs, for each of its % ranges, one row of source ids and one hash', v_n
+            USING ERRCODE = 'CP020',
+                  HINT = 'p_source_message_ids is a two-dimensional array: one row of 20 ids per range.';
+    END IF;
+
+    -- The checks before the conversation's lock, per range, in the contract's order.
+    SELECT pv.accepts_new_jobs INTO v_accepts
+    FROM compaction.prompt_versions AS pv
+    WHERE pv.prompt_version = p_prompt_version;
+    FOR i IN 1 .. v_n LOOP
+        v_reason := CASE
+            WHEN p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1] IS NULL
+              OR p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1] < 0
+              OR p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1] % 10 <> 0
+                THEN 'invalid_range'
+            WHEN NOT compaction.valid_source_ids(ARRAY(
+                     SELECT pg_catalog.unnest(p_source_message_ids[
+                         pg_catalog.array_lower(p_source_message_ids, 1) + i - 1 :
+                         pg_catalog.array_lower(p_source_message_ids, 1) + i - 1][:])))
+                THEN 'invalid_source_ids'
+            WHEN v_accepts IS NOT TRUE THEN 'prompt_version_closed'
+        END;
+        v_refusals := v_refusals || v_reason;
+        IF v_reason IS NULL THEN
+            v_judge := v_judge || p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1];
+        END IF;
+    END LOOP;
+
+    IF pg_catalog.cardinality(v_judge) > 0 THEN
+        -- One judgement for the batch, before the conversation's lock as in claim: which
+        -- of its ranges are targets now, with their current ids (one row of 20 per
+        -- target) and hashes. Judged again under the lock where an erasure's tombstone
+        -- is (as in claim).
+        SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
+               pg_catalog.array_agg(t.source_message_ids ORDER BY t.from_pair),
+               pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
+        INTO v_from, v_target_ids, v_hashes
+        FROM compaction.target_ranges(p_conversation_id, v_judge) AS t;
+        -- The conversation's engine rows are ours until commit (claim's statement).
+        INSERT INTO compaction.conversation_locks AS l (conversation_id)
+        VALUES (p_conversation_id)
+        ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+            WHERE false;
+        IF EXISTS (SELECT 1 FROM compaction.event_log AS e
+                   WHERE e.conversation_id = p_conversation_id AND e.kind = 'erasure') THEN
+            SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
+                   pg_catalog.array_agg(t.source_message_ids ORDER BY t.from_pair),
+                   pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
+            INTO v_from, v_target_ids, v_hashes
+            FROM compaction.target_ranges(p_conversation_id, v_judge) AS t;
+        END IF;
+    END IF;
+
+    FOR i IN 1 .. v_n LOOP
+        IF v_refusals[i] IS NOT NULL THEN
+            RETURN QUERY
+            SELECT p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1], false,
+                   v_refusals[i], NULL::bigint, NULL::int, NULL::timestamptz;
+            CONTINUE;
+        END IF;
+        from_pair := p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1];
+        v_at := pg_catalog.array_position(v_from, from_pair);
+        v_answer := compaction.claim_range(
+            p_conversation_id, p_scope, from_pair,
+            ARRAY(SELECT pg_catalog.unnest(p_source_message_ids[
+                      pg_catalog.array_lower(p_source_message_ids, 1) + i - 1 :
+                      pg_catalog.array_lower(p_source_message_ids, 1) + i - 1][:])),
+            p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1],
+            p_model, p_prompt_version, p_worker, v_now, v_lease,
+            v_at IS NOT NULL,
+            CASE WHEN v_at IS NOT NULL
+                 THEN ARRAY(SELECT pg_catalog.unnest(v_target_ids[v_at:v_at][:])) END,
+            v_hashes[v_at]);
+        claimed := v_answer.claimed;
+        reason := v_answer.reason;
+        job_id := v_answer.job_id;
+        attempt := v_answer.attempt;
+        lease_expires_at := v_answer.lease_expires_at;
+        RETURN NEXT;
+        -- No slot was free: the rest of the batch would find none either.
+        EXIT WHEN reason = 'admission_full';
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION compaction.claim_targets(text, text, int[], text[], text[], text, text, text, interval, timestamptz) IS
+    'Claims several ranges of one conversation under one lock and one judgement, each answered as compaction.claim would answer it in the order given (one row per range; the first admission_full ends the batch); for a worker with that many model calls free';
+
+CREATE OR REPLACE FUNCTION compaction.claim_next_targets(
+    p_conversation_id text,
+    p_scope           text,
+    p_limit           int,
+    p_model           text,
+    p_prompt_version  text,
+    p_worker          text,
+    p_lease           interval DEFAULT '5 minutes',
+    p_now             timestamptz DEFAULT NULL)
+RETURNS TABLE (from_pair int, to_pair int, source_message_ids text[], source_hash text,
+               completed boolean, claimed boolean, reason text, job_id bigint,
+               attempt int, lease_expires_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+-- As claim's: every lookup by key, whatever the tables' statistics when first planned.
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now       timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
+                                    ELSE compaction.caller_now(p_now) END;
+    v_lease     timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                    THEN v_now + p_lease
+                                    ELSE compaction.lease_end(p_lease, v_now) END;
+    v_oversized text;
+    v_accepts   boolean;
+    v_from      int[];
+    v_ids       text[];
+    v_hashes    text[];
+    v_done      boolean[];
+    v_claims    int := 0;
+    v_ended     boolean := false;
+    v_locked    boolean := false;
+    v_answer    record;
+BEGIN
+    IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
+       OR p_model = '' OR p_worker IS NULL THEN
+        RAISE EXCEPTION 'claim_next_targets needs a conversation, a non-empty scope, model and worker'
+            USING ERRCODE = 'CP020';
+    END IF;
+    v_oversized := compaction.oversized_identifier(p_conversation_id, p_scope, p_model, p_worker);
+    IF v_oversized IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_oversized USING ERRCODE = 'CP020';
+    END IF;
+    -- As claim_targets: a batch is what a worker's free model calls can take.
+    IF p_limit IS NULL OR p_limit < 0 OR p_limit > 100 THEN
+        RAISE EXCEPTION 'claim_next_targets claims 0 to 100 ranges a call, got %',
+                coalesce(p_limit::text, 'NULL')
+            USING ERRCODE = 'CP020';
+    END IF;
+
+    -- The look is worker_targets' answer, judged before the conversation's lock as in
+    -- claim. With a claim to try, the conversation's engine rows are then ours until
+    -- commit (claim's statement), and it is looked at again under the lock where an
+    -- erasure's tombstone is (as in claim). Nothing to claim, no lock.
+    LOOP
+        SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
+               pg_catalog.array_agg(t.source_message_ids ORDER BY t.from_pair),
+               pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair),
+               pg_catalog.array_agg(t.completed ORDER BY t.from_pair)
+        INTO v_from, v_ids, v_hashes, v_done
+        FROM compaction.worker_targets(p_conversation_id, p_scope, p_model,
+                                       p_prompt_version) AS t;
+        EXIT WHEN v_locked OR p_limit = 0 OR NOT coalesce(false = ANY (v_done), false);
+        INSERT INTO compaction.conversation_locks AS l (conversation_id)
+        VALUES (p_conversation_id)
+        ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+            WHERE false;
+        v_locked := true;
+        SELECT pv.accepts_new_jobs INTO v_accepts
+        FROM compaction.prompt_versions AS pv
+        WHERE pv.prompt_version = p_prompt_version;
+        EXIT WHEN NOT EXISTS (SELECT 1 FROM compaction.event_log AS e
+                              WHERE e.conversation_id = p_conversation_id
+                                AND e.kind = 'erasure');
+    END LOOP;
+
+    FOR k IN 1 .. coalesce(pg_catalog.cardinality(v_from), 0) LOOP
+        from_pair := v_from[k];
+        to_pair := v_from[k] + 9;
+        source_message_ids := ARRAY(SELECT pg_catalog.unnest(v_ids[k:k][:]));
+        source_hash := v_hashes[k];
+        completed := v_done[k];
+        claimed := NULL;
+        reason := NULL;
+        job_id := NULL;
+        attempt := NULL;
+        lease_expires_at := NULL;
+        IF NOT completed AND v_claims < p_limit AND NOT v_ended THEN
+            -- claim's checks in the contract's order. The range is a target with exactly
+            -- these ids and this hash: never not_eligible, and source_mismatch only where
+            -- its texts could not be hashed (no valid hash).
+            IF NOT compaction.valid_source_ids(source_message_ids) THEN
+                claimed := false;
+                reason := 'invalid_source_ids';
+            ELSIF v_accepts IS NOT TRUE THEN
+                claimed := false;
+                reason := 'prompt_version_closed';
+            ELSE
+                v_answer := compaction.claim_range(
+                    p_conversation_id, p_scope, from_pair, source_message_ids, source_hash,
+                    p_model, p_prompt_version, p_worker, v_now, v_lease,
+                    true, source_message_ids, source_hash);
+                claimed := v_answer.claimed;
+                reason := v_answer.reason;
+                job_id := v_answer.job_id;
+                attempt := v_answer.attempt;
+                lease_expires_at := v_answer.lease_expires_at;
+            END IF;
+            v_claims := v_claims + claimed::int;
+            -- A range refused for itself (another worker's attempt running, attempts
+            -- exhausted) gives its turn to the next target; no slot free, or a closed
+            -- prompt version, would refuse every target after it too.
+            v_ended := reason IN ('admission_full', 'prompt_version_closed');
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION compaction.claim_next_targets(text, text, int, text, text, text, interval, timestamptz) IS
+    'The conversation''s targets, each with whether this identity holds a summary (as worker_targets), and up to p_limit claims among those without one, tried in order, each answered as compaction.claim would answer it (claimed NULL: not tried; the first admission_full or prompt_version_closed ends the claims): a worker''s look and first claims under one judgement';
+
+CREATE OR REPLACE FUNCTION compaction.heartbeat(
+    p_job_id  bigint,
+    p_attempt int,
+    p_lease   interval DEFAULT '5 minutes',
+    p_now     timestamptz DEFAULT NULL,
+    p_conversation_id text DEFAULT NULL)
+RETURNS TABLE (ok boolean, lease_expires_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- Key lookups only: plans that outlive a young table keep using the indexes (as claim).
+SET jit = off
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
+                                  ELSE compaction.caller_now(p_now) END;
+    v_lease   timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                  THEN v_now + p_lease
+                                  ELSE compaction.lease_end(p_lease, v_now) END;
+    v_attempt compaction.attempts;
+BEGIN
+    v_attempt := (compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id)).attempt_row;
+    IF v_attempt.state IS DISTINCT FROM 'running' THEN
+        RETURN QUERY SELECT false, NULL::timestamptz;
+        RETURN;
+    END IF;
+    UPDATE compaction.attempts AS a
+    SET lease_expires_at = v_lease
+    WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
+      AND a.attempt = p_attempt;
+    -- The slot carries a copy of the lease: a renewed attempt keeps counting.
+    UPDATE compaction.admission AS ad
+    SET lease_expires_at = v_lease
+    WHERE ad.slot = v_attempt.slot AND ad.holder_conversation_id = v_attempt.conversation_id
+      AND ad.holder_job_id = p_job_id AND ad.holder_attempt = p_attempt;
+    RETURN QUERY SELECT true, v_lease;
+END
+$$;
+COMMENT ON FUNCTION compaction.heartbeat(bigint, int, interval, timestamptz, text) IS
+    'Renews the lease of running attempt (job_id, attempt) to now + p_lease (ending 1 second..1 day from now, else CP023); ok = false if fenced off or claimed by another login (lease_lost)';
+
+CREATE OR REPLACE FUNCTION compaction.dequeue(
+    p_scope text DEFAULT 'default',
+    p_limit int DEFAULT 100,
+    p_lease interval DEFAULT '5 minutes')
+RETURNS TABLE (conversation_id text, scope text, enqueued_at timestamptz, lease_token uuid,
+               lease_expires_at timestamptz)
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now       timestamptz := pg_catalog.now();
+    v_until     timestamptz;
+    v_candidate record;
+    v_token     uuid;
+    v_taken     int := 0;
+BEGIN
+    IF p_scope IS NULL OR p_scope = '' THEN
+        RAISE EXCEPTION 'dequeue needs a non-empty scope' USING ERRCODE = 'CP020';
+    END IF;
+    -- At most 1,000 a call (revision 0018): one call used to hide a whole scope's queue
+    -- from every other worker for the lease.
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
+        RAISE EXCEPTION 'dequeue takes a limit between 1 and 1000 entries, got %',
+                coalesce(p_limit::text, 'NULL')
+            USING ERRCODE = 'CP020';
+    END IF;
+    -- Bounded by when it ends, on the clock (revision 0049, as the attempts' leases):
+    -- intervals compare with 30-day months, which let a lease of years pass as a day.
+    v_until := CASE WHEN compaction.lease_fits(p_lease, v_now) THEN v_now + p_lease
+                    ELSE compaction.lease_end(p_lease, v_now, 'CP020') END;
+    -- Candidates are read without row locks (no statement here spans conversations with
+    -- FOR UPDATE, so the queue can be distributed by conversation_id); each is then
+    -- leased by statements that address its own row. Visible: never leased, or the
+    -- lease ran out (its worker died): such an entry keeps its enqueued_at, so it comes
+    -- back in its original place without any reaper.
+    FOR v_candidate IN
+        SELECT q.conversation_id
+        FROM compaction.queue AS q
+        WHERE q.scope = p_scope AND (q.leased_until IS NULL OR q.leased_until <= v_now)
+        ORDER BY q.enqueued_at, q.conversation_id
+    LOOP
+        -- One row, SKIP LOCKED: an entry that another worker is leasing right now, or
+        -- that a writer is enqueueing (its history is not committed yet), is left for a
+        -- later dequeue rather than waited for. The visibility test is re-checked on the
+        -- newest row version: a lease committed meanwhile makes this one lose and skip.
+        PERFORM 1
+        FROM compaction.queue AS q
+        WHERE q.conversation_id = v_candidate.conversation_id AND q.scope = p_scope
+          AND (q.leased_until IS NULL OR q.leased_until <= v_now)
+        FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        -- The token is drawn first: Citus takes no volatile function into an UPDATE of
+        -- a distributed table.
+        v_token := pg_catalog.gen_random_uuid();
+        RETURN QUERY
+        UPDATE compaction.queue AS q
+        SET leased_until = v_until, lease_token = v_token, requeued_at = NULL
+        WHERE q.conversation_id = v_candidate.conversation_id AND q.scope = p_scope
+        RETURNING q.conversation_id, q.scope, q.enqueued_at, q.lease_token, q.leased_until;
+        v_taken := v_taken + 1;
+        EXIT WHEN v_taken >= p_limit;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION compaction.dequeue(text, int, interval) IS
+    'Leases up to p_limit (1 to 1000, else CP020) visible entries of one scope, oldest first, for p_lease (1 second to 1 day, server clock); concurrent workers get disjoint entries; returns each lease_token';
+
+DROP FUNCTION compaction.checked_lease(interval);
+
+
+
+CALL compaction.assign_ownership();

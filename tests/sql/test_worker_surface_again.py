@@ -1,0 +1,136 @@
+"""The worker surface, second pass (issue 62): each hole found by trying the documented
+roles as an attacker would, with the hostile inputs named there, refused.
+
+Every call goes through a LOGIN member of `compaction_worker`, by raw SQL where the
+driver would refuse the input itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from pycompactor import db
+from tests.sql.conftest import LoginRole, connect_as
+from tests.sql.engine import GOOD, MODEL, claim, scalar, target
+
+Conn = psycopg.Connection[Any]
+
+V3 = "conversation-compaction@3"
+#: 10000 years less 3,599,999 days: one day when intervals compare (30-day months),
+#: about 144 years on the clock.
+CENTURIES = "10000 years -3599999 days"
+#: Compares as a second, and its months step leaves the calendar.
+OFF_CALENDAR = "1000000 years -359999999 days 86399 seconds"
+HOSTILE_LEASES = [CENTURIES, OFF_CALENDAR, "1 month -29 days", "1 day 00:00:01",
+                  "-1 day +24:00:00", "25 hours", "2 days -23:59:59"]
+FAIR_LEASES = ["1 second", "300 seconds", "1 day", "24 hours", "2 days -24:00:00",
+               "23:59:59", "1 day -23:00:00", "1 month -30 days 01:00:00"]
+
+
+@dataclass
+class Worker:
+    conn: Conn
+    job_id: int
+    lease_expires_at: datetime
+
+
+@pytest.fixture
+def worker(conn: Conn, login_role: LoginRole) -> Iterator[Worker]:
+    """A worker login holding a running attempt on c1 (the server's clock)."""
+    t = target(conn, "c1")
+    with connect_as(login_role("compaction_worker")) as w:
+        c = claim(w, "c1", t, now=None)
+        assert c.claimed
+        assert c.job_id is not None
+        assert c.lease_expires_at is not None
+        yield Worker(w, c.job_id, c.lease_expires_at)
+
+
+def sqlstate_of(conn: Conn, query: str, params: Any = None) -> str | None:
+    try:
+        conn.execute(query, params)
+    except psycopg.Error as exc:
+        return exc.sqlstate
+    return None
+
+
+def leases(conn: Conn) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in conn.execute(
+        "SELECT job_id, attempt, state, lease_expires_at FROM compaction.attempts"
+        " ORDER BY job_id, attempt").fetchall()] + [tuple(r) for r in conn.execute(
+        "SELECT slot, lease_expires_at FROM compaction.admission"
+        " WHERE holder_job_id IS NOT NULL ORDER BY slot").fetchall()]
+
+
+# --- 1. a lease is bounded by when it ends ---------------------------------------------
+
+
+def claim_sql(w: Conn, t: db.Target, lease: str) -> str | None:
+    return sqlstate_of(
+        w, "SELECT * FROM compaction.claim('c2', 'default', %s, %s, %s, %s, %s, 'w1',"
+           " p_lease => %s::interval)",
+        (t.from_pair, t.source_message_ids, t.source_hash, MODEL, V3, lease))
+
+
+@pytest.mark.parametrize("lease", HOSTILE_LEASES)
+def test_no_function_grants_a_lease_that_ends_past_a_day(conn: Conn, worker: Worker,
+                                                         lease: str) -> None:
+    """The issue's lease ended in 2170 and reap returned 0: each function that takes a
+    lease refuses it with CP023 (dequeue: CP020), whatever its interval compares as."""
+    t2 = target(conn, "c2")
+    db.enqueue(conn, "c2")
+    before = leases(conn)
+    w = worker.conn
+    assert claim_sql(w, t2, lease) == "CP023"
+    assert sqlstate_of(
+        w, "SELECT * FROM compaction.claim_targets('c2', 'default', %s, %s, %s, %s, %s,"
+           " 'w1', p_lease => %s::interval)",
+        ([t2.from_pair], [t2.source_message_ids], [t2.source_hash], MODEL, V3, lease),
+    ) == "CP023"
+    assert sqlstate_of(
+        w, "SELECT * FROM compaction.claim_next_targets('c2', 'default', 1, %s, %s, 'w1',"
+           " p_lease => %s::interval)", (MODEL, V3, lease)) == "CP023"
+    assert sqlstate_of(
+        w, "SELECT * FROM compaction.heartbeat(%s, 1, p_lease => %s::interval,"
+           " p_conversation_id => 'c1')", (worker.job_id, lease)) == "CP023"
+    assert sqlstate_of(
+        w, "SELECT * FROM compaction.dequeue('default', 10, %s::interval)", (lease,),
+    ) == "CP020"
+    assert leases(conn) == before
+    assert scalar(conn, "SELECT count(*) FROM compaction.queue WHERE leased_until IS NOT NULL") \
+        == 0
+
+
+@pytest.mark.parametrize("lease", FAIR_LEASES)
+def test_a_lease_that_ends_within_a_day_is_granted_as_given(conn: Conn, worker: Worker,
+                                                            lease: str) -> None:
+    t2 = target(conn, "c2")
+    w = worker.conn
+    assert claim_sql(w, t2, lease) is None
+    assert scalar(conn, "SELECT lease_expires_at = started_at + %s::interval"
+                        " FROM compaction.attempts WHERE conversation_id = 'c2'", (lease,))
+    with w.transaction():
+        asked = scalar(w, "SELECT now() + %s::interval", (lease,))
+        [(ok, until)] = w.execute(
+            "SELECT * FROM compaction.heartbeat(%s, 1, p_lease => %s::interval,"
+            " p_conversation_id => 'c1')", (worker.job_id, lease)).fetchall()
+    assert ok
+    assert until == asked
+
+
+def test_the_centuries_lease_from_the_issue_ends_in_a_day_at_most(conn: Conn,
+                                                                  worker: Worker) -> None:
+    """Whatever a worker login asks for, no running attempt nor slot outlives a day, so
+    reap takes back every admission slot within one."""
+    t2 = target(conn, "c2")
+    claim_sql(worker.conn, t2, CENTURIES)
+    limit = scalar(conn, "SELECT now() + interval '1 day'")
+    assert scalar(conn, "SELECT max(lease_expires_at) FROM compaction.attempts") <= limit
+    assert scalar(conn, "SELECT max(lease_expires_at) FROM compaction.admission") <= limit
+    assert db.reap(conn, now=limit) == 1
