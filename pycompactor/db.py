@@ -32,6 +32,7 @@ from psycopg.types.json import Jsonb
 
 from pycompactor.errors import (
     DatabaseUnavailable,
+    InvalidArgument,
     PermissionDenied,
     ReadOnlyServer,
     from_driver,
@@ -546,11 +547,21 @@ def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
              conversation_id: str | None = None) -> CompleteResult:
     """Record attempt (job_id, attempt)'s result; fenced (lease_lost) and idempotent.
 
-    `stats` is p_stats: any of input_tokens, output_tokens, figures_total, figures_kept
-    (non-negative integers; the database refuses anything else with CP020).
-    `conversation_id` must be the job's (else lease_lost); the worker always passes it.
-    `now` is honoured only for a superuser or compaction_owner (else CP025).
+    `stats` is p_stats: any of input_tokens, output_tokens, figures_total, figures_kept,
+    figures_invented (non-negative integers below 2^31; anything else is InvalidArgument,
+    CP020, here or from the database). `finish_reason` is a code and `response_id` an id
+    of at most 200 bytes (else CP020). `conversation_id` must be the job's (else
+    lease_lost); the worker always passes it. `now` is honoured only for a superuser or
+    compaction_owner (else CP025).
     """
+    if tool_call_count is not None:
+        _check_count("p_tool_call_count", tool_call_count)
+    if stats is not None:
+        for key, value in stats.items():
+            if key not in STATS_KEYS:
+                raise InvalidArgument(f"p_stats: unknown key {key[:64]!r} "
+                                      f"(known: {', '.join(STATS_KEYS)})")
+            _check_count(f"p_stats: {key}", value)
     return _row(
         conn, class_row(CompleteResult),
         "SELECT ok, reason, summary_id FROM compaction.complete("
@@ -565,6 +576,21 @@ def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
          "stats": None if stats is None else Jsonb(dict(stats)),
          "conversation_id": conversation_id},
     )
+
+
+#: The keys of complete's p_stats (DESIGN.md §6).
+STATS_KEYS: Final = ("input_tokens", "output_tokens", "figures_total", "figures_kept",
+                     "figures_invented")
+
+
+def _check_count(what: str, value: object) -> None:
+    """A count the engine stores as int: refused before it is encoded (a huge Python int
+    cannot even be written as JSON), as the database would refuse it (CP020)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        shown = type(value).__name__ if not isinstance(value, int) else (
+            "negative" if value < 0 else f"{value.bit_length()} bits long")
+        raise InvalidArgument(f"{what} must be a non-negative integer below 2^31, "
+                              f"got {shown}")
 
 
 def fail(conn: Connection, job_id: int, attempt: int, reason: str, *,

@@ -1619,6 +1619,34 @@ DECLARE
     v_problem    text;
     v_stats      compaction.attempts;
 BEGIN
+    -- The fields the worker chooses reach the auditor (audit_jobs), who never sees
+    -- content (revision 0049, issue 62): a finish reason is a code (at most 64 bytes:
+    -- stop, length, incomplete:max_output_tokens, ...), a response id an id (at most 200
+    -- bytes of letters, digits and _ . : -), a tool-call count never negative; anything
+    -- else is an error that changes nothing, before the fence. Tested with ltrim rather
+    -- than a regular expression, as valid_source_hash is (revision 0032): the usual
+    -- 'stop' costs one comparison.
+    IF p_finish_reason IS DISTINCT FROM 'stop' AND p_finish_reason IS NOT NULL
+       AND NOT (pg_catalog.octet_length(p_finish_reason) <= 64
+                AND pg_catalog.ltrim(pg_catalog.left(p_finish_reason, 1),
+                                     'abcdefghijklmnopqrstuvwxyz') = ''
+                AND pg_catalog.ltrim(p_finish_reason,
+                                     'abcdefghijklmnopqrstuvwxyz0123456789_.:-') = '') THEN
+        RAISE EXCEPTION 'p_finish_reason must be a code: ^[a-z][a-z0-9_.:-]{0,63}$ (e.g. stop, length), not free text'
+            USING ERRCODE = 'CP020';
+    END IF;
+    IF p_response_id IS NOT NULL
+       AND NOT (pg_catalog.octet_length(p_response_id) BETWEEN 1 AND 200
+                AND pg_catalog.ltrim(p_response_id,
+                        'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-')
+                    = '') THEN
+        RAISE EXCEPTION 'p_response_id must be an id: 1 to 200 letters, digits or _ . : - (got % bytes of something else)',
+                pg_catalog.octet_length(p_response_id)
+            USING ERRCODE = 'CP020';
+    END IF;
+    IF p_tool_call_count < 0 THEN
+        RAISE EXCEPTION 'p_tool_call_count must not be negative' USING ERRCODE = 'CP020';
+    END IF;
     -- p_stats first: a bad one is an error that changes nothing (not even an expiry).
     -- Without p_stats, v_stats is what attempt_stats answers for NULL: every column NULL.
     IF p_stats IS NOT NULL THEN
@@ -1728,7 +1756,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text) IS
-    'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures kept and invented): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off or claimed by another login';
+    'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures kept and invented; finish reason a code, response id an id of at most 200 bytes, else CP020): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off or claimed by another login';
 
 CREATE FUNCTION compaction.fail(
     p_job_id  bigint,

@@ -15,7 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pycompactor import db
+from pycompactor import db, errors
+from pycompactor.models import Target
 from tests.sql.conftest import LoginRole, connect_as
 from tests.sql.engine import GOOD, MODEL, claim, scalar, target
 
@@ -71,7 +72,7 @@ def leases(conn: Conn) -> list[tuple[Any, ...]]:
 # --- 1. a lease is bounded by when it ends ---------------------------------------------
 
 
-def claim_sql(w: Conn, t: db.Target, lease: str) -> str | None:
+def claim_sql(w: Conn, t: Target, lease: str) -> str | None:
     return sqlstate_of(
         w, "SELECT * FROM compaction.claim('c2', 'default', %s, %s, %s, %s, %s, 'w1',"
            " p_lease => %s::interval)",
@@ -134,3 +135,87 @@ def test_the_centuries_lease_from_the_issue_ends_in_a_day_at_most(conn: Conn,
     assert scalar(conn, "SELECT max(lease_expires_at) FROM compaction.attempts") <= limit
     assert scalar(conn, "SELECT max(lease_expires_at) FROM compaction.admission") <= limit
     assert db.reap(conn, now=limit) == 1
+
+
+# --- 6. the fields a worker chooses are bounded and shaped ------------------------------
+
+
+def attempt_row(conn: Conn, job_id: int) -> tuple[Any, ...]:
+    row = conn.execute("SELECT state, reason, finish_reason, response_id, tool_call_count"
+                       " FROM compaction.attempts WHERE job_id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def complete_sql(w: Conn, job_id: int, finish_reason: str | None, tool_call_count: int,
+                 response_id: str | None, stats: str | None = None) -> str | None:
+    return sqlstate_of(
+        w, "SELECT * FROM compaction.complete(%s, 1, %s, %s, %s, %s, p_stats => %s::jsonb,"
+           " p_conversation_id => 'c1')",
+        (job_id, GOOD, finish_reason, tool_call_count, response_id, stats))
+
+
+@pytest.mark.parametrize(("finish_reason", "tool_call_count", "response_id"), [
+    ("stop", 0, "r" * 10_000_000),                      # the issue's 10 MB response id
+    ("stop", 0, "chatcmpl-1 <script>alert(1)</script>"),
+    ("stop", 0, ""),
+    ("stop", 0, "r" * 201),
+    ("the user said: my SSN is 078-05-1120", 0, None),  # free text as a finish reason
+    ("Stop", 0, None),
+    ("s" * 65, 0, None),
+    ("stop", -1, None),                                 # the issue's negative count
+])
+def test_complete_refuses_unshaped_fields_and_changes_nothing(
+        conn: Conn, worker: Worker, finish_reason: str, tool_call_count: int,
+        response_id: str | None) -> None:
+    before = leases(conn)
+    assert complete_sql(worker.conn, worker.job_id, finish_reason, tool_call_count,
+                        response_id) == "CP020"
+    assert leases(conn) == before
+    assert attempt_row(conn, worker.job_id) == ("running", None, None, None, None)
+    done = db.complete(worker.conn, worker.job_id, 1, GOOD, "stop", 0,
+                       response_id="chatcmpl-" + "9" * 191, conversation_id="c1")
+    assert (done.ok, done.reason) == (True, "completed")
+    assert attempt_row(conn, worker.job_id)[3] == "chatcmpl-" + "9" * 191
+
+
+@pytest.mark.parametrize("finish_reason", ["length", "content_filter",
+                                           "incomplete:max_output_tokens", None])
+def test_a_finish_reason_code_is_judged_as_before(conn: Conn, worker: Worker,
+                                                  finish_reason: str | None) -> None:
+    assert complete_sql(worker.conn, worker.job_id, finish_reason, 0, "resp_1") is None
+    assert attempt_row(conn, worker.job_id) == ("failed", "not_stopped", finish_reason,
+                                                "resp_1", 0)
+
+
+@pytest.mark.parametrize("stats", [
+    '{"input_tokens": -1}',
+    '{"output_tokens": ' + "9" * 100_000 + "}",
+    '{"figures_total": 1e3000}',
+    '{"figures_kept": "' + "x" * 1_000_000 + '"}',
+])
+def test_p_stats_values_are_bounded(conn: Conn, worker: Worker, stats: str) -> None:
+    before = leases(conn)
+    assert complete_sql(worker.conn, worker.job_id, "stop", 0, None, stats) == "CP020"
+    assert leases(conn) == before
+
+
+@pytest.mark.parametrize(("stats", "tool_call_count"), [
+    ({"input_tokens": 10 ** 1_000_000}, 0),   # a 1 MB number: no JSON encoder takes it
+    ({"input_tokens": -1}, 0),
+    ({"figures_invented": True}, 0),
+    ({"input_tokens": 1.5}, 0),
+    ({"tokens": 1}, 0),
+    (None, -1),
+    (None, 2 ** 31),
+])
+def test_the_driver_refuses_unbounded_counts_as_the_database_does(
+        conn: Conn, worker: Worker, stats: dict[str, Any] | None,
+        tool_call_count: int) -> None:
+    before = leases(conn)
+    with pytest.raises(errors.InvalidArgument) as info:
+        db.complete(worker.conn, worker.job_id, 1, GOOD, "stop", tool_call_count,
+                    stats=stats, conversation_id="c1")
+    assert info.value.sqlstate == "CP020"
+    assert len(str(info.value)) < 200
+    assert leases(conn) == before
