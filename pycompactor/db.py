@@ -1004,7 +1004,7 @@ def tracking_on_citus(conn: Connection) -> list[tuple[str, str]]:
     if not _citus_installed(conn):
         return []
     rows = _rows(conn, tuple_row,
-                 "SELECT t.tgrelid::regclass::text, t.tgname::text"
+                 "SELECT t.tgrelid::regclass::text, pg_catalog.quote_ident(t.tgname)"
                  " FROM pg_catalog.pg_trigger AS t"
                  " JOIN pg_catalog.pg_dist_partition AS p ON p.logicalrelid = t.tgrelid"
                  " WHERE NOT t.tgisinternal AND t.tgfoid IN ("
@@ -1110,7 +1110,9 @@ class IndexStatistics:
 #: pg_stats shows a table's (and an expression index's) statistics only to a login that
 #: may read the table (own it, for an index): for any other the answer is NULL.
 INDEX_STATISTICS_SQL: Final = """
-SELECT i.indexrelid::regclass::text, i.indrelid::regclass::text,
+SELECT i.indexrelid::regclass::text,
+       -- Quoted as SQL needs it (issue 62): advice prints it, --fix runs it.
+       pg_catalog.quote_ident(tn.nspname) || '.' || pg_catalog.quote_ident(t.relname),
        (pg_catalog.pg_relation_size(i.indrelid)
         / pg_catalog.current_setting('block_size')::int)::int,
        i.indexprs IS NOT NULL,
@@ -1142,11 +1144,12 @@ def index_statistics(conn: Connection, names: list[str],
                            {"names": names, "tables": tables})]
 
 
-def table_pages(conn: Connection, table: str) -> int:
+def table_pages(conn: Connection, schema: str | None, name: str) -> int:
     """A table's size now, in pages (its size on disk, not the planner's estimate); 0 when
     no table has that name. Found in the catalog by name, not through regclass, which
-    needs USAGE on the table's schema (a reader has none on the host's schema)."""
-    schema, _, name = table.rpartition(".")
+    needs USAGE on the table's schema (a reader has none on the host's schema). The
+    names are the catalog's, unquoted (a schema may hold a dot)."""
+    schema = schema or ""
     return int(_row(conn, tuple_row,
                     "SELECT coalesce(max((pg_catalog.pg_relation_size(c.oid)"
                     " / pg_catalog.current_setting('block_size')::int)::int), 0)"
@@ -1158,33 +1161,33 @@ def table_pages(conn: Connection, table: str) -> int:
                     {"schema": schema, "name": name})[0])
 
 
-def _identifier(name: str) -> str:
-    """One name as SQL needs it: bare when plain, else quoted."""
-    return (name if re.fullmatch(r"[a-z_][a-z0-9_$]*", name)
-            else sql.Identifier(name).as_string(None))
-
-
-def _quoted(name: str) -> str:
-    """A schema-qualified name from a plan ("schema.table"), quoted where SQL needs it."""
-    return ".".join(_identifier(part) for part in name.split(".", 1))
+def quoted_name(conn: Connection, schema: str | None, name: str) -> str:
+    """A catalog name (and its schema), quoted as SQL needs it, by the server's own
+    quote_ident (keywords too): what check-source prints and --fix runs. A name from a
+    plan is the host's, and may hold anything (`x; DROP TABLE public.pwn; --`, a dot)."""
+    return str(_row(conn, tuple_row,
+                    "SELECT coalesce(pg_catalog.quote_ident(%(schema)s::text) || '.', '')"
+                    " || pg_catalog.quote_ident(%(name)s::text)",
+                    {"schema": schema, "name": name})[0])
 
 
 def drop_trigger_statement(table: str, trigger: str) -> str:
     """What check-source advises for a tracking trigger on a table Citus distributes;
-    `table` as regclass prints it (quoted already)."""
-    return f"DROP TRIGGER {_identifier(trigger)} ON {table};"
+    `table` and `trigger` quoted already (regclass and quote_ident print them so)."""
+    return f"DROP TRIGGER {trigger} ON {table};"
 
 
 def create_index_statement(table: str, expression: str) -> str:
     """What check-source advises for a lookup no index serves: built CONCURRENTLY, so the
-    host's writes go on while it builds (it must run outside a transaction block)."""
-    return f"CREATE INDEX CONCURRENTLY ON {_quoted(table)} (({expression}));"
+    host's writes go on while it builds (it must run outside a transaction block).
+    `table` is quoted already (quoted_name), `expression` as the server deparsed it."""
+    return f"CREATE INDEX CONCURRENTLY ON {table} (({expression}));"
 
 
 def analyze_statement(table: str) -> str:
     """What check-source advises for a table without planner statistics (it also takes
-    the statistics of the table's expression indexes)."""
-    return f"ANALYZE {_quoted(table)};"
+    the statistics of the table's expression indexes); `table` is quoted already."""
+    return f"ANALYZE {table};"
 
 
 # --- projection reads (pycompactor.projection runs them, sync or async) -----------------
