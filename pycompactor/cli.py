@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 from pycompactor import __version__, db
 from pycompactor.argtypes import (
     budget_bytes,
+    concurrency,
+    database_timeout,
     invented_figures_allowed,
     lease_seconds,
     non_negative_float,
@@ -409,8 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "time (for hosts that cannot call compaction.enqueue)")
     p.add_argument("--scope", default="default", metavar="S",
                    help="summary lane to compact (default: default)")
-    p.add_argument("--concurrency", type=positive_int, default=4, metavar="N",
-                   help="model calls in flight in this process (default: 4); "
+    p.add_argument("--concurrency", type=concurrency, default=4, metavar="N",
+                   help="model calls in flight in this process, 1 to 10000 (default: 4); "
                         "compaction.settings.max_running bounds all workers together")
     p.add_argument("--poll-seconds", type=positive_float, default=5.0, metavar="S",
                    help="longest wait between queue polls when idle (default: 5)")
@@ -421,11 +423,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "and of each queue entry taken, 1 to 86400 (default: 300); a "
                         "crashed worker's attempts and entries come back after this")
     # String defaults go through `type`, so a bad environment value is a usage error.
-    p.add_argument("--lock-timeout-seconds", type=positive_float, metavar="S",
+    p.add_argument("--lock-timeout-seconds", type=database_timeout, metavar="S",
                    default=os.environ.get("PYCOMPACTOR_LOCK_TIMEOUT_SECONDS", "5"),
                    help="give up a database lock wait after S seconds and leave that target "
                         "for a later pass (env: PYCOMPACTOR_LOCK_TIMEOUT_SECONDS; default: 5)")
-    p.add_argument("--statement-timeout-seconds", type=positive_float, metavar="S",
+    p.add_argument("--statement-timeout-seconds", type=database_timeout, metavar="S",
                    default=os.environ.get("PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS", "60"),
                    help="cancel any database statement after S seconds "
                         "(env: PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS; default: 60)")

@@ -59,6 +59,12 @@ Connection = psycopg.Connection[Any]
 Row = TypeVar("Row")
 
 
+#: The shortest and longest lock_timeout / statement_timeout PostgreSQL takes (whole
+#: milliseconds; 0 turns the limit off).
+MIN_TIMEOUT_MS: Final = 1
+MAX_TIMEOUT_MS: Final = 2**31 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     """Per-call limits: how long to wait for a lock, and for a whole statement."""
@@ -67,9 +73,13 @@ class Timeouts:
     statement: timedelta = timedelta(seconds=60)
 
     def __post_init__(self) -> None:
-        # 0 would mean "no limit" to PostgreSQL: refuse it rather than silently hang.
-        if self.lock <= timedelta(0) or self.statement <= timedelta(0):
-            raise ValueError("lock and statement timeouts must be positive")
+        # 0 would mean "no limit" to PostgreSQL, and it counts whole milliseconds: refuse
+        # what it would round to 0 (or cannot hold) rather than silently hang.
+        for what in (self.lock, self.statement):
+            if not timedelta(milliseconds=MIN_TIMEOUT_MS) <= what \
+                    <= timedelta(milliseconds=MAX_TIMEOUT_MS):
+                raise ValueError("lock and statement timeouts must lie between 1 ms and "
+                                 f"{MAX_TIMEOUT_MS} ms")
 
 
 DEFAULT_TIMEOUTS: Final = Timeouts()

@@ -234,7 +234,8 @@ def unmapped_sdk_tables(conn: db.Connection) -> list[str]:
             command += f" --messages-table {shlex.quote(table)}"
         if "agent_sessions" not in sessions and len(sessions) == 1:
             command += f" --sessions-table {shlex.quote(sessions[0])}"
-        hints.append(f"{db.quoted_name(conn, schema, table)} looks like the OpenAI Agents SDK's SQLAlchemySession"
+        name = db.quoted_name(conn, schema, table)
+        hints.append(f"{name} looks like the OpenAI Agents SDK's SQLAlchemySession"
                      " table, but the source views read the empty reference tables of"
                      f" compaction_source: run `{command}` (docs/agents.md)")
     return hints

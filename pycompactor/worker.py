@@ -169,6 +169,9 @@ class WorkerConfig:
                              f"{MAX_INVENTED_FIGURES_BOUND}")
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch_size must be at least 1")
+        if self.concurrency > 10_000:
+            # compaction.settings.max_running admits at most 10,000 across all workers.
+            raise ValueError("concurrency must be at most 10000")
         low, high = db.LEASE_BOUNDS
         if not low <= self.lease <= high:
             raise ValueError("the lease must lie between 1 second and 1 day")

@@ -66,3 +66,40 @@ def test_the_shapes_are_the_databases() -> None:
     """The same rules as compaction.complete (sql/30_claims.sql): ASCII only."""
     assert not RESPONSE_ID_SHAPE.fullmatch("ｒｅｓｐ")
     assert not FINISH_REASON_SHAPE.fullmatch("ｓｔｏｐ")
+
+
+# --- ids in the worker's log (issue 62 item 8) -------------------------------------------
+
+HOSTILE_ID = "conv\x1b]0;owned\x07\x1b[2J\u009b31m\u202egpj.exe"
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_control_characters_in_ids_are_escaped_in_the_log(log_format: str) -> None:
+    """A conversation id is the host's: ESC, BEL, C1 controls and bidirectional overrides
+    in it reach the log as escapes, never as characters a terminal would act on."""
+    import io
+
+    from pycompactor.eventlog import EventLog
+
+    stream = io.StringIO()
+    log = EventLog("json" if log_format == "json" else "text", stream=stream)
+    log.emit("claimed", conversation_id=HOSTILE_ID, job_id=7, note="中文 ok")
+    line = stream.getvalue()
+    assert line.endswith("\n")
+    assert line[:-1].isprintable(), repr(line)
+    for escape in ("\\u001b", "\\u0007", "\\u009b", "\\u202e"):
+        assert escape in line
+    assert "中文 ok" in line
+    if log_format == "json":
+        assert json.loads(line)["conversation_id"] == HOSTILE_ID
+    else:
+        value = line.split(" conversation_id=", 1)[1].split(" job_id=", 1)[0]
+        assert json.loads(value) == HOSTILE_ID
+
+
+def test_worker_config_bounds_concurrency() -> None:
+    from pycompactor.worker import WorkerConfig
+
+    with pytest.raises(ValueError, match="at most 10000"):
+        WorkerConfig(model="m", concurrency=10_001)
+    assert WorkerConfig(model="m", concurrency=10_000).concurrency == 10_000
