@@ -831,6 +831,66 @@ $$;
 COMMENT ON FUNCTION compaction.lower_high_water(int, int, timestamptz) IS
     'Internal: sets settings.admission_high_water to p_max_running when every admission slot in (p_max_running, p_high_water] is free and lockable (called by claim)';
 
+-- Revision 0049 (issue 62): what the committed state already answers for a claim of an
+-- identity, read without any lock: already_completed (a summary, for good),
+-- already_running (an attempt whose lease is live) or attempts_exhausted (two attempts,
+-- for good), in claim_range's order; NULL when only a claim under the conversation's lock
+-- can tell (no job yet, a retry, admission) or must write (an expired attempt, which the
+-- claim reaps on its way, DESIGN §6). Each answer is what claim_range would give
+-- at the moment of the read, so claim, claim_targets and claim_next_targets answer these
+-- refusals without taking the lock: a refused claim holds nothing, whatever its caller's
+-- transaction does next. No SET clause, as claim_range: owner-only, under its callers'
+-- settings.
+CREATE FUNCTION compaction.claim_settled(
+    p_conversation_id text,
+    p_scope           text,
+    p_from_pair       int,
+    p_source_hash     text,
+    p_model           text,
+    p_prompt_version  text,
+    p_now             timestamptz,
+    OUT reason        text,
+    OUT job_id        bigint)
+RETURNS record
+LANGUAGE plpgsql
+STABLE
+AS $$
+DECLARE
+    v_job_id  bigint;
+    v_live    boolean;
+    v_expired boolean;
+    v_count   int;
+BEGIN
+    SELECT j.job_id INTO v_job_id
+    FROM compaction.jobs AS j
+    WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
+      AND j.from_pair = p_from_pair AND j.source_hash = p_source_hash
+      AND j.model = p_model AND j.prompt_version = p_prompt_version;
+    job_id := v_job_id;
+    IF v_job_id IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(pg_catalog.bool_or(a.state = 'running' AND a.lease_expires_at > p_now),
+                    false),
+           coalesce(pg_catalog.bool_or(a.state = 'running' AND a.lease_expires_at <= p_now),
+                    false),
+           pg_catalog.count(*)
+    INTO v_live, v_expired, v_count
+    FROM compaction.attempts AS a
+    WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id;
+    IF v_expired THEN
+        RETURN;  -- the claim reaps it, under the lock
+    END IF;
+    reason := CASE WHEN EXISTS (SELECT 1 FROM compaction.job_summaries AS s
+                                WHERE s.conversation_id = p_conversation_id
+                                  AND s.job_id = v_job_id) THEN 'already_completed'
+                   WHEN v_live THEN 'already_running'
+                   WHEN v_count >= 2 THEN 'attempts_exhausted' END;
+END
+$$;
+COMMENT ON FUNCTION compaction.claim_settled(text, text, int, text, text, text, timestamptz) IS
+    'Internal: the refusal the committed state already gives a claim of this identity (already_completed, already_running, attempts_exhausted) and its job, read without a lock; NULL when only a claim under the conversation''s lock can tell';
+
 -- Revision 0038: a claim once the range has been judged (p_is_target: the window policy
 -- makes it a target now; p_target_ids and p_target_hash: its current ids and hash), under
 -- the conversation's lock, which the caller holds: the checks from not_eligible on, in the
@@ -1074,6 +1134,7 @@ DECLARE
     v_target_hash text;
     v_is_target   boolean;
     v_answer      record;
+    v_settled     record;
     v_oversized   text;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
@@ -1127,6 +1188,29 @@ BEGIN
     END IF;
     v_is_target := compaction.is_target(p_from_pair, v_pairs);
 
+    -- Revision 0049 (issue 62): a claim the judgement or the committed state already
+    -- refuses takes no lock (claim_range answers not_eligible and source_mismatch before
+    -- any write; claim_settled the refusals of an identity's state), so no refused call
+    -- holds the conversation, whatever its caller's transaction does next.
+    IF v_is_target IS NOT TRUE OR NOT compaction.valid_source_hash(p_source_hash)
+       OR v_target_hash IS DISTINCT FROM p_source_hash
+       OR v_target_ids IS DISTINCT FROM p_source_message_ids THEN
+        v_answer := compaction.claim_range(p_conversation_id, p_scope, p_from_pair,
+                                           p_source_message_ids, p_source_hash, p_model,
+                                           p_prompt_version, p_worker, v_now, v_lease,
+                                           v_is_target, v_target_ids, v_target_hash);
+        RETURN QUERY SELECT false, v_answer.reason, NULL::bigint, NULL::int,
+                            NULL::timestamptz;
+        RETURN;
+    END IF;
+    v_settled := compaction.claim_settled(p_conversation_id, p_scope, p_from_pair,
+                                          p_source_hash, p_model, p_prompt_version, v_now);
+    IF v_settled.reason IS NOT NULL THEN
+        RETURN QUERY SELECT false, v_settled.reason, v_settled.job_id, NULL::int,
+                            NULL::timestamptz;
+        RETURN;
+    END IF;
+
     -- From here on the conversation's engine rows are ours until commit: the statement of
     -- lock_conversation, written out here and in fence (revision 0018), where a call per
     -- cycle would cost as much as the row lock itself.
@@ -1134,6 +1218,17 @@ BEGIN
     VALUES (p_conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
+    -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+    -- where the caller set no bound, the transaction gets one (transaction_timeout where
+    -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+    -- server), so a caller that forgets its transaction open cannot hold a conversation
+    -- for long (docs/security.md).
+    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+    END IF;
+    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+    END IF;
     -- The one writer under the lock that follows a change of history is an erasure (its
     -- history deleted before it or with it): a conversation with an erasure's tombstone
     -- is judged again, under the lock, so that no claim lands after an erasure on
@@ -1208,6 +1303,12 @@ DECLARE
     v_judge      int[] := '{}';
     v_from       int[];
     v_target_ids text[];
+    v_settled    text[] := '{}';
+    v_settled_job bigint[] := '{}';
+    v_open       boolean := false;
+    v_locked     boolean := false;
+    v_pre        text;
+    v_pre_job    bigint;
     v_hashes     text[];
     v_at         int;
     v_reason     text;
@@ -1274,11 +1375,54 @@ BEGIN
                pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
         INTO v_from, v_target_ids, v_hashes
         FROM compaction.target_ranges(p_conversation_id, v_judge) AS t;
+        -- Revision 0049 (issue 62): the lock only when some range could be claimed, as
+        -- far as the judgement and the committed state tell (claim_settled); otherwise
+        -- every range is refused without it (a refused claim holds nothing).
+        FOR i IN 1 .. v_n LOOP
+            v_pre := NULL;
+            v_pre_job := NULL;
+            v_at := pg_catalog.array_position(
+                v_from, p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1]);
+            IF v_refusals[i] IS NULL AND v_at IS NOT NULL AND NOT v_open
+               AND compaction.valid_source_hash(
+                       p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1])
+               AND v_hashes[v_at] IS NOT DISTINCT FROM
+                       p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1]
+               AND ARRAY(SELECT pg_catalog.unnest(v_target_ids[v_at:v_at][:]))
+                   IS NOT DISTINCT FROM
+                   ARRAY(SELECT pg_catalog.unnest(p_source_message_ids[
+                             pg_catalog.array_lower(p_source_message_ids, 1) + i - 1 :
+                             pg_catalog.array_lower(p_source_message_ids, 1) + i - 1][:])) THEN
+                SELECT c.reason, c.job_id INTO v_pre, v_pre_job
+                FROM compaction.claim_settled(
+                    p_conversation_id, p_scope,
+                    p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1],
+                    p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1],
+                    p_model, p_prompt_version, v_now) AS c;
+                v_open := v_pre IS NULL;
+            END IF;
+            v_settled := v_settled || v_pre;
+            v_settled_job := v_settled_job || v_pre_job;
+        END LOOP;
+    END IF;
+    IF v_open THEN
+        v_locked := true;
         -- The conversation's engine rows are ours until commit (claim's statement).
         INSERT INTO compaction.conversation_locks AS l (conversation_id)
         VALUES (p_conversation_id)
         ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
             WHERE false;
+        -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+        -- where the caller set no bound, the transaction gets one (transaction_timeout where
+        -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+        -- server), so a caller that forgets its transaction open cannot hold a conversation
+        -- for long (docs/security.md).
+        IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+            PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+        END IF;
+        IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+            PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+        END IF;
         IF EXISTS (SELECT 1 FROM compaction.event_log AS e
                    WHERE e.conversation_id = p_conversation_id AND e.kind = 'erasure') THEN
             SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
@@ -1294,6 +1438,14 @@ BEGIN
             RETURN QUERY
             SELECT p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1], false,
                    v_refusals[i], NULL::bigint, NULL::int, NULL::timestamptz;
+            CONTINUE;
+        END IF;
+        -- Without the lock: the refusals the committed state gave (claim_range answers
+        -- the rest, not_eligible and source_mismatch, before any write).
+        IF NOT v_locked AND v_settled[i] IS NOT NULL THEN
+            RETURN QUERY
+            SELECT p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1], false,
+                   v_settled[i], v_settled_job[i], NULL::int, NULL::timestamptz;
             CONTINUE;
         END IF;
         from_pair := p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1];
@@ -1371,6 +1523,11 @@ DECLARE
     v_ended     boolean := false;
     v_locked    boolean := false;
     v_answer    record;
+    v_open      boolean;
+    v_pre       text;
+    v_pre_job   bigint;
+    v_settled   text[];
+    v_settled_job bigint[];
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
        OR p_model = '' OR p_worker IS NULL THEN
@@ -1401,14 +1558,47 @@ BEGIN
         FROM compaction.worker_targets(p_conversation_id, p_scope, p_model,
                                        p_prompt_version) AS t;
         EXIT WHEN v_locked OR p_limit = 0 OR NOT coalesce(false = ANY (v_done), false);
+        SELECT pv.accepts_new_jobs INTO v_accepts
+        FROM compaction.prompt_versions AS pv
+        WHERE pv.prompt_version = p_prompt_version;
+        -- Revision 0049 (issue 62): the lock only when some target could be claimed, as
+        -- far as the committed state tells (claim_settled); otherwise every target tried
+        -- is refused without it (a refused claim holds nothing).
+        v_open := false;
+        v_settled := '{}';
+        v_settled_job := '{}';
+        FOR k IN 1 .. coalesce(pg_catalog.cardinality(v_from), 0) LOOP
+            v_pre := NULL;
+            v_pre_job := NULL;
+            IF NOT v_done[k] AND NOT v_open AND v_accepts IS TRUE
+               AND compaction.valid_source_hash(v_hashes[k])
+               AND compaction.valid_source_ids(ARRAY(SELECT pg_catalog.unnest(v_ids[k:k][:]))) THEN
+                SELECT c.reason, c.job_id INTO v_pre, v_pre_job
+                FROM compaction.claim_settled(p_conversation_id, p_scope, v_from[k],
+                                              v_hashes[k], p_model, p_prompt_version,
+                                              v_now) AS c;
+                v_open := v_pre IS NULL;
+            END IF;
+            v_settled := v_settled || v_pre;
+            v_settled_job := v_settled_job || v_pre_job;
+        END LOOP;
+        EXIT WHEN NOT v_open;
         INSERT INTO compaction.conversation_locks AS l (conversation_id)
         VALUES (p_conversation_id)
         ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
             WHERE false;
+        -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+        -- where the caller set no bound, the transaction gets one (transaction_timeout where
+        -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+        -- server), so a caller that forgets its transaction open cannot hold a conversation
+        -- for long (docs/security.md).
+        IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+            PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+        END IF;
+        IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+            PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+        END IF;
         v_locked := true;
-        SELECT pv.accepts_new_jobs INTO v_accepts
-        FROM compaction.prompt_versions AS pv
-        WHERE pv.prompt_version = p_prompt_version;
         EXIT WHEN NOT EXISTS (SELECT 1 FROM compaction.event_log AS e
                               WHERE e.conversation_id = p_conversation_id
                                 AND e.kind = 'erasure');
@@ -1435,6 +1625,11 @@ BEGIN
             ELSIF v_accepts IS NOT TRUE THEN
                 claimed := false;
                 reason := 'prompt_version_closed';
+            ELSIF NOT v_locked AND v_settled[k] IS NOT NULL THEN
+                -- The refusal the committed state gave, without the lock (revision 0049).
+                claimed := false;
+                reason := v_settled[k];
+                job_id := v_settled_job[k];
             ELSE
                 v_answer := compaction.claim_range(
                     p_conversation_id, p_scope, from_pair, source_message_ids, source_hash,
@@ -1468,7 +1663,8 @@ COMMENT ON FUNCTION compaction.claim_next_targets(text, text, int, text, text, t
 -- change without reading either again. An attempt belongs to the login that claimed it
 -- (revision 0018, DESIGN §6): to any other login, the owner and superusers aside, the
 -- attempt is unknown (the caller answers lease_lost) and nothing changes, not even an
--- expiry. The usual call costs one comparison with the row it has already read.
+-- expiry. Revision 0049: that is asked before the conversation's lock, so a refused call
+-- takes no lock at all; the usual call costs one more read of the attempt by key.
 -- Revision 0045: no SECURITY DEFINER and no SET clause, as claim_range: only the owner
 -- may execute it, and it runs inside its three callers, definers with this search_path,
 -- where saving and restoring the settings around each call cost more than the comparison.
@@ -1480,6 +1676,8 @@ RETURNS record
 LANGUAGE plpgsql
 VOLATILE
 AS $$
+DECLARE
+    v_claimed_by text;
 BEGIN
     IF p_conversation_id IS NULL THEN
         SELECT j.* INTO job_row
@@ -1493,23 +1691,44 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    -- Who claimed the attempt, read before any lock (revision 0049, issue 62): it never
+    -- changes (attempts_guard), so a call refused for another login, or for an attempt
+    -- that does not exist, answers without taking the conversation's lock, and a caller
+    -- that keeps its transaction open after a refusal holds nothing of another's.
+    SELECT a.claimed_by INTO v_claimed_by
+    FROM compaction.attempts AS a
+    WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
+      AND a.attempt = p_attempt;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_claimed_by IS DISTINCT FROM session_user
+       AND NOT compaction.caller_is_privileged() THEN
+        job_row := NULL;
+        RETURN;
+    END IF;
     -- lock_conversation's statement (written out, as in claim).
     INSERT INTO compaction.conversation_locks AS l (conversation_id)
     VALUES (job_row.conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
+    -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+    -- where the caller set no bound, the transaction gets one (transaction_timeout where
+    -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+    -- server), so a caller that forgets its transaction open cannot hold a conversation
+    -- for long (docs/security.md).
+    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+    END IF;
+    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+    END IF;
     SELECT a.* INTO attempt_row
     FROM compaction.attempts AS a
     WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    IF attempt_row.claimed_by IS DISTINCT FROM session_user
-       AND NOT compaction.caller_is_privileged() THEN
-        attempt_row := NULL;
-        job_row := NULL;
         RETURN;
     END IF;
     -- Only a superuser's or the owner's p_now can be this early (caller_now).

@@ -685,10 +685,123 @@ $$;
 COMMENT ON FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text) IS
     'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures kept and invented): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off or claimed by another login';
 
+CREATE OR REPLACE FUNCTION compaction.fence(p_job_id bigint, p_attempt int, p_now timestamptz,
+                                 p_conversation_id text,
+                                 OUT attempt_row compaction.attempts,
+                                 OUT job_row compaction.jobs)
+RETURNS record
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+BEGIN
+    IF p_conversation_id IS NULL THEN
+        SELECT j.* INTO job_row
+        FROM compaction.jobs AS j
+        WHERE j.job_id = p_job_id;
+    ELSE
+        SELECT j.* INTO job_row
+        FROM compaction.jobs AS j
+        WHERE j.conversation_id = p_conversation_id AND j.job_id = p_job_id;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- lock_conversation's statement (written out, as in claim).
+    INSERT INTO compaction.conversation_locks AS l (conversation_id)
+    VALUES (job_row.conversation_id)
+    ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+        WHERE false;
+    SELECT a.* INTO attempt_row
+    FROM compaction.attempts AS a
+    WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
+      AND a.attempt = p_attempt
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF attempt_row.claimed_by IS DISTINCT FROM session_user
+       AND NOT compaction.caller_is_privileged() THEN
+        attempt_row := NULL;
+        job_row := NULL;
+        RETURN;
+    END IF;
+    -- Only a superuser's or the owner's p_now can be this early (caller_now).
+    IF attempt_row.state = 'running' AND p_now < attempt_row.started_at THEN
+        RAISE EXCEPTION 'p_now % is before attempt % of job % started (%)',
+                p_now, p_attempt, p_job_id, attempt_row.started_at
+            USING ERRCODE = 'CP022';
+    END IF;
+    IF attempt_row.state = 'running' AND attempt_row.lease_expires_at <= p_now THEN
+        UPDATE compaction.attempts AS a
+        SET state = 'failed', reason = 'lease_expired', finished_at = p_now
+        WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
+          AND a.attempt = p_attempt
+        RETURNING a.* INTO attempt_row;
+        PERFORM compaction.release_slot(job_row.conversation_id, attempt_row);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz, text) IS
+    'Internal: locks attempt (job_id, attempt) of the given conversation (or the job''s) and returns it with its job, first failing it (lease_expired) if its lease ran out; attempt_row NULL if unknown or claimed by another login (owner and superusers aside)';
+
+CREATE OR REPLACE FUNCTION compaction.reap_conversation(p_conversation_id text, p_now timestamptz)
+RETURNS int
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_expired compaction.attempts;
+    v_jobs    bigint[] := '{}';
+    v_scope   text;
+BEGIN
+    -- A conversation whose writer holds its lock right now is passed over: a fenced call
+    -- settles the expiry of the attempt it holds itself, a claim reaps the identity it
+    -- touches, and the next reap comes back for the rest. Two reapers never wait on each
+    -- other either.
+    IF NOT compaction.try_lock_conversation(p_conversation_id) THEN
+        RETURN 0;
+    END IF;
+    -- Under the lock the state and lease are read again, so nothing is reaped twice.
+    FOR v_expired IN
+        UPDATE compaction.attempts AS a
+        SET state = 'failed', reason = 'lease_expired', finished_at = p_now
+        WHERE a.conversation_id = p_conversation_id
+          AND a.state = 'running' AND a.lease_expires_at <= p_now
+        RETURNING a.*
+    LOOP
+        PERFORM compaction.release_slot(p_conversation_id, v_expired);
+        v_jobs := v_jobs || v_expired.job_id;
+    END LOOP;
+    IF pg_catalog.cardinality(v_jobs) > 0 THEN
+        -- The expired attempt's worker is gone and can no longer nudge anyone: put the
+        -- conversation back on the queue (enqueue's upsert: an entry leased right now is
+        -- marked requeued, so the acknowledgement of a worker that examined it before
+        -- this expiry keeps it), so the one retry the contract allows happens without a
+        -- sweep.
+        -- The scopes first, then enqueue: one statement each (DESIGN §11).
+        FOREACH v_scope IN ARRAY ARRAY(SELECT DISTINCT j.scope
+                                       FROM compaction.jobs AS j
+                                       WHERE j.conversation_id = p_conversation_id
+                                         AND j.job_id = ANY (v_jobs)
+                                       ORDER BY 1)
+        LOOP
+            PERFORM compaction.enqueue(p_conversation_id, v_scope);
+        END LOOP;
+    END IF;
+    RETURN pg_catalog.cardinality(v_jobs);
+END
+$$;
+COMMENT ON FUNCTION compaction.reap_conversation(text, timestamptz) IS
+    'Internal: reap for one conversation, under its lock; returns how many attempts it marked lease_expired';
+
 
 DROP FUNCTION compaction.lease_end(interval, timestamptz, text);
 
 DROP FUNCTION compaction.lease_fits(interval, timestamptz);
+
+DROP FUNCTION compaction.claim_settled(text, text, int, text, text, text, timestamptz);
 
 
 CALL compaction.assign_ownership();

@@ -59,6 +59,56 @@ $$;
 COMMENT ON FUNCTION compaction.lease_fits(interval, timestamptz) IS
     'Internal: true for a usual lease (no months, at most a day and some time) that ends 1 second to 1 day after p_now; the rest is for lease_end';
 
+CREATE FUNCTION compaction.claim_settled(
+    p_conversation_id text,
+    p_scope           text,
+    p_from_pair       int,
+    p_source_hash     text,
+    p_model           text,
+    p_prompt_version  text,
+    p_now             timestamptz,
+    OUT reason        text,
+    OUT job_id        bigint)
+RETURNS record
+LANGUAGE plpgsql
+STABLE
+AS $$
+DECLARE
+    v_job_id  bigint;
+    v_live    boolean;
+    v_expired boolean;
+    v_count   int;
+BEGIN
+    SELECT j.job_id INTO v_job_id
+    FROM compaction.jobs AS j
+    WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
+      AND j.from_pair = p_from_pair AND j.source_hash = p_source_hash
+      AND j.model = p_model AND j.prompt_version = p_prompt_version;
+    job_id := v_job_id;
+    IF v_job_id IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(pg_catalog.bool_or(a.state = 'running' AND a.lease_expires_at > p_now),
+                    false),
+           coalesce(pg_catalog.bool_or(a.state = 'running' AND a.lease_expires_at <= p_now),
+                    false),
+           pg_catalog.count(*)
+    INTO v_live, v_expired, v_count
+    FROM compaction.attempts AS a
+    WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id;
+    IF v_expired THEN
+        RETURN;  -- the claim reaps it, under the lock
+    END IF;
+    reason := CASE WHEN EXISTS (SELECT 1 FROM compaction.job_summaries AS s
+                                WHERE s.conversation_id = p_conversation_id
+                                  AND s.job_id = v_job_id) THEN 'already_completed'
+                   WHEN v_live THEN 'already_running'
+                   WHEN v_count >= 2 THEN 'attempts_exhausted' END;
+END
+$$;
+COMMENT ON FUNCTION compaction.claim_settled(text, text, int, text, text, text, timestamptz) IS
+    'Internal: the refusal the committed state already gives a claim of this identity (already_completed, already_running, attempts_exhausted) and its job, read without a lock; NULL when only a claim under the conversation''s lock can tell';
+
 CREATE OR REPLACE FUNCTION compaction.claim(
     p_conversation_id    text,
     p_scope              text,
@@ -102,6 +152,7 @@ DECLARE
     v_target_hash text;
     v_is_target   boolean;
     v_answer      record;
+    v_settled     record;
     v_oversized   text;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
@@ -155,6 +206,29 @@ BEGIN
     END IF;
     v_is_target := compaction.is_target(p_from_pair, v_pairs);
 
+    -- Revision 0049 (issue 62): a claim the judgement or the committed state already
+    -- refuses takes no lock (claim_range answers not_eligible and source_mismatch before
+    -- any write; claim_settled the refusals of an identity's state), so no refused call
+    -- holds the conversation, whatever its caller's transaction does next.
+    IF v_is_target IS NOT TRUE OR NOT compaction.valid_source_hash(p_source_hash)
+       OR v_target_hash IS DISTINCT FROM p_source_hash
+       OR v_target_ids IS DISTINCT FROM p_source_message_ids THEN
+        v_answer := compaction.claim_range(p_conversation_id, p_scope, p_from_pair,
+                                           p_source_message_ids, p_source_hash, p_model,
+                                           p_prompt_version, p_worker, v_now, v_lease,
+                                           v_is_target, v_target_ids, v_target_hash);
+        RETURN QUERY SELECT false, v_answer.reason, NULL::bigint, NULL::int,
+                            NULL::timestamptz;
+        RETURN;
+    END IF;
+    v_settled := compaction.claim_settled(p_conversation_id, p_scope, p_from_pair,
+                                          p_source_hash, p_model, p_prompt_version, v_now);
+    IF v_settled.reason IS NOT NULL THEN
+        RETURN QUERY SELECT false, v_settled.reason, v_settled.job_id, NULL::int,
+                            NULL::timestamptz;
+        RETURN;
+    END IF;
+
     -- From here on the conversation's engine rows are ours until commit: the statement of
     -- lock_conversation, written out here and in fence (revision 0018), where a call per
     -- cycle would cost as much as the row lock itself.
@@ -162,6 +236,17 @@ BEGIN
     VALUES (p_conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
+    -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+    -- where the caller set no bound, the transaction gets one (transaction_timeout where
+    -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+    -- server), so a caller that forgets its transaction open cannot hold a conversation
+    -- for long (docs/security.md).
+    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+    END IF;
+    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+    END IF;
     -- The one writer under the lock that follows a change of history is an erasure (its
     -- history deleted before it or with it): a conversation with an erasure's tombstone
     -- is judged again, under the lock, so that no claim lands after an erasure on
@@ -226,6 +311,12 @@ DECLARE
     v_judge      int[] := '{}';
     v_from       int[];
     v_target_ids text[];
+    v_settled    text[] := '{}';
+    v_settled_job bigint[] := '{}';
+    v_open       boolean := false;
+    v_locked     boolean := false;
+    v_pre        text;
+    v_pre_job    bigint;
     v_hashes     text[];
     v_at         int;
     v_reason     text;
@@ -292,11 +383,54 @@ BEGIN
                pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
         INTO v_from, v_target_ids, v_hashes
         FROM compaction.target_ranges(p_conversation_id, v_judge) AS t;
+        -- Revision 0049 (issue 62): the lock only when some range could be claimed, as
+        -- far as the judgement and the committed state tell (claim_settled); otherwise
+        -- every range is refused without it (a refused claim holds nothing).
+        FOR i IN 1 .. v_n LOOP
+            v_pre := NULL;
+            v_pre_job := NULL;
+            v_at := pg_catalog.array_position(
+                v_from, p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1]);
+            IF v_refusals[i] IS NULL AND v_at IS NOT NULL AND NOT v_open
+               AND compaction.valid_source_hash(
+                       p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1])
+               AND v_hashes[v_at] IS NOT DISTINCT FROM
+                       p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1]
+               AND ARRAY(SELECT pg_catalog.unnest(v_target_ids[v_at:v_at][:]))
+                   IS NOT DISTINCT FROM
+                   ARRAY(SELECT pg_catalog.unnest(p_source_message_ids[
+                             pg_catalog.array_lower(p_source_message_ids, 1) + i - 1 :
+                             pg_catalog.array_lower(p_source_message_ids, 1) + i - 1][:])) THEN
+                SELECT c.reason, c.job_id INTO v_pre, v_pre_job
+                FROM compaction.claim_settled(
+                    p_conversation_id, p_scope,
+                    p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1],
+                    p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1],
+                    p_model, p_prompt_version, v_now) AS c;
+                v_open := v_pre IS NULL;
+            END IF;
+            v_settled := v_settled || v_pre;
+            v_settled_job := v_settled_job || v_pre_job;
+        END LOOP;
+    END IF;
+    IF v_open THEN
+        v_locked := true;
         -- The conversation's engine rows are ours until commit (claim's statement).
         INSERT INTO compaction.conversation_locks AS l (conversation_id)
         VALUES (p_conversation_id)
         ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
             WHERE false;
+        -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+        -- where the caller set no bound, the transaction gets one (transaction_timeout where
+        -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+        -- server), so a caller that forgets its transaction open cannot hold a conversation
+        -- for long (docs/security.md).
+        IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+            PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+        END IF;
+        IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+            PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+        END IF;
         IF EXISTS (SELECT 1 FROM compaction.event_log AS e
                    WHERE e.conversation_id = p_conversation_id AND e.kind = 'erasure') THEN
             SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
@@ -312,6 +446,14 @@ BEGIN
             RETURN QUERY
             SELECT p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1], false,
                    v_refusals[i], NULL::bigint, NULL::int, NULL::timestamptz;
+            CONTINUE;
+        END IF;
+        -- Without the lock: the refusals the committed state gave (claim_range answers
+        -- the rest, not_eligible and source_mismatch, before any write).
+        IF NOT v_locked AND v_settled[i] IS NOT NULL THEN
+            RETURN QUERY
+            SELECT p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1], false,
+                   v_settled[i], v_settled_job[i], NULL::int, NULL::timestamptz;
             CONTINUE;
         END IF;
         from_pair := p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1];
@@ -378,6 +520,11 @@ DECLARE
     v_ended     boolean := false;
     v_locked    boolean := false;
     v_answer    record;
+    v_open      boolean;
+    v_pre       text;
+    v_pre_job   bigint;
+    v_settled   text[];
+    v_settled_job bigint[];
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
        OR p_model = '' OR p_worker IS NULL THEN
@@ -408,14 +555,47 @@ BEGIN
         FROM compaction.worker_targets(p_conversation_id, p_scope, p_model,
                                        p_prompt_version) AS t;
         EXIT WHEN v_locked OR p_limit = 0 OR NOT coalesce(false = ANY (v_done), false);
+        SELECT pv.accepts_new_jobs INTO v_accepts
+        FROM compaction.prompt_versions AS pv
+        WHERE pv.prompt_version = p_prompt_version;
+        -- Revision 0049 (issue 62): the lock only when some target could be claimed, as
+        -- far as the committed state tells (claim_settled); otherwise every target tried
+        -- is refused without it (a refused claim holds nothing).
+        v_open := false;
+        v_settled := '{}';
+        v_settled_job := '{}';
+        FOR k IN 1 .. coalesce(pg_catalog.cardinality(v_from), 0) LOOP
+            v_pre := NULL;
+            v_pre_job := NULL;
+            IF NOT v_done[k] AND NOT v_open AND v_accepts IS TRUE
+               AND compaction.valid_source_hash(v_hashes[k])
+               AND compaction.valid_source_ids(ARRAY(SELECT pg_catalog.unnest(v_ids[k:k][:]))) THEN
+                SELECT c.reason, c.job_id INTO v_pre, v_pre_job
+                FROM compaction.claim_settled(p_conversation_id, p_scope, v_from[k],
+                                              v_hashes[k], p_model, p_prompt_version,
+                                              v_now) AS c;
+                v_open := v_pre IS NULL;
+            END IF;
+            v_settled := v_settled || v_pre;
+            v_settled_job := v_settled_job || v_pre_job;
+        END LOOP;
+        EXIT WHEN NOT v_open;
         INSERT INTO compaction.conversation_locks AS l (conversation_id)
         VALUES (p_conversation_id)
         ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
             WHERE false;
+        -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+        -- where the caller set no bound, the transaction gets one (transaction_timeout where
+        -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+        -- server), so a caller that forgets its transaction open cannot hold a conversation
+        -- for long (docs/security.md).
+        IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+            PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+        END IF;
+        IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+            PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+        END IF;
         v_locked := true;
-        SELECT pv.accepts_new_jobs INTO v_accepts
-        FROM compaction.prompt_versions AS pv
-        WHERE pv.prompt_version = p_prompt_version;
         EXIT WHEN NOT EXISTS (SELECT 1 FROM compaction.event_log AS e
                               WHERE e.conversation_id = p_conversation_id
                                 AND e.kind = 'erasure');
@@ -442,6 +622,11 @@ BEGIN
             ELSIF v_accepts IS NOT TRUE THEN
                 claimed := false;
                 reason := 'prompt_version_closed';
+            ELSIF NOT v_locked AND v_settled[k] IS NOT NULL THEN
+                -- The refusal the committed state gave, without the lock (revision 0049).
+                claimed := false;
+                reason := v_settled[k];
+                job_id := v_settled_job[k];
             ELSE
                 v_answer := compaction.claim_range(
                     p_conversation_id, p_scope, from_pair, source_message_ids, source_hash,
@@ -749,6 +934,151 @@ END
 $$;
 COMMENT ON FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text) IS
     'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures kept and invented; finish reason a code, response id an id of at most 200 bytes, else CP020): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off or claimed by another login';
+
+CREATE OR REPLACE FUNCTION compaction.fence(p_job_id bigint, p_attempt int, p_now timestamptz,
+                                 p_conversation_id text,
+                                 OUT attempt_row compaction.attempts,
+                                 OUT job_row compaction.jobs)
+RETURNS record
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+DECLARE
+    v_claimed_by text;
+BEGIN
+    IF p_conversation_id IS NULL THEN
+        SELECT j.* INTO job_row
+        FROM compaction.jobs AS j
+        WHERE j.job_id = p_job_id;
+    ELSE
+        SELECT j.* INTO job_row
+        FROM compaction.jobs AS j
+        WHERE j.conversation_id = p_conversation_id AND j.job_id = p_job_id;
+    END IF;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- Who claimed the attempt, read before any lock (revision 0049, issue 62): it never
+    -- changes (attempts_guard), so a call refused for another login, or for an attempt
+    -- that does not exist, answers without taking the conversation's lock, and a caller
+    -- that keeps its transaction open after a refusal holds nothing of another's.
+    SELECT a.claimed_by INTO v_claimed_by
+    FROM compaction.attempts AS a
+    WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
+      AND a.attempt = p_attempt;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_claimed_by IS DISTINCT FROM session_user
+       AND NOT compaction.caller_is_privileged() THEN
+        job_row := NULL;
+        RETURN;
+    END IF;
+    -- lock_conversation's statement (written out, as in claim).
+    INSERT INTO compaction.conversation_locks AS l (conversation_id)
+    VALUES (job_row.conversation_id)
+    ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
+        WHERE false;
+    -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+    -- where the caller set no bound, the transaction gets one (transaction_timeout where
+    -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+    -- server), so a caller that forgets its transaction open cannot hold a conversation
+    -- for long (docs/security.md).
+    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+    END IF;
+    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+    END IF;
+    SELECT a.* INTO attempt_row
+    FROM compaction.attempts AS a
+    WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
+      AND a.attempt = p_attempt
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- Only a superuser's or the owner's p_now can be this early (caller_now).
+    IF attempt_row.state = 'running' AND p_now < attempt_row.started_at THEN
+        RAISE EXCEPTION 'p_now % is before attempt % of job % started (%)',
+                p_now, p_attempt, p_job_id, attempt_row.started_at
+            USING ERRCODE = 'CP022';
+    END IF;
+    IF attempt_row.state = 'running' AND attempt_row.lease_expires_at <= p_now THEN
+        UPDATE compaction.attempts AS a
+        SET state = 'failed', reason = 'lease_expired', finished_at = p_now
+        WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
+          AND a.attempt = p_attempt
+        RETURNING a.* INTO attempt_row;
+        PERFORM compaction.release_slot(job_row.conversation_id, attempt_row);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz, text) IS
+    'Internal: locks attempt (job_id, attempt) of the given conversation (or the job''s) and returns it with its job, first failing it (lease_expired) if its lease ran out; attempt_row NULL if unknown or claimed by another login (owner and superusers aside)';
+
+CREATE OR REPLACE FUNCTION compaction.reap_conversation(p_conversation_id text, p_now timestamptz)
+RETURNS int
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_expired compaction.attempts;
+    v_jobs    bigint[] := '{}';
+    v_scope   text;
+BEGIN
+    -- A conversation whose writer holds its lock right now is passed over: a fenced call
+    -- settles the expiry of the attempt it holds itself, a claim reaps the identity it
+    -- touches, and the next reap comes back for the rest. Two reapers never wait on each
+    -- other either.
+    IF NOT compaction.try_lock_conversation(p_conversation_id) THEN
+        RETURN 0;
+    END IF;
+    -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+    -- where the caller set no bound, the transaction gets one (transaction_timeout where
+    -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+    -- server), so a caller that forgets its transaction open cannot hold a conversation
+    -- for long (docs/security.md).
+    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+    END IF;
+    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+    END IF;
+    -- Under the lock the state and lease are read again, so nothing is reaped twice.
+    FOR v_expired IN
+        UPDATE compaction.attempts AS a
+        SET state = 'failed', reason = 'lease_expired', finished_at = p_now
+        WHERE a.conversation_id = p_conversation_id
+          AND a.state = 'running' AND a.lease_expires_at <= p_now
+        RETURNING a.*
+    LOOP
+        PERFORM compaction.release_slot(p_conversation_id, v_expired);
+        v_jobs := v_jobs || v_expired.job_id;
+    END LOOP;
+    IF pg_catalog.cardinality(v_jobs) > 0 THEN
+        -- The expired attempt's worker is gone and can no longer nudge anyone: put the
+        -- conversation back on the queue (enqueue's upsert: an entry leased right now is
+        -- marked requeued, so the acknowledgement of a worker that examined it before
+        -- this expiry keeps it), so the one retry the contract allows happens without a
+        -- sweep.
+        -- The scopes first, then enqueue: one statement each (DESIGN §11).
+        FOREACH v_scope IN ARRAY ARRAY(SELECT DISTINCT j.scope
+                                       FROM compaction.jobs AS j
+                                       WHERE j.conversation_id = p_conversation_id
+                                         AND j.job_id = ANY (v_jobs)
+                                       ORDER BY 1)
+        LOOP
+            PERFORM compaction.enqueue(p_conversation_id, v_scope);
+        END LOOP;
+    END IF;
+    RETURN pg_catalog.cardinality(v_jobs);
+END
+$$;
+COMMENT ON FUNCTION compaction.reap_conversation(text, timestamptz) IS
+    'Internal: reap for one conversation, under its lock; returns how many attempts it marked lease_expired';
 
 DROP FUNCTION compaction.checked_lease(interval);
 

@@ -219,3 +219,114 @@ def test_the_driver_refuses_unbounded_counts_as_the_database_does(
     assert info.value.sqlstate == "CP020"
     assert len(str(info.value)) < 200
     assert leases(conn) == before
+
+
+# --- 2. a refused call holds no lock; a forgotten transaction is bounded -----------------
+
+
+def conversation_locks_held(conn: Conn, pid: int) -> int:
+    """Row locks a backend holds on compaction.conversation_locks (its transaction's
+    tuple locks show as locks on the relation, or as the xid others would wait on)."""
+    return int(scalar(conn, "SELECT count(*) FROM pg_locks WHERE pid = %s AND granted"
+                            " AND relation = 'compaction.conversation_locks'::regclass"
+                            " AND mode IN ('RowExclusiveLock', 'RowShareLock')", (pid,)))
+
+
+@pytest.fixture
+def other(login_role: LoginRole) -> Iterator[Conn]:
+    """A second worker login: an attacker with the documented role."""
+    with connect_as(login_role("compaction_worker")) as w2:
+        yield w2
+
+
+@pytest.mark.parametrize("call", [
+    "SELECT * FROM compaction.heartbeat(%(job)s, 1, p_conversation_id => 'c1')",
+    "SELECT * FROM compaction.fail(%(job)s, 1, 'timeout', p_conversation_id => 'c1')",
+    "SELECT * FROM compaction.complete(%(job)s, 1, 'x', 'stop', 0,"
+    " p_conversation_id => 'c1')",
+    "SELECT * FROM compaction.heartbeat(%(job)s, 1)",
+])
+def test_a_call_refused_for_another_login_stalls_nothing(
+        conn: Conn, worker: Worker, other: Conn, call: str) -> None:
+    """The issue's w2 calls heartbeat/fail on w1's job inside its own transaction and
+    keeps it open: it is refused (lease_lost) and holds no lock, so w1 renews and
+    completes at once and reap reaches the conversation."""
+    other.execute("BEGIN")
+    row = other.execute(call, {"job": worker.job_id}).fetchone()
+    assert row is not None
+    assert row[0] is False
+    pid = other.info.backend_pid
+    assert conversation_locks_held(conn, pid) == 0
+    # w1 carries on at once (a lock wait would raise LockTimeout after 5 s).
+    worker.conn.execute("SET lock_timeout = '1s'")
+    assert db.heartbeat(worker.conn, worker.job_id, 1, conversation_id="c1").ok
+    done = db.complete(worker.conn, worker.job_id, 1, GOOD, "stop", 0, conversation_id="c1")
+    assert (done.ok, done.reason) == (True, "completed")
+    other.execute("ROLLBACK")
+
+
+def test_refused_claims_hold_no_lock(conn: Conn, worker: Worker, other: Conn) -> None:
+    """w2 claims w1's identity (already_running), by claim, claim_targets and
+    claim_next_targets, inside one open transaction: none takes the conversation's lock,
+    so w1's completion and a reap of an expired attempt of c1 go through."""
+    t1 = db.plan_targets(conn, "c1")[0]
+    other.execute("BEGIN")
+    assert claim(other, "c1", t1, now=None, worker="w2").reason == "already_running"
+    rows = other.execute(
+        "SELECT reason FROM compaction.claim_targets('c1', 'default', %s, %s, %s, %s, %s,"
+        " 'w2')", ([0], [t1.source_message_ids], [t1.source_hash], MODEL, V3)).fetchall()
+    assert rows == [("already_running",)]
+    rows = other.execute(
+        "SELECT from_pair, claimed, reason FROM compaction.claim_next_targets("
+        "'c1', 'default', 4, %s, %s, 'w2')", (MODEL, V3)).fetchall()
+    assert rows == [(0, False, "already_running")]
+    assert conversation_locks_held(conn, other.info.backend_pid) == 0
+    worker.conn.execute("SET lock_timeout = '1s'")
+    done = db.complete(worker.conn, worker.job_id, 1, GOOD, "stop", 0, conversation_id="c1")
+    assert (done.ok, done.reason) == (True, "completed")
+    # Now the identity is settled for good: still no lock for the refusal.
+    assert claim(other, "c1", t1, now=None, worker="w2").reason == "already_completed"
+    assert conversation_locks_held(conn, other.info.backend_pid) == 0
+    other.execute("ROLLBACK")
+
+
+def test_a_forgotten_transaction_gets_a_bound(conn: Conn, worker: Worker,
+                                              other: Conn) -> None:
+    """An engine call that takes a conversation's lock inside the caller's transaction
+    bounds that transaction where the caller set no bound: idle in it for at most 60 s
+    (every server), and on PostgreSQL 17 and later at most 60 s in all. A caller's own
+    bound is kept."""
+    has_transaction_timeout = scalar(
+        conn, "SELECT current_setting('transaction_timeout', true) IS NOT NULL")
+    t2 = target(conn, "c2")
+    other.execute("BEGIN")
+    assert claim(other, "c2", t2, now=None, worker="w2").claimed
+    assert scalar(other, "SHOW idle_in_transaction_session_timeout") == "1min"
+    if has_transaction_timeout:
+        assert scalar(other, "SHOW transaction_timeout") == "1min"
+    other.execute("ROLLBACK")
+    assert scalar(other, "SHOW idle_in_transaction_session_timeout") == "0"
+    # A bound of the caller's own stays.
+    other.execute("BEGIN")
+    other.execute("SET LOCAL idle_in_transaction_session_timeout = '5s'")
+    assert db.reap(other) == 0
+    assert claim(other, "c2", t2, now=None, worker="w2").claimed
+    assert scalar(other, "SHOW idle_in_transaction_session_timeout") == "5s"
+    other.execute("ROLLBACK")
+
+
+def test_reap_in_a_kept_transaction_is_bounded(conn: Conn, worker: Worker,
+                                               other: Conn) -> None:
+    """`BEGIN; SELECT reap(); …` held five conversations: the reaping transaction gets
+    the same bound as any other that takes a conversation's lock."""
+    later = scalar(conn, "SELECT lease_expires_at + interval '1 second'"
+                         " FROM compaction.attempts WHERE job_id = %s", (worker.job_id,))
+    conn.execute("UPDATE compaction.attempts SET lease_expires_at = now() - interval '1s'"
+                 " WHERE job_id = %s", (worker.job_id,))
+    conn.execute("UPDATE compaction.admission SET lease_expires_at = now() - interval '1s'"
+                 " WHERE holder_job_id = %s", (worker.job_id,))
+    assert later is not None
+    other.execute("BEGIN")
+    assert db.reap(other) == 1
+    assert scalar(other, "SHOW idle_in_transaction_session_timeout") == "1min"
+    other.execute("ROLLBACK")
