@@ -118,6 +118,8 @@ _DB_BACKOFF_MAX: Final = 30.0
 # doubles each time (so two colliding workers do not collide again in step).
 _CONFLICT_RETRIES: Final = 8
 _CONFLICT_PAUSE: Final = 0.01
+# How long a call that ends an attempt (at shutdown) keeps trying once `_db` gave up.
+_ENDING_SECONDS: Final = 5.0
 
 Params = ParamSpec("Params")
 Result = TypeVar("Result")
@@ -249,6 +251,8 @@ class _Running:
         self.job = job
         self.started = time.monotonic()
         self.state = "calling"
+        #: Set once complete or fail answered for it (whatever came after).
+        self.recorded = False
         self.lock = threading.Lock()
         self.done = threading.Event()
 
@@ -719,6 +723,22 @@ class Worker:
         with self._pool.get() as conn:
             return call(conn, *args, **kwargs)
 
+    def _ending(self, call: Callable[Concatenate[db.Connection, Params], Result],
+                *args: Params.args, **kwargs: Params.kwargs) -> Result:
+        """A call that ends what this worker holds (an attempt at shutdown): when `_db`'s
+        retries give up on transient trouble, it tries again for a few seconds more
+        rather than leave the attempt running until its lease runs out (issue 62)."""
+        deadline = time.monotonic() + _ENDING_SECONDS
+        pause = 0.05
+        while True:
+            try:
+                return self._db(call, *args, **kwargs)
+            except PycompactorError as exc:
+                if not is_transient(exc) or time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
     # -- claimed attempts ----------------------------------------------------------------
 
     def _start(self, job: ClaimedJob, lease_expires_at: datetime | None) -> None:
@@ -747,6 +767,7 @@ class Worker:
                     return  # interrupted: the main thread has recorded it
                 running.state = "recording"
             result = self._record(job, outcome, started, figures)
+            running.recorded = True
             self._finished(result, outcome, figures)
             if job.attempt == 1 and result.outcome != "completed":
                 # The retry (attempt 2) belongs to a later pass, never this one.
@@ -756,6 +777,9 @@ class Worker:
             self._log.emit("job_error", job_id=job.job_id, attempt=job.attempt,
                            conversation_id=job.conversation_id, from_pair=job.from_pair,
                            error=f"{type(exc).__name__}: {exc}")
+            # Whatever gave up (a call's retries, a bug), the attempt is ours: end it,
+            # rather than leave it running until its lease runs out (issue 62).
+            self._end_after_error(running, exc)
         finally:
             with running.lock:
                 if running.state == "recording":
@@ -764,6 +788,24 @@ class Worker:
                 self._running.pop((job.job_id, job.attempt), None)
             running.done.set()
             self._slots.release()
+
+    def _end_after_error(self, running: _Running, exc: Exception) -> None:
+        """Record an attempt failed (`worker_error`) after its thread raised: unless the
+        main thread has recorded it already (interrupted) or its result was recorded."""
+        with running.lock:
+            if running.recorded or running.state in ("interrupted", "done"):
+                return
+            running.state = "recording"
+        failure = Failure(WORKER_ERROR, f"{type(exc).__name__}: {exc}")
+        try:
+            result = self._record(running.job, failure, running.started)
+        except Exception as again:  # logged: the lease is the last resort
+            self._log.emit("job_error", job_id=running.job.job_id,
+                           attempt=running.job.attempt,
+                           conversation_id=running.job.conversation_id,
+                           error=f"{type(again).__name__}: {again}")
+            return
+        self._finished(result, failure)
 
     def _summarize(self, job: ClaimedJob) -> tuple[ModelOutcome, list[RangeReply]]:
         """Read the claimed range's replies (only while its hash is the claimed one), then
@@ -815,9 +857,14 @@ class Worker:
         return outcome, figures
 
     def _acceptable(self, reply: Reply) -> bool:
-        """Whether `complete` would accept the reply (the database's rule, asked)."""
-        return self._db(db.reply_problem, reply.text, reply.finish_reason,
-                        reply.tool_call_count) is None
+        """Whether `complete` would accept the reply (the database's rule, asked). When
+        the database cannot be asked (its retries gave up), the gate's own failure is
+        recorded: failing an attempt is always safe, and it is never left running."""
+        try:
+            return self._db(db.reply_problem, reply.text, reply.finish_reason,
+                            reply.tool_call_count) is None
+        except PycompactorError:
+            return True
 
     def _record(self, job: ClaimedJob, outcome: ModelOutcome, started: float,
                 figures: Figures | None = None) -> JobResult:
@@ -939,8 +986,8 @@ class Worker:
     def _interrupt(self, running: _Running) -> None:
         job = running.job
         try:
-            failed = self._db(db.fail, job.job_id, job.attempt, INTERRUPTED,
-                              conversation_id=job.conversation_id)
+            failed = self._ending(db.fail, job.job_id, job.attempt, INTERRUPTED,
+                                  conversation_id=job.conversation_id)
             result = JobResult(job, "interrupted" if failed.ok else failed.reason,
                                INTERRUPTED if failed.ok else failed.reason, None,
                                _ms_since(running.started))

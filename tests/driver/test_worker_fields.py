@@ -6,6 +6,7 @@ turns a summary into an error."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -103,3 +104,103 @@ def test_worker_config_bounds_concurrency() -> None:
     with pytest.raises(ValueError, match="at most 10000"):
         WorkerConfig(model="m", concurrency=10_001)
     assert WorkerConfig(model="m", concurrency=10_000).concurrency == 10_000
+
+
+# --- a worker whose retries give up ends what it holds (issue 62 item 7) -----------------
+
+
+def conflict() -> Exception:
+    from pycompactor.errors import TransactionConflict
+
+    return TransactionConflict("could not serialize access due to concurrent update"
+                               " (SQLSTATE 40001)")
+
+
+def run_once(dsn: str, summarizer: Any, **options: Any) -> list[dict[str, Any]]:
+    import io
+
+    from pycompactor.eventlog import EventLog
+    from pycompactor.worker import Worker, WorkerConfig
+
+    stream = io.StringIO()
+    config = WorkerConfig(model=summarizer.model, dsn=dsn, once=True, log_format="json",
+                          **options)
+    Worker(config, summarizer, log=EventLog("json", stream=stream)).run()
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+class Scripted:
+    """A summarizer answering one fixed text, as a model would."""
+
+    model = "scripted-model"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def summarize(self, pairs: Any) -> Reply:
+        return Reply(self.text, "stop", 0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_gate_whose_database_question_gives_up_still_ends_the_attempt(
+        conn: Any, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """reply_problem kept failing with serialization failures past every retry: the
+    attempt used to be left running (job_error) until its lease ran out; now it fails
+    with the gate's reason."""
+    from pycompactor import db
+    from tests.workerkit import attempts, seed
+
+    seed(conn, "conv-1", 30)
+
+    def always_conflicts(*_args: Any, **_kwargs: Any) -> Any:
+        raise conflict()
+
+    monkeypatch.setattr(db, "reply_problem", always_conflicts)
+    monkeypatch.setattr("pycompactor.worker._CONFLICT_PAUSE", 0.0001)
+    run_once(dsn, Scripted("An invented 99.99 and 42.42."))
+    assert [(a.state, a.reason) for a in attempts(conn)] == [("failed", "figures_invented")]
+
+
+def test_a_job_whose_thread_raises_is_failed_not_left_running(
+        conn: Any, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any exception after the claim (here the figures' count, a bug) ends the attempt
+    as worker_error instead of leaving it running for its lease."""
+    from pycompactor import worker
+    from tests.workerkit import attempts, seed
+
+    seed(conn, "conv-1", 30)
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the figures")
+
+    monkeypatch.setattr(worker, "figure_stats", broken)
+    events = run_once(dsn, Scripted("A summary."))
+    assert [(a.state, a.reason) for a in attempts(conn)] == [("failed", "worker_error")]
+    assert [e["event"] for e in events if e["event"] in ("job_error", "failed")] == [
+        "job_error", "failed"]
+
+
+def test_recording_retries_conflicts_until_it_is_recorded(
+        conn: Any, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """complete refused by conflicts, which once counted as no transient trouble (a result
+    lost, the attempt left running for its lease): the result is retried and
+    recorded (a conflict changed nothing)."""
+    from pycompactor import db
+    from tests.workerkit import attempts, seed
+
+    seed(conn, "conv-1", 30)
+    real = db.complete
+    failures = {"left": 3}
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise conflict()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(db, "complete", flaky)
+    run_once(dsn, Scripted("A summary."))
+    assert [(a.state, a.reason) for a in attempts(conn)] == [("completed", "completed")]
+    assert failures["left"] == 0
