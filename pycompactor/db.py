@@ -31,6 +31,7 @@ from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from pycompactor.errors import (
+    ClientEncodingNotUtf8,
     DatabaseUnavailable,
     InvalidArgument,
     PermissionDenied,
@@ -198,6 +199,21 @@ def _expect_an_error_at_the_sync(pipeline: psycopg.Pipeline) -> None:
     pipeline.result_queue.append(None)
 
 
+def check_client_encoding(conn: Connection | psycopg.AsyncConnection[Any]) -> None:
+    """Refuse a connection whose client_encoding is not UTF8 (ClientEncodingNotUtf8):
+    every call's values are encoded by the client, and under SJIS, BIG5, GBK or GB18030
+    a multibyte character can end in a byte the server then reads as a quote or a comma
+    (`['ソ",INJ,ソ', 'z']` arrived as four elements). db.connect's connections are UTF8;
+    a connection the caller opened is checked before each call."""
+    if conn.info.encoding != "utf-8":
+        found = conn.info.parameter_status("client_encoding")
+        name = found if found is not None else conn.info.encoding
+        raise ClientEncodingNotUtf8(
+            "pycompactor's calls need a connection whose client_encoding is UTF8, this"
+            f" one's is {name}: under it a text can change meaning on its way to the"
+            " server; connect with client_encoding=UTF8 (or SET client_encoding = 'UTF8')")
+
+
 @contextmanager
 def _call(conn: Connection, row_factory: RowFactory[Row], *,
           inline: bool = False) -> Iterator[_Call[Row]]:
@@ -217,6 +233,7 @@ def _call(conn: Connection, row_factory: RowFactory[Row], *,
     `conn.transaction()`) keeps them: the call joins that transaction, which the caller
     commits, and the settings last until it ends (still never beyond it).
     """
+    check_client_encoding(conn)
     with wrap_exceptions(), conn.cursor(row_factory=row_factory) as cur:
         yield _Call(conn, cur, inline)
 
@@ -311,6 +328,10 @@ def connect(dsn: str | None = None, *, autocommit: bool = True,
         conn = psycopg.connect(
             conninfo, autocommit=autocommit, application_name="pycompactor",
             prepare_threshold=None,
+            # Whatever PGCLIENTENCODING or the DSN say (issue 62): under SJIS, BIG5, GBK or
+            # GB18030 a text's bytes could be read back as other characters (an array
+            # element split in two), and JOHAB has no Python codec psycopg can use.
+            client_encoding="UTF8",
         )
     except psycopg.Error as exc:
         error = from_driver(exc)

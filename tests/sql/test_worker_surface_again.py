@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pycompactor import db, errors
+from pycompactor import db, errors, project_history
 from pycompactor.models import Target
 from tests.sql.conftest import LoginRole, connect_as
 from tests.sql.engine import GOOD, MODEL, claim, scalar, target
@@ -330,3 +330,72 @@ def test_reap_in_a_kept_transaction_is_bounded(conn: Conn, worker: Worker,
     assert db.reap(other) == 1
     assert scalar(other, "SHOW idle_in_transaction_session_timeout") == "1min"
     other.execute("ROLLBACK")
+
+
+# --- 5. client encodings: arrays never split, surrogates named ---------------------------
+
+SPLITTER = 'ソ",INJ,ソ'  # in SJIS, ソ ends in 0x5c: a backslash the array parser obeys
+
+
+def ids_with_splitter() -> list[str]:
+    return [SPLITTER, "z", *[f"id-{i}" for i in range(18)]]
+
+
+@pytest.mark.parametrize("encoding", ["SJIS", "BIG5", "GBK", "GB18030", "JOHAB"])
+def test_the_drivers_connections_are_utf8_whatever_the_environment_says(
+        conn: Conn, dsn: str, encoding: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under PGCLIENTENCODING=SJIS an array of 20 ids reached the server as 22 (both
+    call forms): db.connect's connections speak UTF8, so it arrives as sent."""
+    target(conn, "c1")
+    monkeypatch.setenv("PGCLIENTENCODING", encoding)
+    with db.connect(dsn) as c:
+        assert c.info.encoding == "utf-8"
+        t = db.plan_targets(c, "c1")[0]
+        answer = db.claim(c, "c1", "default", 0, ids_with_splitter(), t.source_hash, MODEL,
+                          V3, "w1")
+        # 20 distinct ids, not those of the range: judged, never invalid_source_ids.
+        assert answer.reason == "source_mismatch"
+        echoed = c.execute("SELECT %s::text[]", (ids_with_splitter(),)).fetchone()
+        assert echoed == (ids_with_splitter(),)
+
+
+@pytest.mark.parametrize("encoding", ["SJIS", "BIG5", "GBK", "GB18030", "JOHAB", "LATIN1"])
+def test_a_callers_connection_in_another_encoding_is_refused_by_name(
+        conn: Conn, dsn: str, encoding: str) -> None:
+    """A connection the caller opened under another client encoding is refused before
+    anything is sent, by both call forms and the projection, with an error that names
+    the encoding (JOHAB's was 'cannot reach the database')."""
+    t = target(conn, "c1")
+    with psycopg.connect(dsn, autocommit=True, client_encoding=encoding) as other:
+        calls = [
+            lambda: db.claim(other, "c1", "default", 0, t.source_message_ids,
+                             t.source_hash, MODEL, V3, "w1"),           # inline
+            lambda: db.complete(other, 1, 1, GOOD, "stop", 0),            # pipeline
+            lambda: db.plan_targets(other, "c1"),
+            lambda: project_history(other, "c1", budget_bytes=10_000),
+        ]
+        for call in calls:
+            with pytest.raises(errors.ClientEncodingNotUtf8) as info:
+                call()
+            assert encoding in str(info.value)
+            assert "cannot reach" not in str(info.value)
+    assert scalar(conn, "SELECT count(*) FROM compaction.attempts") == 0
+
+
+@pytest.mark.parametrize("where", ["worker", "conversation", "summary"])
+def test_a_lone_surrogate_is_a_package_error_naming_it(conn: Conn, worker: Worker,
+                                                       where: str) -> None:
+    t = target(conn, "c2")
+    lone = "w\ud800"
+    with pytest.raises(errors.UnencodableText) as info:
+        if where == "worker":
+            db.claim(worker.conn, "c2", "default", 0, t.source_message_ids, t.source_hash,
+                     MODEL, V3, lone)
+        elif where == "conversation":
+            db.plan_targets(worker.conn, lone)
+        else:
+            db.complete(worker.conn, worker.job_id, 1, lone, "stop", 0,
+                        conversation_id="c1")
+    assert "surrogate" in str(info.value)
+    assert isinstance(info.value, errors.PycompactorError)
+    assert attempt_row(conn, worker.job_id)[0] == "running"
