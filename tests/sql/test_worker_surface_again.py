@@ -399,3 +399,34 @@ def test_a_lone_surrogate_is_a_package_error_naming_it(conn: Conn, worker: Worke
     assert "surrogate" in str(info.value)
     assert isinstance(info.value, errors.PycompactorError)
     assert attempt_row(conn, worker.job_id)[0] == "running"
+
+
+# --- 4. tracking triggers act only on the tables the source views read ------------------
+
+
+def test_a_tracking_trigger_on_a_scratch_table_changes_nothing(conn: Conn) -> None:
+    """The issue's table owner attached track_source_changes() to a scratch table and
+    truncated it: derived_state_status() went to not_rebuilt for the whole database.
+    Now the trigger acts only on a table the source views read."""
+    target(conn, "c1")
+    assert scalar(conn, "SELECT compaction.derived_state_status()") == "in_use"
+    generation = "SELECT generation FROM compaction.conversation_state" \
+                 " WHERE conversation_id = 'c1'"
+    before = scalar(conn, generation)
+    conn.execute("CREATE TABLE public.scratch (conversation_id text, run_id text)")
+    for event in ("TRUNCATE", "INSERT", "DELETE"):
+        new_or_old = {"INSERT": " REFERENCING NEW TABLE AS new_rows",
+                      "DELETE": " REFERENCING OLD TABLE AS old_rows"}.get(event, "")
+        conn.execute(f"CREATE TRIGGER scratch_{event.lower()} AFTER {event} ON public.scratch"
+                     f"{new_or_old} FOR EACH STATEMENT EXECUTE FUNCTION"
+                     " compaction.track_source_changes('conversation_id', 'run_id')")
+        conn.execute(f"ALTER TABLE public.scratch ENABLE ALWAYS TRIGGER scratch_{event.lower()}")
+    conn.execute("INSERT INTO public.scratch SELECT 'c1', r.run_id"
+                 " FROM compaction_source.runs AS r WHERE r.conversation_id = 'c1'")
+    conn.execute("DELETE FROM public.scratch")
+    conn.execute("TRUNCATE public.scratch")
+    assert scalar(conn, "SELECT compaction.derived_state_status()") == "in_use"
+    assert scalar(conn, generation) == before
+    # The source's own tables still count: a TRUNCATE of one takes the state out of use.
+    conn.execute("TRUNCATE compaction_source.messages")
+    assert scalar(conn, "SELECT compaction.derived_state_status()") == "not_rebuilt"
