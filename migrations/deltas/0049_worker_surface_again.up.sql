@@ -5,6 +5,16 @@
 --   claim_targets, claim_next_targets, heartbeat and dequeue. Intervals compare with
 --   30-day months, which let '10000 years -3599999 days' (144 years) pass as a day.
 --   compaction.checked_lease is gone.
+-- * A refused call takes no lock: fence reads the attempt's claiming login before it
+--   locks the conversation, and the claims answer the refusals the committed state gives
+--   (compaction.claim_settled) without the lock. A transaction that took a conversation's
+--   lock gets idle_in_transaction_session_timeout (and, from PostgreSQL 17,
+--   transaction_timeout) of 60 s where its caller set none (fence, claim, claim_targets,
+--   claim_next_targets, reap_conversation).
+-- * complete takes a finish reason that is a code, a response id of at most 200 bytes of
+--   an id's characters and a tool-call count that is not negative (else CP020).
+-- * The tracking triggers act only on tables the source views read
+--   (compaction.source_reads): one attached to a scratch table does nothing.
 
 CREATE FUNCTION compaction.lease_end(p_lease interval, p_now timestamptz,
                                      p_errcode text DEFAULT 'CP023')

@@ -430,3 +430,23 @@ def test_a_tracking_trigger_on_a_scratch_table_changes_nothing(conn: Conn) -> No
     # The source's own tables still count: a TRUNCATE of one takes the state out of use.
     conn.execute("TRUNCATE compaction_source.messages")
     assert scalar(conn, "SELECT compaction.derived_state_status()") == "not_rebuilt"
+
+
+# --- 9. what a worker can read through the projection functions is said ----------------
+
+
+def test_security_md_says_a_worker_reads_any_summary_and_it_does(
+        conn: Conn, worker: Worker, other: Conn) -> None:
+    """docs/security.md now says that a worker login reads every completed summary
+    through projection_texts, not only those of ranges it claimed; the behaviour is the
+    one the page describes."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    assert "every completed summary of every conversation and scope" in page
+    assert "projection_texts" in page
+    done = db.complete(worker.conn, worker.job_id, 1, GOOD, "stop", 0, conversation_id="c1")
+    assert done.summary_id is not None
+    rows = other.execute("SELECT summary_id, content FROM compaction.projection_texts("
+                         "'c1', '{}', %s)", ([done.summary_id],)).fetchall()
+    assert rows == [(done.summary_id, GOOD)]
