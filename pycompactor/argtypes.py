@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Final
 
 
 def _whole(text: str) -> int:
@@ -31,12 +32,33 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
 
 
+#: The largest whole number an argument takes: every count the command line passes on
+#: reaches PostgreSQL as an int (a larger one was a driver error after connecting).
+MAX_INT: Final = 2**31 - 1
+#: --concurrency: model calls in flight in one process; compaction.settings.max_running
+#: admits at most 10,000 across all workers, so more could never run.
+MAX_CONCURRENCY: Final = 10_000
+#: The longest wait any --...-seconds option takes (a day): past it, an Event's wait
+#: overflows, and nothing here needs to wait longer.
+MAX_SECONDS: Final = 86_400.0
+
+
+def _at_most(value: int, high: int) -> int:
+    if value > high:
+        raise argparse.ArgumentTypeError(f"expected a number of at most {high}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
-    return _at_least(_whole(text), 1)
+    return _at_most(_at_least(_whole(text), 1), MAX_INT)
 
 
 def non_negative_int(text: str) -> int:
-    return _at_least(_whole(text), 0)
+    return _at_most(_at_least(_whole(text), 0), MAX_INT)
+
+
+def concurrency(text: str) -> int:
+    return _at_most(_at_least(_whole(text), 1), MAX_CONCURRENCY)
 
 
 def budget_bytes(text: str) -> int:
@@ -62,6 +84,8 @@ def positive_float(text: str) -> float:
     value = _seconds(text)
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_SECONDS:g} seconds, got {text}")
     return value
 
 
@@ -69,6 +93,21 @@ def non_negative_float(text: str) -> float:
     value = _seconds(text)
     if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text}")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_SECONDS:g} seconds, got {text}")
+    return value
+
+
+def database_timeout(text: str) -> float:
+    # PostgreSQL counts lock_timeout and statement_timeout in whole milliseconds, and 0
+    # means no limit at all: a shorter positive value would silently turn it off.
+    from pycompactor.db import MAX_TIMEOUT_MS, MIN_TIMEOUT_MS
+
+    value = _seconds(text)
+    if not MIN_TIMEOUT_MS / 1000 <= value <= MAX_TIMEOUT_MS / 1000:  # NaN fails this too
+        raise argparse.ArgumentTypeError(
+            f"expected {MIN_TIMEOUT_MS / 1000:g} to {MAX_TIMEOUT_MS / 1000:g} seconds "
+            f"(PostgreSQL counts whole milliseconds), got {text}")
     return value
 
 
@@ -102,4 +141,15 @@ def temperature(text: str) -> float | None:
             f"expected a temperature from 0 to 2 or 'none', got {text!r}") from None
     if not 0.0 <= value <= 2.0:  # NaN fails this too
         raise argparse.ArgumentTypeError(f"expected a temperature from 0 to 2, got {text}")
+    return value
+
+
+def invented_figures_allowed(text: str) -> int:
+    # The worker's own bound (WorkerConfig): refused here, it is a usage error.
+    from pycompactor.figures import MAX_INVENTED_FIGURES_BOUND
+
+    value = non_negative_int(text)
+    if value > MAX_INVENTED_FIGURES_BOUND:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_INVENTED_FIGURES_BOUND} figures, got {value}")
     return value

@@ -17,7 +17,7 @@ from pycompactor.render import cell, jsonable, print_json, render_table
 TABLE_COLUMNS: dict[str, list[str]] = {
     "jobs": ["conversation_id", "scope", "pairs", "job_id", "model", "prompt_version",
              "attempt", "state", "reason", "worker", "started_at", "duration", "summary_id",
-             "figures_kept", "input_tokens", "output_tokens"],
+             "figures_kept", "figures_invented", "input_tokens", "output_tokens"],
     "stale": ["summary_id", "conversation_id", "scope", "pairs", "prompt_version", "imported",
               "staleness", "completed_at"],
     "exhausted": ["conversation_id", "scope", "pairs", "job_id", "model", "prompt_version",

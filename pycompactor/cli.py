@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING
 from pycompactor import __version__, db
 from pycompactor.argtypes import (
     budget_bytes,
+    concurrency,
+    database_timeout,
+    invented_figures_allowed,
     lease_seconds,
     non_negative_float,
     non_negative_int,
@@ -230,6 +233,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         lease=timedelta(seconds=args.lease_seconds), poll_seconds=args.poll_seconds,
         drain_seconds=args.drain_seconds, timeout_seconds=args.timeout_seconds,
         log_format=args.log_format, min_figure_retention=args.min_figure_retention,
+        max_invented_figures=args.max_invented_figures,
         timeouts=db.Timeouts(lock=timedelta(seconds=args.lock_timeout_seconds),
                              statement=timedelta(seconds=args.statement_timeout_seconds)),
     )
@@ -476,8 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "time (for hosts that cannot call compaction.enqueue)")
     p.add_argument("--scope", default="default", metavar="S",
                    help="summary lane to compact (default: default)")
-    p.add_argument("--concurrency", type=positive_int, default=4, metavar="N",
-                   help="model calls in flight in this process (default: 4); "
+    p.add_argument("--concurrency", type=concurrency, default=4, metavar="N",
+                   help="model calls in flight in this process, 1 to 10000 (default: 4); "
                         "compaction.settings.max_running bounds all workers together")
     p.add_argument("--poll-seconds", type=positive_float, default=5.0, metavar="S",
                    help="longest wait between queue polls when idle (default: 5)")
@@ -488,11 +492,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "and of each queue entry taken, 1 to 86400 (default: 300); a "
                         "crashed worker's attempts and entries come back after this")
     # String defaults go through `type`, so a bad environment value is a usage error.
-    p.add_argument("--lock-timeout-seconds", type=positive_float, metavar="S",
+    p.add_argument("--lock-timeout-seconds", type=database_timeout, metavar="S",
                    default=os.environ.get("PYCOMPACTOR_LOCK_TIMEOUT_SECONDS", "5"),
                    help="give up a database lock wait after S seconds and leave that target "
                         "for a later pass (env: PYCOMPACTOR_LOCK_TIMEOUT_SECONDS; default: 5)")
-    p.add_argument("--statement-timeout-seconds", type=positive_float, metavar="S",
+    p.add_argument("--statement-timeout-seconds", type=database_timeout, metavar="S",
                    default=os.environ.get("PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS", "60"),
                    help="cancel any database statement after S seconds "
                         "(env: PYCOMPACTOR_STATEMENT_TIMEOUT_SECONDS; default: 60)")
@@ -501,6 +505,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fail an attempt (reason figures_lost) whose summary keeps fewer than "
                         "R x the distinct figures (numbers, dates, amounts) of its ten replies; "
                         "0 to 1 (env: PYCOMPACTOR_MIN_FIGURE_RETENTION; default: 0 = off)")
+    p.add_argument("--max-invented-figures", type=invented_figures_allowed, metavar="N",
+                   default=os.environ.get("PYCOMPACTOR_MAX_INVENTED_FIGURES", "0"),
+                   help="fail an attempt (reason figures_invented) whose summary states more "
+                        "than N distinct figures that none of its ten replies holds "
+                        "(bracketed reply ids aside); 0 to 6000 "
+                        "(env: PYCOMPACTOR_MAX_INVENTED_FIGURES; default: 0)")
     p.add_argument("--log-format", choices=("text", "json"), default="text",
                    help="stderr log: key=value text (default) or one JSON object per line")
     p.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",

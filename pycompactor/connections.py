@@ -12,7 +12,12 @@ from typing import Final
 import psycopg
 
 from pycompactor import db
-from pycompactor.errors import DatabaseTimeout, DatabaseUnavailable, PycompactorError
+from pycompactor.errors import (
+    DatabaseTimeout,
+    DatabaseUnavailable,
+    PycompactorError,
+    TransactionConflict,
+)
 
 # Connection-class SQLSTATEs (connection exception, rollback, resources, operator
 # intervention): the database may be back soon, so the loop reconnects and retries.
@@ -76,8 +81,10 @@ def connection_lost(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """True for database trouble that a reconnect may cure (in loop mode we retry)."""
-    if isinstance(exc, DatabaseUnavailable | DatabaseTimeout):
-        return True  # a timed-out lock or statement may well succeed on the next try
+    if isinstance(exc, DatabaseUnavailable | DatabaseTimeout | TransactionConflict):
+        # A timed-out lock or statement may well succeed on the next try; a call rolled
+        # back for a concurrent transaction changed nothing and is sent again.
+        return True
     cause = exc.__cause__ if isinstance(exc, PycompactorError) else exc
     if isinstance(cause, psycopg.OperationalError | psycopg.InterfaceError):
         return True

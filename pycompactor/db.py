@@ -31,7 +31,9 @@ from psycopg.rows import RowFactory, class_row, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from pycompactor.errors import (
+    ClientEncodingNotUtf8,
     DatabaseUnavailable,
+    InvalidArgument,
     PermissionDenied,
     ReadOnlyServer,
     from_driver,
@@ -58,6 +60,12 @@ Connection = psycopg.Connection[Any]
 Row = TypeVar("Row")
 
 
+#: The shortest and longest lock_timeout / statement_timeout PostgreSQL takes (whole
+#: milliseconds; 0 turns the limit off).
+MIN_TIMEOUT_MS: Final = 1
+MAX_TIMEOUT_MS: Final = 2**31 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     """Per-call limits: how long to wait for a lock, and for a whole statement."""
@@ -66,9 +74,13 @@ class Timeouts:
     statement: timedelta = timedelta(seconds=60)
 
     def __post_init__(self) -> None:
-        # 0 would mean "no limit" to PostgreSQL: refuse it rather than silently hang.
-        if self.lock <= timedelta(0) or self.statement <= timedelta(0):
-            raise ValueError("lock and statement timeouts must be positive")
+        # 0 would mean "no limit" to PostgreSQL, and it counts whole milliseconds: refuse
+        # what it would round to 0 (or cannot hold) rather than silently hang.
+        for what in (self.lock, self.statement):
+            if not timedelta(milliseconds=MIN_TIMEOUT_MS) <= what \
+                    <= timedelta(milliseconds=MAX_TIMEOUT_MS):
+                raise ValueError("lock and statement timeouts must lie between 1 ms and "
+                                 f"{MAX_TIMEOUT_MS} ms")
 
 
 DEFAULT_TIMEOUTS: Final = Timeouts()
@@ -187,6 +199,21 @@ def _expect_an_error_at_the_sync(pipeline: psycopg.Pipeline) -> None:
     pipeline.result_queue.append(None)
 
 
+def check_client_encoding(conn: Connection | psycopg.AsyncConnection[Any]) -> None:
+    """Refuse a connection whose client_encoding is not UTF8 (ClientEncodingNotUtf8):
+    every call's values are encoded by the client, and under SJIS, BIG5, GBK or GB18030
+    a multibyte character can end in a byte the server then reads as a quote or a comma
+    (`['ソ",INJ,ソ', 'z']` arrived as four elements). db.connect's connections are UTF8;
+    a connection the caller opened is checked before each call."""
+    if conn.info.encoding != "utf-8":
+        found = conn.info.parameter_status("client_encoding")
+        name = found if found is not None else conn.info.encoding
+        raise ClientEncodingNotUtf8(
+            "pycompactor's calls need a connection whose client_encoding is UTF8, this"
+            f" one's is {name}: under it a text can change meaning on its way to the"
+            " server; connect with client_encoding=UTF8 (or SET client_encoding = 'UTF8')")
+
+
 @contextmanager
 def _call(conn: Connection, row_factory: RowFactory[Row], *,
           inline: bool = False) -> Iterator[_Call[Row]]:
@@ -206,6 +233,7 @@ def _call(conn: Connection, row_factory: RowFactory[Row], *,
     `conn.transaction()`) keeps them: the call joins that transaction, which the caller
     commits, and the settings last until it ends (still never beyond it).
     """
+    check_client_encoding(conn)
     with wrap_exceptions(), conn.cursor(row_factory=row_factory) as cur:
         yield _Call(conn, cur, inline)
 
@@ -300,6 +328,10 @@ def connect(dsn: str | None = None, *, autocommit: bool = True,
         conn = psycopg.connect(
             conninfo, autocommit=autocommit, application_name="pycompactor",
             prepare_threshold=None,
+            # Whatever PGCLIENTENCODING or the DSN say (issue 62): under SJIS, BIG5, GBK or
+            # GB18030 a text's bytes could be read back as other characters (an array
+            # element split in two), and JOHAB has no Python codec psycopg can use.
+            client_encoding="UTF8",
         )
     except psycopg.Error as exc:
         error = from_driver(exc)
@@ -546,11 +578,21 @@ def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
              conversation_id: str | None = None) -> CompleteResult:
     """Record attempt (job_id, attempt)'s result; fenced (lease_lost) and idempotent.
 
-    `stats` is p_stats: any of input_tokens, output_tokens, figures_total, figures_kept
-    (non-negative integers; the database refuses anything else with CP020).
-    `conversation_id` must be the job's (else lease_lost); the worker always passes it.
-    `now` is honoured only for a superuser or compaction_owner (else CP025).
+    `stats` is p_stats: any of input_tokens, output_tokens, figures_total, figures_kept,
+    figures_invented (non-negative integers below 2^31; anything else is InvalidArgument,
+    CP020, here or from the database). `finish_reason` is a code and `response_id` an id
+    of at most 200 bytes (else CP020). `conversation_id` must be the job's (else
+    lease_lost); the worker always passes it. `now` is honoured only for a superuser or
+    compaction_owner (else CP025).
     """
+    if tool_call_count is not None:
+        _check_count("p_tool_call_count", tool_call_count)
+    if stats is not None:
+        for key, value in stats.items():
+            if key not in STATS_KEYS:
+                raise InvalidArgument(f"p_stats: unknown key {key[:64]!r} "
+                                      f"(known: {', '.join(STATS_KEYS)})")
+            _check_count(f"p_stats: {key}", value)
     return _row(
         conn, class_row(CompleteResult),
         "SELECT ok, reason, summary_id FROM compaction.complete("
@@ -565,6 +607,21 @@ def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
          "stats": None if stats is None else Jsonb(dict(stats)),
          "conversation_id": conversation_id},
     )
+
+
+#: The keys of complete's p_stats (DESIGN.md §6).
+STATS_KEYS: Final = ("input_tokens", "output_tokens", "figures_total", "figures_kept",
+                     "figures_invented")
+
+
+def _check_count(what: str, value: object) -> None:
+    """A count the engine stores as int: refused before it is encoded (a huge Python int
+    cannot even be written as JSON), as the database would refuse it (CP020)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        shown = type(value).__name__ if not isinstance(value, int) else (
+            "negative" if value < 0 else f"{value.bit_length()} bits long")
+        raise InvalidArgument(f"{what} must be a non-negative integer below 2^31, "
+                              f"got {shown}")
 
 
 def fail(conn: Connection, job_id: int, attempt: int, reason: str, *,
@@ -1062,7 +1119,7 @@ def tracking_on_citus(conn: Connection) -> list[tuple[str, str]]:
     if not _citus_installed(conn):
         return []
     rows = _rows(conn, tuple_row,
-                 "SELECT t.tgrelid::regclass::text, t.tgname::text"
+                 "SELECT t.tgrelid::regclass::text, pg_catalog.quote_ident(t.tgname)"
                  " FROM pg_catalog.pg_trigger AS t"
                  " JOIN pg_catalog.pg_dist_partition AS p ON p.logicalrelid = t.tgrelid"
                  " WHERE NOT t.tgisinternal AND t.tgfoid IN ("
@@ -1168,7 +1225,9 @@ class IndexStatistics:
 #: pg_stats shows a table's (and an expression index's) statistics only to a login that
 #: may read the table (own it, for an index): for any other the answer is NULL.
 INDEX_STATISTICS_SQL: Final = """
-SELECT i.indexrelid::regclass::text, i.indrelid::regclass::text,
+SELECT i.indexrelid::regclass::text,
+       -- Quoted as SQL needs it (issue 62): advice prints it, --fix runs it.
+       pg_catalog.quote_ident(tn.nspname) || '.' || pg_catalog.quote_ident(t.relname),
        (pg_catalog.pg_relation_size(i.indrelid)
         / pg_catalog.current_setting('block_size')::int)::int,
        i.indexprs IS NOT NULL,
@@ -1200,11 +1259,12 @@ def index_statistics(conn: Connection, names: list[str],
                            {"names": names, "tables": tables})]
 
 
-def table_pages(conn: Connection, table: str) -> int:
+def table_pages(conn: Connection, schema: str | None, name: str) -> int:
     """A table's size now, in pages (its size on disk, not the planner's estimate); 0 when
     no table has that name. Found in the catalog by name, not through regclass, which
-    needs USAGE on the table's schema (a reader has none on the host's schema)."""
-    schema, _, name = table.rpartition(".")
+    needs USAGE on the table's schema (a reader has none on the host's schema). The
+    names are the catalog's, unquoted (a schema may hold a dot)."""
+    schema = schema or ""
     return int(_row(conn, tuple_row,
                     "SELECT coalesce(max((pg_catalog.pg_relation_size(c.oid)"
                     " / pg_catalog.current_setting('block_size')::int)::int), 0)"
@@ -1216,33 +1276,33 @@ def table_pages(conn: Connection, table: str) -> int:
                     {"schema": schema, "name": name})[0])
 
 
-def _identifier(name: str) -> str:
-    """One name as SQL needs it: bare when plain, else quoted."""
-    return (name if re.fullmatch(r"[a-z_][a-z0-9_$]*", name)
-            else sql.Identifier(name).as_string(None))
-
-
-def _quoted(name: str) -> str:
-    """A schema-qualified name from a plan ("schema.table"), quoted where SQL needs it."""
-    return ".".join(_identifier(part) for part in name.split(".", 1))
+def quoted_name(conn: Connection, schema: str | None, name: str) -> str:
+    """A catalog name (and its schema), quoted as SQL needs it, by the server's own
+    quote_ident (keywords too): what check-source prints and --fix runs. A name from a
+    plan is the host's, and may hold anything (`x; DROP TABLE public.pwn; --`, a dot)."""
+    return str(_row(conn, tuple_row,
+                    "SELECT coalesce(pg_catalog.quote_ident(%(schema)s::text) || '.', '')"
+                    " || pg_catalog.quote_ident(%(name)s::text)",
+                    {"schema": schema, "name": name})[0])
 
 
 def drop_trigger_statement(table: str, trigger: str) -> str:
     """What check-source advises for a tracking trigger on a table Citus distributes;
-    `table` as regclass prints it (quoted already)."""
-    return f"DROP TRIGGER {_identifier(trigger)} ON {table};"
+    `table` and `trigger` quoted already (regclass and quote_ident print them so)."""
+    return f"DROP TRIGGER {trigger} ON {table};"
 
 
 def create_index_statement(table: str, expression: str) -> str:
     """What check-source advises for a lookup no index serves: built CONCURRENTLY, so the
-    host's writes go on while it builds (it must run outside a transaction block)."""
-    return f"CREATE INDEX CONCURRENTLY ON {_quoted(table)} (({expression}));"
+    host's writes go on while it builds (it must run outside a transaction block).
+    `table` is quoted already (quoted_name), `expression` as the server deparsed it."""
+    return f"CREATE INDEX CONCURRENTLY ON {table} (({expression}));"
 
 
 def analyze_statement(table: str) -> str:
     """What check-source advises for a table without planner statistics (it also takes
-    the statistics of the table's expression indexes)."""
-    return f"ANALYZE {_quoted(table)};"
+    the statistics of the table's expression indexes); `table` is quoted already."""
+    return f"ANALYZE {table};"
 
 
 # --- projection reads (pycompactor.projection runs them, sync or async) -----------------

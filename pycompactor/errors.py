@@ -185,6 +185,18 @@ class ReasonNotACode(EngineError):
     sqlstate = "CP024"
 
 
+class ClientEncodingNotUtf8(PycompactorError):
+    """pycompactor's calls need a connection whose client_encoding is UTF8: under another
+    (SJIS, BIG5, GBK, GB18030, JOHAB, ...) a text value can change meaning on its way to
+    the server (an array element split in two); connect with client_encoding=UTF8."""
+
+
+class UnencodableText(PycompactorError):
+    """A value holds a character that has no UTF-8 form (a lone surrogate, e.g. from text
+    decoded with errors='surrogateescape'); PostgreSQL cannot store it: clean the value
+    (e.g. encode with errors='replace') before passing it."""
+
+
 class TransactionConflict(PycompactorError):
     """A concurrent transaction made the server roll this call back (a serialization
     failure or a deadlock): nothing of it was kept, so retry the call (inside a
@@ -311,3 +323,7 @@ def wrap_exceptions() -> Iterator[None]:
         yield
     except psycopg.Error as exc:
         raise from_driver(exc) from exc
+    except UnicodeEncodeError as exc:
+        # psycopg encodes every value before sending it: a lone surrogate fails there.
+        raise UnencodableText(f"{UnencodableText.__doc__} ({exc.reason} at position "
+                              f"{exc.start} of a value)") from exc

@@ -53,10 +53,12 @@ class EventLog:
         }
         record.update((k, self._redact(v)) for k, v in fields.items() if v is not None)
         if self._format == "json":
-            line = json.dumps(record, ensure_ascii=False, default=str)
+            # JSON escapes C0 controls; the rest of what a terminal would act on is
+            # escaped the same way (a conversation id is the host's, not ours).
+            line = _escape_unprintable(json.dumps(record, ensure_ascii=False, default=str))
         else:
             parts = [str(record.pop("ts")), str(record.pop("event"))]
-            parts += [f"{k}={_text_value(v)}" for k, v in record.items()]
+            parts += [f"{_text_value(k)}={_text_value(v)}" for k, v in record.items()]
             line = " ".join(parts)
         stream = self._stream if self._stream is not None else sys.stderr
         with self._lock:
@@ -79,10 +81,20 @@ def _text_value(value: object) -> str:
         if text.startswith('"'):
             # A type JSON lacks, as text (a UUID, an interval): quoted once, below, if at all.
             text = str(value)
-    # Quote only what would break `key=value` splitting.
-    if text == "" or any(c.isspace() or c in "\"=" for c in text):
-        return json.dumps(text, ensure_ascii=False)
+    # Quote only what would break `key=value` splitting, or what a terminal would act on
+    # (ESC, BEL, C1 controls, bidirectional overrides: ids are the host's, issue 62).
+    if text == "" or any(c.isspace() or c in "\"=" or not c.isprintable() for c in text):
+        return _escape_unprintable(json.dumps(text, ensure_ascii=False))
     return text
+
+
+def _escape_unprintable(text: str) -> str:
+    """JSON text with every character that is not printable (and not a plain space) as
+    its JSON escape: JSON itself escapes only C0 controls, quotes and backslashes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " "
+                   else json.dumps(c, ensure_ascii=True)[1:-1] for c in text)
 
 
 def secrets_of(dsn: str | None) -> list[str]:

@@ -90,6 +90,11 @@ FIGURES_LOST: Final = Counter(
     "Attempts failed with reason figures_lost: the summary kept fewer figures than "
     "--min-figure-retention asks",
 )
+FIGURES_INVENTED: Final = Counter(
+    "pycompactor_worker_figures_invented",
+    "Attempts failed with reason figures_invented: the summary stated more figures that "
+    "none of its ten replies holds than --max-invented-figures allows (default 0)",
+)
 PROJECTIONS: Final = Counter(
     "pycompactor_projections", "project_history calls that returned a projection")
 PROJECTION_REJECTED: Final = Counter(
@@ -140,6 +145,10 @@ def figures_counted(figures: FigureStats) -> None:
 
 def figures_lost() -> None:
     FIGURES_LOST.inc()
+
+
+def figures_invented() -> None:
+    FIGURES_INVENTED.inc()
 
 
 def dequeued(count: int, oldest_age_seconds: float = 0.0) -> None:

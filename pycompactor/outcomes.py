@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
@@ -36,6 +37,31 @@ FAILURE_REASONS: Final = frozenset(
     {REFUSAL, MULTIPLE_CHOICES, MULTIPLE_MESSAGES, MALFORMED_RESPONSE, INVALID_TEXT, TIMEOUT,
      CONNECTION_ERROR}
 )
+
+
+#: What `complete` takes as a finish reason (revision 0049, issue 62): a code, as the
+#: APIs send (`stop`, `length`, `content_filter`, `incomplete:max_output_tokens`). Fields
+#: the worker chooses reach the auditor, who never sees content.
+FINISH_REASON_SHAPE: Final = re.compile(r"[a-z][a-z0-9_.:-]{0,63}")
+#: A finish reason of another shape is sent as this (still not `stop`: not_stopped).
+UNRECOGNIZED_FINISH: Final = "unrecognized"
+#: What `complete` takes as a response id: 1 to 200 ASCII letters, digits, `_ . : -`.
+RESPONSE_ID_SHAPE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+
+
+def shaped_finish_reason(value: str | None) -> str | None:
+    """The API's finish reason as `complete` takes it: itself when it is a code, else
+    its part before the first `:` when that is one (`incomplete:<free text>`), else
+    `unrecognized`. None stays None (not_stopped either way)."""
+    if value is None or FINISH_REASON_SHAPE.fullmatch(value):
+        return value
+    head = value.split(":", 1)[0]
+    return head if FINISH_REASON_SHAPE.fullmatch(head) else UNRECOGNIZED_FINISH
+
+
+def shaped_response_id(value: str | None) -> str | None:
+    """The API's response id when it has an id's shape, else None (not recorded)."""
+    return value if value is not None and RESPONSE_ID_SHAPE.fullmatch(value) else None
 
 
 def http_reason(status: int) -> str:
@@ -160,7 +186,8 @@ def parse_completion(body: bytes) -> ModelOutcome:
     if not storable(text):
         return Failure(INVALID_TEXT, "reply holds NUL or a lone surrogate")
     usage = data.get("usage")
-    return Reply(text, finish_reason, tool_call_count, response_id,
+    return Reply(text, shaped_finish_reason(finish_reason), tool_call_count,
+                 shaped_response_id(response_id),
                  input_tokens=_count(usage, "prompt_tokens"),
                  output_tokens=_count(usage, "completion_tokens"))
 
@@ -241,7 +268,8 @@ def parse_response(body: bytes) -> ModelOutcome:
     if not storable(text) or not storable(finish_reason):
         return Failure(INVALID_TEXT, "reply holds NUL or a lone surrogate")
     usage = data.get("usage")
-    return Reply(text, finish_reason, tool_items, response_id,
+    return Reply(text, shaped_finish_reason(finish_reason), tool_items,
+                 shaped_response_id(response_id),
                  input_tokens=_count(usage, "input_tokens"),
                  output_tokens=_count(usage, "output_tokens"))
 

@@ -1086,6 +1086,7 @@ def project_history(
     An unknown conversation gives an empty projection; a negative budget raises UsageError.
     """
     budget = check_budget(budget_bytes)
+    db.check_client_encoding(conn)
     with wrap_exceptions():
         read = _read_once(conn, conversation_id, budget, scope)
         if isinstance(read, int):
@@ -1155,6 +1156,7 @@ async def aproject_history(
     statement or in the same read-only snapshot, the same plan and rendering, so the
     same projection."""
     budget = check_budget(budget_bytes)
+    db.check_client_encoding(conn)
     with wrap_exceptions():
         read = await _aread_once(conn, conversation_id, budget, scope)
         if isinstance(read, int):

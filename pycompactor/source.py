@@ -234,7 +234,8 @@ def unmapped_sdk_tables(conn: db.Connection) -> list[str]:
             command += f" --messages-table {shlex.quote(table)}"
         if "agent_sessions" not in sessions and len(sessions) == 1:
             command += f" --sessions-table {shlex.quote(sessions[0])}"
-        hints.append(f"{schema}.{table} looks like the OpenAI Agents SDK's SQLAlchemySession"
+        name = db.quoted_name(conn, schema, table)
+        hints.append(f"{name} looks like the OpenAI Agents SDK's SQLAlchemySession"
                      " table, but the source views read the empty reference tables of"
                      f" compaction_source: run `{command}` (docs/agents.md)")
     return hints
@@ -318,7 +319,8 @@ def _probe_order(conn: db.Connection, lookup: Lookup, value: str) -> LookupRepor
     sort = next((n for n in _nodes(probe.index_plan) if n.get("Node Type") == "Sort"), None)
     if sort is None or not report.uses_index:
         return report
-    scanned = _first_table(sort)
+    first = _first_table(sort)
+    scanned = None if first is None else db.quoted_name(conn, *first)
     keys = ", ".join(str(k) for k in sort.get("Sort Key", []))
     return replace(
         report, uses_index=False, sorts=True, unindexed_table=scanned,
@@ -343,8 +345,9 @@ def _judged(conn: db.Connection, lookup: Lookup, value: str,
                           True)
     whole = _whole_table_scan(probe.index_plan)
     if whole is not None:  # no index can serve it
-        table, node = whole
-        advice, fix = _advice(lookup, table, node, value)
+        (schema, relation), node = whole
+        table = db.quoted_name(conn, schema, relation)
+        advice, fix = _advice(conn, lookup, table, node, value)
         return replace(report, uses_index=False, unindexed_table=table, advice=advice,
                        fix=fix)
     # An index can serve it: does the planner have what it needs to choose it?
@@ -363,8 +366,8 @@ def _judged(conn: db.Connection, lookup: Lookup, value: str,
                     f" and may read the table whole; run ANALYZE {stats.table} (once the"
                     f" indexes exist: it also takes their expressions' statistics)"))
     whole = _whole_table_scan(probe.plan)
-    if whole is not None and db.table_pages(conn, whole[0]) >= SMALL_TABLE_PAGES:
-        table = whole[0]
+    if whole is not None and db.table_pages(conn, *whole[0]) >= SMALL_TABLE_PAGES:
+        table = db.quoted_name(conn, *whole[0])
         if report.unanalyzed_table is not None:
             return replace(report, uses_index=False, unindexed_table=table)
         return replace(
@@ -387,27 +390,33 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-def _first_table(plan: dict[str, Any]) -> str | None:
+#: A table as a plan names it: (schema or None, relation), both unquoted, as the catalog
+#: holds them (either may hold a dot, a quote or a semicolon). Quoted only to be printed.
+PlanTable = tuple[str | None, str]
+
+
+def _first_table(plan: dict[str, Any]) -> PlanTable | None:
     for node in _nodes(plan):
         relation = node.get("Relation Name")
         if relation is not None:
             schema = node.get("Schema")
-            return f"{schema}.{relation}" if schema else str(relation)
+            return (str(schema) if schema else None), str(relation)
     return None
 
 
-def _whole_table_scan(plan: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+def _whole_table_scan(plan: dict[str, Any]) -> tuple[PlanTable, dict[str, Any]] | None:
     for node in _nodes(plan):
         if node.get("Node Type") in _TABLE_SCANS and "Index Cond" not in node:
             relation = node.get("Relation Name")
             if relation is None:
                 continue
             schema = node.get("Schema")
-            return (f"{schema}.{relation}" if schema else str(relation)), node
+            return ((str(schema) if schema else None), str(relation)), node
     return None
 
 
-def _advice(lookup: Lookup, table: str, node: dict[str, Any], value: str) -> tuple[str, str | None]:
+def _advice(conn: db.Connection, lookup: Lookup, table: str, node: dict[str, Any],
+            value: str) -> tuple[str, str | None]:
     """The index that would serve the lookup, and the statement that makes it: on the
     expression the scan filters by, when the filter compares it with the looked-up value;
     else the view reads the table whole before it filters (a window function or aggregate
@@ -421,7 +430,8 @@ def _advice(lookup: Lookup, table: str, node: dict[str, Any], value: str) -> tup
         expression = match.group(1)
         alias = node.get("Alias")
         if alias:
-            expression = expression.replace(f"{alias}.", "")
+            # The plan deparses the alias quoted as SQL needs it.
+            expression = expression.replace(f"{db.quoted_name(conn, None, str(alias))}.", "")
         # CONCURRENTLY: the host's writes go on while it builds (outside a transaction
         # block); ANALYZE after it gives the planner the expression's statistics.
         fix = db.create_index_statement(table, expression)

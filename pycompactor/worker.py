@@ -75,7 +75,12 @@ from pycompactor.errors import (
     TransactionConflict,
 )
 from pycompactor.eventlog import EventLog, LogFormat, secrets_of
-from pycompactor.figures import FigureStats, figure_stats
+from pycompactor.figures import (
+    MAX_INVENTED_FIGURES_BOUND,
+    FigureStats,
+    figure_stats,
+    invented_figures,
+)
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import QueuedConversation, RangeClaim, RangeReply
 from pycompactor.outcomes import Failure, ModelOutcome, Reply
@@ -98,6 +103,9 @@ SOURCE_MOVED: Final = "source_moved"
 SOURCE_UNREADABLE: Final = "source_unreadable"
 #: Failure reason when a summary kept fewer than --min-figure-retention of the figures.
 FIGURES_LOST: Final = "figures_lost"
+#: Failure reason when a summary states more figures that no reply holds than
+#: --max-invented-figures allows (DESIGN.md §8; the default allows none).
+FIGURES_INVENTED: Final = "figures_invented"
 
 # Claim refusals after which the conversation may become claimable later: put it back.
 # Not already_running: that attempt's worker completes it, or the reaper expires it and
@@ -116,6 +124,8 @@ _DB_BACKOFF_MAX: Final = 30.0
 # doubles each time (so two colliding workers do not collide again in step).
 _CONFLICT_RETRIES: Final = 8
 _CONFLICT_PAUSE: Final = 0.01
+# How long a call that ends an attempt (at shutdown) keeps trying once `_db` gave up.
+_ENDING_SECONDS: Final = 5.0
 
 Params = ParamSpec("Params")
 Result = TypeVar("Result")
@@ -151,14 +161,25 @@ class WorkerConfig:
     #: --min-figure-retention: a summary keeping fewer than this share of its range's
     #: figures fails with `figures_lost` (0, the default, turns the gate off).
     min_figure_retention: float = 0.0
+    #: --max-invented-figures: a summary stating more than this many distinct figures
+    #: that none of its ten replies holds fails with `figures_invented` (default 0).
+    max_invented_figures: int = 0
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("a worker needs a model")
         if not 0.0 <= self.min_figure_retention <= 1.0:
             raise ValueError("min_figure_retention must lie between 0 and 1")
+        if isinstance(self.max_invented_figures, bool) \
+                or not isinstance(self.max_invented_figures, int) \
+                or not 0 <= self.max_invented_figures <= MAX_INVENTED_FIGURES_BOUND:
+            raise ValueError("max_invented_figures must be a whole number from 0 to "
+                             f"{MAX_INVENTED_FIGURES_BOUND}")
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("concurrency and batch_size must be at least 1")
+        if self.concurrency > 10_000:
+            # compaction.settings.max_running admits at most 10,000 across all workers.
+            raise ValueError("concurrency must be at most 10000")
         low, high = db.LEASE_BOUNDS
         if not low <= self.lease <= high:
             raise ValueError("the lease must lie between 1 second and 1 day")
@@ -207,6 +228,15 @@ class JobResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Figures:
+    """A reply's figures (DESIGN.md §8): kept of the replies' (stats), and how many
+    distinct figures it states that no reply holds (invented)."""
+
+    stats: FigureStats
+    invented: int
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerReport:
     """Totals of a worker run (what `stopped` logs)."""
 
@@ -227,6 +257,8 @@ class _Running:
         self.job = job
         self.started = time.monotonic()
         self.state = "calling"
+        #: Set once complete or fail answered for it (whatever came after).
+        self.recorded = False
         self.lock = threading.Lock()
         self.done = threading.Event()
 
@@ -348,7 +380,8 @@ class Worker:
                        conversation_id=cfg.conversation, concurrency=cfg.concurrency,
                        lease_seconds=cfg.lease.total_seconds(),
                        timeout_seconds=cfg.timeout_seconds,
-                       min_figure_retention=cfg.min_figure_retention, pid=os.getpid())
+                       min_figure_retention=cfg.min_figure_retention,
+                       max_invented_figures=cfg.max_invented_figures, pid=os.getpid())
         heartbeats = threading.Thread(target=self._heartbeat_loop, name="heartbeat",
                                       daemon=True)
         heartbeats.start()
@@ -721,6 +754,22 @@ class Worker:
         with self._pool.get() as conn:
             return call(conn, *args, **kwargs)
 
+    def _ending(self, call: Callable[Concatenate[db.Connection, Params], Result],
+                *args: Params.args, **kwargs: Params.kwargs) -> Result:
+        """A call that ends what this worker holds (an attempt at shutdown): when `_db`'s
+        retries give up on transient trouble, it tries again for a few seconds more
+        rather than leave the attempt running until its lease runs out (issue 62)."""
+        deadline = time.monotonic() + _ENDING_SECONDS
+        pause = 0.05
+        while True:
+            try:
+                return self._db(call, *args, **kwargs)
+            except PycompactorError as exc:
+                if not is_transient(exc) or time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
     # -- claimed attempts ----------------------------------------------------------------
 
     def _start(self, job: ClaimedJob, lease_expires_at: datetime | None) -> None:
@@ -751,6 +800,7 @@ class Worker:
                     return  # interrupted: the main thread has recorded it
                 running.state = "recording"
             result = self._record(job, outcome, started, figures)
+            running.recorded = True
             self._finished(result, outcome, figures)
             if job.attempt == 1 and result.outcome != "completed":
                 # The retry (attempt 2) belongs to a later pass, never this one.
@@ -760,6 +810,9 @@ class Worker:
             self._log.emit("job_error", job_id=job.job_id, attempt=job.attempt,
                            conversation_id=job.conversation_id, from_pair=job.from_pair,
                            error=f"{type(exc).__name__}: {exc}")
+            # Whatever gave up (a call's retries, a bug), the attempt is ours: end it,
+            # rather than leave it running until its lease runs out (issue 62).
+            self._end_after_error(running, exc)
         finally:
             with running.lock:
                 if running.state == "recording":
@@ -781,6 +834,24 @@ class Worker:
             self._unreachable = error
             self.request_stop()
 
+    def _end_after_error(self, running: _Running, exc: Exception) -> None:
+        """Record an attempt failed (`worker_error`) after its thread raised: unless the
+        main thread has recorded it already (interrupted) or its result was recorded."""
+        with running.lock:
+            if running.recorded or running.state in ("interrupted", "done"):
+                return
+            running.state = "recording"
+        failure = Failure(WORKER_ERROR, f"{type(exc).__name__}: {exc}")
+        try:
+            result = self._record(running.job, failure, running.started)
+        except Exception as again:  # logged: the lease is the last resort
+            self._log.emit("job_error", job_id=running.job.job_id,
+                           attempt=running.job.attempt,
+                           conversation_id=running.job.conversation_id,
+                           error=f"{type(again).__name__}: {again}")
+            return
+        self._finished(result, failure)
+
     def _summarize(self, job: ClaimedJob) -> tuple[ModelOutcome, list[RangeReply]]:
         """Read the claimed range's replies (only while its hash is the claimed one), then
         call the model; every problem is a Failure, never an exception."""
@@ -798,33 +869,50 @@ class Worker:
         except Exception as exc:  # a summarizer bug is still just a failed attempt
             return Failure(WORKER_ERROR, f"{type(exc).__name__}: {exc}"), replies
 
-    def _judge_figures(self, replies: Sequence[RangeReply],
-                       outcome: ModelOutcome) -> tuple[ModelOutcome, FigureStats | None]:
-        """Count the figures a reply kept (DESIGN.md §8) and apply --min-figure-retention.
+    def _judge_figures(self, replies: Sequence[RangeReply], outcome: ModelOutcome,
+                       ) -> tuple[ModelOutcome, Figures | None]:
+        """Count the figures a reply kept and invented (DESIGN.md §8), and apply
+        --max-invented-figures, then --min-figure-retention.
 
-        Only a reply the database would accept can fail the gate: a truncated or empty
+        Only a reply the database would accept can fail a gate: a truncated or empty
         reply keeps its own reason (not_stopped, empty, ...), judged by `complete`.
         """
         if not isinstance(outcome, Reply):
             return outcome, None
-        figures = figure_stats(replies, outcome.text)
-        metrics.figures_counted(figures)
+        figures = Figures(figure_stats(replies, outcome.text),
+                          len(invented_figures(replies, outcome.text)))
+        metrics.figures_counted(figures.stats)
+        allowed = self.config.max_invented_figures
         threshold = self.config.min_figure_retention
-        if figures.below(threshold) and self._acceptable(outcome):
+        if figures.invented > allowed and self._acceptable(outcome):
+            metrics.figures_invented()
+            # The count only: the figures themselves are summary text, kept out of logs.
+            return Failure(FIGURES_INVENTED,
+                           f"states {figures.invented} figures no reply holds, more than "
+                           f"the {allowed} --max-invented-figures allows",
+                           input_tokens=outcome.input_tokens,
+                           output_tokens=outcome.output_tokens), figures
+        if figures.stats.below(threshold) and self._acceptable(outcome):
             metrics.figures_lost()
-            return Failure(FIGURES_LOST, f"kept {figures.kept} of {figures.total} figures, "
+            return Failure(FIGURES_LOST, f"kept {figures.stats.kept} of "
+                                         f"{figures.stats.total} figures, "
                                          f"below {threshold:g} of them",
                            input_tokens=outcome.input_tokens,
                            output_tokens=outcome.output_tokens), figures
         return outcome, figures
 
     def _acceptable(self, reply: Reply) -> bool:
-        """Whether `complete` would accept the reply (the database's rule, asked)."""
-        return self._db(db.reply_problem, reply.text, reply.finish_reason,
-                        reply.tool_call_count) is None
+        """Whether `complete` would accept the reply (the database's rule, asked). When
+        the database cannot be asked (its retries gave up), the gate's own failure is
+        recorded: failing an attempt is always safe, and it is never left running."""
+        try:
+            return self._db(db.reply_problem, reply.text, reply.finish_reason,
+                            reply.tool_call_count) is None
+        except PycompactorError:
+            return True
 
     def _record(self, job: ClaimedJob, outcome: ModelOutcome, started: float,
-                figures: FigureStats | None = None) -> JobResult:
+                figures: Figures | None = None) -> JobResult:
         """complete (Reply) or fail (Failure) with the fencing token, retrying DB trouble
         until the lease would have run out anyway."""
         give_up = started + self.config.lease.total_seconds()
@@ -864,7 +952,7 @@ class Worker:
         return JobResult(job, outcome_name, reason, summary_id, _ms_since(started))
 
     def _finished(self, result: JobResult, outcome: ModelOutcome | None,
-                  figures: FigureStats | None = None) -> None:
+                  figures: Figures | None = None) -> None:
         with self._counts_lock:
             self._outcomes[result.outcome] += 1
         metrics.attempt_finished(result.outcome, result.reason)
@@ -888,7 +976,8 @@ class Worker:
                           input_tokens=outcome.input_tokens,
                           output_tokens=outcome.output_tokens)
         if figures is not None:
-            fields.update(figures_total=figures.total, figures_kept=figures.kept)
+            fields.update(figures_total=figures.stats.total, figures_kept=figures.stats.kept,
+                          figures_invented=figures.invented)
         self._log.emit(event, **fields)
 
     def _heartbeat_loop(self) -> None:
@@ -942,8 +1031,8 @@ class Worker:
     def _interrupt(self, running: _Running) -> None:
         job = running.job
         try:
-            failed = self._db(db.fail, job.job_id, job.attempt, INTERRUPTED,
-                              conversation_id=job.conversation_id)
+            failed = self._ending(db.fail, job.job_id, job.attempt, INTERRUPTED,
+                                  conversation_id=job.conversation_id)
             result = JobResult(job, "interrupted" if failed.ok else failed.reason,
                                INTERRUPTED if failed.ok else failed.reason, None,
                                _ms_since(running.started))
@@ -964,11 +1053,12 @@ def _oldest_age(batch: Sequence[QueuedConversation], lease: timedelta) -> float:
     return max(((e.lease_expires_at - lease) - e.enqueued_at).total_seconds() for e in batch)
 
 
-def reply_stats(reply: Reply, figures: FigureStats | None) -> dict[str, int]:
+def reply_stats(reply: Reply, figures: Figures | None) -> dict[str, int]:
     """complete's p_stats: the figures (always, for a reply) and the usage reported."""
     stats: dict[str, int] = {}
     if figures is not None:
-        stats.update(figures_total=figures.total, figures_kept=figures.kept)
+        stats.update(figures_total=figures.stats.total, figures_kept=figures.stats.kept,
+                     figures_invented=figures.invented)
     if reply.input_tokens is not None:
         stats["input_tokens"] = reply.input_tokens
     if reply.output_tokens is not None:

@@ -239,6 +239,47 @@ $$;
 COMMENT ON FUNCTION compaction.source_stamp() IS
     'Identifies the source views and the tracking triggers behind them as they are now (oid:xmin of each catalog row); NULL when some table behind the views is not fully tracked';
 
+-- Revision 0049 (issue 62): whether the source views read this table, through any depth of
+-- views, as source_stamp walks them. The tracking triggers act only on such a table: one
+-- attached to a scratch table by its owner (who holds EXECUTE on track_source_changes to
+-- attach it to the host's tables) once took the derived state out of use for the whole
+-- database with a TRUNCATE.
+CREATE FUNCTION compaction.source_reads(p_relid oid)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+    WITH RECURSIVE rules AS (
+        SELECT rw.oid, rw.ev_class
+        FROM pg_catalog.pg_rewrite AS rw
+        WHERE rw.ev_class IN (pg_catalog.to_regclass('compaction.source_runs'),
+                              pg_catalog.to_regclass('compaction.source_messages'))
+        UNION
+        SELECT rw.oid, rw.ev_class
+        FROM rules AS ru
+        JOIN pg_catalog.pg_depend AS d
+          ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = ru.oid
+        JOIN pg_catalog.pg_class AS v ON v.oid = d.refobjid AND v.relkind = 'v'
+        JOIN pg_catalog.pg_rewrite AS rw ON rw.ev_class = v.oid
+        WHERE d.refclassid = 'pg_catalog.pg_class'::regclass
+          AND d.deptype = 'n'
+          AND d.refobjid <> ru.ev_class
+    )
+    SELECT EXISTS (
+        SELECT 1
+        FROM rules AS ru
+        JOIN pg_catalog.pg_depend AS d
+          ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = ru.oid
+        WHERE d.refclassid = 'pg_catalog.pg_class'::regclass
+          AND d.deptype = 'n'
+          AND d.refobjid = p_relid)
+$$;
+COMMENT ON FUNCTION compaction.source_reads(oid) IS
+    'Internal: true when the source views (through any depth of views) read this table: the only tables whose tracking triggers act';
+
 -- Called by every read, so it re-reads only the catalog rows the stamp names, by oid: a
 -- changed view or trigger changes their xmin, a dropped one removes its row, a new
 -- dependency can only come with a changed view.

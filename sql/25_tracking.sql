@@ -619,6 +619,17 @@ BEGIN
         RAISE EXCEPTION 'track_source_changes must be an AFTER ... FOR EACH STATEMENT trigger with two or three arguments: the conversation id column, the run id column (or ''''), and for a table without a run column optionally its message id column'
             USING ERRCODE = 'CP020';
     END IF;
+    -- Only on a table the source views read (revision 0049, issue 62): a trigger its
+    -- owner attached to a scratch table does nothing. While the derived state is in use,
+    -- the source's tables are those whose tracking triggers it was stamped with (two
+    -- lookups by key); otherwise, and for a TRUNCATE, the views are walked.
+    IF NOT coalesce((SELECT tg.oid = ANY (st.object_oids)
+                     FROM pg_catalog.pg_trigger AS tg, compaction.source_tracking AS st
+                     WHERE tg.tgrelid = TG_RELID AND tg.tgname = TG_NAME
+                       AND st.object_oids IS NOT NULL), false)
+       AND NOT compaction.source_reads(TG_RELID) THEN
+        RETURN NULL;
+    END IF;
     IF TG_OP = 'TRUNCATE' THEN
         -- No transition table says what went: stop trusting the derived state until a
         -- rebuild (every function judges from the views meanwhile, exact and slower).

@@ -22,7 +22,7 @@
 --
 -- Time and inputs. The server owns time: p_now is honoured only for a superuser or a
 -- member of compaction_owner (caller_now); leases lie within 1 second..1 day
--- (checked_lease); reasons that reach the auditor are codes (checked_reason); identifiers
+-- by their end, lease_fits and lease_end); reasons that reach the auditor are codes (checked_reason); identifiers
 -- that become index keys are bounded (oversized_identifier, revision 0018).
 --
 -- Ownership (revision 0018). An attempt belongs to the login that claimed it
@@ -362,7 +362,8 @@ CREATE INDEX audit_events_recorded_at_idx ON compaction.event_log (recorded_at, 
 -- own: attempts_at_most_two (bounded retries: the first attempt and one retry, never a
 -- third), attempts_state_valid, attempts_finished_iff_terminal,
 -- attempts_reason_matches_state, attempts_stats_valid (complete()'s p_stats, DESIGN §6:
--- non-negative counts, NULL when not reported), attempts_times_valid (stored times are
+-- non-negative counts, NULL when not reported; figures_invented since revision 0048),
+-- attempts_times_valid (stored times are
 -- the server's, finite and ordered: revision 0007) and attempts_reason_is_code (the
 -- auditor reads reasons and never sees content). A rule passes when it is NULL, as a
 -- CHECK does. PL/pgSQL with no SET clause and every name qualified: the session keeps its
@@ -370,7 +371,7 @@ CREATE INDEX audit_events_recorded_at_idx ON compaction.event_log (recorded_at, 
 CREATE FUNCTION compaction.attempt_rules_hold(
     p_attempt int, p_state text, p_reason text, p_started_at timestamptz,
     p_lease_expires_at timestamptz, p_finished_at timestamptz, p_input_tokens int,
-    p_output_tokens int, p_figures_total int, p_figures_kept int)
+    p_output_tokens int, p_figures_total int, p_figures_kept int, p_figures_invented int)
 RETURNS boolean
 LANGUAGE plpgsql
 IMMUTABLE
@@ -396,7 +397,8 @@ BEGIN
               AND p_figures_total OPERATOR(pg_catalog.>=) 0
               AND p_figures_kept OPERATOR(pg_catalog.>=) 0
               AND p_figures_kept OPERATOR(pg_catalog.<=) p_figures_total
-              AND (p_figures_kept IS NULL OR p_figures_total IS NOT NULL)) IS FALSE
+              AND (p_figures_kept IS NULL OR p_figures_total IS NOT NULL)
+              AND p_figures_invented OPERATOR(pg_catalog.>=) 0) IS FALSE
             THEN 'attempts_stats_valid'
         WHEN (pg_catalog.isfinite(p_started_at) AND pg_catalog.isfinite(p_lease_expires_at)
               AND (p_finished_at IS NULL
@@ -414,7 +416,7 @@ BEGIN
     RETURN true;
 END
 $$;
-COMMENT ON FUNCTION compaction.attempt_rules_hold(int, text, text, timestamptz, timestamptz, timestamptz, int, int, int, int) IS
+COMMENT ON FUNCTION compaction.attempt_rules_hold(int, text, text, timestamptz, timestamptz, timestamptz, int, int, int, int, int) IS
     'Internal: the CHECK attempts_rules; true when every rule of an attempt row holds, else the check_violation (23514) named after the broken rule (attempts_at_most_two, attempts_state_valid, attempts_finished_iff_terminal, attempts_reason_matches_state, attempts_stats_valid, attempts_times_valid, attempts_reason_is_code)';
 
 CREATE TABLE compaction.attempts (
@@ -455,12 +457,17 @@ CREATE TABLE compaction.attempts (
     finish_event_id    bigint,
     finish_recorded_at timestamptz,
     finish_xact_id     xid8,
+    -- Figures of the summary that none of the ten replies holds, as the worker reported
+    -- them to complete (DESIGN §8, revision 0048); NULL when not reported.
+    figures_invented   int,
     CONSTRAINT attempts_pkey PRIMARY KEY (conversation_id, job_id, attempt),
     CONSTRAINT attempts_job_fkey FOREIGN KEY (conversation_id, job_id)
         REFERENCES compaction.jobs (conversation_id, job_id)
 );
 COMMENT ON TABLE compaction.attempts IS
     'Append-only attempt log: one row per claim of an identity (at most 2); only running -> completed | failed (and lease renewal) ever changes';
+COMMENT ON COLUMN compaction.attempts.figures_invented IS
+    'Figures of the summary that none of the ten replies holds, as reported to complete in p_stats (DESIGN §8); NULL when not reported';
 -- The rules of an attempt row, one CHECK (revision 0021). PostgreSQL rebuilds a table's
 -- CHECK expressions from their stored form in every statement that writes a row, and
 -- attempts are written twice per cycle: their seven CHECKs were about 12% of a claim ->
@@ -472,7 +479,7 @@ COMMENT ON TABLE compaction.attempts IS
 ALTER TABLE compaction.attempts
     ADD CONSTRAINT attempts_rules CHECK (compaction.attempt_rules_hold(
         attempt, state, reason, started_at, lease_expires_at, finished_at,
-        input_tokens, output_tokens, figures_total, figures_kept)) NOT VALID;
+        input_tokens, output_tokens, figures_total, figures_kept, figures_invented)) NOT VALID;
 -- The final word on exclusivity: one running attempt per identity, whatever the callers do.
 CREATE UNIQUE INDEX attempts_one_running
     ON compaction.attempts (conversation_id, job_id) WHERE state = 'running';
@@ -619,7 +626,7 @@ COMMENT ON FUNCTION compaction.caller_is_privileged() IS
 
 -- The server owns time (DESIGN §6): p_now exists for tests and repairs by a superuser or
 -- the owner. The worker's calls call it only for a given p_now (revision 0045), and
--- checked_lease only for a lease out of its range: a call of a function with a SET clause
+-- lease_end only for a lease lease_fits does not take: a call of a function with a SET clause
 -- saves and restores the settings, which costs more than either rule.
 CREATE FUNCTION compaction.caller_now(p_now timestamptz)
 RETURNS timestamptz
@@ -683,22 +690,69 @@ $$;
 COMMENT ON FUNCTION compaction.oversized_identifier(text, text, text, text) IS
     'Internal: NULL when the conversation id (at most 1024 bytes), scope (1024), model (256) and worker name (256) fit, else the message naming the first one over its limit (callers raise CP020)';
 
-CREATE FUNCTION compaction.checked_lease(p_lease interval)
-RETURNS interval
+-- A lease is bounded by its effect, on the clock (revision 0049): it must end 1 second to
+-- 1 day after now. Intervals compare with 30-day months and 24-hour days, so a bound on
+-- the interval itself let '10000 years -3599999 days' (144 years, on the clock) pass as a
+-- day (issue 62). The callers test the usual lease in line (lease_fits: a number of
+-- seconds, or a day and some time, whose end is within bounds), and call this only for
+-- the rest: it answers the end, or raises (CP023, or p_errcode) for any lease whose end
+-- is before now + 1 second, after now + 1 day (or 24 hours, whichever is later: a day
+-- can be 23 or 25 hours across a change of clocks), or off the calendar.
+CREATE FUNCTION compaction.lease_end(p_lease interval, p_now timestamptz,
+                                     p_errcode text DEFAULT 'CP023')
+RETURNS timestamptz
 LANGUAGE plpgsql
-IMMUTABLE
+STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_end timestamptz;
 BEGIN
-    IF p_lease IS NULL OR p_lease < interval '1 second' OR p_lease > interval '1 day' THEN
-        RAISE EXCEPTION 'a lease must lie between 1 second and 1 day, got %', coalesce(p_lease::text, 'NULL')
-            USING ERRCODE = 'CP023';
+    BEGIN
+        IF p_now + p_lease >= p_now + interval '1 second'
+           AND p_now + p_lease <= GREATEST(p_now + interval '1 day',
+                                           p_now + interval '24 hours') THEN
+            v_end := p_now + p_lease;
+        END IF;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        v_end := NULL;  -- an end off the calendar is no lease
+    END;
+    IF v_end IS NULL THEN
+        RAISE EXCEPTION 'a lease between 1 second and 1 day is needed, counted by when it ends: % from % is not',
+                coalesce(p_lease::text, 'NULL'), p_now
+            USING ERRCODE = p_errcode;
     END IF;
-    RETURN p_lease;
+    RETURN v_end;
 END
 $$;
-COMMENT ON FUNCTION compaction.checked_lease(interval) IS
-    'Internal: p_lease if it lies between 1 second and 1 day, else CP023';
+COMMENT ON FUNCTION compaction.lease_end(interval, timestamptz, text) IS
+    'Internal: p_now + p_lease when that ends 1 second to 1 day after p_now (on the clock, not by comparing intervals), else CP023 (or p_errcode)';
+
+-- The usual lease, tested in line by the functions that take one (no call): a lease whose
+-- interval has no months and at most one day (so that adding it cannot leave the
+-- calendar) and whose end lies within bounds. Any other lease goes to lease_end.
+CREATE FUNCTION compaction.lease_fits(p_lease interval, p_now timestamptz)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+PARALLEL SAFE
+AS $$
+    SELECT CASE
+               WHEN p_lease OPERATOR(pg_catalog.>=) '00:00:01'::pg_catalog.interval
+                    AND p_lease OPERATOR(pg_catalog.<=) '1 day'::pg_catalog.interval
+                    AND pg_catalog.date_part('year', p_lease) OPERATOR(pg_catalog.=) 0
+                    AND pg_catalog.date_part('month', p_lease) OPERATOR(pg_catalog.=) 0
+                    AND pg_catalog.date_part('day', p_lease) OPERATOR(pg_catalog.>=) 0
+                    AND pg_catalog.date_part('day', p_lease) OPERATOR(pg_catalog.<=) 1
+               THEN (p_now OPERATOR(pg_catalog.+) p_lease)
+                        OPERATOR(pg_catalog.>=) (p_now OPERATOR(pg_catalog.+) '00:00:01'::pg_catalog.interval)
+                    AND (p_now OPERATOR(pg_catalog.+) p_lease)
+                        OPERATOR(pg_catalog.<=) (p_now OPERATOR(pg_catalog.+) '1 day'::pg_catalog.interval)
+               ELSE false
+           END
+$$;
+COMMENT ON FUNCTION compaction.lease_fits(interval, timestamptz) IS
+    'Internal: true for a usual lease (no months, at most a day and some time) that ends 1 second to 1 day after p_now; the rest is for lease_end';
 
 -- Reasons reach the auditor, who never sees content: a code, never free text.
 CREATE FUNCTION compaction.checked_reason(p_reason text)
@@ -786,6 +840,66 @@ END
 $$;
 COMMENT ON FUNCTION compaction.lower_high_water(int, int, timestamptz) IS
     'Internal: sets settings.admission_high_water to p_max_running when every admission slot in (p_max_running, p_high_water] is free and lockable (called by claim)';
+
+-- Revision 0049 (issue 62): what the committed state already answers for a claim of an
+-- identity, read without any lock: already_completed (a summary, for good),
+-- already_running (an attempt whose lease is live) or attempts_exhausted (two attempts,
+-- for good), in claim_range's order; NULL when only a claim under the conversation's lock
+-- can tell (no job yet, a retry, admission) or must write (an expired attempt, which the
+-- claim reaps on its way, DESIGN §6). Each answer is what claim_range would give
+-- at the moment of the read, so claim, claim_targets and claim_next_targets answer these
+-- refusals without taking the lock: a refused claim holds nothing, whatever its caller's
+-- transaction does next. No SET clause, as claim_range: owner-only, under its callers'
+-- settings.
+CREATE FUNCTION compaction.claim_settled(
+    p_conversation_id text,
+    p_scope           text,
+    p_from_pair       int,
+    p_source_hash     text,
+    p_model           text,
+    p_prompt_version  text,
+    p_now             timestamptz,
+    OUT reason        text,
+    OUT job_id        bigint)
+RETURNS record
+LANGUAGE plpgsql
+STABLE
+AS $$
+DECLARE
+    v_job_id  bigint;
+    v_live    boolean;
+    v_expired boolean;
+    v_count   int;
+BEGIN
+    SELECT j.job_id INTO v_job_id
+    FROM compaction.jobs AS j
+    WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
+      AND j.from_pair = p_from_pair AND j.source_hash = p_source_hash
+      AND j.model = p_model AND j.prompt_version = p_prompt_version;
+    job_id := v_job_id;
+    IF v_job_id IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(pg_catalog.bool_or(a.state = 'running' AND a.lease_expires_at > p_now),
+                    false),
+           coalesce(pg_catalog.bool_or(a.state = 'running' AND a.lease_expires_at <= p_now),
+                    false),
+           pg_catalog.count(*)
+    INTO v_live, v_expired, v_count
+    FROM compaction.attempts AS a
+    WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id;
+    IF v_expired THEN
+        RETURN;  -- the claim reaps it, under the lock
+    END IF;
+    reason := CASE WHEN EXISTS (SELECT 1 FROM compaction.job_summaries AS s
+                                WHERE s.conversation_id = p_conversation_id
+                                  AND s.job_id = v_job_id) THEN 'already_completed'
+                   WHEN v_live THEN 'already_running'
+                   WHEN v_count >= 2 THEN 'attempts_exhausted' END;
+END
+$$;
+COMMENT ON FUNCTION compaction.claim_settled(text, text, int, text, text, text, timestamptz) IS
+    'Internal: the refusal the committed state already gives a claim of this identity (already_completed, already_running, attempts_exhausted) and its job, read without a lock; NULL when only a claim under the conversation''s lock can tell';
 
 -- Revision 0038: a claim once the range has been judged (p_is_target: the window policy
 -- makes it a target now; p_target_ids and p_target_hash: its current ids and hash), under
@@ -1016,21 +1130,21 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    -- Revision 0045: caller_now and checked_lease are called only when they have
+    -- Revision 0045: caller_now and lease_end are called only when they have
     -- something to check (a given p_now, a lease out of range); each call carries a SET
     -- clause, whose save and restore of the settings cost more than the rule.
     v_now         timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
                                       ELSE compaction.caller_now(p_now) END;
-    v_lease       timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
-                                                   AND p_lease <= interval '1 day'
-                                              THEN p_lease
-                                              ELSE compaction.checked_lease(p_lease) END;
+    v_lease       timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                      THEN v_now + p_lease
+                                      ELSE compaction.lease_end(p_lease, v_now) END;
     v_accepts     boolean;
     v_pairs       bigint;
     v_target_ids  text[];
     v_target_hash text;
     v_is_target   boolean;
     v_answer      record;
+    v_settled     record;
     v_oversized   text;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
@@ -1084,6 +1198,29 @@ BEGIN
     END IF;
     v_is_target := compaction.is_target(p_from_pair, v_pairs);
 
+    -- Revision 0049 (issue 62): a claim the judgement or the committed state already
+    -- refuses takes no lock (claim_range answers not_eligible and source_mismatch before
+    -- any write; claim_settled the refusals of an identity's state), so no refused call
+    -- holds the conversation, whatever its caller's transaction does next.
+    IF v_is_target IS NOT TRUE OR NOT compaction.valid_source_hash(p_source_hash)
+       OR v_target_hash IS DISTINCT FROM p_source_hash
+       OR v_target_ids IS DISTINCT FROM p_source_message_ids THEN
+        v_answer := compaction.claim_range(p_conversation_id, p_scope, p_from_pair,
+                                           p_source_message_ids, p_source_hash, p_model,
+                                           p_prompt_version, p_worker, v_now, v_lease,
+                                           v_is_target, v_target_ids, v_target_hash);
+        RETURN QUERY SELECT false, v_answer.reason, NULL::bigint, NULL::int,
+                            NULL::timestamptz;
+        RETURN;
+    END IF;
+    v_settled := compaction.claim_settled(p_conversation_id, p_scope, p_from_pair,
+                                          p_source_hash, p_model, p_prompt_version, v_now);
+    IF v_settled.reason IS NOT NULL THEN
+        RETURN QUERY SELECT false, v_settled.reason, v_settled.job_id, NULL::int,
+                            NULL::timestamptz;
+        RETURN;
+    END IF;
+
     -- From here on the conversation's engine rows are ours until commit: the statement of
     -- lock_conversation, written out here and in fence (revision 0018), where a call per
     -- cycle would cost as much as the row lock itself.
@@ -1091,6 +1228,17 @@ BEGIN
     VALUES (p_conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
+    -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+    -- where the caller set no bound, the transaction gets one (transaction_timeout where
+    -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+    -- server), so a caller that forgets its transaction open cannot hold a conversation
+    -- for long (docs/security.md).
+    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+    END IF;
+    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+    END IF;
     -- The one writer under the lock that follows a change of history is an erasure (its
     -- history deleted before it or with it): a conversation with an erasure's tombstone
     -- is judged again, under the lock, so that no claim lands after an erasure on
@@ -1155,10 +1303,9 @@ AS $$
 DECLARE
     v_now        timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
                                      ELSE compaction.caller_now(p_now) END;
-    v_lease      timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
-                                                  AND p_lease <= interval '1 day'
-                                             THEN p_lease
-                                             ELSE compaction.checked_lease(p_lease) END;
+    v_lease      timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                     THEN v_now + p_lease
+                                     ELSE compaction.lease_end(p_lease, v_now) END;
     v_n          int := coalesce(pg_catalog.cardinality(p_from_pairs), 0);
     v_oversized  text;
     v_accepts    boolean;
@@ -1166,6 +1313,12 @@ DECLARE
     v_judge      int[] := '{}';
     v_from       int[];
     v_target_ids text[];
+    v_settled    text[] := '{}';
+    v_settled_job bigint[] := '{}';
+    v_open       boolean := false;
+    v_locked     boolean := false;
+    v_pre        text;
+    v_pre_job    bigint;
     v_hashes     text[];
     v_at         int;
     v_reason     text;
@@ -1232,11 +1385,54 @@ BEGIN
                pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
         INTO v_from, v_target_ids, v_hashes
         FROM compaction.target_ranges(p_conversation_id, v_judge) AS t;
+        -- Revision 0049 (issue 62): the lock only when some range could be claimed, as
+        -- far as the judgement and the committed state tell (claim_settled); otherwise
+        -- every range is refused without it (a refused claim holds nothing).
+        FOR i IN 1 .. v_n LOOP
+            v_pre := NULL;
+            v_pre_job := NULL;
+            v_at := pg_catalog.array_position(
+                v_from, p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1]);
+            IF v_refusals[i] IS NULL AND v_at IS NOT NULL AND NOT v_open
+               AND compaction.valid_source_hash(
+                       p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1])
+               AND v_hashes[v_at] IS NOT DISTINCT FROM
+                       p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1]
+               AND ARRAY(SELECT pg_catalog.unnest(v_target_ids[v_at:v_at][:]))
+                   IS NOT DISTINCT FROM
+                   ARRAY(SELECT pg_catalog.unnest(p_source_message_ids[
+                             pg_catalog.array_lower(p_source_message_ids, 1) + i - 1 :
+                             pg_catalog.array_lower(p_source_message_ids, 1) + i - 1][:])) THEN
+                SELECT c.reason, c.job_id INTO v_pre, v_pre_job
+                FROM compaction.claim_settled(
+                    p_conversation_id, p_scope,
+                    p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1],
+                    p_source_hashes[pg_catalog.array_lower(p_source_hashes, 1) + i - 1],
+                    p_model, p_prompt_version, v_now) AS c;
+                v_open := v_pre IS NULL;
+            END IF;
+            v_settled := v_settled || v_pre;
+            v_settled_job := v_settled_job || v_pre_job;
+        END LOOP;
+    END IF;
+    IF v_open THEN
+        v_locked := true;
         -- The conversation's engine rows are ours until commit (claim's statement).
         INSERT INTO compaction.conversation_locks AS l (conversation_id)
         VALUES (p_conversation_id)
         ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
             WHERE false;
+        -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+        -- where the caller set no bound, the transaction gets one (transaction_timeout where
+        -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+        -- server), so a caller that forgets its transaction open cannot hold a conversation
+        -- for long (docs/security.md).
+        IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+            PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+        END IF;
+        IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+            PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+        END IF;
         IF EXISTS (SELECT 1 FROM compaction.event_log AS e
                    WHERE e.conversation_id = p_conversation_id AND e.kind = 'erasure') THEN
             SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
@@ -1252,6 +1448,14 @@ BEGIN
             RETURN QUERY
             SELECT p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1], false,
                    v_refusals[i], NULL::bigint, NULL::int, NULL::timestamptz;
+            CONTINUE;
+        END IF;
+        -- Without the lock: the refusals the committed state gave (claim_range answers
+        -- the rest, not_eligible and source_mismatch, before any write).
+        IF NOT v_locked AND v_settled[i] IS NOT NULL THEN
+            RETURN QUERY
+            SELECT p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1], false,
+                   v_settled[i], v_settled_job[i], NULL::int, NULL::timestamptz;
             CONTINUE;
         END IF;
         from_pair := p_from_pairs[pg_catalog.array_lower(p_from_pairs, 1) + i - 1];
@@ -1316,10 +1520,9 @@ AS $$
 DECLARE
     v_now       timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
                                     ELSE compaction.caller_now(p_now) END;
-    v_lease     timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
-                                                 AND p_lease <= interval '1 day'
-                                            THEN p_lease
-                                            ELSE compaction.checked_lease(p_lease) END;
+    v_lease     timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                    THEN v_now + p_lease
+                                    ELSE compaction.lease_end(p_lease, v_now) END;
     v_oversized text;
     v_accepts   boolean;
     v_from      int[];
@@ -1330,6 +1533,11 @@ DECLARE
     v_ended     boolean := false;
     v_locked    boolean := false;
     v_answer    record;
+    v_open      boolean;
+    v_pre       text;
+    v_pre_job   bigint;
+    v_settled   text[];
+    v_settled_job bigint[];
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
        OR p_model = '' OR p_worker IS NULL THEN
@@ -1360,14 +1568,47 @@ BEGIN
         FROM compaction.worker_targets(p_conversation_id, p_scope, p_model,
                                        p_prompt_version) AS t;
         EXIT WHEN v_locked OR p_limit = 0 OR NOT coalesce(false = ANY (v_done), false);
+        SELECT pv.accepts_new_jobs INTO v_accepts
+        FROM compaction.prompt_versions AS pv
+        WHERE pv.prompt_version = p_prompt_version;
+        -- Revision 0049 (issue 62): the lock only when some target could be claimed, as
+        -- far as the committed state tells (claim_settled); otherwise every target tried
+        -- is refused without it (a refused claim holds nothing).
+        v_open := false;
+        v_settled := '{}';
+        v_settled_job := '{}';
+        FOR k IN 1 .. coalesce(pg_catalog.cardinality(v_from), 0) LOOP
+            v_pre := NULL;
+            v_pre_job := NULL;
+            IF NOT v_done[k] AND NOT v_open AND v_accepts IS TRUE
+               AND compaction.valid_source_hash(v_hashes[k])
+               AND compaction.valid_source_ids(ARRAY(SELECT pg_catalog.unnest(v_ids[k:k][:]))) THEN
+                SELECT c.reason, c.job_id INTO v_pre, v_pre_job
+                FROM compaction.claim_settled(p_conversation_id, p_scope, v_from[k],
+                                              v_hashes[k], p_model, p_prompt_version,
+                                              v_now) AS c;
+                v_open := v_pre IS NULL;
+            END IF;
+            v_settled := v_settled || v_pre;
+            v_settled_job := v_settled_job || v_pre_job;
+        END LOOP;
+        EXIT WHEN NOT v_open;
         INSERT INTO compaction.conversation_locks AS l (conversation_id)
         VALUES (p_conversation_id)
         ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
             WHERE false;
+        -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+        -- where the caller set no bound, the transaction gets one (transaction_timeout where
+        -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+        -- server), so a caller that forgets its transaction open cannot hold a conversation
+        -- for long (docs/security.md).
+        IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+            PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+        END IF;
+        IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+            PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+        END IF;
         v_locked := true;
-        SELECT pv.accepts_new_jobs INTO v_accepts
-        FROM compaction.prompt_versions AS pv
-        WHERE pv.prompt_version = p_prompt_version;
         EXIT WHEN NOT EXISTS (SELECT 1 FROM compaction.event_log AS e
                               WHERE e.conversation_id = p_conversation_id
                                 AND e.kind = 'erasure');
@@ -1394,6 +1635,11 @@ BEGIN
             ELSIF v_accepts IS NOT TRUE THEN
                 claimed := false;
                 reason := 'prompt_version_closed';
+            ELSIF NOT v_locked AND v_settled[k] IS NOT NULL THEN
+                -- The refusal the committed state gave, without the lock (revision 0049).
+                claimed := false;
+                reason := v_settled[k];
+                job_id := v_settled_job[k];
             ELSE
                 v_answer := compaction.claim_range(
                     p_conversation_id, p_scope, from_pair, source_message_ids, source_hash,
@@ -1427,7 +1673,8 @@ COMMENT ON FUNCTION compaction.claim_next_targets(text, text, int, text, text, t
 -- change without reading either again. An attempt belongs to the login that claimed it
 -- (revision 0018, DESIGN §6): to any other login, the owner and superusers aside, the
 -- attempt is unknown (the caller answers lease_lost) and nothing changes, not even an
--- expiry. The usual call costs one comparison with the row it has already read.
+-- expiry. Revision 0049: that is asked before the conversation's lock, so a refused call
+-- takes no lock at all; the usual call costs one more read of the attempt by key.
 -- Revision 0045: no SECURITY DEFINER and no SET clause, as claim_range: only the owner
 -- may execute it, and it runs inside its three callers, definers with this search_path,
 -- where saving and restoring the settings around each call cost more than the comparison.
@@ -1439,6 +1686,8 @@ RETURNS record
 LANGUAGE plpgsql
 VOLATILE
 AS $$
+DECLARE
+    v_claimed_by text;
 BEGIN
     IF p_conversation_id IS NULL THEN
         SELECT j.* INTO job_row
@@ -1452,23 +1701,44 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    -- Who claimed the attempt, read before any lock (revision 0049, issue 62): it never
+    -- changes (attempts_guard), so a call refused for another login, or for an attempt
+    -- that does not exist, answers without taking the conversation's lock, and a caller
+    -- that keeps its transaction open after a refusal holds nothing of another's.
+    SELECT a.claimed_by INTO v_claimed_by
+    FROM compaction.attempts AS a
+    WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
+      AND a.attempt = p_attempt;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_claimed_by IS DISTINCT FROM session_user
+       AND NOT compaction.caller_is_privileged() THEN
+        job_row := NULL;
+        RETURN;
+    END IF;
     -- lock_conversation's statement (written out, as in claim).
     INSERT INTO compaction.conversation_locks AS l (conversation_id)
     VALUES (job_row.conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
+    -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
+    -- where the caller set no bound, the transaction gets one (transaction_timeout where
+    -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
+    -- server), so a caller that forgets its transaction open cannot hold a conversation
+    -- for long (docs/security.md).
+    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+    END IF;
+    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+    END IF;
     SELECT a.* INTO attempt_row
     FROM compaction.attempts AS a
     WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    IF attempt_row.claimed_by IS DISTINCT FROM session_user
-       AND NOT compaction.caller_is_privileged() THEN
-        attempt_row := NULL;
-        job_row := NULL;
         RETURN;
     END IF;
     -- Only a superuser's or the owner's p_now can be this early (caller_now).
@@ -1491,7 +1761,8 @@ COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz, text) IS
     'Internal: locks attempt (job_id, attempt) of the given conversation (or the job''s) and returns it with its job, first failing it (lease_expired) if its lease ran out; attempt_row NULL if unknown or claimed by another login (owner and superusers aside)';
 
 -- complete()'s p_stats (DESIGN.md §6): NULL, or an object whose keys are among
--- input_tokens, output_tokens, figures_total, figures_kept, each a non-negative integer
+-- input_tokens, output_tokens, figures_total, figures_kept, figures_invented (revision
+-- 0048), each a non-negative integer
 -- (JSON number without fraction or exponent, below 2^31), figures_kept only with
 -- figures_total and never above it. Anything else is CP020. The counts come back in the
 -- matching columns of an attempts row (the other columns NULL).
@@ -1515,8 +1786,9 @@ BEGIN
             USING ERRCODE = 'CP020';
     END IF;
     FOR v_key, v_value IN SELECT e.key, e.value FROM pg_catalog.jsonb_each(p_stats) AS e LOOP
-        IF v_key NOT IN ('input_tokens', 'output_tokens', 'figures_total', 'figures_kept') THEN
-            RAISE EXCEPTION 'p_stats: unknown key % (known: input_tokens, output_tokens, figures_total, figures_kept)',
+        IF v_key NOT IN ('input_tokens', 'output_tokens', 'figures_total', 'figures_kept',
+                         'figures_invented') THEN
+            RAISE EXCEPTION 'p_stats: unknown key % (known: input_tokens, output_tokens, figures_total, figures_kept, figures_invented)',
                     pg_catalog.quote_literal(pg_catalog.left(v_key, 64))
                 USING ERRCODE = 'CP020';
         END IF;
@@ -1533,6 +1805,7 @@ BEGIN
     v_stats.output_tokens := (p_stats ->> 'output_tokens')::int;
     v_stats.figures_total := (p_stats ->> 'figures_total')::int;
     v_stats.figures_kept := (p_stats ->> 'figures_kept')::int;
+    v_stats.figures_invented := (p_stats ->> 'figures_invented')::int;
     IF v_stats.figures_kept IS NOT NULL
        AND (v_stats.figures_total IS NULL OR v_stats.figures_kept > v_stats.figures_total) THEN
         RAISE EXCEPTION 'p_stats: figures_kept needs figures_total and must not exceed it'
@@ -1575,6 +1848,34 @@ DECLARE
     v_problem    text;
     v_stats      compaction.attempts;
 BEGIN
+    -- The fields the worker chooses reach the auditor (audit_jobs), who never sees
+    -- content (revision 0049, issue 62): a finish reason is a code (at most 64 bytes:
+    -- stop, length, incomplete:max_output_tokens, ...), a response id an id (at most 200
+    -- bytes of letters, digits and _ . : -), a tool-call count never negative; anything
+    -- else is an error that changes nothing, before the fence. Tested with ltrim rather
+    -- than a regular expression, as valid_source_hash is (revision 0032): the usual
+    -- 'stop' costs one comparison.
+    IF p_finish_reason IS DISTINCT FROM 'stop' AND p_finish_reason IS NOT NULL
+       AND NOT (pg_catalog.octet_length(p_finish_reason) <= 64
+                AND pg_catalog.ltrim(pg_catalog.left(p_finish_reason, 1),
+                                     'abcdefghijklmnopqrstuvwxyz') = ''
+                AND pg_catalog.ltrim(p_finish_reason,
+                                     'abcdefghijklmnopqrstuvwxyz0123456789_.:-') = '') THEN
+        RAISE EXCEPTION 'p_finish_reason must be a code: ^[a-z][a-z0-9_.:-]{0,63}$ (e.g. stop, length), not free text'
+            USING ERRCODE = 'CP020';
+    END IF;
+    IF p_response_id IS NOT NULL
+       AND NOT (pg_catalog.octet_length(p_response_id) BETWEEN 1 AND 200
+                AND pg_catalog.ltrim(p_response_id,
+                        'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-')
+                    = '') THEN
+        RAISE EXCEPTION 'p_response_id must be an id: 1 to 200 letters, digits or _ . : - (got % bytes of something else)',
+                pg_catalog.octet_length(p_response_id)
+            USING ERRCODE = 'CP020';
+    END IF;
+    IF p_tool_call_count < 0 THEN
+        RAISE EXCEPTION 'p_tool_call_count must not be negative' USING ERRCODE = 'CP020';
+    END IF;
     -- p_stats first: a bad one is an error that changes nothing (not even an expiry).
     -- Without p_stats, v_stats is what attempt_stats answers for NULL: every column NULL.
     IF p_stats IS NOT NULL THEN
@@ -1615,7 +1916,8 @@ BEGIN
             finish_reason = p_finish_reason, tool_call_count = p_tool_call_count,
             response_id = p_response_id, summary_chars = pg_catalog.char_length(p_summary),
             input_tokens = v_stats.input_tokens, output_tokens = v_stats.output_tokens,
-            figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept
+            figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept,
+            figures_invented = v_stats.figures_invented
         WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
           AND a.attempt = p_attempt
         RETURNING a.* INTO v_attempt;
@@ -1665,7 +1967,8 @@ BEGIN
         finish_reason = p_finish_reason, tool_call_count = p_tool_call_count,
         response_id = p_response_id, summary_chars = pg_catalog.char_length(p_summary),
         input_tokens = v_stats.input_tokens, output_tokens = v_stats.output_tokens,
-        figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept
+        figures_total = v_stats.figures_total, figures_kept = v_stats.figures_kept,
+        figures_invented = v_stats.figures_invented
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     RETURNING a.* INTO v_attempt;
@@ -1682,7 +1985,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.complete(bigint, int, text, text, int, text, timestamptz, jsonb, text) IS
-    'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off or claimed by another login';
+    'Records the result of attempt (job_id, attempt) with its p_stats (token usage, figures kept and invented; finish reason a code, response id an id of at most 200 bytes, else CP020): a completed summary, or the attempt failed with not_stopped, tool_calls, empty, too_long, already_completed; lease_lost if fenced off or claimed by another login';
 
 CREATE FUNCTION compaction.fail(
     p_job_id  bigint,
@@ -1748,10 +2051,9 @@ AS $$
 DECLARE
     v_now     timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
                                   ELSE compaction.caller_now(p_now) END;
-    v_lease   timestamptz := v_now + CASE WHEN p_lease >= interval '1 second'
-                                               AND p_lease <= interval '1 day'
-                                          THEN p_lease
-                                          ELSE compaction.checked_lease(p_lease) END;
+    v_lease   timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
+                                  THEN v_now + p_lease
+                                  ELSE compaction.lease_end(p_lease, v_now) END;
     v_attempt compaction.attempts;
 BEGIN
     v_attempt := (compaction.fence(p_job_id, p_attempt, v_now, p_conversation_id)).attempt_row;
@@ -1772,7 +2074,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.heartbeat(bigint, int, interval, timestamptz, text) IS
-    'Renews the lease of running attempt (job_id, attempt) to now + p_lease (1 second..1 day, else CP023); ok = false if fenced off or claimed by another login (lease_lost)';
+    'Renews the lease of running attempt (job_id, attempt) to now + p_lease (ending 1 second..1 day from now, else CP023); ok = false if fenced off or claimed by another login (lease_lost)';
 
 -- ---------------------------------------------------------------------------------------
 -- The public view of completed summaries

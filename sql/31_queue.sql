@@ -96,10 +96,10 @@ BEGIN
                 coalesce(p_limit::text, 'NULL')
             USING ERRCODE = 'CP020';
     END IF;
-    IF p_lease IS NULL OR p_lease < interval '1 second' OR p_lease > interval '1 day' THEN
-        RAISE EXCEPTION 'dequeue needs a lease between 1 second and 1 day' USING ERRCODE = 'CP020';
-    END IF;
-    v_until := v_now + p_lease;
+    -- Bounded by when it ends, on the clock (revision 0049, as the attempts' leases):
+    -- intervals compare with 30-day months, which let a lease of years pass as a day.
+    v_until := CASE WHEN compaction.lease_fits(p_lease, v_now) THEN v_now + p_lease
+                    ELSE compaction.lease_end(p_lease, v_now, 'CP020') END;
     -- Candidates are read without row locks (no statement here spans conversations with
     -- FOR UPDATE, so the queue can be distributed by conversation_id); each is then
     -- leased by statements that address its own row. Visible: never leased, or the

@@ -107,12 +107,12 @@ BEGIN
            AND (NEW.reason, NEW.finished_at, NEW.finish_reason, NEW.tool_call_count,
                 NEW.response_id, NEW.summary_chars, NEW.input_tokens, NEW.output_tokens,
                 NEW.figures_total, NEW.figures_kept, NEW.finish_event_id,
-                NEW.finish_recorded_at, NEW.finish_xact_id)
+                NEW.finish_recorded_at, NEW.finish_xact_id, NEW.figures_invented)
                IS NOT DISTINCT FROM
                (OLD.reason, OLD.finished_at, OLD.finish_reason, OLD.tool_call_count,
                 OLD.response_id, OLD.summary_chars, OLD.input_tokens, OLD.output_tokens,
                 OLD.figures_total, OLD.figures_kept, OLD.finish_event_id,
-                OLD.finish_recorded_at, OLD.finish_xact_id) THEN
+                OLD.finish_recorded_at, OLD.finish_xact_id, OLD.figures_invented) THEN
             RETURN NEW;
         END IF;
     END IF;

@@ -40,7 +40,9 @@ CREATE VIEW compaction.audit_jobs_rows AS
            a.output_tokens,
            a.figures_total,
            a.figures_kept,
-           a.claimed_by
+           a.claimed_by,
+           -- Revision 0048, last so that the view only grows (a DBA's views over it stay).
+           a.figures_invented
     FROM compaction.jobs AS j
     JOIN compaction.attempts AS a
       ON a.conversation_id = j.conversation_id AND a.job_id = j.job_id
@@ -74,7 +76,8 @@ CREATE VIEW compaction.audit_jobs_rows AS
            NULL::int,
            NULL::int,
            NULL::int,
-           NULL::text
+           NULL::text,
+           NULL::int
     FROM compaction.jobs AS j
     JOIN compaction.job_summaries AS s
       ON s.conversation_id = j.conversation_id AND s.job_id = j.job_id
@@ -294,7 +297,7 @@ RETURNS TABLE (
         lease_expires_at timestamptz, finished_at timestamptz, duration interval,
         finish_reason text, tool_call_count int, response_id text, summary_chars int,
         summary_id bigint, imported boolean, input_tokens int, output_tokens int,
-        figures_total int, figures_kept int, claimed_by text)
+        figures_total int, figures_kept int, claimed_by text, figures_invented int)
 LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
@@ -366,7 +369,7 @@ COMMENT ON FUNCTION compaction.read_audit_events() IS
 -- The facades, as one node has them (compaction.place_audit_views() chooses the form).
 CREATE VIEW compaction.audit_jobs AS SELECT * FROM compaction.audit_jobs_rows;
 COMMENT ON VIEW compaction.audit_jobs IS
-    'Audit: every job with each attempt (state, reason, worker, lease, duration, finish metadata, token usage and figures kept as reported to complete, NULL when not reported, and the login that claimed it) and imported summaries as state imported; no text';
+    'Audit: every job with each attempt (state, reason, worker, lease, duration, finish metadata, token usage, figures kept and invented as reported to complete, NULL when not reported, and the login that claimed it) and imported summaries as state imported; no text';
 
 CREATE VIEW compaction.audit_exhausted AS SELECT * FROM compaction.audit_exhausted_rows;
 COMMENT ON VIEW compaction.audit_exhausted IS

@@ -7,16 +7,25 @@ The seeded range of tests.workerkit (conv-1, pairs 0-9) holds exactly 30 distinc
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from pycompactor import db
+from pycompactor import db, project_history
 from pycompactor.eventlog import EventLog
 from pycompactor.extractive import ExtractiveSummarizer, extractive_summary
-from pycompactor.figures import FigureStats, figure_stats, figures
+from pycompactor.extractive2 import Extractive2Summarizer
+from pycompactor.figures import (
+    FigureStats,
+    figure_stats,
+    figures,
+    invented_figures,
+    without_labels,
+)
+from pycompactor.outcomes import Reply
 from pycompactor.summarizer import OpenAISummarizer
 from pycompactor.worker import Worker, WorkerConfig
 from tests.driver.conftest import make_pairs
@@ -36,6 +45,12 @@ def stats_row(conn: Conn) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in conn.execute(
         "SELECT attempt, state, reason, input_tokens, output_tokens, figures_total,"
         " figures_kept FROM compaction.audit_jobs ORDER BY job_id, attempt").fetchall()]
+
+
+def invented_row(conn: Conn) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in conn.execute(
+        "SELECT attempt, state, reason, figures_invented FROM compaction.audit_jobs"
+        " ORDER BY job_id, attempt").fetchall()]
 
 
 def run_chat_worker(dsn: str, base_url: str, **options: Any) -> StringLog:
@@ -208,3 +223,179 @@ def test_db_complete_passes_stats_through(conn: Conn) -> None:
     assert db.complete(conn, result.job_id, 1, GOOD, "stop", 0, now=T0,
                        stats={"figures_total": 4, "figures_kept": 2}).ok
     assert stats_row(conn) == [(1, "completed", "completed", None, None, 4, 2)]
+
+
+# --- invented figures (DESIGN.md §8, revised) --------------------------------------------
+
+
+def test_a_figure_no_reply_holds_is_invented() -> None:
+    pairs = make_pairs(["NAV 10.37 on 2026-10-09, 1,200 units"] + ["no numbers"] * 9)
+    assert invented_figures(pairs, "NAV 10.37 on 2026-10-09, 1,200 units") == frozenset()
+    assert invented_figures(pairs, "NAV 10.38 on 2026-10-09") == {"10.38"}
+    # Whole figures, as for kept: a part or an extension of a reply's figure is not held.
+    assert invented_figures(pairs, "1,200,000 units in 2010") == {"1,200,000", "2010"}
+    assert invented_figures(pairs, "NAV 10 or 37") == {"10", "37"}
+    assert invented_figures(pairs, "") == frozenset()
+
+
+def test_labels_equal_to_the_replies_ids_are_not_figures() -> None:
+    """make_pairs' replies are asst-msg-0 .. asst-msg-9: `[asst-msg-7]` is the attribution
+    the prompt asks for, not a figure; the same digits outside a label, or a bracketed
+    id that is no reply's, are."""
+    pairs = make_pairs(["no numbers"] * 10)
+    assert invented_figures(pairs, "[asst-msg-7] said nothing. [asst-msg-0] either.") \
+        == frozenset()
+    assert invented_figures(pairs, "asst-msg-7 said nothing") == {"7"}
+    assert invented_figures(pairs, "[asst-msg-17] said nothing") == {"17"}
+    assert invented_figures(pairs, "[asst-msg-7, asst-msg-8]") == {"7", "8"}
+    # A label is replaced by a space: its neighbours never join into one figure.
+    assert without_labels(pairs, "12[asst-msg-3]34") == "12 34"
+    assert invented_figures(pairs, "12[asst-msg-3]34") == {"12", "34"}
+
+
+def test_ids_with_pattern_characters_are_labels_too() -> None:
+    pairs = [replace(p, assistant_message_id=f"a.{i}+(x)")
+             for i, p in enumerate(make_pairs(["none"] * 10))]
+    assert invented_figures(pairs, "[a.3+(x)] nothing") == frozenset()
+    assert invented_figures(pairs, "[a*3+(x)] nothing") == {"3"}
+
+
+def test_the_offline_summarizers_invent_no_figure() -> None:
+    """DESIGN.md §8: the offline summarizers never invent one (their labels aside)."""
+    samples = [make_pairs(), make_pairs([f"Cut here {i}.5-{i} and 1,2{i}0,000 or 10.{i}7 then "
+                          + "word " * 300 + f"2026-10-{i:02d}" for i in range(10)])]
+    for pairs in samples:
+        for summarizer in (ExtractiveSummarizer(), Extractive2Summarizer()):
+            reply = summarizer.summarize(pairs)
+            assert isinstance(reply, Reply)
+            assert invented_figures(pairs, reply.text) == frozenset()
+
+
+def test_a_summary_quoting_a_figure_no_reply_holds_fails_and_stays_raw(
+        conn: Conn, dsn: str, model_server: ModelServer) -> None:
+    """The default allows no invented figure: the attempt fails figures_invented through
+    `fail`, nothing is stored, and the next Run sees pairs 0-9 raw."""
+    seed(conn, "conv-1", 30)
+    invented_before = sample("pycompactor_worker_figures_invented_total")
+    model_server.enqueue(stop(f"NAVs {NAVS[0]} and 99.99 on {DATES[0]}.", usage=(900, 80)))
+    log = run_chat_worker(dsn, model_server.base_url)
+    assert invented_row(conn) == [(1, "failed", "figures_invented", None)]
+    assert summaries(conn) == []
+    [failed] = events_named(log.events(), "failed")
+    assert (failed["reason"], failed["figures_invented"], failed["figures_kept"],
+            failed["input_tokens"]) == ("figures_invented", 1, 2, 900)
+    assert "99.99" not in failed["detail"]  # the count, never the summary's text
+    assert sample("pycompactor_worker_figures_invented_total") == invented_before + 1
+    projection = project_history(conn, "conv-1", budget_bytes=1_000_000)
+    assert [p.placement for p in projection.pairs][:10] == ["raw"] * 10
+    assert projection.rejected_summaries.reason_counts() == {}
+
+
+def test_labels_of_the_range_complete_and_the_audit_shows_zero(
+        conn: Conn, dsn: str, model_server: ModelServer) -> None:
+    """seed's replies are conv-1-a000 .. conv-1-a009: their labels hold `1` and `007`,
+    which no reply holds as a figure; as labels they are not figures."""
+    seed(conn, "conv-1", 30)
+    model_server.enqueue(stop(f"[conv-1-a007] NAV {NAVS[7]} on {DATES[7]}. "
+                              f"[conv-1-a000] NAV {NAVS[0]}."))
+    log = run_chat_worker(dsn, model_server.base_url)
+    assert invented_row(conn) == [(1, "completed", "completed", 0)]
+    [done] = events_named(log.events(), "completed")
+    assert done["figures_invented"] == 0
+    # A label of another range's reply is a figure the range does not hold.
+    model_server.enqueue(stop(f"[conv-1-a017] NAV {NAVS[7]}."))
+    seed(conn, "conv-2", 30)
+    run_chat_worker(dsn, model_server.base_url, conversation="conv-2")
+    assert invented_row(conn)[1] == (1, "failed", "figures_invented", None)
+
+
+def test_max_invented_figures_lets_that_many_through(
+        conn: Conn, dsn: str, model_server: ModelServer) -> None:
+    seed(conn, "conv-1", 30)
+    model_server.enqueue(stop(f"NAV {NAVS[0]}, then 99.99 and 42.42."))
+    run_chat_worker(dsn, model_server.base_url, max_invented_figures=1)
+    assert invented_row(conn) == [(1, "failed", "figures_invented", None)]
+    model_server.enqueue(stop(f"NAV {NAVS[0]}, then 99.99."))
+    log = run_chat_worker(dsn, model_server.base_url, max_invented_figures=1)
+    assert invented_row(conn) == [(1, "failed", "figures_invented", None),
+                                  (2, "completed", "completed", 1)]
+    [started] = events_named(log.events(), "started")
+    assert started["max_invented_figures"] == 1
+
+
+def test_the_invented_gate_leaves_the_databases_reasons_alone(
+        conn: Conn, dsn: str, model_server: ModelServer) -> None:
+    """A truncated reply that also invents a figure is not_stopped, with its count kept."""
+    seed(conn, "conv-1", 30)
+    from tests.modelserver import length
+    model_server.enqueue(length("only 99.99"))
+    run_chat_worker(dsn, model_server.base_url)
+    assert invented_row(conn) == [(1, "failed", "not_stopped", 1)]
+
+
+@pytest.mark.parametrize("bad", [-1, 6001, True, 1.5])
+def test_worker_config_refuses_a_bad_allowance(bad: Any) -> None:
+    with pytest.raises(ValueError, match="max_invented_figures"):
+        WorkerConfig(model=MODEL, max_invented_figures=bad)
+
+
+@pytest.mark.parametrize(("stats", "stored"), [
+    ({"figures_invented": 0}, 0),
+    ({"figures_total": 3, "figures_kept": 2, "figures_invented": 7}, 7),
+    ({"figures_total": 3}, None),
+])
+def test_complete_takes_figures_invented(conn: Conn, stats: dict[str, int],
+                                         stored: int | None) -> None:
+    seed(conn, "conv-1", 30)
+    job = claim_first(conn)
+    done = db.complete(conn, job[0], job[1], "a summary", "stop", 0, stats=stats,
+                       conversation_id="conv-1")
+    assert done.ok
+    assert invented_row(conn) == [(1, "completed", "completed", stored)]
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "\"3\"", "2147483648", "null"])
+def test_complete_refuses_a_bad_figures_invented(conn: Conn, value: str) -> None:
+    seed(conn, "conv-1", 30)
+    job = claim_first(conn)
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT * FROM compaction.complete(%s, %s, 'a summary', 'stop', 0,"
+                     " p_stats => %s::jsonb)",
+                     (job[0], job[1], f'{{"figures_invented": {value}}}'))
+    assert info.value.sqlstate == "CP020"
+    assert invented_row(conn) == [(1, "running", None, None)]
+
+
+def claim_first(conn: Conn) -> tuple[int, int]:
+    [t] = db.plan_targets(conn, "conv-1")
+    result = db.claim(conn, "conv-1", "default", t.from_pair, t.source_message_ids,
+                      t.source_hash, MODEL, "conversation-compaction@3", "w")
+    assert result.claimed
+    assert result.job_id is not None
+    assert result.attempt is not None
+    return result.job_id, result.attempt
+
+
+def test_the_offline_summarizers_invent_no_figure_on_the_corpus() -> None:
+    """Every range of the evaluation corpus (real text: PostgreSQL's documentation and
+    Chinese man pages), both offline models at their defaults: nothing invented, so the
+    worker's default gate never fails them."""
+    from pycompactor.corpus import build_corpus
+    from pycompactor.models import Pair
+
+    checked = 0
+    for conversation in build_corpus(seed=0, conversations=12):
+        for start in range(0, len(conversation.pairs) - 9, 10):
+            pairs = [Pair(pair_index=start + i, run_id=f"r{start + i}",
+                          user_message_id=f"{conversation.conversation_id}-u{start + i}",
+                          user_content=user,
+                          assistant_message_id=f"{conversation.conversation_id}-a{start + i}",
+                          assistant_content=reply)
+                     for i, (user, reply) in enumerate(conversation.pairs[start:start + 10])]
+            for summarizer in (ExtractiveSummarizer(), Extractive2Summarizer()):
+                reply = summarizer.summarize(pairs)
+                assert isinstance(reply, Reply)
+                assert invented_figures(pairs, reply.text) == frozenset(), (
+                    conversation.conversation_id, start, summarizer.model)
+            checked += 1
+    assert checked >= 12

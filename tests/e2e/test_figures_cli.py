@@ -105,3 +105,43 @@ def test_extractive_worker_keeps_all_30_figures(conn: Conn, dsn: str) -> None:
     out = json.loads(run_cli("audit", "--json", "--dsn", dsn).stdout)
     assert [(r["state"], r["figures_kept"], r["figures_total"], r["input_tokens"])
             for r in out] == [("completed", 30, 30, None)]
+
+
+def test_help_documents_max_invented_figures() -> None:
+    result = run_cli("worker", "--help")
+    assert "--max-invented-figures N" in result.stdout
+    assert "PYCOMPACTOR_MAX_INVENTED_FIGURES" in result.stdout
+
+
+@pytest.mark.parametrize("value", ["-1", "6001", "1.5", "many"])
+def test_a_bad_allowance_is_a_usage_error(value: str) -> None:
+    result = run_cli("worker", "--model", OFFLINE_MODEL, "--max-invented-figures", value)
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.rstrip("\n").split("\n")[-1]
+    assert last.startswith("pycompactor worker: error: argument --max-invented-figures:")
+    assert "Traceback" not in result.stderr
+
+
+def test_invented_figures_fail_by_default_and_the_flag_allows_them(conn: Conn, dsn: str,
+                                                                   ) -> None:
+    """The model's summary quotes 99.99, which no reply holds: the default fails the
+    attempt (figures_invented); the environment's allowance of 1 lets the retry through,
+    and `audit` shows the count."""
+    seed(conn, "conv-1", 30)
+    text = TWENTY + " and 99.99"
+    with ModelServer(handler=lambda _request: stop(text, usage=(1500, 120))) as server:
+        env = worker_env(dsn, server.base_url)
+        code, events, stderr = run_worker_cli("--model", MODEL, "--once", env=env)
+        assert code == 0, stderr
+        [failed] = events_named(events, "failed")
+        assert (failed["reason"], failed["figures_invented"]) == ("figures_invented", 1)
+        env["PYCOMPACTOR_MAX_INVENTED_FIGURES"] = "1"
+        code, events, stderr = run_worker_cli("--model", MODEL, "--once", env=env)
+        assert code == 0, stderr
+    assert [(a.attempt, a.state, a.reason) for a in attempts(conn)] == [
+        (1, "failed", "figures_invented"), (2, "completed", "completed")]
+    cells = table_cells(run_cli("audit", "--dsn", dsn).stdout)
+    assert [(r["reason"], r["figures_invented"]) for r in cells] == [
+        ("figures_invented", ""), ("completed", "1")]
+    rows = json.loads(run_cli("audit", "--json", "--dsn", dsn).stdout)
+    assert [r["figures_invented"] for r in rows] == [None, 1]

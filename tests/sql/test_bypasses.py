@@ -211,7 +211,8 @@ def test_audit_views_read_rows_from_before_the_time_checks(conn: Conn,
         ALTER TABLE compaction.attempts ADD CONSTRAINT attempts_rules CHECK (
             compaction.attempt_rules_hold(attempt, state, reason, started_at, lease_expires_at,
                                           finished_at, input_tokens, output_tokens,
-                                          figures_total, figures_kept)) NOT VALID""")
+                                          figures_total, figures_kept,
+                                          figures_invented)) NOT VALID""")
     conn.execute("ALTER TABLE compaction.event_log ADD CONSTRAINT audit_events_times_finite"
                  " CHECK (pg_catalog.isfinite(occurred_at)) NOT VALID")
     audit_readable(running.auditor)

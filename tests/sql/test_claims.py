@@ -378,7 +378,7 @@ def test_source_writes_enqueue_and_dequeue_takes_them(conn: Conn) -> None:
         (" " * 6001, "stop", 0, "empty"),  # empty before too_long
         ("界" * 6000, "stop", 0, None),  # characters, not bytes
         ("界" * 6001, "stop", 0, "too_long"),
-        ("ok", "STOP", 0, "not_stopped"),
+        ("ok", "end_turn", 0, "not_stopped"),
         ("ok", None, 0, "not_stopped"),
     ],
 )
