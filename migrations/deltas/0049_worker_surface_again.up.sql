@@ -35,10 +35,14 @@ BEGIN
     EXCEPTION WHEN datetime_field_overflow THEN
         v_end := NULL;  -- an end off the calendar is no lease
     END;
-    IF v_end IS NULL THEN
+    IF v_end IS NULL AND p_errcode = 'CP020' THEN
         RAISE EXCEPTION 'a lease between 1 second and 1 day is needed, counted by when it ends: % from % is not',
                 coalesce(p_lease::text, 'NULL'), p_now
-            USING ERRCODE = p_errcode;
+            USING ERRCODE = 'CP020';
+    ELSIF v_end IS NULL THEN
+        RAISE EXCEPTION 'a lease between 1 second and 1 day is needed, counted by when it ends: % from % is not',
+                coalesce(p_lease::text, 'NULL'), p_now
+            USING ERRCODE = 'CP023';
     END IF;
     RETURN v_end;
 END
@@ -1168,7 +1172,7 @@ BEGIN
     -- lookups by key); otherwise, and for a TRUNCATE, the views are walked.
     IF NOT coalesce((SELECT tg.oid = ANY (st.object_oids)
                      FROM pg_catalog.pg_trigger AS tg, compaction.source_tracking AS st
-                     WHERE tg.tgrelid = TG_RELID AND tg.tgname = TG_NAME
+                     WHERE st.singleton AND tg.tgrelid = TG_RELID AND tg.tgname = TG_NAME
                        AND st.object_oids IS NOT NULL), false)
        AND NOT compaction.source_reads(TG_RELID) THEN
         RETURN NULL;

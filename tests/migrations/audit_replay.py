@@ -34,6 +34,7 @@ VIEWS = {
 #: Differ between two databases that replay the same history (see the module docstring;
 #: the queue's entries, and an erasure's tombstone, are dated by the server's clock).
 PER_DATABASE = {"recorded_at", "xact_id", "oldest_queued_at"}
+ADDED_LATER = {"oldest_queued_age", "figures_invented"}
 
 
 def views(conn: Conn, *, exact: bool) -> dict[str, list[dict[str, Any]]]:
@@ -42,8 +43,9 @@ def views(conn: Conn, *, exact: bool) -> dict[str, list[dict[str, Any]]]:
         for view, order in VIEWS.items():
             cur.execute(f"SELECT * FROM compaction.{view} ORDER BY {order}")
             rows = cur.fetchall()
-            # an age, measured from the reading's now()
-            rows = [{k: v for k, v in r.items() if k != "oldest_queued_age"} for r in rows]
+            # an age, measured from the reading's now(); and the columns later revisions
+            # add (0048: figures_invented), which the older database lacks
+            rows = [{k: v for k, v in r.items() if k not in ADDED_LATER} for r in rows]
             if not exact:
                 # an erasure's tombstone is dated by the server's clock, too
                 rows = [{k: v for k, v in r.items()

@@ -155,12 +155,12 @@ def sql_outputs(conn: Conn) -> dict[str, Any]:
             "explain_runs": sorted(rows(conn, "SELECT * FROM compaction.explain_runs(%s)",
                                         (c,))),
         }
-    # The columns 0004_attempt_stats and 0018_worker_boundary added (NULL for attempts
-    # made before them) are left out, so the record at 0003 and the one at head compare
-    # like for like.
+    # The columns 0004_attempt_stats, 0018_worker_boundary and 0048_figures_invented
+    # added (NULL for attempts made before them) are left out, so the record at 0003 and
+    # the one at head compare like for like.
     out["audit_jobs"] = rows(conn, "SELECT to_jsonb(a) - ARRAY['input_tokens',"
                                    " 'output_tokens', 'figures_total', 'figures_kept',"
-                                   " 'claimed_by']"
+                                   " 'claimed_by', 'figures_invented']"
                                    " FROM compaction.audit_jobs AS a"
                                    " ORDER BY conversation_id, job_id, attempt NULLS FIRST")
     out["audit_stale_summaries"] = rows(conn, "SELECT * FROM compaction.audit_stale_summaries"
