@@ -66,7 +66,7 @@ def budget_bytes(text: str) -> int:
     # rather than a failure after connecting.
     from pycompactor.projection import MAX_BUDGET_BYTES
 
-    value = non_negative_int(text)
+    value = _at_least(_whole(text), 0)  # a bigint, not an int: its own bound below
     if value > MAX_BUDGET_BYTES:
         raise argparse.ArgumentTypeError(
             f"expected at most {MAX_BUDGET_BYTES} bytes, got {value}")

@@ -79,8 +79,8 @@ class Timeouts:
         for what in (self.lock, self.statement):
             if not timedelta(milliseconds=MIN_TIMEOUT_MS) <= what \
                     <= timedelta(milliseconds=MAX_TIMEOUT_MS):
-                raise ValueError("lock and statement timeouts must lie between 1 ms and "
-                                 f"{MAX_TIMEOUT_MS} ms")
+                raise ValueError("lock and statement timeouts must be positive, from 1 ms "
+                                 f"to {MAX_TIMEOUT_MS} ms")
 
 
 DEFAULT_TIMEOUTS: Final = Timeouts()

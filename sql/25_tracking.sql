@@ -625,7 +625,7 @@ BEGIN
     -- lookups by key); otherwise, and for a TRUNCATE, the views are walked.
     IF NOT coalesce((SELECT tg.oid = ANY (st.object_oids)
                      FROM pg_catalog.pg_trigger AS tg, compaction.source_tracking AS st
-                     WHERE tg.tgrelid = TG_RELID AND tg.tgname = TG_NAME
+                     WHERE st.singleton AND tg.tgrelid = TG_RELID AND tg.tgname = TG_NAME
                        AND st.object_oids IS NOT NULL), false)
        AND NOT compaction.source_reads(TG_RELID) THEN
         RETURN NULL;

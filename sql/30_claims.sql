@@ -717,10 +717,14 @@ BEGIN
     EXCEPTION WHEN datetime_field_overflow THEN
         v_end := NULL;  -- an end off the calendar is no lease
     END;
-    IF v_end IS NULL THEN
+    IF v_end IS NULL AND p_errcode = 'CP020' THEN
         RAISE EXCEPTION 'a lease between 1 second and 1 day is needed, counted by when it ends: % from % is not',
                 coalesce(p_lease::text, 'NULL'), p_now
-            USING ERRCODE = p_errcode;
+            USING ERRCODE = 'CP020';
+    ELSIF v_end IS NULL THEN
+        RAISE EXCEPTION 'a lease between 1 second and 1 day is needed, counted by when it ends: % from % is not',
+                coalesce(p_lease::text, 'NULL'), p_now
+            USING ERRCODE = 'CP023';
     END IF;
     RETURN v_end;
 END

@@ -49,7 +49,8 @@ from tests.workerkit import MODEL, attempts, summaries
 
 Conn = psycopg.Connection[Any]
 AGENT_MODEL = "agent-model-1"
-SUMMARY = "SUMMARY-0-9: the replies gave NAVs of funds F0 to F9, each dated, none current."
+# No figure the replies do not hold (the worker refuses invented figures, DESIGN §8).
+SUMMARY = "SUMMARY of F0 to F9: the replies gave NAVs of those funds, each dated, none current."
 TURNS = 35
 
 

@@ -7,7 +7,7 @@ driver would refuse the input itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -367,7 +367,7 @@ def test_a_callers_connection_in_another_encoding_is_refused_by_name(
     the encoding (JOHAB's was 'cannot reach the database')."""
     t = target(conn, "c1")
     with psycopg.connect(dsn, autocommit=True, client_encoding=encoding) as other:
-        calls = [
+        calls: list[Callable[[], object]] = [
             lambda: db.claim(other, "c1", "default", 0, t.source_message_ids,
                              t.source_hash, MODEL, V3, "w1"),           # inline
             lambda: db.complete(other, 1, 1, GOOD, "stop", 0),            # pipeline
@@ -387,15 +387,15 @@ def test_a_lone_surrogate_is_a_package_error_naming_it(conn: Conn, worker: Worke
                                                        where: str) -> None:
     t = target(conn, "c2")
     lone = "w\ud800"
+    calls: dict[str, Callable[[], object]] = {
+        "worker": lambda: db.claim(worker.conn, "c2", "default", 0, t.source_message_ids,
+                                   t.source_hash, MODEL, V3, lone),
+        "conversation": lambda: db.plan_targets(worker.conn, lone),
+        "summary": lambda: db.complete(worker.conn, worker.job_id, 1, lone, "stop", 0,
+                                       conversation_id="c1"),
+    }
     with pytest.raises(errors.UnencodableText) as info:
-        if where == "worker":
-            db.claim(worker.conn, "c2", "default", 0, t.source_message_ids, t.source_hash,
-                     MODEL, V3, lone)
-        elif where == "conversation":
-            db.plan_targets(worker.conn, lone)
-        else:
-            db.complete(worker.conn, worker.job_id, 1, lone, "stop", 0,
-                        conversation_id="c1")
+        calls[where]()
     assert "surrogate" in str(info.value)
     assert isinstance(info.value, errors.PycompactorError)
     assert attempt_row(conn, worker.job_id)[0] == "running"
