@@ -119,7 +119,7 @@ CREATE UNIQUE INDEX lean_attempts_one_completed ON bench.lean_attempts
 CREATE UNIQUE INDEX lean_attempts_slot ON bench.lean_attempts (slot) WHERE state = 'running';
 """
 # The lean engine sketch (see the module docstring): the lean row, found by job_id alone as
-# complete is addressed (DESIGN §6), and the two calls with the contract's signatures.
+# complete is addressed (contract §6), and the two calls with the contract's signatures.
 _SKETCH_DDL = """
 CREATE TABLE bench.sketch_attempts (LIKE bench.lean_attempts INCLUDING ALL);
 CREATE INDEX sketch_attempts_job_id ON bench.sketch_attempts (job_id);

@@ -7,7 +7,7 @@ ranges, as the worker would) and is measured by `pycompactor.evaluation`, the co
 - compression per range (summary UTF-8 bytes / the ten replies' bytes): median, p95, max;
 - figure and qualifier retention, pooled over every range;
 - density: beyond the raw tail, how many pairs a KiB of the summarized region carries
-  against the same pairs sent raw (the cost of the projection, DESIGN §9: a summary
+  against the same pairs sent raw (the cost of the projection, contract §9: a summary
   block is its ten user messages, the marker line and the summary; 16 bytes a message);
 - reach at 8, 16, 32 and 64 KiB: pairs the next Run sees with the summaries over pairs
   the raw-only projection (newest pairs only) sees, pooled over conversations;

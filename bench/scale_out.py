@@ -17,7 +17,7 @@ in, distribute; trust on loopback in place of the owner's password). On each:
   an empty table co-located with the history (and of one with a shard per worker). A
   derived state kept on the shards would still have to ask, at every call, whether a
   message filed under another conversation names one of this conversation's runs
-  (DESIGN §3): on Citus only a read of every shard can answer that, and a shard's own
+  (contract §3): on Citus only a read of every shard can answer that, and a shard's own
   trigger may not run one, so that read is the least such a call pays.
 
     python -m bench.scale_out --pg-config /usr/lib/postgresql/15/bin/pg_config
@@ -235,7 +235,7 @@ RANGE_CALLS: dict[str, LiteralString] = {
 #: conversation's run ids (a value up to 256 runs, a subquery beyond). A derived state
 #: kept on the shards could not spare it: a trigger on a shard may not read other shards
 #: or write rows another node holds (SHARD_TRIGGER_PROBES), and run ids may repeat
-#: across conversations (DESIGN §2), so no shard can tell on its own that a message it
+#: across conversations (contract §2), so no shard can tell on its own that a message it
 #: holds breaks a run held elsewhere. It is the least an exact call pays there.
 FOREIGN_BY_VALUE: LiteralString = (
     "SELECT pg_catalog.array_agg(DISTINCT sm.run_id) FROM compaction.source_messages AS sm"

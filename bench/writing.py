@@ -1,7 +1,7 @@
 """Benchmark 5: what the derived state costs the writer.
 
 The tracking triggers keep pair numbering, range ids and hashes in the same transaction
-as the source writes (DESIGN §2). Measured against identical tables without the engine's
+as the source writes (contract §2). Measured against identical tables without the engine's
 triggers, in the same database and run:
 
 * appending a Run at the end of a long conversation, as an agent writes it: one

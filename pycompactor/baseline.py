@@ -1,7 +1,7 @@
 """Naive whole-sentence selection: the baseline an offline summarizer must beat.
 
 Issue 61 measured it on public text: take every sentence of the replies that holds a
-figure (DESIGN §8) or a qualifier of the scope set (pycompactor.qualifiers), most facts
+figure (contract §8) or a qualifier of the scope set (pycompactor.qualifiers), most facts
 per byte first, until the summary would pass a byte target. It never cuts a sentence,
 so each line keeps what its figures are about as far as its own sentence says it. A
 summarizer that compresses harder must still answer more of the replies' questions

@@ -66,7 +66,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def warn_if_unknown(conn: db.Connection, conversation_id: str) -> None:
     """Say on stderr when the source has no run of the conversation: a mistyped id
-    otherwise reads as an empty conversation (the exit status stays 0, DESIGN §9)."""
+    otherwise reads as an empty conversation (the exit status stays 0, contract §9)."""
     if not db.source_holds(conn, conversation_id):
         print(f"pycompactor: warning: the source holds no runs for conversation"
               f" {conversation_id!r}; is the id right?", file=sys.stderr)
@@ -118,7 +118,7 @@ def cmd_project(args: argparse.Namespace) -> int:
         if not projection.pairs:
             warn_if_unknown(conn, args.conversation)
     if projection.pairs and not projection.messages:
-        # Exit 0 all the same (docs/contract.md §9): an empty history is a valid answer,
+        # Exit 0 all the same (contract §9): an empty history is a valid answer,
         # but rarely the one meant.
         print(f"pycompactor: warning: a budget of {projection.budget_bytes} bytes takes none"
               f" of the {len(projection.pairs)} eligible pairs (the newest pair alone costs"

@@ -609,7 +609,7 @@ def complete(conn: Connection, job_id: int, attempt: int, summary: str | None,
     )
 
 
-#: The keys of complete's p_stats (DESIGN.md §6).
+#: The keys of complete's p_stats (contract §6).
 STATS_KEYS: Final = ("input_tokens", "output_tokens", "figures_total", "figures_kept",
                      "figures_invented")
 
@@ -844,7 +844,7 @@ AUDIT_VIEWS: dict[str, tuple[str, str]] = {
     "jobs": ("audit_jobs", "created_at DESC, job_id DESC, attempt NULLS FIRST"),
     "stale": ("audit_stale_summaries", "completed_at DESC, summary_id DESC"),
     "exhausted": ("audit_exhausted", "exhausted_at DESC, job_id DESC"),
-    # recorded_at, not event_id: ids are unique but unordered under Citus (DESIGN §11).
+    # recorded_at, not event_id: ids are unique but unordered under Citus (contract §11).
     "events": ("audit_events", "recorded_at DESC, event_id DESC"),
     "queue": ("audit_queue", "scope"),
 }
@@ -854,7 +854,7 @@ AUDIT_VIEWS_PER_SCOPE: Final = frozenset({"queue"})
 AUDIT_REPORTS: Final = ("models",)
 
 # Per model, from compaction.audit_jobs (which the auditor may read) and the owner's
-# projection preference (compaction.projection_models(), docs/contract.md §9): what each
+# projection preference (compaction.projection_models(), contract §9): what each
 # model did, and where the preference ranks it. A model the preference names but no job
 # used has a row of zeros, so a typo in the preference shows.
 _AUDIT_MODELS_SQL: Final = """
@@ -888,7 +888,7 @@ ORDER BY p.position NULLS LAST, 1
 
 
 def projection_models(conn: Connection) -> list[str]:
-    """The owner's model preference for projection (docs/contract.md §9), in order;
+    """The owner's model preference for projection (contract §9), in order;
     empty when none is set."""
     return [str(m) for m in _row(conn, tuple_row,
                                  "SELECT compaction.projection_models()", {})[0]]

@@ -291,7 +291,7 @@ def _translate(exc: psycopg.Error) -> PycompactorError:
                             else f"database error: {primary}")
 
 
-#: The relations of the source contract (DESIGN §2): missing, they are the host's to
+#: The relations of the source contract (contract §2): missing, they are the host's to
 #: define (check-source); any other missing `compaction.` relation is a missing migration.
 _SOURCE_VIEWS = ("compaction.source_runs", "compaction.source_messages")
 

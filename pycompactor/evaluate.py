@@ -206,7 +206,7 @@ def read_database(dsn: str | None, conversation_ids: Sequence[str] | None = None
     `limit` of compaction.source_runs in id order), read with the engine's read
     functions in one READ ONLY, REPEATABLE READ transaction: one consistent snapshot,
     and a transaction the server itself refuses to write in. Closed before any model
-    call (DESIGN §11). A given id the source holds no run of is added to `warnings`."""
+    call (contract §11). A given id the source holds no run of is added to `warnings`."""
     with db.connect(dsn, read_only=True) as conn:
         # The same first words as every other command on an unmigrated database, not a
         # missing relation's (which would point at check-source).
@@ -740,7 +740,7 @@ Generated {escape(when)}. Nothing was written to any database.</p>
 <dl>
 <dt>compression</dt><dd>UTF-8 bytes of the summary / UTF-8 bytes of the range's ten
 assistant replies (below 1: smaller).</dd>
-<dt>figure retention</dt><dd>distinct figures (DESIGN §8: numbers, dates, amounts) of the
+<dt>figure retention</dt><dd>distinct figures (contract §8: numbers, dates, amounts) of the
 ten replies that the summary holds verbatim, over all of them.</dd>
 <dt>qualifier retention</dt><dd>distinct qualified facts (a figure and a qualifier such as
 "not", "only", "no longer", "不再", "仅" in one sentence) of the replies that some sentence

@@ -3,14 +3,14 @@
 A typed API over frozen dataclasses, shared by the command, the demo and `make bench`:
 
 * pure metrics: `compression` (summary UTF-8 bytes / the ten replies' bytes), figure
-  retention (`pycompactor.figures.figure_stats`, DESIGN §8) and qualifier retention
+  retention (`pycompactor.figures.figure_stats`, contract §8) and qualifier retention
   (`pycompactor.qualifiers.qualifier_stats`); attribution, qualifier scope and invented
   figures (`pycompactor.fidelity`: does the summary still answer the questions the
   replies answer, and state no figure they never gave); `target_ranges` (the window policy of
-  DESIGN §4), and `reach`: how many of a conversation's pairs the next Run sees under a
+  contract §4), and `reach`: how many of a conversation's pairs the next Run sees under a
   budget with the summaries and without any (the raw-only projection: newest pairs
   only). Reach is planned by the projection's own pure planner
-  (`pycompactor.projection.plan_projection`), so it follows DESIGN §9 to the byte: cost
+  (`pycompactor.projection.plan_projection`), so it follows contract §9 to the byte: cost
   = UTF-8 bytes + 16 per message, a summary block is the range's ten user messages plus
   one assistant message of the marker line and the summary, the included history is a
   contiguous newest suffix, and a block that does not fit falls back to its raw pairs.
@@ -55,10 +55,10 @@ DEFAULT_BUDGETS: Final = tuple(k * 1024 for k in BUDGETS_KIB)
 #: Ranges the report lists whole (summary beside source), the lowest attribution first.
 WORST_RANGES: Final = 5
 
-#: DESIGN §4: the first target needs this many pairs; the newest 20 are never in one.
+#: contract §4: the first target needs this many pairs; the newest 20 are never in one.
 FIRST_TARGET_PAIRS: Final = 30
 
-# The six ASCII whitespace characters of DESIGN §3: a summary needs another character.
+# The six ASCII whitespace characters of contract §3: a summary needs another character.
 _ASCII_WS: Final = " \t\n\r\f\v"
 # Any fixed time: every planned summary is valid and alone in its range, so the
 # preference among summaries (which reads it) never decides anything here.
@@ -122,7 +122,7 @@ def guess_language(texts: Iterable[str]) -> str:
 
 def target_ranges(n_pairs: int) -> tuple[int, ...]:
     """The from_pair of every range the window policy makes a target with `n_pairs`
-    eligible pairs (DESIGN §4: range k iff 10k + 30 <= N), in order."""
+    eligible pairs (contract §4: range k iff 10k + 30 <= N), in order."""
     return tuple(range(0, max(n_pairs - FIRST_TARGET_PAIRS + 1, 0), PAIRS_PER_RANGE))
 
 
@@ -140,7 +140,7 @@ def reply_problem(outcome: Reply | Failure) -> str | None:
     """Why a model's outcome would not be recorded as a summary, or None if it would.
 
     A `Failure`'s own reason; for a `Reply`, the rules `compaction.complete` applies
-    (DESIGN §6, in its order): `not_stopped`, `tool_calls`, `empty`, `too_long`. The
+    (contract §6, in its order): `not_stopped`, `tool_calls`, `empty`, `too_long`. The
     evaluation writes nothing, so it cannot ask the database; these are the contract's
     rules, not the engine's code.
     """
@@ -186,7 +186,7 @@ class RangeResult:
     #: sentences it finds still carry them (None: failed).
     scope_total: int = 0
     scope_kept: int | None = None
-    #: Figures of the summary that no reply holds, reply labels aside (DESIGN §8).
+    #: Figures of the summary that no reply holds, reply labels aside (contract §8).
     invented: tuple[str, ...] | None = None
     #: For the worst-range listing (not in to_dict: a report lists its worst ranges
     #: whole): the summary, the replies, and the questions the summary did not answer.
@@ -338,7 +338,7 @@ def _candidates(pairs: Sequence[SourcePair],
 def reach(pairs: Sequence[SourcePair], summaries: Mapping[int, str],
           budgets: Iterable[int] = DEFAULT_BUDGETS) -> tuple[Reach, ...]:
     """Reach of the next Run at each budget, with `summaries` (text by from_pair) and
-    without any, planned by the projection's planner (DESIGN §9; pure).
+    without any, planned by the projection's planner (contract §9; pure).
 
     `pairs` are every eligible pair of the conversation, oldest first (EvalPair, or the
     engine's own pycompactor.models.Pair).
@@ -591,7 +591,7 @@ def summarize_range(pairs: Sequence[SourcePair], summarizer: Summarizer, *,
 def evaluate_conversation(conversation: EvalConversation, summarizer: Summarizer, *,
                           budgets: Sequence[int] = DEFAULT_BUDGETS,
                           clock: Clock = time.monotonic) -> ConversationResult:
-    """Summarize every target range of a conversation (DESIGN §4) and measure it all."""
+    """Summarize every target range of a conversation (contract §4) and measure it all."""
     pairs = conversation.pairs
     if any(p.pair_index != i for i, p in enumerate(pairs)):
         raise ValueError(f"conversation {conversation.conversation_id}: pairs must be "

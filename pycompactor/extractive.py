@@ -18,10 +18,10 @@ from pycompactor.models import AssistantReply
 from pycompactor.outcomes import INVALID_TEXT, Failure, ModelOutcome, Reply, storable
 
 OFFLINE_MODEL: Final = "pycompactor/extractive-1"
-#: The summary limit of DESIGN.md §8, as this summarizer's own output budget (the
+#: The summary limit of contract §8, as this summarizer's own output budget (the
 #: database enforces the limit on every summary: compaction.reply_problem).
 MAX_SUMMARY_CHARS: Final = 6000
-# The six ASCII whitespace characters of DESIGN.md §3; NBSP, U+3000 etc. count as content.
+# The six ASCII whitespace characters of contract §3; NBSP, U+3000 etc. count as content.
 _ASCII_WS: Final = " \t\n\r\f\v"
 
 # Sentence ends: ASCII .!? followed by whitespace, and the Chinese 。！？ (no space

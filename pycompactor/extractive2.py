@@ -5,9 +5,9 @@ summaries are about as long as the replies they replace, and its `[message-id]` 
 are text the next model reads for nothing. extractive-2 is offline and deterministic too,
 but writes plain text of at most `target` x the replies' UTF-8 bytes (default 0.35). The
 target is a ceiling, not an amount to fill: a summary is worth what it states per byte,
-since every byte it saves is history the next Run still sees (DESIGN.md §9).
+since every byte it saves is history the next Run still sees (contract §9).
 
-1. Facts, not prose. Each sentence holding a figure (DESIGN.md §8) is cut to the words
+1. Facts, not prose. Each sentence holding a figure (contract §8) is cut to the words
    that state it: a few words before and after each figure (what the figure is about, and
    its unit), every qualifier of the sentence with the word it qualifies ("no longer",
    "only", "not", a correction; pycompactor.qualifiers), the words between dropped for an
@@ -27,7 +27,7 @@ since every byte it saves is history the next Run still sees (DESIGN.md §9).
    6%, 1.75x at 8%.
 4. Output in reply order, a sentence once even if several replies repeat it, no labels.
 
-A new model id is a new job identity (DESIGN.md §1): extractive-1's summaries stay valid,
+A new model id is a new job identity (contract §1): extractive-1's summaries stay valid,
 and a range summarized by both keeps both.
 """
 
@@ -51,7 +51,7 @@ EXTRACTIVE2_MODEL: Final = "pycompactor/extractive-2"
 #: The default target: summary UTF-8 bytes at most this share of the replies' bytes.
 DEFAULT_TARGET: Final = 0.35
 #: Why a summary is longer than its target: the target is below the one character a
-#: summary needs (DESIGN.md §6: a summary has a non-whitespace character).
+#: summary needs (contract §6: a summary has a non-whitespace character).
 TARGET_TOO_SMALL: Final = "target_too_small"
 
 _ASCII_WS: Final = " \t\n\r\f\v"
@@ -331,7 +331,7 @@ def _fallback(replies: Sequence[str], units: Sequence[_Unit], budget: int) -> Ex
             if len(text.encode("utf-8")) <= budget and text.strip(_ASCII_WS):
                 return Extract(text, budget)
             room -= max(1, (len(text.encode("utf-8")) - budget) // 4)
-    # Content the sentence split strips (NBSP, U+3000, ...) still counts (DESIGN.md §3).
+    # Content the sentence split strips (NBSP, U+3000, ...) still counts (contract §3).
     first = next((c for reply in replies for c in reply if c not in _ASCII_WS), "-")
     over = TARGET_TOO_SMALL if len(first.encode("utf-8")) > budget else None
     return Extract(first, budget, over)

@@ -7,7 +7,7 @@ would, and check the answer (docs/evaluate.md defines them in prose):
 
 * **sentences** are pycompactor.qualifiers' (a summary line is a sentence too); the
   summary's bracketed reply labels (`[a3]`, the replies' ids) are read as no words;
-* **words** of a sentence: its figures (DESIGN §8), its other words lowercased minus a
+* **words** of a sentence: its figures (contract §8), its other words lowercased minus a
   few English stopwords, and for Chinese text every character and every pair of adjacent
   characters (a reader matches Chinese without word boundaries);
 * a **question** is a reply sentence with one thing masked: a figure (attribution) or a
@@ -23,7 +23,7 @@ would, and check the answer (docs/evaluate.md defines them in prose):
   five different figures answer nothing);
 * a question **counts** only when the reader, given the reply sentences themselves, finds
   the right answer: the replies summarising themselves score 1.0 by construction;
-* **invented** figures are the summary's figures no reply holds (DESIGN §8).
+* **invented** figures are the summary's figures no reply holds (contract §8).
 
 `attribution`, `qualifier_scope` and `scores` count; `questions` lists every question
 with the summary sentence the reader found (the evaluation's worst-range listing). Pure
@@ -420,7 +420,7 @@ def without_labels(summary: str, labels: Iterable[str]) -> str:
 
 
 def invented(replies: Sequence[str], summary: str, labels: Sequence[str] = ()) -> frozenset[str]:
-    """Figures of the summary that no reply holds (DESIGN §8), reply labels aside."""
+    """Figures of the summary that no reply holds (contract §8), reply labels aside."""
     held: set[str] = set()
     for reply in replies:
         held |= figures(reply)

@@ -1,4 +1,4 @@
-"""Figures (DESIGN.md §8): which numbers of the ten replies a summary kept verbatim, and
+"""Figures (contract §8): which numbers of the ten replies a summary kept verbatim, and
 which numbers of a summary none of the replies holds (invented).
 
 The worker reports figures_total, figures_kept and figures_invented of every summary to
@@ -16,7 +16,7 @@ from typing import Final
 
 from pycompactor.models import AssistantReply
 
-#: A figure (DESIGN.md §8): a maximal run of ASCII digits, possibly joined by single
+#: A figure (contract §8): a maximal run of ASCII digits, possibly joined by single
 #: `.`, `,`, `:`, `/` or `-` characters to further digits: `10.37`, `2026-10-09`,
 #: `1,200`, `14:30` and `0.36` are one figure each.
 FIGURE: Final = re.compile(r"[0-9]+(?:[.,:/-][0-9]+)*")
@@ -55,7 +55,7 @@ class FigureStats:
 
 
 def figure_stats(pairs: Sequence[AssistantReply], summary: str) -> FigureStats:
-    """DESIGN.md §8's figures_total and figures_kept of a summary of these replies."""
+    """contract §8's figures_total and figures_kept of a summary of these replies."""
     source = _source_figures(pairs)
     return FigureStats(len(source), len(source & figures(summary)))
 
@@ -80,7 +80,7 @@ def without_labels(pairs: Sequence[AssistantReply], summary: str) -> str:
 
 
 def invented_figures(pairs: Sequence[AssistantReply], summary: str) -> frozenset[str]:
-    """DESIGN.md §8's invented figures: the distinct figures of the summary (bracketed
+    """contract §8's invented figures: the distinct figures of the summary (bracketed
     labels equal to a reply's id left out) that none of these replies holds.
 
     A figure is held when a reply holds it as a whole figure (a maximal match of FIGURE),

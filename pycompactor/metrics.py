@@ -82,7 +82,7 @@ QUEUE_DEQUEUED: Final = Counter(
 FIGURE_RETENTION: Final = Histogram(
     "pycompactor_worker_figure_retention_ratio",
     "Share of a range's distinct figures (numbers, dates, amounts) that its summary kept "
-    "verbatim, one observation per model reply on a range with figures (DESIGN.md §8)",
+    "verbatim, one observation per model reply on a range with figures (contract §8)",
     buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
 )
 FIGURES_LOST: Final = Counter(

@@ -214,7 +214,7 @@ _NOT_TOOL_ITEMS: Final = frozenset({"message", "reasoning"})
 
 @_strict
 def parse_response(body: bytes) -> ModelOutcome:
-    """Classify a 200 Responses API body strictly (DESIGN.md §8), reading the JSON ourselves.
+    """Classify a 200 Responses API body strictly (contract §8), reading the JSON ourselves.
 
     Success is `status == "completed"`, exactly one `message` output item whose content
     is `output_text` parts only, no other item but `reasoning`, no refusal, and the text

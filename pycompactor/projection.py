@@ -1,4 +1,4 @@
-"""Projection for the next Run: source-checked summaries under a UTF-8 byte budget (DESIGN §9).
+"""Projection for the next Run: source-checked summaries under a UTF-8 byte budget (contract §9).
 
 Two layers:
 
@@ -242,7 +242,7 @@ class _Entries(Sequence[EntryT]):
 
 
 class Manifest(_Entries[PairPlacement]):
-    """`Projection.pairs`: one entry per eligible pair, in order (DESIGN §9).
+    """`Projection.pairs`: one entry per eligible pair, in order (contract §9).
 
     The included history is a contiguous newest suffix, so every pair before it is
     `omitted`; those entries are made when read rather than stored, and a projection of a
@@ -320,7 +320,7 @@ class RejectedSummary:
 class Rejections(_Entries[RejectedSummary]):
     """`Projection.rejected_summaries`: every stored summary rejected by a rule, and the
     chosen one whose block was tried and dropped, with its reason, ordered by
-    (from_pair, summary_id) (DESIGN §9).
+    (from_pair, summary_id) (contract §9).
 
     A long conversation may hold many stale or superseded summaries: they are kept as
     three columns and each entry is made when read; it behaves like a tuple of its
@@ -410,7 +410,7 @@ class Plan:
 
 @dataclass(frozen=True, slots=True)
 class Projection:
-    """History for the next Run and its manifest (DESIGN §9)."""
+    """History for the next Run and its manifest (contract §9)."""
 
     messages: tuple[ChatMessage, ...]
     pairs: Manifest
@@ -457,7 +457,7 @@ def model_preference(model: str, projection_models: Sequence[str]) -> int:
     """A model's rank in the owner's projection preference, higher preferred: a model
     named earlier before one named later, named before unnamed (0).
 
-    The twin of compaction.model_preference (docs/contract.md §9); a caller of
+    The twin of compaction.model_preference (contract §9); a caller of
     `project_pairs` passes it as each summary's `model_rank`.
     """
     try:
@@ -467,7 +467,7 @@ def model_preference(model: str, projection_models: Sequence[str]) -> int:
 
 
 def _preference(summary: SummaryCandidate) -> tuple[int, int, datetime, int]:
-    # Sorted descending (docs/contract.md §9): newer prompt version, then the owner's
+    # Sorted descending (contract §9): newer prompt version, then the owner's
     # model preference, then latest completed_at, then higher id.
     return (summary.version_rank, summary.model_rank, summary.completed_at,
             summary.summary_id)
@@ -510,7 +510,7 @@ def summary_reason(summary: SummaryCandidate, pairs: Sequence[PairMeta],
 
     `version_not_projectable`, then `stale_source`: its source is not current (the range is
     gone or incomplete, or its current 20 ids or hash differ from the stored ones). Both
-    are decided from metadata for every summary, reachable by the walk or not (DESIGN §9:
+    are decided from metadata for every summary, reachable by the walk or not (contract §9:
     only `did_not_fit` depends on the budget). The ids are compared with `pairs` as well,
     so a plan never uses a block whose pairs it was not given.
     """
@@ -717,7 +717,7 @@ def _plan(walk: _Walk, verdicts: Iterable[tuple[int, int, Reason | None]],
     rejected summary, and at least the chosen ones the walk reached.
 
     A chosen summary is `did_not_fit` only when the walk tried its block and dropped it
-    (DESIGN §9); one beyond the walk's reach was not tried and is not listed (its pairs
+    (contract §9); one beyond the walk's reach was not tried and is not listed (its pairs
     are `omitted`), so the rejections do not grow with the summaries the budget cannot
     reach.
     """
@@ -1072,7 +1072,7 @@ def project_history(
     budget_bytes: int,
     scope: str = "default",
 ) -> Projection:
-    """History for the next Run of a conversation under a UTF-8 byte budget (DESIGN §9).
+    """History for the next Run of a conversation under a UTF-8 byte budget (contract §9).
 
     Reads the newest pairs' metadata and every summary's verdict (whether a summary's
     source is current comes from the engine's derived state, or is judged from the

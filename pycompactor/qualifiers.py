@@ -8,7 +8,7 @@ qualifier with the fact it qualifies. Both use the definitions here:
   a contraction's `n't` counts as `not`) or `QUALIFIERS_ZH` (matched as substrings, the
   longest first, since Chinese has no word boundaries);
 - a **qualified fact** is a pair (figure, qualifier) found in one sentence: a figure of
-  DESIGN §8 and a qualifier of the same sentence;
+  contract §8 and a qualifier of the same sentence;
 - **qualifier retention** of a summary is the share of the replies' distinct qualified
   facts that some sentence of the summary states whole (the figure and the qualifier in
   one sentence). A dropped figure therefore also loses its qualified facts.

@@ -40,7 +40,7 @@ def cell(row: Mapping[str, Any], column: str) -> object:
     if column == "pairs":
         return f"{row['from_pair']}-{row['to_pair']}" if row.get("from_pair") is not None else None
     if column == "figures_kept" and row.get("figures_total") is not None:
-        # "27/30": kept of the range's distinct figures (DESIGN.md §8).
+        # "27/30": kept of the range's distinct figures (contract §8).
         return f"{row['figures_kept']}/{row['figures_total']}"
     value = row.get(column)
     if isinstance(value, datetime):

@@ -27,7 +27,7 @@ from psycopg import sql
 from pycompactor import db
 from pycompactor.errors import SchemaNotMigrated
 
-#: The source contract (DESIGN §2): view -> column -> type.
+#: The source contract (contract §2): view -> column -> type.
 CONTRACT: dict[str, dict[str, str]] = {
     "source_runs": {"run_id": "text", "conversation_id": "text", "status": "text"},
     "source_messages": {
@@ -244,7 +244,7 @@ def unmapped_sdk_tables(conn: db.Connection) -> list[str]:
 def citus_tracking_problems(conn: db.Connection) -> tuple[list[str], list[str]]:
     """One sentence per table that Citus distributes and that still carries the engine's
     change-tracking or queue triggers (they cannot run on the shards, so every write to
-    that table fails there), and the statements that drop them (DESIGN §11: on Citus the
+    that table fails there), and the statements that drop them (contract §11: on Citus the
     engine judges from the views)."""
     by_table: dict[str, list[str]] = {}
     for table, trigger in db.tracking_on_citus(conn):

@@ -11,7 +11,7 @@ What a call came to is an `outcomes`
 `ModelOutcome`; the figures a summary kept are `figures`.
 
 It holds no database connection and opens no transaction: the worker calls the model
-outside any transaction (DESIGN.md §11).
+outside any transaction (contract §11).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pycompactor.outcomes import (
 
 PROMPT_VERSION: Final = "conversation-compaction@3"
 #: SHA-256 of the prompt file's bytes. A test fails when the text changes: a changed
-#: prompt is a new prompt version (DESIGN.md §7), never a silent edit of @3.
+#: prompt is a new prompt version (contract §7), never a silent edit of @3.
 PROMPT_SHA256: Final = "2fb544ae95831184434c53a045d61803cd4dfda598c8bb260efd3b6ce048487f"
 DEFAULT_TIMEOUT_SECONDS: Final = 120.0
 #: HTTP requests per model call at most (one transport retry). Together with the
@@ -64,7 +64,7 @@ APIS: Final = ("chat", "responses")
 _RETRYABLE_STATUSES: Final = frozenset({408, 409, 429})
 
 #: The output limit sent with each request by default (`--max-output-tokens`). A summary
-#: may hold 6,000 characters (docs/contract.md §6): about 1,500 tokens of English at four
+#: may hold 6,000 characters (contract §6): about 1,500 tokens of English at four
 #: characters a token, more in scripts with fewer characters per token. 2,000 lets every
 #: summary the engine can accept finish, and stops a runaway local model soon after the
 #: point where `complete` would refuse its answer as too_long anyway: it bounds the

@@ -8,7 +8,7 @@ database owns every state transition; the worker
 only moves data between the database and the model (STYLE.md):
 
 * a claim commits on its own (autocommit: each `db.*` call is one statement) before the
-  model is called, and no transaction is open while the call runs (DESIGN.md §11);
+  model is called, and no transaction is open while the call runs (contract §11);
 * the result goes back through `complete` (a Reply: the database judges not_stopped,
   tool_calls, empty, too_long) or `fail` (a Failure: its reason), fenced by the token
   (job_id, attempt): a worker whose lease was lost is refused, never believed;
@@ -104,7 +104,7 @@ SOURCE_UNREADABLE: Final = "source_unreadable"
 #: Failure reason when a summary kept fewer than --min-figure-retention of the figures.
 FIGURES_LOST: Final = "figures_lost"
 #: Failure reason when a summary states more figures that no reply holds than
-#: --max-invented-figures allows (DESIGN.md §8; the default allows none).
+#: --max-invented-figures allows (contract §8; the default allows none).
 FIGURES_INVENTED: Final = "figures_invented"
 
 # Claim refusals after which the conversation may become claimable later: put it back.
@@ -229,7 +229,7 @@ class JobResult:
 
 @dataclass(frozen=True, slots=True)
 class Figures:
-    """A reply's figures (DESIGN.md §8): kept of the replies' (stats), and how many
+    """A reply's figures (contract §8): kept of the replies' (stats), and how many
     distinct figures it states that no reply holds (invented)."""
 
     stats: FigureStats
@@ -871,7 +871,7 @@ class Worker:
 
     def _judge_figures(self, replies: Sequence[RangeReply], outcome: ModelOutcome,
                        ) -> tuple[ModelOutcome, Figures | None]:
-        """Count the figures a reply kept and invented (DESIGN.md §8), and apply
+        """Count the figures a reply kept and invented (contract §8), and apply
         --max-invented-figures, then --min-figure-retention.
 
         Only a reply the database would accept can fail a gate: a truncated or empty

@@ -16,7 +16,7 @@ CREATE TABLE compaction_source.runs (
     conversation_id text NOT NULL,
     status          text NOT NULL,
     created_at      timestamptz,
-    -- conversation_id leads every key (DESIGN §11): under Citus these tables are
+    -- conversation_id leads every key (contract §11): under Citus these tables are
     -- distributed by it, co-located with the engine's per-conversation tables.
     CONSTRAINT runs_pkey PRIMARY KEY (conversation_id, run_id),
     CONSTRAINT runs_conversation_fkey FOREIGN KEY (conversation_id)
@@ -26,7 +26,7 @@ COMMENT ON TABLE compaction_source.runs IS
     'Reference history: one row per Run (execution of one request); status completed, partial or clarify_pending can form a pair';
 
 -- The tracking triggers find runs by id alone (which conversation a changed message's run
--- is in); the primary key leads with conversation_id (DESIGN §11).
+-- is in); the primary key leads with conversation_id (contract §11).
 CREATE INDEX runs_run_idx ON compaction_source.runs (run_id);
 
 CREATE TABLE compaction_source.messages (
@@ -40,7 +40,7 @@ CREATE TABLE compaction_source.messages (
     created_at      timestamptz,
     -- No foreign key to runs (revision 0013): one by run_id alone cannot exist once the
     -- table is distributed by conversation_id, and one by (conversation_id, run_id) would
-    -- forbid what DESIGN §3 defines, a run's message filed under another conversation
+    -- forbid what contract §3 defines, a run's message filed under another conversation
     -- (the run is then no pair). A dangling run_id forms no pair either.
     CONSTRAINT messages_pkey PRIMARY KEY (conversation_id, message_id)
 );

@@ -1,4 +1,4 @@
--- pycompactor stored logic, section 1b: derived state kept from the source (DESIGN §2).
+-- pycompactor stored logic, section 1b: derived state kept from the source (contract §2).
 --
 -- A cache, never a second truth. Judging every run, numbering every pair and hashing
 -- ranges on each call made every call cost what the whole history costs. The engine keeps
@@ -20,13 +20,13 @@
 -- until `CALL compaction.rebuild_derived_state()` re-derives everything.
 --
 -- pairs, ranges and summary_verdicts judge each conversation by its own rows alone (the
--- rules of docs/contract.md §3 but the foreign-message one); foreign_messages records, per
+-- rules of contract §3 but the foreign-message one); foreign_messages records, per
 -- conversation, the run ids its foreign messages name. Each is written only by the
 -- tracking of its own conversation. A read uses a conversation's derived state while no
 -- foreign message names one of its pairs' runs (compaction.derived_state_serves); else it
 -- judges that conversation from the views, exact, for as long as the message stays.
 --
--- Citus (DESIGN §11): the per-conversation tables lead every key with conversation_id;
+-- Citus (contract §11): the per-conversation tables lead every key with conversation_id;
 -- source_tracking is a single-row global table (a reference table).
 
 CREATE TABLE compaction.conversation_state (
@@ -55,7 +55,7 @@ CREATE TABLE compaction.pairs (
     CONSTRAINT pairs_pair_index_not_negative CHECK (pair_index >= 0)
 );
 COMMENT ON TABLE compaction.pairs IS
-    'Derived state: the eligible pairs of each conversation (DESIGN §3) with pair_index, ids and UTF-8 sizes; no text';
+    'Derived state: the eligible pairs of each conversation (contract §3) with pair_index, ids and UTF-8 sizes; no text';
 -- The tracking finds a written Run's pair by its conversation and run id. This index
 -- keys it by a 4-byte hash of the run id alone (revision 0044): the B-tree on
 -- (conversation_id, run_id) that did until revision 0033 held both text ids of every
@@ -83,7 +83,7 @@ CREATE TABLE compaction.ranges (
     CONSTRAINT ranges_from_pair_valid CHECK (from_pair >= 0 AND from_pair % 10 = 0)
 );
 COMMENT ON TABLE compaction.ranges IS
-    'Derived state: every complete range of 10 pairs with its 20 current source ids [u0, a0, ..., u9, a9] and source hash (DESIGN §5)';
+    'Derived state: every complete range of 10 pairs with its 20 current source ids [u0, a0, ..., u9, a9] and source hash (contract §5)';
 
 -- Revision 0014: every completed summary's verdict as projection_frame reads it, kept
 -- with the ranges it depends on (re-judged whenever a range is written, and when a summary
@@ -95,7 +95,7 @@ CREATE TABLE compaction.summary_verdicts (
     scope           text NOT NULL,
     from_pair       int NOT NULL,
     -- NULL: the summary its range uses in its scope (projectable, source current, and
-    -- preferred among such); else the first reason of DESIGN §9 that applies.
+    -- preferred among such); else the first reason of contract §9 that applies.
     reason          text,
     CONSTRAINT summary_verdicts_pkey PRIMARY KEY (conversation_id, summary_id),
     CONSTRAINT summary_verdicts_reason_valid
@@ -115,7 +115,7 @@ CREATE INDEX summary_verdicts_rejected_idx
     ON compaction.summary_verdicts (conversation_id, scope, from_pair, summary_id) INCLUDE (reason)
     WHERE reason IS NOT NULL;
 
--- Revision 0048 (docs/contract.md §3, §11): the one question of a run's judgement
+-- Revision 0048 (contract §3, §11): the one question of a run's judgement
 -- that crosses conversations, whether a foreign message names the run, asked of a
 -- record the tracking keeps per conversation. A message is foreign when its own
 -- conversation has no run of its run_id; such a user or assistant message breaks run R
@@ -321,7 +321,7 @@ COMMENT ON FUNCTION compaction.derived_state_status() IS
     'in_use (derived state kept and used), not_rebuilt (tracked, but CALL compaction.rebuild_derived_state() has not run since the views or triggers changed), untracked (some table behind the views has no tracking triggers: every call judges from the views)';
 
 -- Revision 0048: whether a read of one conversation may use its derived state. The
--- derived pairs judge the conversation by its own rows (docs/contract.md §3 but the
+-- derived pairs judge the conversation by its own rows (contract §3 but the
 -- foreign-message rule, which only other conversations' tracking sees change): they are the
 -- conversation's pairs while no foreign message names one of their runs. The record of
 -- foreign messages is read first, whole (it holds only messages waiting for their Run or

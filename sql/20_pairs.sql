@@ -29,7 +29,7 @@ $$;
 COMMENT ON FUNCTION compaction.has_content(text) IS
     'True when the text has a character other than space, \t, \n, \r, \f, \v (NULL is no content)';
 
--- The fixed window (DESIGN §4) in one place: range k is a target iff 10k + 30 <= N, so
+-- The fixed window (contract §4) in one place: range k is a target iff 10k + 30 <= N, so
 -- at least 30 pairs precede the first target and the newest 20 are never in one.
 CREATE FUNCTION compaction.is_target(p_from_pair int, p_pairs bigint)
 RETURNS boolean
@@ -49,7 +49,7 @@ COMMENT ON FUNCTION compaction.is_target(int, bigint) IS
 -- no message text (byte lengths come from the varlena header without detoasting), so
 -- judging a long conversation does not read its text.
 -- Revision 0048: p_foreign = false judges the runs by the conversation's own rows
--- alone, every rule but the foreign-message one (docs/contract.md §3): what the derived
+-- alone, every rule but the foreign-message one (contract §3): what the derived
 -- pairs keep (compaction.rederive_runs), since only another conversation's tracking sees
 -- that rule's answer change; reads apply it through compaction.derived_state_serves.
 CREATE FUNCTION compaction.judge_runs(p_conversation_id text, p_run_ids text[] DEFAULT NULL,
@@ -309,7 +309,7 @@ DECLARE
     v_users      text[];
     v_assistants text[];
 BEGIN
-    -- The pairs first, then their texts: one statement each (DESIGN §11).
+    -- The pairs first, then their texts: one statement each (contract §11).
     SELECT pg_catalog.array_agg(i.pair_index ORDER BY i.pair_index),
            pg_catalog.array_agg(i.run_id ORDER BY i.pair_index),
            pg_catalog.array_agg(i.user_message_id ORDER BY i.pair_index),
@@ -364,7 +364,7 @@ BEGIN
         RETURN;
     END IF;
     -- The runs without a pair are judged, for their reasons. Each step is a statement of
-    -- its own, results passed on in arrays (DESIGN §11: no engine function nested in a
+    -- its own, results passed on in arrays (contract §11: no engine function nested in a
     -- query on distributed tables).
     SELECT pg_catalog.array_agg(sr.run_id) INTO v_unpaired
     FROM compaction.source_runs AS sr
@@ -436,7 +436,7 @@ COMMENT ON FUNCTION compaction.range_hash(text, text[]) IS
 
 -- Revision 0041: a flat array of ids cut back into its ranges of 20 ([u0, a0, ..., u9,
 -- a9] each), numbered from 1 in order. The callers that judge from the views pass many
--- ranges' ids between their statements in one array (DESIGN §11: a statement of their
+-- ranges' ids between their statements in one array (contract §11: a statement of their
 -- own for each engine function); a subscript of a text[] inside a query walks the array
 -- from its start, so slicing each range out of it cost the square of the ranges (55 ms
 -- for 1,000 ranges, more than hashing them). One pass instead. No SET clause, so it is
@@ -574,7 +574,7 @@ BEGIN
         RETURN;
     END IF;
     -- v_ids: each complete range's 20 ids [u0, a0, ..., u9, a9], in v_from's order; then
-    -- their hashes, one statement each (DESIGN §11).
+    -- their hashes, one statement each (contract §11).
     SELECT pg_catalog.array_agg(c.from_pair ORDER BY c.from_pair),
            ARRAY(SELECT pg_catalog.unnest(pg_catalog.array_agg(c.ids ORDER BY c.from_pair)))
     INTO v_from, v_ids

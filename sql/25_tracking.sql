@@ -58,7 +58,7 @@ $$;
 COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
     'Internal: with the conversation''s conversation_state row held, true when a rebuild will derive this conversation after the calling transaction ends (the derived state is not in use, and no rebuild has reached the conversation), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction';
 
--- Revision 0048: the conversation's record of foreign messages (docs/contract.md §3,
+-- Revision 0048: the conversation's record of foreign messages (contract §3,
 -- compaction.foreign_messages) for the runs named (NULL: every run id its messages
 -- name), from the conversation's own rows: a run id is recorded while one of the
 -- conversation's user or assistant messages names it and the conversation has no run of
@@ -219,7 +219,7 @@ BEGIN
                             AND sr.status IN ('completed', 'partial', 'clarify_pending')
                             -- and only one with a user message of its own (revision
                             -- 0047; 0048: a message belongs to its own conversation's
-                            -- run, docs/contract.md §3, so no other conversation is
+                            -- run, contract §3, so no other conversation is
                             -- read). A Run written in its final state before its
                             -- messages ends here, unjudged.
                             AND EXISTS (SELECT 1 FROM compaction.source_messages AS sm
@@ -739,7 +739,7 @@ BEGIN
 
     -- The common statement (an agent's single-row writes): its rows name one conversation.
     -- Revision 0048: a statement re-derives only the conversations its rows name, by
-    -- their own rows (docs/contract.md §3: a message belongs to its own conversation's
+    -- their own rows (contract §3: a message belongs to its own conversation's
     -- run of its run id, and a foreign one is recorded under its own conversation,
     -- compaction.foreign_messages; §11), so no other conversation is asked about here.
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
@@ -920,7 +920,7 @@ BEGIN
     -- other conversations' rows, which a trigger on a shard may not: once attached there,
     -- every write to the table failed on its shards ("could not create distributed
     -- plan"), the application's included. There the engine judges from the views on each
-    -- call instead (DESIGN §11). Citus's catalog exists only where Citus is installed, so
+    -- call instead (contract §11). Citus's catalog exists only where Citus is installed, so
     -- it is asked for by name first (and read with EXECUTE: this function runs with its
     -- caller's rights, who may not execute compaction.engine_distributed).
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
@@ -1013,7 +1013,7 @@ COMMENT ON FUNCTION compaction.detach_source_tracking(regclass) IS
 -- Proof and repair
 -- ---------------------------------------------------------------------------------------
 
--- The oracle (DESIGN §2): recomputes one conversation from the views and names every
+-- The oracle (contract §2): recomputes one conversation from the views and names every
 -- difference from the derived state. Ids, positions, counts and hashes only: an auditor
 -- may run it.
 CREATE FUNCTION compaction.verify_conversation(p_conversation_id text)
@@ -1044,7 +1044,7 @@ BEGIN
     -- that reads no engine table (revision 0022): on Citus a statement that reads a
     -- distributed table runs on the shard, where these functions cannot run theirs.
     -- Revision 0048: the pairs as the conversation's own rows make them (every rule of
-    -- docs/contract.md §3 but the foreign-message one, which reads apply from the record
+    -- contract §3 but the foreign-message one, which reads apply from the record
     -- of foreign messages checked below), numbered as judged_pairs numbers them.
     SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(j)), '[]')
     INTO v_judged
@@ -1206,7 +1206,7 @@ COMMENT ON FUNCTION compaction.rederive_conversation(text) IS
 -- that failed) continues after the last conversation it committed, as long as the
 -- source stamp is the same. Progress with a rate and an ETA: NOTICEs about once a
 -- second, and the view compaction.rebuild_progress. Each conversation is re-derived by
--- compaction.rederive_conversation(id), which addresses that conversation alone (DESIGN
+-- compaction.rederive_conversation(id), which addresses that conversation alone (docs/contract.md
 -- §11).
 --
 -- Revision 0030: before a commit moves the resume point past a batch, the rebuild takes

@@ -30,7 +30,7 @@
 -- other login, the owner and superusers aside, answer lease_lost and change nothing
 -- (fence).
 --
--- Citus (DESIGN §11, revision 0013): conversation_id leads every primary key, unique index
+-- Citus (contract §11, revision 0013): conversation_id leads every primary key, unique index
 -- and foreign key between per-conversation tables (jobs, attempts, job_summaries, queue,
 -- event_log); their ids come from plain sequences, which Citus gives each node a range
 -- of, and nothing orders by them; no trigger on them touches another row: the admission
@@ -48,7 +48,7 @@ CREATE TABLE compaction.settings (
     -- settings_high_water below). Kept by the engine, never set by hand.
     admission_high_water int NOT NULL DEFAULT 0,
     -- Revision 0048: the owner's model preference among a range's valid summaries
-    -- (docs/contract.md §9), set through compaction.set_projection_models, which also
+    -- (contract §9), set through compaction.set_projection_models, which also
     -- re-judges the verdicts it decides.
     projection_models text[] NOT NULL DEFAULT '{}',
     CONSTRAINT settings_pkey PRIMARY KEY (singleton),
@@ -65,7 +65,7 @@ CREATE TABLE compaction.settings (
 COMMENT ON TABLE compaction.settings IS
     'Engine settings, a single row: max_running caps running (unexpired) attempts across the database (default 8); projection_models orders a range''s valid summaries by model (set with set_projection_models); admission_high_water is the engine''s own';
 COMMENT ON COLUMN compaction.settings.projection_models IS
-    'The owner''s model preference for projection (docs/contract.md §9): among a range''s valid summaries of one prompt version, a model named earlier before one named later, named before unnamed; empty by default; set with compaction.set_projection_models';
+    'The owner''s model preference for projection (contract §9): among a range''s valid summaries of one prompt version, a model named earlier before one named later, named before unnamed; empty by default; set with compaction.set_projection_models';
 COMMENT ON COLUMN compaction.settings.admission_high_water IS
     'Internal (revision 0026): no unexpired attempt holds an admission slot above this; at least max_running, raised with it, lowered only by a claim that found the slots above max_running free';
 
@@ -190,7 +190,7 @@ $$;
 COMMENT ON FUNCTION compaction.summary_problem(text) IS
     'Internal: NULL for a valid summary text, else empty (NULL or whitespace only) or too_long (over 6,000 characters)';
 
--- complete()'s verdict on a model reply, in the contract's order (DESIGN §6): complete
+-- complete()'s verdict on a model reply, in the contract's order (contract §6): complete
 -- records it, and the worker asks it before --min-figure-retention (only a reply that
 -- complete would accept can fail that gate), so Python keeps no copy of the rule.
 CREATE FUNCTION compaction.reply_problem(p_summary text, p_finish_reason text,
@@ -307,7 +307,7 @@ ALTER TABLE compaction.jobs
 -- (job_id, attempt)); this finds the job's conversation, then everything is keyed by it.
 CREATE INDEX jobs_job_id_idx ON compaction.jobs (job_id);
 
--- The event log (DESIGN §10) is the view compaction.audit_events (sql/50_audit.sql). Since
+-- The event log (contract §10) is the view compaction.audit_events (sql/50_audit.sql). Since
 -- revision 0027 an attempt's own row records its two events, the claim and the end
 -- (claim_* and finish_* columns below: the event id, the clock when it was written, the
 -- writing transaction), so a claim -> complete cycle writes no event row; this table,
@@ -361,7 +361,7 @@ CREATE INDEX audit_events_recorded_at_idx ON compaction.event_log (recorded_at, 
 -- is reported as the check_violation of its own name, as when each was a CHECK of its
 -- own: attempts_at_most_two (bounded retries: the first attempt and one retry, never a
 -- third), attempts_state_valid, attempts_finished_iff_terminal,
--- attempts_reason_matches_state, attempts_stats_valid (complete()'s p_stats, DESIGN §6:
+-- attempts_reason_matches_state, attempts_stats_valid (complete()'s p_stats, contract §6:
 -- non-negative counts, NULL when not reported; figures_invented since revision 0048),
 -- attempts_times_valid (stored times are
 -- the server's, finite and ordered: revision 0007) and attempts_reason_is_code (the
@@ -438,7 +438,7 @@ CREATE TABLE compaction.attempts (
     figures_total    int,
     figures_kept     int,
     -- The login that claimed the attempt (session_user inside claim, revision 0018): the
-    -- fenced calls refuse any other login (DESIGN §6), so knowing (job_id, attempt) is not
+    -- fenced calls refuse any other login (contract §6), so knowing (job_id, attempt) is not
     -- enough to finish or renew it. NULL on attempts claimed before 0018: those only the
     -- owner or a superuser can finish (their leases run out; the range is claimed again).
     claimed_by       text,
@@ -458,7 +458,7 @@ CREATE TABLE compaction.attempts (
     finish_recorded_at timestamptz,
     finish_xact_id     xid8,
     -- Figures of the summary that none of the ten replies holds, as the worker reported
-    -- them to complete (DESIGN §8, revision 0048); NULL when not reported.
+    -- them to complete (contract §8, revision 0048); NULL when not reported.
     figures_invented   int,
     CONSTRAINT attempts_pkey PRIMARY KEY (conversation_id, job_id, attempt),
     CONSTRAINT attempts_job_fkey FOREIGN KEY (conversation_id, job_id)
@@ -467,7 +467,7 @@ CREATE TABLE compaction.attempts (
 COMMENT ON TABLE compaction.attempts IS
     'Append-only attempt log: one row per claim of an identity (at most 2); only running -> completed | failed (and lease renewal) ever changes';
 COMMENT ON COLUMN compaction.attempts.figures_invented IS
-    'Figures of the summary that none of the ten replies holds, as reported to complete in p_stats (DESIGN §8); NULL when not reported';
+    'Figures of the summary that none of the ten replies holds, as reported to complete in p_stats (contract §8); NULL when not reported';
 -- The rules of an attempt row, one CHECK (revision 0021). PostgreSQL rebuilds a table's
 -- CHECK expressions from their stored form in every statement that writes a row, and
 -- attempts are written twice per cycle: their seven CHECKs were about 12% of a claim ->
@@ -624,7 +624,7 @@ $$;
 COMMENT ON FUNCTION compaction.caller_is_privileged() IS
     'Internal: true when the session''s login is a superuser or a member of compaction_owner';
 
--- The server owns time (DESIGN §6): p_now exists for tests and repairs by a superuser or
+-- The server owns time (contract §6): p_now exists for tests and repairs by a superuser or
 -- the owner. The worker's calls call it only for a given p_now (revision 0045), and
 -- lease_end only for a lease lease_fits does not take: a call of a function with a SET clause
 -- saves and restores the settings, which costs more than either rule.
@@ -776,7 +776,7 @@ $$;
 COMMENT ON FUNCTION compaction.checked_reason(text) IS
     'Internal: p_reason if it is a code (^[a-z][a-z0-9_]{0,63}$), else CP024; the value is never echoed in the error';
 
--- What follows an attempt's end (DESIGN §11: written by the engine's functions, not by
+-- What follows an attempt's end (contract §11: written by the engine's functions, not by
 -- triggers on its tables, so that every statement addresses one conversation's rows or a
 -- global table): its admission slot back, by number (revision 0026), unless another claim
 -- took the slot over after the lease ran out. Called right after the write that ended
@@ -850,7 +850,7 @@ COMMENT ON FUNCTION compaction.lower_high_water(int, int, timestamptz) IS
 -- already_running (an attempt whose lease is live) or attempts_exhausted (two attempts,
 -- for good), in claim_range's order; NULL when only a claim under the conversation's lock
 -- can tell (no job yet, a retry, admission) or must write (an expired attempt, which the
--- claim reaps on its way, DESIGN §6). Each answer is what claim_range would give
+-- claim reaps on its way, contract §6). Each answer is what claim_range would give
 -- at the moment of the read, so claim, claim_targets and claim_next_targets answer these
 -- refusals without taking the lock: a refused claim holds nothing, whatever its caller's
 -- transaction does next. No SET clause, as claim_range: owner-only, under its callers'
@@ -1270,7 +1270,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz) IS
-    'Claims one attempt of an identity for a worker with a lease, bound to the calling login, or returns the first refusal reason (see DESIGN §6)';
+    'Claims one attempt of an identity for a worker with a lease, bound to the calling login, or returns the first refusal reason (see contract §6)';
 
 
 -- Revision 0038: claims of several ranges of one conversation in one call, for a worker
@@ -1675,7 +1675,7 @@ COMMENT ON FUNCTION compaction.claim_next_targets(text, text, int, text, text, t
 -- caller answers lease_lost); it lets a distributed database route the call. The job's
 -- row comes back with the attempt's (revision 0017), so the caller records the attempt's
 -- change without reading either again. An attempt belongs to the login that claimed it
--- (revision 0018, DESIGN §6): to any other login, the owner and superusers aside, the
+-- (revision 0018, contract §6): to any other login, the owner and superusers aside, the
 -- attempt is unknown (the caller answers lease_lost) and nothing changes, not even an
 -- expiry. Revision 0049: that is asked before the conversation's lock, so a refused call
 -- takes no lock at all; the usual call costs one more read of the attempt by key.
@@ -1764,7 +1764,7 @@ $$;
 COMMENT ON FUNCTION compaction.fence(bigint, int, timestamptz, text) IS
     'Internal: locks attempt (job_id, attempt) of the given conversation (or the job''s) and returns it with its job, first failing it (lease_expired) if its lease ran out; attempt_row NULL if unknown or claimed by another login (owner and superusers aside)';
 
--- complete()'s p_stats (DESIGN.md §6): NULL, or an object whose keys are among
+-- complete()'s p_stats (contract §6): NULL, or an object whose keys are among
 -- input_tokens, output_tokens, figures_total, figures_kept, figures_invented (revision
 -- 0048), each a non-negative integer
 -- (JSON number without fraction or exponent, below 2^31), figures_kept only with

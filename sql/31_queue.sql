@@ -3,7 +3,7 @@
 -- One entry per (conversation, scope) whose history changed and that no worker has
 -- finished examining: filled by enqueue, by the reference tables' statement triggers and
 -- by reap (32_reaping.sql); leased by dequeue, removed by ack, given back by release.
--- Liveness comes from the leases, never from a held lock (DESIGN §11).
+-- Liveness comes from the leases, never from a held lock (contract §11).
 
 -- The work queue. dequeue leases entries (hidden until leased_until, identified by
 -- lease_token) instead of removing them; ack removes an entry once its worker has

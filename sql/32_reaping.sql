@@ -5,7 +5,7 @@
 -- contract allows happens without a sweep. claim and the fenced calls reap the identity
 -- they touch themselves (30_claims.sql).
 --
--- DESIGN §11: no statement spans conversations with a row lock. reap finds the
+-- contract §11: no statement spans conversations with a row lock. reap finds the
 -- conversations with expired attempts by a plain read, then settles each one by
 -- statements that address that conversation alone (reap_conversation), under its lock,
 -- passing over a conversation whose lock is taken (as the row locks' SKIP LOCKED did).
@@ -57,7 +57,7 @@ BEGIN
         -- marked requeued, so the acknowledgement of a worker that examined it before
         -- this expiry keeps it), so the one retry the contract allows happens without a
         -- sweep.
-        -- The scopes first, then enqueue: one statement each (DESIGN §11).
+        -- The scopes first, then enqueue: one statement each (contract §11).
         FOREACH v_scope IN ARRAY ARRAY(SELECT DISTINCT j.scope
                                        FROM compaction.jobs AS j
                                        WHERE j.conversation_id = p_conversation_id

@@ -87,7 +87,7 @@ BEGIN
             USING ERRCODE = 'CP006';
     END;
     PERFORM compaction.rederive_summary_verdicts(p_conversation_id, '{}', v_summary_id);
-    -- Written here, not by a trigger on job_summaries (DESIGN §11); no attempt row records
+    -- Written here, not by a trigger on job_summaries (contract §11); no attempt row records
     -- an import, so the log does.
     INSERT INTO compaction.event_log
         (conversation_id, kind, occurred_at, scope, from_pair, to_pair, job_id,

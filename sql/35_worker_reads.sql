@@ -3,7 +3,7 @@
 -- A worker pass asks which targets of a conversation are worth a claim and, after a
 -- claim, the ten replies the model summarises. Both read derived state and the 10
 -- messages of a claimed range, never the rest of the conversation's text, and no user text
--- at all: the model is given assistant replies only (DESIGN §8).
+-- at all: the model is given assistant replies only (contract §8).
 
 CREATE FUNCTION compaction.worker_targets(
     p_conversation_id text, p_scope text, p_model text, p_prompt_version text)
@@ -21,7 +21,7 @@ DECLARE
     v_ids    text[];
     v_hashes text[];
 BEGIN
-    -- The targets first, then which of them hold a summary: one statement each (DESIGN
+    -- The targets first, then which of them hold a summary: one statement each (docs/contract.md
     -- §11). The ids travel as one row of 20 per target.
     SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
            pg_catalog.array_agg(t.source_message_ids ORDER BY t.from_pair),
@@ -109,7 +109,7 @@ BEGIN
     END IF;
     -- Only while the range is what the claim bound: a range edited after the claim
     -- returns no rows, so the model never summarises text the hash does not cover. The
-    -- range first, then the texts: one statement each (DESIGN §11). With the derived
+    -- range first, then the texts: one statement each (contract §11). With the derived
     -- state in use the range is current_range's read of compaction.ranges, made here:
     -- current_range would ask derived_state_current again.
     IF v_derived THEN

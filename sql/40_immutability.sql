@@ -11,7 +11,7 @@
 -- marks its transaction as erasing that one conversation (the transaction-local setting
 -- compaction.erasing) for as long as its deletes run; the delete guards let a row go only
 -- while that mark names the row's conversation (compaction.erasing). Revision 0013: the
--- guards read their own row and that setting, never another table (DESIGN §11), so they
+-- guards read their own row and that setting, never another table (contract §11), so they
 -- work where Citus runs them, on the node holding the shard; Citus carries the SET LOCAL
 -- there. An accidental DELETE carries no mark and is refused; setting one by hand is as
 -- deliberate as disabling a trigger, which the owner can do anyway (docs/security.md).
@@ -38,7 +38,7 @@ BEGIN
     IF TG_OP = 'DELETE' AND compaction.erasing(OLD.conversation_id) THEN
         RETURN OLD;
     END IF;
-    -- Whether the job holds a summary would need another table (DESIGN §11): an identity
+    -- Whether the job holds a summary would need another table (contract §11): an identity
     -- never changes, with or without one.
     RAISE EXCEPTION 'compaction.jobs: job % is an identity and never changes (% refused)',
             OLD.job_id, TG_OP
@@ -97,7 +97,7 @@ BEGIN
             -- The end's event (revision 0027), stamped here so that every way an attempt
             -- ends records it, as an event_log row was written: an id of the log's
             -- sequence, the clock now and this transaction. The guard reads and writes
-            -- its own row only (DESIGN §11).
+            -- its own row only (contract §11).
             NEW.finish_event_id := pg_catalog.nextval('compaction.audit_events_event_id_seq');
             NEW.finish_recorded_at := pg_catalog.clock_timestamp();
             NEW.finish_xact_id := pg_catalog.pg_current_xact_id();

@@ -85,7 +85,7 @@ CREATE VIEW compaction.audit_jobs_rows AS
 COMMENT ON VIEW compaction.audit_jobs_rows IS
     'Internal: the body of compaction.audit_jobs (granted to nobody)';
 
--- Computed where the source views are (DESIGN §11, revision 0013). A view that called
+-- Computed where the source views are (contract §11, revision 0013). A view that called
 -- source_hash per row would, under Citus, be pushed down to the shards on the workers,
 -- which have no source views; this function reads the summaries' bindings, then asks
 -- source_hash once per range on the node it runs on.
@@ -120,7 +120,7 @@ BEGIN
     LOOP
         -- The current hashes of every summarized range of a conversation at once: from
         -- the views, one judgement of the conversation (revision 0023: source_hash per
-        -- range before, a whole judgement each). One statement each (DESIGN §11).
+        -- range before, a whole judgement each). One statement each (contract §11).
         IF v_cid IS DISTINCT FROM v_summary.cid THEN
             v_cid := v_summary.cid;
             v_from := ARRAY(SELECT DISTINCT j.from_pair
@@ -204,7 +204,7 @@ CREATE VIEW compaction.audit_queue_rows AS
 COMMENT ON VIEW compaction.audit_queue_rows IS
     'Internal: the body of compaction.audit_queue (granted to nobody)';
 
--- The event log (DESIGN §10), revision 0027: the events the attempt rows record (each
+-- The event log (contract §10), revision 0027: the events the attempt rows record (each
 -- attempt's claim, and its end as the completion, failure or lease expiry it was), and
 -- compaction.event_log, which holds the rest (imports, erasures, the events of erased
 -- attempts, everything written before 0027). An attempt's event columns are set once
@@ -382,7 +382,7 @@ COMMENT ON VIEW compaction.audit_queue IS
 CREATE VIEW compaction.audit_events AS SELECT * FROM compaction.audit_events_rows;
 COMMENT ON VIEW compaction.audit_events IS
     'Audit: the append-only event log, one row per state change (claim, completion, failure, lease_expiry, import, erasure), in (recorded_at, event_id) order; metadata only, never text';
--- Its rows never change (DESIGN §10): the view is not updatable (a UNION), so an UPDATE or
+-- Its rows never change (contract §10): the view is not updatable (a UNION), so an UPDATE or
 -- DELETE is refused in every session, session_replication_role = replica included (an
 -- INSTEAD OF trigger cannot be enabled ALWAYS, and under replica a disabled one would make
 -- such a statement a silent no-op); event_log's guard refuses them on the table (CP011).

@@ -8,7 +8,7 @@
 -- (SECURITY DEFINER): the source views run with their owner's rights anyway, and the
 -- summaries sit behind engine tables.
 
--- Revision 0048: the owner's model preference (docs/contract.md §9) as a number, higher
+-- Revision 0048: the owner's model preference (contract §9) as a number, higher
 -- preferred, like the version's rank: among a range's valid summaries of one version, a
 -- model named earlier in settings.projection_models before one named later, named before
 -- unnamed (0). SQL, immutable and without SET clauses, so the planner inlines it into
@@ -23,7 +23,7 @@ AS $$
                     - pg_catalog.array_position(p_models, p_model), 0)
 $$;
 COMMENT ON FUNCTION compaction.model_preference(text, text[]) IS
-    'Internal: a model''s rank in the owner''s projection preference, higher preferred: cardinality + 1 - its position in p_models, 0 when not named (docs/contract.md §9)';
+    'Internal: a model''s rank in the owner''s projection preference, higher preferred: cardinality + 1 - its position in p_models, 0 when not named (contract §9)';
 
 CREATE FUNCTION compaction.projection_summaries(p_conversation_id text, p_scope text)
 RETURNS TABLE (
@@ -60,7 +60,7 @@ BEGIN
     -- of current_ranges judges the conversation once for every summarized range
     -- (revision 0023: current_range per range before, a whole judgement each, so a
     -- projection's cost grew with the square of the conversation's length), in a
-    -- statement of its own (DESIGN §11: no engine function nested in a query on
+    -- statement of its own (contract §11: no engine function nested in a query on
     -- distributed tables).
     IF NOT v_derived THEN
         SELECT pg_catalog.array_agg(DISTINCT s.from_pair) INTO v_ranges
@@ -153,7 +153,7 @@ $$;
 COMMENT ON FUNCTION compaction.projection_texts(text, text[], bigint[]) IS
     'Texts of the named messages and summaries of one conversation (what a projection includes), one row each';
 
--- Summary verdicts (revision 0014): the rules of DESIGN §9 that do not depend on the
+-- Summary verdicts (revision 0014): the rules of contract §9 that do not depend on the
 -- budget, in the order it gives. pycompactor.projection.select_summaries is the in-memory
 -- twin. Judged against the derived ranges; compaction.summary_verdicts keeps the result.
 CREATE FUNCTION compaction.judge_summaries(p_conversation_id text, p_summary_ids bigint[])
@@ -206,7 +206,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.judge_summaries(text, bigint[]) IS
-    'Internal: the verdict on each named summary of a conversation (every summary when NULL) against the derived ranges: NULL for the one its range uses in its scope, else version_not_projectable, stale_source or superseded (DESIGN §9, in that order); name every summary of a range together';
+    'Internal: the verdict on each named summary of a conversation (every summary when NULL) against the derived ranges: NULL for the one its range uses in its scope, else version_not_projectable, stale_source or superseded (contract §9, in that order); name every summary of a range together';
 
 -- Called wherever a range or a summary is written: the tracking paths (the ranges they
 -- wrote or deleted), complete and import_summary (the new summary, with the others of its
@@ -297,7 +297,7 @@ BEGIN
         DELETE FROM compaction.summary_verdicts AS v
         WHERE v.conversation_id = p_conversation_id AND v.summary_id = ANY (v_ids);
     END IF;
-    -- The judgment first, then the rows: one statement each (DESIGN §11).
+    -- The judgment first, then the rows: one statement each (contract §11).
     SELECT pg_catalog.array_agg(j.summary_id), pg_catalog.array_agg(j.scope),
            pg_catalog.array_agg(j.from_pair), pg_catalog.array_agg(j.reason)
     INTO v_ids, v_scopes, v_froms, v_reasons
@@ -312,7 +312,7 @@ $$;
 COMMENT ON FUNCTION compaction.rederive_summary_verdicts(text, int[], bigint) IS
     'Internal: re-judges the summaries of the listed ranges of a conversation (every summary when NULL) into compaction.summary_verdicts, first adding p_new_summary_id''s row when given (not on Citus, where no derived state is kept)';
 
--- Revision 0048: the owner's model preference (docs/contract.md §9). The verdicts it
+-- Revision 0048: the owner's model preference (contract §9). The verdicts it
 -- decides are derived state, so setting it re-judges every conversation that has a
 -- verdict, each under its conversation_state row as complete and import_summary take it
 -- (sql/25_tracking.sql): a completion that judged its range with the old preference
@@ -362,7 +362,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.set_projection_models(text[]) IS
-    'Sets the owner''s model preference for projection (settings.projection_models, docs/contract.md §9: among a range''s valid summaries of one version, a model named earlier before one named later, named before unnamed; ''{}'' for none) and re-judges the stored verdicts; returns how many conversations were re-judged (owner only)';
+    'Sets the owner''s model preference for projection (settings.projection_models, contract §9: among a range''s valid summaries of one version, a model named earlier before one named later, named before unnamed; ''{}'' for none) and re-judges the stored verdicts; returns how many conversations were re-judged (owner only)';
 
 CREATE FUNCTION compaction.projection_models()
 RETURNS text[]
@@ -380,13 +380,13 @@ COMMENT ON FUNCTION compaction.projection_models() IS
 -- rebuild has finished, after a source view is re-pointed, and always on Citus), from one
 -- judgement of the conversation. The judgement reads every pair anyway, so the frame
 -- holds them all (first_pair 0: a walk never reads again), and each summary of the scope
--- gets the verdict judge_summaries gives it from the derived state, in DESIGN §9's
+-- gets the verdict judge_summaries gives it from the derived state, in contract §9's
 -- order, against the ranges judged here. Only the ranges whose current ids are those of
 -- a projectable summary are hashed: the other summaries are not projectable or stale
 -- whatever the texts say. (Until this revision the driver read the pairs through
 -- indexed_pairs and then the verdicts' inputs through projection_summaries: two
 -- judgements, in four round trips after projection_read's.) Each statement that calls
--- an engine function stands alone (DESIGN §11); between statements the arrays are zipped
+-- an engine function stands alone (contract §11); between statements the arrays are zipped
 -- by unnest, never subscripted in a query, where a subscript walks a text[] from its
 -- start.
 CREATE FUNCTION compaction.judged_frame(p_conversation_id text, p_scope text)
@@ -558,7 +558,7 @@ COMMENT ON FUNCTION compaction.judged_frame(text, text) IS
 -- (projection_read) and, while the derived state is in use, grows with the budget rather
 -- than with the history. Pair metadata comes only for the newest p_pairs pairs (rounded
 -- to whole ranges); the walk asks again for more when it gets past them. The verdicts
--- (revision 0015) are every rejected summary's, wherever its range lies (DESIGN §9: only
+-- (revision 0015) are every rejected summary's, wherever its range lies (contract §9: only
 -- did_not_fit depends on the budget), and the chosen summaries' of the ranges those pairs
 -- cover, with their byte length: a chosen summary beyond the walk's reach is not tried,
 -- so not listed. They come in (from_pair, summary_id) order (the aggregates follow the

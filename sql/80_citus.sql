@@ -1,4 +1,4 @@
--- pycompactor stored logic, section 8: scaling out with Citus (DESIGN §11).
+-- pycompactor stored logic, section 8: scaling out with Citus (contract §11).
 --
 -- The engine runs unchanged on Citus once its tables are distributed: every
 -- per-conversation table by conversation_id, co-located with the others, and the global
@@ -150,7 +150,7 @@ BEGIN
             USING ERRCODE = 'CP020',
                   HINT = 'ALTER SYSTEM SET citus.enable_unsafe_triggers = on on every node, then reload.';
     END IF;
-    -- The source tables' statement triggers (change tracking, DESIGN §2, and the queue)
+    -- The source tables' statement triggers (change tracking, contract §2, and the queue)
     -- read transition tables, which Citus does not give triggers on shards: detached.
     -- The engine then judges from the views on the node that holds each conversation
     -- (exact, slower), and writers call compaction.enqueue (or workers run --sweep).

@@ -26,7 +26,7 @@ class SeededPair:
 
 
 def raw_cost(pairs: Iterable[PairLike]) -> int:
-    """What the pairs cost in a projection as raw pairs (DESIGN §9: UTF-8 bytes + 16 per
+    """What the pairs cost in a projection as raw pairs (contract §9: UTF-8 bytes + 16 per
     message), the budget that takes exactly them."""
     return sum(message_cost(p.user_content) + message_cost(p.assistant_content) for p in pairs)
 

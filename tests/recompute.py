@@ -1,8 +1,8 @@
-"""A from-scratch recomputation of DESIGN §3-§5, written independently of the engine.
+"""A from-scratch recomputation of contract §3-§5, written independently of the engine.
 
 The tests of the derived state compare the engine's read functions with this: raw source
-rows read with plain SELECTs, judged by the rules of DESIGN §3 in Python, numbered, cut into
-ranges of 10 pairs and hashed with hashlib as DESIGN §5 defines it. The recomputation
+rows read with plain SELECTs, judged by the rules of contract §3 in Python, numbered, cut into
+ranges of 10 pairs and hashed with hashlib as contract §5 defines it. The recomputation
 uses neither pycompactor nor any compaction.* function; the engine_* functions below are the
 other side of the comparison.
 """
@@ -17,11 +17,11 @@ from typing import Any
 
 import psycopg
 
-#: DESIGN §3: the six ASCII whitespace characters; anything else (NBSP too) is content.
+#: contract §3: the six ASCII whitespace characters; anything else (NBSP too) is content.
 WHITESPACE = frozenset(" \t\n\r\f\v")
 PAIR_RUN_STATUSES = frozenset({"completed", "partial", "clarify_pending"})
 PAIRS_PER_RANGE = 10
-#: DESIGN §4: range k is a target iff 10k + 30 <= N.
+#: contract §4: range k is a target iff 10k + 30 <= N.
 PAIRS_BEFORE_FIRST_TARGET = 30
 
 #: (pair_index, run_id, user_message_id, user_content, assistant_message_id,
@@ -62,7 +62,7 @@ def has_content(text: str) -> bool:
 
 
 def pairs_of(raw: Raw, conversation_id: str, *, foreign: bool = True) -> list[PairRow]:
-    """DESIGN §3, rule by rule, then the order (user seq, user message id).
+    """contract §3, rule by rule, then the order (user seq, user message id).
 
     A message belongs to its own conversation's run of its run id; a user/assistant
     message whose own conversation has no run of that id is foreign and breaks the run of
@@ -110,7 +110,7 @@ def _enc(text: str) -> bytes:
 
 
 def range_hash(pairs: Sequence[PairRow]) -> str:
-    """DESIGN §5: SHA-256 over enc(uid) enc(user) enc(aid) enc(assistant), pair by pair."""
+    """contract §5: SHA-256 over enc(uid) enc(user) enc(aid) enc(assistant), pair by pair."""
     assert len(pairs) == PAIRS_PER_RANGE
     digest = hashlib.sha256()
     for _, _, uid, user, aid, assistant in pairs:

@@ -13,7 +13,7 @@ contract (the reference tables in `compaction_source`):
   one the same way, so a run never has two `assistant` messages.
 * **Non-message items** (function and tool calls and their outputs, reasoning, handoffs,
   ...) are stored in the run as role `sdk_item` with the item's JSON as content, and
-  system/developer messages keep their role. None of them is part of a pair (DESIGN §3
+  system/developer messages keep their role. None of them is part of a pair (contract §3
   ignores other roles), so none is summarized or replayed: the next turn sees the pairs'
   user messages and final answers (or their summary), not earlier tool traffic. A turn
   without a final assistant message (failed, interrupted) stays `in_progress` and is not

@@ -1,7 +1,7 @@
 """Shipped source recipes: re-pointing the source views at well-known agent tables.
 
 A recipe owns the SQL that maps one existing storage layout onto the source contract
-(DESIGN §2): the two views, the indexes the engine's lookups through them need, and the
+(contract §2): the two views, the indexes the engine's lookups through them need, and the
 change-tracking triggers. Each is one SQL file next to this module, formatted here with
 the host's schema and table names (identifiers only, through `psycopg.sql`) and run step
 by step (each step starts at a `-- step:` line) so that no step holds the application's

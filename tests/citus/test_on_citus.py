@@ -255,7 +255,7 @@ def test_judging_a_conversation_sends_no_intermediate_result_and_no_read_by_run_
     """Every call that judges a conversation from the views (always on Citus) starts from
     judge_runs. Revision 0036: its verdicts are one query of one conversation, sent whole
     to the node that holds it, and a conversation of up to 256 runs asks the question
-    across conversations (DESIGN §3) with its runs as a value. Before, Citus read every
+    across conversations (contract §3) with its runs as a value. Before, Citus read every
     shard of the runs by run id for the named-runs branch, and sent the conversation's
     runs to every worker as an intermediate result first: 81 commands for 100 runs."""
     conn.execute(_history_sql("judged", runs=100))

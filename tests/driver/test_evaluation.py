@@ -53,7 +53,7 @@ def summary_of(size: int) -> str:
 
 def test_the_pairs_cost_what_the_comment_says() -> None:
     assert len(USER.encode()) + 16 + len(REPLY.encode()) + 16 == PAIR_COST
-    # The marker lines the projection puts first in a summary message (DESIGN §9).
+    # The marker lines the projection puts first in a summary message (contract §9).
     assert len(marker_line(0, 9).encode()) == 55
     assert len(marker_line(10, 19).encode()) == 57
 

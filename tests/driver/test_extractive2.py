@@ -55,7 +55,7 @@ def size(text: str) -> int:
 
 
 def valid_for_complete(text: str) -> bool:
-    """DESIGN §6/§8: non-empty, a character other than ASCII whitespace, <= 6,000 chars."""
+    """contract §6/§8: non-empty, a character other than ASCII whitespace, <= 6,000 chars."""
     return bool(text.strip(ASCII_WS)) and len(text) <= MAX_SUMMARY_CHARS
 
 
@@ -83,7 +83,7 @@ _filler = st.builds(lambda n: "This sentence is ordinary commentary without any 
 _reply = st.builds(lambda parts, filler: filler + "".join(parts) + filler,
                    st.lists(_sentence, min_size=1, max_size=8), _filler)
 # Any text the source can hold: no NUL, no lone surrogate, at least one character other
-# than ASCII whitespace (DESIGN §3); control characters, CJK, emoji, NBSP, U+3000.
+# than ASCII whitespace (contract §3); control characters, CJK, emoji, NBSP, U+3000.
 _any_text = st.text(
     alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
     min_size=1, max_size=3000,
@@ -268,7 +268,7 @@ def test_summarizer_returns_a_normal_stop(conn: Conn) -> None:
 
 @pytest.fixture(scope="module")
 def corpus_ranges() -> list[list[str]]:
-    """The replies of every range the window policy makes a target (DESIGN §4)."""
+    """The replies of every range the window policy makes a target (contract §4)."""
     corpus: tuple[CorpusConversation, ...] = build_corpus(seed=0)
     return [[a for _, a in c.pairs[k:k + 10]]
             for c in corpus for k in range(0, len(c.pairs) - 29, 10)]

@@ -1,4 +1,4 @@
-"""Figures kept (DESIGN.md §8): the definition, p_stats from the worker, the retention gate.
+"""Figures kept (contract §8): the definition, p_stats from the worker, the retention gate.
 
 The seeded range of tests.workerkit (conv-1, pairs 0-9) holds exactly 30 distinct figures:
 `0`..`9` (reply numbers, fund names F0..F9, the `1` of `conv-1`, star ratings 1..5),
@@ -225,7 +225,7 @@ def test_db_complete_passes_stats_through(conn: Conn) -> None:
     assert stats_row(conn) == [(1, "completed", "completed", None, None, 4, 2)]
 
 
-# --- invented figures (DESIGN.md §8, revised) --------------------------------------------
+# --- invented figures (contract §8, revised) --------------------------------------------
 
 
 def test_a_figure_no_reply_holds_is_invented() -> None:
@@ -261,7 +261,7 @@ def test_ids_with_pattern_characters_are_labels_too() -> None:
 
 
 def test_the_offline_summarizers_invent_no_figure() -> None:
-    """DESIGN.md §8: the offline summarizers never invent one (their labels aside)."""
+    """contract §8: the offline summarizers never invent one (their labels aside)."""
     samples = [make_pairs(), make_pairs([f"Cut here {i}.5-{i} and 1,2{i}0,000 or 10.{i}7 then "
                           + "word " * 300 + f"2026-10-{i:02d}" for i in range(10)])]
     for pairs in samples:

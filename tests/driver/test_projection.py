@@ -298,7 +298,7 @@ def test_walk_stops_at_the_first_thing_that_does_not_fit() -> None:
 
 def test_unreached_summaries_get_every_reason_but_did_not_fit_from_metadata() -> None:
     # Budget 100 holds about two of the newest pairs: the walk cannot reach ranges 0-29,
-    # yet every stale summary there is named stale_source (DESIGN §9: only did_not_fit
+    # yet every stale summary there is named stale_source (contract §9: only did_not_fit
     # depends on the budget). The valid summary range 0 would use was not tried: it is
     # not listed, and the one it is preferred to is superseded.
     pairs = make_pairs(40)
@@ -466,7 +466,7 @@ def test_projection_properties(case: tuple[list[Pair], list[StoredSummary], int]
         )
 
     # Every stored summary is used, or rejected with a reason, never both; or it is the
-    # summary its range would use, beyond the walk's reach, and is not listed (DESIGN §9:
+    # summary its range would use, beyond the walk's reach, and is not listed (contract §9:
     # did_not_fit is for a block that was tried and dropped).
     used = {p.summary_id for p in projection.pairs if p.summary_id is not None}
     rejected = {r.summary_id: r.reason for r in projection.rejected_summaries}
@@ -523,7 +523,7 @@ def test_projection_properties(case: tuple[list[Pair], list[StoredSummary], int]
     again = project_pairs(pairs, shuffled, budget_bytes=budget)
     assert json.dumps(again.to_dict()) == json.dumps(projection.to_dict())
 
-    # Every reason but did_not_fit is independent of the budget (DESIGN §9): it is what
+    # Every reason but did_not_fit is independent of the budget (contract §9): it is what
     # an independent check of each summary gives, at this budget and at any other.
     for summary_id, reason in rejected.items():
         assert reason == expected_reason(pairs, by_id[summary_id]) or (

@@ -1,5 +1,5 @@
 """`worker --api responses`: the Responses API through the real `openai` client against the
-loopback scripted server, every outcome kind ending as DESIGN.md §8 says."""
+loopback scripted server, every outcome kind ending as contract §8 says."""
 
 from __future__ import annotations
 

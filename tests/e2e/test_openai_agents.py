@@ -49,7 +49,7 @@ from tests.workerkit import MODEL, attempts, summaries
 
 Conn = psycopg.Connection[Any]
 AGENT_MODEL = "agent-model-1"
-# No figure the replies do not hold (the worker refuses invented figures, DESIGN §8).
+# No figure the replies do not hold (the worker refuses invented figures, contract §8).
 SUMMARY = "SUMMARY of F0 to F9: the replies gave NAVs of those funds, each dated, none current."
 TURNS = 35
 

@@ -1,4 +1,4 @@
-"""PgBouncer in transaction pooling mode in front of the test cluster (DESIGN §11).
+"""PgBouncer in transaction pooling mode in front of the test cluster (contract §11).
 
 Through the pooler a client's consecutive transactions may run on different server
 connections, so nothing may depend on session state: no session advisory lock, no SET

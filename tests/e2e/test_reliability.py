@@ -116,7 +116,7 @@ def test_four_workers_survive_two_database_restarts(own_cluster: ThrowawayCluste
     workers = [WorkerProcess("--model", MODEL, "--concurrency", "2", "--poll-seconds", "0.2",
                              "--lease-seconds", str(lease), env=env) for _ in range(4)]
     try:
-        # A worker announces its start once connected (DESIGN §12): one that cannot reach
+        # A worker announces its start once connected (contract §12): one that cannot reach
         # the database at start exits. The restarts hit workers that are running.
         for w in workers:
             w.wait_event("started", timeout=60)

@@ -1,4 +1,4 @@
-"""DESIGN §12: the worker logs `started` only once it has connected, found the schema at
+"""contract §12: the worker logs `started` only once it has connected, found the schema at
 this package's revision and its grants; a worker that cannot start prints exactly one
 line on stderr (why) and exits non-zero."""
 

@@ -1,4 +1,4 @@
-"""complete's p_stats (DESIGN.md §6): validated, kept with the attempt, shown by audit_jobs."""
+"""complete's p_stats (contract §6): validated, kept with the attempt, shown by audit_jobs."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def test_stats_never_change_on_lease_renewal(conn: Conn) -> None:
 
 def test_worker_role_can_pass_stats(conn: Conn, login_role: Any) -> None:
     with psycopg.connect(login_role("compaction_worker"), autocommit=True) as worker:
-        # the worker's own attempt (DESIGN §6), on the server's clock
+        # the worker's own attempt (contract §6), on the server's clock
         result = claim(worker, "c1", target(conn, "c1"), now=None)
         assert result.job_id is not None
         job_id = result.job_id

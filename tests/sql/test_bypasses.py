@@ -1,4 +1,4 @@
-"""The worker-callable surface as a security boundary (DESIGN §6, §7, §10).
+"""The worker-callable surface as a security boundary (contract §6, §7, §10).
 
 Each bypass a LOGIN member of `compaction_worker` (or of the owner role, for prompt
 versions) could once use is tried through the granted functions only, and must be
@@ -119,7 +119,7 @@ def test_expired_lease_cannot_be_completed_with_an_earlier_clock(
         refused("CP025", db.complete, worker, c.job_id, 1, GOOD, "stop", 0,
                 now=scalar(conn, "SELECT now()") - timedelta(hours=1), conversation_id="c1")
         assert state(conn) == before
-        # Not the claimer (DESIGN §6): refused, and not even the expiry is its to record.
+        # Not the claimer (contract §6): refused, and not even the expiry is its to record.
         late = db.complete(worker, c.job_id, 1, GOOD, "stop", 0, conversation_id="c1")
         assert (late.ok, late.reason) == (False, "lease_lost")
         assert state(conn) == before

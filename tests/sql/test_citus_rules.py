@@ -1,4 +1,4 @@
-"""Static Citus conformance (DESIGN §11): the rules that let the engine run on Citus,
+"""Static Citus conformance (contract §11): the rules that let the engine run on Citus,
 read from the catalog of a database migrated on plain PostgreSQL. `make test-citus`
 proves them on a real cluster; this proves them on every `make test`, without Citus.
 
@@ -18,9 +18,9 @@ import psycopg
 Conn = psycopg.Connection[Any]
 
 # The change-tracking and queue triggers of the source tables: the documented exception
-# (DESIGN §2, §11), detached by distribute_on_citus.
+# (contract §2, §11), detached by distribute_on_citus.
 SOURCE_TRIGGER_FUNCTIONS = {"compaction.track_source_changes", "compaction.source_enqueue"}
-# Derived-state maintenance (DESIGN §2) and its oracle: run by the source tables'
+# Derived-state maintenance (contract §2) and its oracle: run by the source tables'
 # tracking triggers and by repairs. On Citus the tracking triggers are detached and the
 # derived state is not kept, so none of these runs there.
 DERIVED_STATE = {

@@ -397,7 +397,7 @@ def test_reply_problem_is_completes_verdict(conn: Conn, text: str | None,
 
 def test_the_extractive_budget_is_the_limit_the_database_enforces(conn: Conn) -> None:
     """pycompactor/extractive-1 writes within MAX_SUMMARY_CHARS; the database is what
-    enforces the limit (DESIGN §6, §8). One number: this fails if they drift apart."""
+    enforces the limit (contract §6, §8). One number: this fails if they drift apart."""
     limit = MAX_SUMMARY_CHARS
     assert db.reply_problem(conn, "界" * limit, "stop", 0) is None
     assert db.reply_problem(conn, "界" * (limit + 1), "stop", 0) == "too_long"

@@ -1,4 +1,4 @@
-"""Derived state under concurrent writers (DESIGN §2; notes on derived state, trap 1).
+"""Derived state under concurrent writers (contract §2; notes on derived state, trap 1).
 
 Processes append Runs to one conversation while others claim, complete and project it, all
 released by one barrier; afterwards the pairs equal tests/recompute.py's recomputation,

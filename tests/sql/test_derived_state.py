@@ -1,4 +1,4 @@
-"""Derived state (DESIGN §2): after any write to the source, the read functions equal a
+"""Derived state (contract §2): after any write to the source, the read functions equal a
 from-scratch recomputation and compaction.verify_conversation finds nothing.
 
 A hypothesis property: random sequences of writes (whole Runs appended, bulk inserts, old
@@ -175,7 +175,7 @@ class ReferenceSource:
 
     def add_run(self, conn: Conn, run_id: str, conversation_id: str) -> bool:
         """A completed run of this id in this conversation (the key is (conversation,
-        run id): an id may repeat across conversations, docs/contract.md §2)."""
+        run id): an id may repeat across conversations, contract §2)."""
         conn.execute(
             "INSERT INTO compaction_source.runs (run_id, conversation_id, status, created_at)"
             " VALUES (%s, %s, 'completed', now()) ON CONFLICT DO NOTHING",
@@ -432,7 +432,7 @@ class MoveRun:
 
 @dataclass(frozen=True)
 class ReuseRun:
-    """A run of a picked run's id in another conversation (docs/contract.md §3: each is its own),
+    """A run of a picked run's id in another conversation (contract §3: each is its own),
     with its own user and assistant messages or none."""
     pick: int
     conversation: int
@@ -763,7 +763,7 @@ def seed_summaries(conn: Conn, raw: Raw, conversations: Sequence[str]) -> None:
 
 def expected_verdicts(pairs: Sequence[PairRow], summaries: Sequence[SummaryRow]
                       ) -> dict[int, tuple[str, int, str | None]]:
-    """summary_id -> (scope, from_pair, reason), from the recomputed ranges (DESIGN §9:
+    """summary_id -> (scope, from_pair, reason), from the recomputed ranges (contract §9:
     version_not_projectable, stale_source, superseded; None for the one used)."""
     ranges = ranges_of(pairs)
     out: dict[int, tuple[str, int, str | None]] = {}

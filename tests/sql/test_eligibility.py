@@ -1,4 +1,4 @@
-"""DESIGN §3: which runs form pairs. One test per rule and exclusion."""
+"""contract §3: which runs form pairs. One test per rule and exclusion."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN §5: Python's source_hash and SQL's compaction.source_hash agree byte for byte."""
+"""contract §5: Python's source_hash and SQL's compaction.source_hash agree byte for byte."""
 
 from __future__ import annotations
 

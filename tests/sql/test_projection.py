@@ -506,7 +506,7 @@ def test_the_summary_a_range_beyond_reach_would_use_is_not_listed(conn: Conn) ->
     other = import_summary(conn, "reach", pairs, 0, version=V2)
 
     # Two pairs' worth of budget: range 0 is out of reach. The preferred summary was not
-    # tried, so it is not listed (DESIGN §9: did_not_fit is a block tried and dropped);
+    # tried, so it is not listed (contract §9: did_not_fit is a block tried and dropped);
     # the other is superseded whatever the budget.
     newest = raw_cost(pairs[38:])
     projection, _ = recorded(conn, "reach", newest)
@@ -530,7 +530,7 @@ def test_stale_summary_beyond_reach_is_stale_source(conn: Conn) -> None:
     edit_pair_3(conn, pairs[3])  # same ids, changed text: only the hash can tell
 
     # Two pairs' worth of budget: the walk cannot reach pairs 0-9, yet both summaries are
-    # named stale_source (DESIGN §9: only did_not_fit depends on the budget), and no text
+    # named stale_source (contract §9: only did_not_fit depends on the budget), and no text
     # of their range is read.
     newest = raw_cost(pairs[38:])
     projection, log = recorded(conn, "far", newest)
@@ -818,7 +818,7 @@ def test_ten_thousand_summarized_pairs_read_only_what_the_budget_reaches(conn: C
     assert read[3] < total_text / 100
     # Every summary's source was judged when it was written (all current here: none is
     # stale_source). The frame names the chosen summaries of the pairs it gave only; the
-    # walk tried one block it could not fit (did_not_fit, DESIGN §9) and never reached
+    # walk tried one block it could not fit (did_not_fit, contract §9) and never reached
     # the 900-odd ranges older than it, whose summaries are not listed.
     oldest_used = min(p.pair_index for p in projection.pairs if p.placement == "summarized")
     assert [(r.from_pair, r.reason) for r in projection.rejected_summaries] == [

@@ -169,7 +169,7 @@ def test_auditor_sees_metadata_only(conn: Conn, login_role: LoginRole) -> None:
             " WHERE p.pronamespace = 'compaction'::regnamespace"
             "   AND has_function_privilege(%s, p.oid, 'EXECUTE')", (role,)).fetchall()
     }
-    # DESIGN §2: the auditor may prove the derived state (ids, counts, hashes only);
+    # contract §2: the auditor may prove the derived state (ids, counts, hashes only);
     # stale_summaries is what audit_stale_summaries reads (ids and hashes), read_audit_*
     # what the other views read on Citus (their rows, no more).
     assert callable_functions == {"compaction.source_hash(text,integer)",

@@ -1,4 +1,4 @@
-"""The tracking triggers and what keeps the derived state honest (DESIGN §2): logical
+"""The tracking triggers and what keeps the derived state honest (contract §2): logical
 replication's apply role, TRUNCATE, writers at REPEATABLE READ, the rebuild, the repair,
 and who may call what."""
 

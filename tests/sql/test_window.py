@@ -1,4 +1,4 @@
-"""DESIGN §4: the fixed window (30 / 10 / 20) through compaction.plan_targets."""
+"""contract §4: the fixed window (30 / 10 / 20) through compaction.plan_targets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a worker login can reach, and what a login without engine grants can (DESIGN §6, §10).
+"""What a worker login can reach, and what a login without engine grants can (contract §6, §10).
 
 An attempt belongs to the login that claimed it: another worker login that knows
 `(job_id, attempt)` is refused `lease_lost` and changes nothing. A login with no engine
