@@ -1129,12 +1129,13 @@ def tracking_on_citus(conn: Connection) -> list[tuple[str, str]]:
     return [(str(table), str(trigger)) for table, trigger in rows]
 
 
-#: The engine's lookups through the source views (sql/20_pairs.sql, sql/25_tracking.sql,
-#: sql/60_projection.sql) by name, as check-source probes them: a conversation's runs, a
-#: run by its id (the tracking triggers ask which conversation each written run belongs
-#: to), a run's user and assistant messages, a text by message id. `{}` stands for the
-#: looked-up value (a literal, so EXPLAIN shows the plan for it); each statement's first
-#: column is the next lookup's value.
+#: The engine's lookups through the source views (sql/20_pairs.sql, the tracking in
+#: sql/25_tracking.sql to sql/28_rebuild.sql, sql/60_projection.sql and
+#: sql/61_projection_read.sql) by name, as check-source probes them: a conversation's
+#: runs, a run by its id (the tracking triggers ask which conversation each written run
+#: belongs to), a run's user and assistant messages, a text by message id. `{}` stands
+#: for the looked-up value (a literal, so EXPLAIN shows the plan for it); each statement's
+#: first column is the next lookup's value.
 SOURCE_LOOKUPS: Final[dict[str, str]] = {
     "runs_by_conversation":
         "SELECT r.run_id, r.status FROM compaction.source_runs AS r"

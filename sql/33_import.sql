@@ -1,7 +1,7 @@
 -- pycompactor stored logic, section 3d: imports.
 --
 -- import_summary records a summary made by an earlier system under the same shape rules
--- (30_claims.sql) and the same immutability (40_immutability.sql); it never requires the
+-- (29_jobs.sql) and the same immutability (40_immutability.sql); it never requires the
 -- source to be current: a stale import is simply never projected.
 
 

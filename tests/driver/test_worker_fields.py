@@ -64,7 +64,7 @@ def test_an_incomplete_responses_answer_keeps_its_code() -> None:
 
 
 def test_the_shapes_are_the_databases() -> None:
-    """The same rules as compaction.complete (sql/30_claims.sql): ASCII only."""
+    """The same rules as compaction.complete (sql/30_completion.sql): ASCII only."""
     assert not RESPONSE_ID_SHAPE.fullmatch("ｒｅｓｐ")
     assert not FINISH_REASON_SHAPE.fullmatch("ｓｔｏｐ")
 
