@@ -24,10 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from pycompactor.extractive import MAX_SUMMARY_CHARS
+from pycompactor.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
 from pycompactor.figures import figures
 from pycompactor.models import AssistantReply
-from pycompactor.outcomes import ModelOutcome, Reply
 from pycompactor.qualifiers import scope_qualifiers, sentences
 
 #: The baseline's model id in reports, and its caveats-first variant's.
@@ -65,7 +64,7 @@ def select(replies: Sequence[str], target: float, *, caveats_first: bool = False
     return "\n".join(found[i] for i in sorted(chosen))
 
 
-class BaselineSummarizer:
+class BaselineSummarizer(OfflineSummarizer):
     """The baseline as a summarizer, so `evaluate` measures it like any model."""
 
     def __init__(self, target: float, *, caveats_first: bool = False) -> None:
@@ -78,10 +77,6 @@ class BaselineSummarizer:
     def model(self) -> str:
         return BASELINE_CAVEATS_MODEL if self._caveats_first else BASELINE_MODEL
 
-    def summarize(self, pairs: Sequence[AssistantReply]) -> ModelOutcome:
-        text = select([p.assistant_content for p in pairs], self._target,
+    def _text(self, pairs: Sequence[AssistantReply]) -> str:
+        return select([p.assistant_content for p in pairs], self._target,
                       caveats_first=self._caveats_first)
-        return Reply(text, "stop", 0)
-
-    def close(self) -> None:
-        """Nothing to release."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Self
 
 from pycompactor.figures import FIGURE
 from pycompactor.hashing import PAIRS_PER_RANGE
@@ -180,7 +180,37 @@ def _excerpt(text: str, room: int) -> str:
     return lead + body + tail
 
 
-class ExtractiveSummarizer:
+class OfflineSummarizer:
+    """What every offline summarizer shares: ten replies in, a normal stop out (the same
+    for the same replies on every machine), nothing to close. A subclass names its model
+    and writes the text (`_text`)."""
+
+    @property
+    def model(self) -> str:
+        raise NotImplementedError
+
+    def _text(self, pairs: Sequence[AssistantReply]) -> str:
+        raise NotImplementedError
+
+    def summarize(self, pairs: Sequence[AssistantReply]) -> ModelOutcome:
+        if len(pairs) != PAIRS_PER_RANGE:
+            raise ValueError(f"a summary covers exactly {PAIRS_PER_RANGE} pairs, got {len(pairs)}")
+        text = self._text(pairs)
+        if not storable(text):
+            return Failure(INVALID_TEXT, "reply holds NUL or a lone surrogate")
+        return Reply(text, "stop", 0, None)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ExtractiveSummarizer(OfflineSummarizer):
     """`pycompactor/extractive-1`: deterministic, offline, no model at all.
 
     Its output is the same for the same replies on every machine and run, and always a
@@ -191,19 +221,5 @@ class ExtractiveSummarizer:
     def model(self) -> str:
         return OFFLINE_MODEL
 
-    def summarize(self, pairs: Sequence[AssistantReply]) -> ModelOutcome:
-        if len(pairs) != PAIRS_PER_RANGE:
-            raise ValueError(f"a summary covers exactly {PAIRS_PER_RANGE} pairs, got {len(pairs)}")
-        text = extractive_summary(pairs)
-        if not storable(text):
-            return Failure(INVALID_TEXT, "reply holds NUL or a lone surrogate")
-        return Reply(text, "stop", 0, None)
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> ExtractiveSummarizer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _text(self, pairs: Sequence[AssistantReply]) -> str:
+        return extractive_summary(pairs)

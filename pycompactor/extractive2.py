@@ -39,11 +39,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from pycompactor.extractive import MAX_SUMMARY_CHARS, _excerpt
+from pycompactor.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer, _excerpt
 from pycompactor.figures import FIGURE, figures
-from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import AssistantReply
-from pycompactor.outcomes import INVALID_TEXT, Failure, ModelOutcome, Reply, storable
 from pycompactor.qualifiers import QUALIFIERS_EN, QUALIFIERS_ZH, qualifiers
 from pycompactor.qualifiers import sentences as qualifier_sentences
 
@@ -337,7 +335,7 @@ def _fallback(replies: Sequence[str], units: Sequence[_Unit], budget: int) -> Ex
     return Extract(first, budget, over)
 
 
-class Extractive2Summarizer:
+class Extractive2Summarizer(OfflineSummarizer):
     """`pycompactor/extractive-2`: deterministic, offline, compressed to a target."""
 
     def __init__(self, target: float = DEFAULT_TARGET, context: float = DEFAULT_CONTEXT) -> None:
@@ -360,19 +358,5 @@ class Extractive2Summarizer:
     def context(self) -> float:
         return self._context
 
-    def summarize(self, pairs: Sequence[AssistantReply]) -> ModelOutcome:
-        if len(pairs) != PAIRS_PER_RANGE:
-            raise ValueError(f"a summary covers exactly {PAIRS_PER_RANGE} pairs, got {len(pairs)}")
-        text = extract([p.assistant_content for p in pairs], self._target, self._context).text
-        if not storable(text):
-            return Failure(INVALID_TEXT, "reply holds NUL or a lone surrogate")
-        return Reply(text, "stop", 0, None)
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> Extractive2Summarizer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _text(self, pairs: Sequence[AssistantReply]) -> str:
+        return extract([p.assistant_content for p in pairs], self._target, self._context).text

@@ -51,11 +51,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from pycompactor.extractive import MAX_SUMMARY_CHARS
+from pycompactor.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
 from pycompactor.figures import FIGURE
-from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import AssistantReply
-from pycompactor.outcomes import INVALID_TEXT, Failure, ModelOutcome, Reply, storable
 from pycompactor.qualifiers import scope_qualifiers
 from pycompactor.qualifiers import sentences as measure_sentences
 
@@ -256,7 +254,7 @@ def summarize_replies(replies: Sequence[str], target: float = DEFAULT_TARGET) ->
                  if c not in _ASCII_WS and not c.isdigit()), "-")
 
 
-class Extractive3Summarizer:
+class Extractive3Summarizer(OfflineSummarizer):
     """`pycompactor/extractive-3`: deterministic, offline, every line usable."""
 
     def __init__(self, target: float = DEFAULT_TARGET) -> None:
@@ -272,20 +270,5 @@ class Extractive3Summarizer:
     def target(self) -> float:
         return self._target
 
-    def summarize(self, pairs: Sequence[AssistantReply]) -> ModelOutcome:
-        if len(pairs) != PAIRS_PER_RANGE:
-            raise ValueError(f"a summary covers exactly {PAIRS_PER_RANGE} pairs, got {len(pairs)}")
-        text = summarize_replies([p.assistant_content for p in pairs], self._target)
-        if not storable(text):
-            return Failure(INVALID_TEXT, "reply holds NUL or a lone surrogate")
-        return Reply(text, "stop", 0, None)
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> Extractive3Summarizer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-        return None
+    def _text(self, pairs: Sequence[AssistantReply]) -> str:
+        return summarize_replies([p.assistant_content for p in pairs], self._target)
