@@ -9,17 +9,19 @@ and writes only lines a reader can quote back to one reply:
 1. **Whole statements.** The unit is one sentence of one reply, as the measures split it
    (pycompactor.qualifiers.sentences). A sentence is kept whole or not at all, and never
    joined to another: every line is a true statement of the reply it names.
-2. **Telegraphic, not clipped.** A kept sentence loses only function words (articles,
-   auxiliaries, pronouns, connectives: `_FUNCTION_WORDS`) and list markers; its content
-   words, every figure and every qualifier stay, in their order ("Lotus Asia Growth
-   charges ongoing fee 0.29% per year, no entry fee."). Chinese text is kept as written.
+2. **Telegraphic, not clipped.** A kept sentence loses only its articles and a few
+   fillers (`_FUNCTION_WORDS`), an opening connective ("However,") and its list marker;
+   every other word, every figure and every qualifier stay, in their order ("Lotus Asia
+   Growth charges ongoing fee of 0.29% per year and no entry fee."). Chinese text is
+   kept as written.
 3. **Each fact with its subject.** A reply's subject is the entity it is about, read from
    where the reply names it: its lead line ("PostgreSQL 15.2 was released on …", "From
    the PostgreSQL 15 documentation, Numeric Types:", "关于 alter_table，…") or the first
    proper name of its first sentence ("Lotus Asia Growth charges …"). A reply's line
    starts with that subject when its first kept sentence does not name it, so "The fund's
    NAV on 2026-10-30 was 11.48." reads under the fund it belongs to.
-4. **Caveats and corrections first.** Sentences are chosen by what they state per byte:
+4. **Corrections first, caveats with what they govern.** Sentences are chosen by what
+   they state per byte:
    a correction ("Correction: …", "corrected from …", "that is incorrect") before
    anything else, then facts per byte, where each figure counts one and each qualifier
    of the scope set (pycompactor.qualifiers: negation, limits, hedges, superlatives,
@@ -69,9 +71,9 @@ _LABELS: Final = "abcdefghij"
 #: What a qualifier counts against a figure when sentences are ranked. A figure is a
 #: question only its own sentence answers, and a caveat that governs a figure is bound to
 #: its sentence (step 4) and travels with it whatever it counts; what this weighs is a
-#: caveat standing alone. On the evaluation corpus at the default target (make bench,
-#: docs/evaluate.md): 0.3 answers 99% of the replies' figure questions and keeps 59% of
-#: their qualifiers in scope; 0.75 answers 92% and keeps 66%; 0.1 answers 99.8%, 58%.
+#: caveat standing alone. On the evaluation corpus at the default target (make bench's
+#: quality section, docs/evaluate.md): 0.3 answers 99% of the replies' figure questions
+#: and keeps 60% of their qualifiers in scope; 0.75 answered 92% and kept 65%.
 QUALIFIER_WORTH: Final = 0.3
 
 #: Words a telegraphic line can do without: articles and a few fillers. Nothing that
@@ -101,6 +103,7 @@ _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
 _ZH_ABOUT: Final = re.compile(r"^关于\s*(.{1,60}?)[，,]")
 _PROPER: Final = re.compile(r"\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*)+")
+
 
 @dataclass(frozen=True, slots=True)
 class _Unit:
@@ -178,8 +181,8 @@ def _unit(reply: int, order: int, chain: Sequence[str]) -> list[_Unit]:
         found.update(FIGURE.findall(sentence))
         qualifiers += len(scope_qualifiers(sentence))
         text = telegraph(sentence)
-        # Ended (a lead's colon becomes a full stop), or nothing left.
-        text = _ended(text) if text.strip(_ASCII_WS) else ""
+        if text.strip(_ASCII_WS):
+            text = _ended(text)  # a lead's colon becomes a full stop; "the:" leaves nothing
         if text.strip(_ASCII_WS):
             texts.append(text)
     if not texts or not (found or qualifiers):
@@ -206,6 +209,12 @@ def _ended(text: str) -> str:
     return text + ("。" if "\u2e80" <= text[-1] <= "\u9fff" else ".")
 
 
+def _rank(unit: _Unit) -> tuple[bool, float, int, int]:
+    """Corrections first, then facts per byte, ties in reply order."""
+    facts = len(unit.figures) + QUALIFIER_WORTH * unit.qualifiers
+    return (not unit.correction, -facts / unit.size, unit.reply, unit.order)
+
+
 def summarize_replies(replies: Sequence[str], target: float = DEFAULT_TARGET) -> str:
     """extractive-3's summary of these replies (module docstring)."""
     total = sum(len(r.encode("utf-8")) for r in replies)
@@ -218,14 +227,10 @@ def summarize_replies(replies: Sequence[str], target: float = DEFAULT_TARGET) ->
     chosen: dict[int, list[_Unit]] = {}
     lines: dict[int, str] = {}
     used_bytes = used_chars = 0
-    # Corrections first, then facts per byte, ties in reply order: a sentence's worth does
-    # not depend on what was chosen before it. What it costs does (its line's subject is
-    # written only when the line's first sentence does not name it), so the budget counts
-    # the lines as they would be written.
-    for unit in sorted(units, key=lambda u: (not u.correction,
-                                             -(len(u.figures) + QUALIFIER_WORTH * u.qualifiers)
-                                             / u.size,
-                                             u.reply, u.order)):
+    # A sentence's rank does not depend on what was chosen before it; what it costs does
+    # (its line's subject is written only when the line's first sentence does not name
+    # it), so the budget counts the lines as they would be written.
+    for unit in sorted(units, key=_rank):
         if unit.text in seen:
             continue
         mine = sorted([*chosen.get(unit.reply, []), unit], key=lambda u: u.order)
