@@ -2,7 +2,8 @@
 
 - No import cycle between pycompactor's modules, counting imports inside functions and
   under TYPE_CHECKING too: a newcomer can draw the layers from memory.
-- SQL text lives in the SQL layer only: `db` (engine calls), `store` (writes to the
+- SQL text lives in the SQL layer only: `db` (engine calls, with `dbcall`, its call
+  machinery, and `dbread`, its audit/report/setup reads), `store` (writes to the
   reference tables), `schema` (applying migrations) and `recipes` (source recipes, SQL
   files with their installer). Every other module calls their typed functions.
 """
@@ -17,8 +18,8 @@ from pathlib import Path
 import pycompactor
 
 PACKAGE = Path(pycompactor.__file__).parent
-SQL_LAYER = {"pycompactor.db", "pycompactor.store", "pycompactor.schema",
-             "pycompactor.recipes"}
+SQL_LAYER = {"pycompactor.db", "pycompactor.dbcall", "pycompactor.dbread",
+             "pycompactor.store", "pycompactor.schema", "pycompactor.recipes"}
 # A statement as the driver would send it: a string that starts with a keyword that
 # starts SQL, in capitals, followed by what such a statement has next. (Prose that
 # mentions SQL, e.g. an error message telling the DBA what to run, does not start so.)
