@@ -26,13 +26,14 @@ Two layers:
   two small drivers run them, usually one round trip: `project_history` on a
   `psycopg.Connection`, `aproject_history` on a `psycopg.AsyncConnection`.
 
-The rules, the marker line and the manifest shape are documented in docs/projection.md.
+The vocabulary (constants, inputs, outputs) lives in `pycompactor.projection_types`, the
+pure core in `pycompactor.projection_plan`, the reading layer here; every name of the two
+is re-exported here (see `__all__`). The rules, the marker line and the manifest shape are
+documented in docs/projection.md.
 """
 
 from __future__ import annotations
 
-import operator
-from collections import Counter
 from collections.abc import (
     AsyncIterator,
     Callable,
@@ -43,801 +44,176 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager, contextmanager, suppress
-from dataclasses import dataclass, field
-from datetime import datetime
 from itertools import pairwise
-from typing import Any, Final, Literal, NamedTuple, Protocol, TypedDict, TypeVar, overload
+from typing import Any, Final
 
 import psycopg
 from psycopg import pq
 from psycopg.rows import tuple_row
 
 from pycompactor import db
-from pycompactor.errors import PycompactorError, UsageError, wrap_exceptions
-from pycompactor.hashing import PAIRS_PER_RANGE, PairLike, source_hash
-
-EntryT = TypeVar("EntryT")
-
-#: Fixed cost added to the UTF-8 byte length of every message's content (role, framing).
-MESSAGE_OVERHEAD_BYTES: Final = 16
-
-#: The largest budget: PostgreSQL's bigint, so a host can store `budget_bytes` and
-#: `used_bytes` beside its runs. Any budget up to it projects (no history comes near it).
-MAX_BUDGET_BYTES: Final = 2**63 - 1
-#: The most pairs one read asks compaction.projection_frame for (its p_pairs is an int),
-#: in whole ranges: a budget that would want more wants every pair there is.
-_MAX_PAIRS_READ: Final = (2**31 - 1) // PAIRS_PER_RANGE * PAIRS_PER_RANGE
-
-#: First line of every summary message; {from_pair} and {to_pair} are zero-based pair
-#: indices. The summary text follows on the next line. The en dash is U+2013.
-SUMMARY_MARKER: Final = "[pycompactor summary of assistant replies, pairs {from_pair}–{to_pair}]"
-
-Placement = Literal["raw", "summarized", "omitted"]
-RAW: Final = "raw"
-SUMMARIZED: Final = "summarized"
-OMITTED: Final = "omitted"
-
-Reason = Literal["version_not_projectable", "stale_source", "superseded", "did_not_fit"]
-VERSION_NOT_PROJECTABLE: Final = "version_not_projectable"
-STALE_SOURCE: Final = "stale_source"
-SUPERSEDED: Final = "superseded"
-DID_NOT_FIT: Final = "did_not_fit"
-
-
-class ChatMessage(TypedDict):
-    """One chat-API message: {"role": "user" | "assistant", "content": str}."""
-
-    role: str
-    content: str
-
-
-def marker_line(from_pair: int, to_pair: int) -> str:
-    """The fixed first line of the assistant message that carries a range's summary."""
-    return SUMMARY_MARKER.format(from_pair=from_pair, to_pair=to_pair)
-
-
-def summary_content(from_pair: int, to_pair: int, summary: str) -> str:
-    """Content of a summary message: the marker line, a newline, the summary text."""
-    return f"{marker_line(from_pair, to_pair)}\n{summary}"
-
-
-def utf8_len(text: str) -> int:
-    return len(text.encode("utf-8"))
-
-
-def message_cost(content: str) -> int:
-    """Cost of one message: UTF-8 bytes of its content + MESSAGE_OVERHEAD_BYTES."""
-    return utf8_len(content) + MESSAGE_OVERHEAD_BYTES
-
-
-#: UTF-8 bytes of the marker line without its two pair numbers (ASCII digits): the walk
-#: adds the numbers' digits rather than format the line.
-_MARKER_LINE_BYTES: Final = utf8_len(SUMMARY_MARKER.format(from_pair="", to_pair=""))
-#: The same size as the engine's walk (compaction.projection_read) is told it; the
-#: rendering stays here, only its size travels.
-_MARKER_BYTES: Final = _MARKER_LINE_BYTES
-
-
-# --------------------------------------------------------------------------- inputs
-
-
-class PairMeta(NamedTuple):
-    """An eligible pair without its texts: ids and UTF-8 byte lengths are enough to plan.
-
-    A NamedTuple rather than a frozen dataclass (equally immutable): a projection reads
-    one per eligible pair, and building 10,000 of these costs a fifth as much.
-    """
-
-    pair_index: int
-    user_message_id: str
-    assistant_message_id: str
-    user_bytes: int
-    assistant_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class SummaryBinding:
-    """A stored completed summary's identity and source binding, without its text."""
-
-    summary_id: int
-    from_pair: int
-    to_pair: int
-    source_message_ids: tuple[str, ...]
-    source_hash: str
-    prompt_version: str
-    projectable: bool
-    #: Preference among a range's summaries, higher first (the database's rank of the
-    #: prompt version: compaction.projection_summaries).
-    version_rank: int
-    completed_at: datetime
-    #: Then the owner's model preference, higher first (`model_preference` of the
-    #: summary's model and compaction.settings.projection_models; 0 when not named).
-    #: Keyword-only with a default: a caller without a preference leaves it out.
-    model_rank: int = field(default=0, kw_only=True)
-
-
-@dataclass(frozen=True, slots=True)
-class SummaryCandidate(SummaryBinding):
-    """A stored completed summary of the conversation and scope, as the plan sees it."""
-
-    summary_bytes: int
-    #: The range exists now with exactly the stored 20 ids and source hash.
-    source_current: bool
-
-
-@dataclass(frozen=True, slots=True)
-class StoredSummary(SummaryBinding):
-    """A stored summary with its text, for the in-memory path (`project_pairs`)."""
-
-    summary: str
-
-    def candidate(self, pairs: Sequence[SourcePair]) -> SummaryCandidate:
-        """This summary's metadata, its source judged against `pairs` (all eligible pairs)."""
-        return SummaryCandidate(
-            self.summary_id, self.from_pair, self.to_pair, tuple(self.source_message_ids),
-            self.source_hash, self.prompt_version, self.projectable, self.version_rank,
-            self.completed_at, utf8_len(self.summary), source_is_current(self, pairs),
-            model_rank=self.model_rank,
-        )
-
-
-class SourcePair(PairLike, Protocol):
-    """An eligible pair with its texts (pycompactor.models.Pair has these attributes)."""
-
-    @property
-    def pair_index(self) -> int: ...
-
-
-# --------------------------------------------------------------------------- outputs
-
-
-@dataclass(frozen=True, slots=True)
-class PairPlacement:
-    """Manifest entry of one eligible pair; summary_id is set iff placement is summarized."""
-
-    pair_index: int
-    placement: Placement
-    summary_id: int | None
-
-
-class _Entries(Sequence[EntryT]):
-    """An immutable sequence whose entries are made when read (`Manifest`, `Rejections`):
-    indexing, slicing (which gives a tuple), and equality with another of its kind (by
-    `_key`) or with a tuple or list of the same entries, like a tuple."""
-
-    __slots__ = ()
-
-    def _entry(self, position: int) -> EntryT:
-        raise NotImplementedError
-
-    def _key(self) -> tuple[object, ...]:
-        raise NotImplementedError
-
-    @overload
-    def __getitem__(self, index: int) -> EntryT: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[EntryT, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> EntryT | tuple[EntryT, ...]:
-        if isinstance(index, slice):
-            return tuple(self[i] for i in range(*index.indices(len(self))))
-        position = operator.index(index)
-        if position < 0:
-            position += len(self)
-        if not 0 <= position < len(self):
-            raise IndexError(f"{type(self).__name__} index out of range")
-        return self._entry(position)
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is type(self):
-            return self._key() == other._key()
-        if isinstance(other, tuple | list):
-            return len(other) == len(self) and all(a == b for a, b in zip(self, other,
-                                                                          strict=True))
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-
-class Manifest(_Entries[PairPlacement]):
-    """`Projection.pairs`: one entry per eligible pair, in order (contract §9).
-
-    The included history is a contiguous newest suffix, so every pair before it is
-    `omitted`; those entries are made when read rather than stored, and a projection of a
-    long conversation costs what it includes, not one object per pair. The included
-    pairs are kept as two columns (placement, summary id) and their entries are made
-    when read too: the walk, paid on every call, makes no object per pair. It behaves
-    like a tuple of its entries (`_Entries`).
-    """
-
-    __slots__ = ("_omitted", "_placements", "_summary_ids")
-
-    _omitted: int
-    _placements: tuple[Placement, ...]
-    _summary_ids: tuple[int | None, ...]
-
-    def __init__(self, omitted: int, included: Sequence[PairPlacement] = ()) -> None:
-        if omitted < 0:
-            raise ValueError("omitted must be 0 or more")
-        if any(p.placement == OMITTED or p.pair_index != omitted + i
-               for i, p in enumerate(included)):
-            raise ValueError("included must be the pairs after the omitted ones, in order,"
-                             " none of them omitted")
-        self._omitted = omitted
-        self._placements = tuple(p.placement for p in included)
-        self._summary_ids = tuple(p.summary_id for p in included)
-
-    @classmethod
-    def _of_columns(cls, omitted: int, placements: Sequence[Placement],
-                    summary_ids: Sequence[int | None]) -> Manifest:
-        """The manifest of the walk's columns (the pairs after the omitted ones, in
-        order), unchecked: the walk makes them so."""
-        manifest = cls.__new__(cls)
-        manifest._omitted = omitted
-        manifest._placements = tuple(placements)
-        manifest._summary_ids = tuple(summary_ids)
-        return manifest
-
-    @property
-    def omitted(self) -> int:
-        """How many pairs (the oldest) are omitted."""
-        return self._omitted
-
-    def __len__(self) -> int:
-        return self._omitted + len(self._placements)
-
-    def _entry(self, position: int) -> PairPlacement:
-        if position < self._omitted:
-            return PairPlacement(position, OMITTED, None)
-        k = position - self._omitted
-        return PairPlacement(position, self._placements[k], self._summary_ids[k])
-
-    def _key(self) -> tuple[object, ...]:
-        return (self._omitted, self._placements, self._summary_ids)
-
-    def __iter__(self) -> Iterator[PairPlacement]:
-        for position in range(self._omitted):
-            yield PairPlacement(position, OMITTED, None)
-        for position, (placement, summary_id) in enumerate(
-                zip(self._placements, self._summary_ids, strict=True), self._omitted):
-            yield PairPlacement(position, placement, summary_id)
-
-    def __repr__(self) -> str:
-        return f"Manifest(omitted={self._omitted}, included={self[self._omitted:]!r})"
-
-
-@dataclass(frozen=True, slots=True)
-class RejectedSummary:
-    """A stored summary that is not in the projection, with the first reason that applies."""
-
-    summary_id: int
-    from_pair: int
-    reason: Reason
-
-
-class Rejections(_Entries[RejectedSummary]):
-    """`Projection.rejected_summaries`: every stored summary rejected by a rule, and the
-    chosen one whose block was tried and dropped, with its reason, ordered by
-    (from_pair, summary_id) (contract §9).
-
-    A long conversation may hold many stale or superseded summaries: they are kept as
-    three columns and each entry is made when read; it behaves like a tuple of its
-    entries (`_Entries`). `reason_counts` counts without making any entry.
-    """
-
-    __slots__ = ("_from_pairs", "_reasons", "_summary_ids")
-
-    def __init__(self, summary_ids: Sequence[int] = (), from_pairs: Sequence[int] = (),
-                 reasons: Sequence[Reason] = ()) -> None:
-        if not len(summary_ids) == len(from_pairs) == len(reasons):
-            raise ValueError("summary_ids, from_pairs and reasons must have one entry each")
-        self._summary_ids = tuple(summary_ids)
-        self._from_pairs = tuple(from_pairs)
-        self._reasons = tuple(reasons)
-
-    def __len__(self) -> int:
-        return len(self._summary_ids)
-
-    def _entry(self, position: int) -> RejectedSummary:
-        return RejectedSummary(self._summary_ids[position], self._from_pairs[position],
-                               self._reasons[position])
-
-    def _key(self) -> tuple[object, ...]:
-        return (self._summary_ids, self._from_pairs, self._reasons)
-
-    def __iter__(self) -> Iterator[RejectedSummary]:
-        for summary_id, from_pair, reason in zip(self._summary_ids, self._from_pairs,
-                                                 self._reasons, strict=True):
-            yield RejectedSummary(summary_id, from_pair, reason)
-
-    def reason_counts(self) -> dict[Reason, int]:
-        """How many entries have each reason (only reasons that occur)."""
-        return dict(Counter(self._reasons))
-
-    def __repr__(self) -> str:
-        return f"Rejections({list(self)!r})"
-
-
-@dataclass(frozen=True, slots=True)
-class RawItem:
-    """Plan item: a pair that travels as its original user and assistant messages."""
-
-    pair_index: int
-    user_message_id: str
-    assistant_message_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class SummaryItem:
-    """Plan item: a range's 10 original user messages, then one summary message."""
-
-    summary_id: int
-    from_pair: int
-    to_pair: int
-    user_message_ids: tuple[str, ...]
-
-
-PlanItem = RawItem | SummaryItem
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What to project, decided from metadata; `items` are in chronological order."""
-
-    items: tuple[PlanItem, ...]
-    pairs: Manifest
-    rejected_summaries: Rejections
-    used_bytes: int
-    budget_bytes: int
-
-    @property
-    def message_ids(self) -> tuple[str, ...]:
-        """The source messages whose texts the projection needs, chronologically."""
-        ids: list[str] = []
-        for item in self.items:
-            if isinstance(item, RawItem):
-                ids += (item.user_message_id, item.assistant_message_id)
-            else:
-                ids += item.user_message_ids
-        return tuple(ids)
-
-    @property
-    def summary_ids(self) -> tuple[int, ...]:
-        return tuple(i.summary_id for i in self.items if isinstance(i, SummaryItem))
-
-
-@dataclass(frozen=True, slots=True)
-class Projection:
-    """History for the next Run and its manifest (contract §9)."""
-
-    messages: tuple[ChatMessage, ...]
-    pairs: Manifest
-    rejected_summaries: Rejections
-    used_bytes: int
-    budget_bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Exactly the five keys of §9, JSON-ready (what `pycompactor project --json` prints)."""
-        return {
-            "messages": [{"role": m["role"], "content": m["content"]} for m in self.messages],
-            "pairs": [
-                {"pair_index": p.pair_index, "placement": p.placement, "summary_id": p.summary_id}
-                for p in self.pairs
-            ],
-            "rejected_summaries": [
-                {"summary_id": r.summary_id, "from_pair": r.from_pair, "reason": r.reason}
-                for r in self.rejected_summaries
-            ],
-            "used_bytes": self.used_bytes,
-            "budget_bytes": self.budget_bytes,
-        }
-
-
-class HistoryChanged(PycompactorError):
-    """The history changed while it was being projected; project again."""
-
-
-# --------------------------------------------------------------------------- pure core
-
-
-def check_budget(budget_bytes: object) -> int:
-    """A budget is a whole number of bytes, 0 or more; anything else is a bad argument."""
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
-        raise UsageError(f"budget_bytes must be a whole number of bytes, got {budget_bytes!r}")
-    if budget_bytes < 0:
-        raise UsageError(f"budget_bytes must be 0 or more, got {budget_bytes}")
-    if budget_bytes > MAX_BUDGET_BYTES:
-        raise UsageError(f"budget_bytes must be at most {MAX_BUDGET_BYTES}, got {budget_bytes}")
-    return budget_bytes
-
-
-def model_preference(model: str, projection_models: Sequence[str]) -> int:
-    """A model's rank in the owner's projection preference, higher preferred: a model
-    named earlier before one named later, named before unnamed (0).
-
-    The twin of compaction.model_preference (contract §9); a caller of
-    `project_pairs` passes it as each summary's `model_rank`.
-    """
-    try:
-        return len(projection_models) - list(projection_models).index(model)
-    except ValueError:
-        return 0
-
-
-def _preference(summary: SummaryCandidate) -> tuple[int, int, datetime, int]:
-    # Sorted descending (contract §9): newer prompt version, then the owner's
-    # model preference, then latest completed_at, then higher id.
-    return (summary.version_rank, summary.model_rank, summary.completed_at,
-            summary.summary_id)
-
-
-def _range_ids(pairs: Sequence[PairMeta], start: int) -> tuple[str, ...]:
-    """Current source ids [u0, a0, ..., u9, a9] of the range starting at pair `start`."""
-    return tuple(
-        mid for p in pairs[start : start + PAIRS_PER_RANGE]
-        for mid in (p.user_message_id, p.assistant_message_id)
-    )
-
-
-def _binds_range(summary: SummaryBinding, n_pairs: int) -> bool:
-    start = summary.from_pair
-    return (
-        start >= 0
-        and start % PAIRS_PER_RANGE == 0
-        and summary.to_pair == start + PAIRS_PER_RANGE - 1
-        and summary.to_pair < n_pairs
-    )
-
-
-def source_is_current(summary: StoredSummary, pairs: Sequence[SourcePair]) -> bool:
-    """Whether the summary's range exists in `pairs` (all eligible pairs, in order) with
-    exactly its stored 20 ids and source hash (recomputed with `pycompactor.source_hash`).
-
-    The in-memory twin of `projection_summaries.source_current`.
-    """
-    if not _binds_range(summary, len(pairs)):
-        return False
-    block = pairs[summary.from_pair : summary.to_pair + 1]
-    ids = tuple(mid for p in block for mid in (p.user_message_id, p.assistant_message_id))
-    return ids == tuple(summary.source_message_ids) and source_hash(block) == summary.source_hash
-
-
-def summary_reason(summary: SummaryCandidate, pairs: Sequence[PairMeta],
-                   flat_ids: Sequence[str] | None = None) -> Reason | None:
-    """The rejection that applies to a summary whatever the budget, or None if it is valid.
-
-    `version_not_projectable`, then `stale_source`: its source is not current (the range is
-    gone or incomplete, or its current 20 ids or hash differ from the stored ones). Both
-    are decided from metadata for every summary, reachable by the walk or not (contract §9:
-    only `did_not_fit` depends on the budget). The ids are compared with `pairs` as well,
-    so a plan never uses a block whose pairs it was not given.
-    """
-    if not summary.projectable:
-        return VERSION_NOT_PROJECTABLE
-    if not summary.source_current or not _binds_range(summary, len(pairs)):
-        return STALE_SOURCE
-    start = 2 * summary.from_pair
-    current = (_range_ids(pairs, summary.from_pair) if flat_ids is None
-               else tuple(flat_ids[start : start + 2 * PAIRS_PER_RANGE]))
-    if current != tuple(summary.source_message_ids):
-        return STALE_SOURCE
-    return None
-
-
-def _flat_ids(pairs: Sequence[PairMeta]) -> list[str]:
-    """[u0, a0, u1, a1, ...] of all pairs: a range's ids are a slice of it."""
-    flat: list[str] = []
-    for p in pairs:
-        flat += (p.user_message_id, p.assistant_message_id)
-    return flat
-
-
-def _summary_message_bytes(from_pair: int, to_pair: int, summary_bytes: int) -> int:
-    """UTF-8 bytes of a summary message's content: the marker line (its pair numbers are
-    ASCII digits), a newline, the summary; without formatting the line."""
-    return _MARKER_LINE_BYTES + len(str(from_pair)) + len(str(to_pair)) + 1 + summary_bytes
-
-
-#: A raw pair's cost beyond its texts' bytes: two messages.
-_RAW_PAIR_OVERHEAD: Final = 2 * MESSAGE_OVERHEAD_BYTES
-#: A summary block's cost beyond its texts' bytes: 10 user messages and the summary's.
-_BLOCK_OVERHEAD: Final = (PAIRS_PER_RANGE + 1) * MESSAGE_OVERHEAD_BYTES
-
-
-def _block_cost(user_bytes: Iterable[int], from_pair: int, to_pair: int,
-                summary_bytes: int) -> int:
-    """Cost of a summary block from its range's user messages' sizes and its summary's."""
-    return (sum(user_bytes) + _BLOCK_OVERHEAD
-            + _summary_message_bytes(from_pair, to_pair, summary_bytes))
-
-
-def block_cost(summary: ChosenSummary, pairs: Sequence[PairMeta], first: int = 0) -> int:
-    """Cost of a summary block: the range's 10 user messages plus the summary message.
-    `pairs` start at pair `first`."""
-    users = pairs[summary.from_pair - first : summary.to_pair + 1 - first]
-    return _block_cost((p.user_bytes for p in users), summary.from_pair, summary.to_pair,
-                       summary.summary_bytes)
-
-
-@dataclass(frozen=True, slots=True)
-class Selection:
-    """Outcome of `select_summaries`, before the walk."""
-
-    chosen: dict[int, SummaryCandidate]  # by from_pair
-    rejected: dict[int, Reason]  # by summary_id
-
-
-def select_summaries(
-    pairs: Sequence[PairMeta], summaries: Sequence[SummaryCandidate]
-) -> Selection:
-    """Per range, the chosen summary; per other summary, its rejection reason.
-
-    Reasons are checked in the contract's order: version_not_projectable, stale_source,
-    superseded (did_not_fit is decided later, by the walk).
-    """
-    rejected: dict[int, Reason] = {}
-    by_range: dict[int, list[SummaryCandidate]] = {}
-    flat_ids = _flat_ids(pairs) if summaries else []
-    for summary in summaries:
-        reason = summary_reason(summary, pairs, flat_ids)
-        if reason is not None:
-            rejected[summary.summary_id] = reason
-        else:
-            by_range.setdefault(summary.from_pair, []).append(summary)
-    chosen: dict[int, SummaryCandidate] = {}
-    for from_pair, valid in by_range.items():
-        best, *others = sorted(valid, key=_preference, reverse=True)
-        chosen[from_pair] = best
-        for other in others:
-            rejected[other.summary_id] = SUPERSEDED
-    return Selection(chosen, rejected)
-
-
-class ChosenSummary(Protocol):
-    """What the walk needs of a range's chosen summary (SummaryCandidate has these)."""
-
-    @property
-    def summary_id(self) -> int: ...
-
-    @property
-    def from_pair(self) -> int: ...
-
-    @property
-    def to_pair(self) -> int: ...
-
-    @property
-    def summary_bytes(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _Chosen:
-    """A chosen summary as the database's verdict gives it (projection_frame)."""
-
-    summary_id: int
-    from_pair: int
-    to_pair: int
-    summary_bytes: int
-
-
-class _Columns(NamedTuple):
-    """Pairs `first`.. as four columns, the way projection_frame gives them: the walk reads
-    them by position and makes no object per pair."""
-
-    user_message_ids: Sequence[str]
-    assistant_message_ids: Sequence[str]
-    user_bytes: Sequence[int]
-    assistant_bytes: Sequence[int]
-
-
-def _columns(pairs: Sequence[PairMeta]) -> _Columns:
-    return _Columns([p.user_message_id for p in pairs], [p.assistant_message_id for p in pairs],
-                    [p.user_bytes for p in pairs], [p.assistant_bytes for p in pairs])
-
-
-class _Walk(NamedTuple):
-    """What the walk decided: newest first, the plan items and each included pair's
-    placement and summary id; the chosen summaries whose blocks it tried and dropped,
-    and the first pair it included. Not `finished` when it needed a pair before those it
-    was given."""
-
-    items: list[PlanItem]
-    placements: list[Placement]
-    summary_ids: list[int | None]
-    dropped: set[int]
-    remaining: int
-    start: int
-    finished: bool
-
-
-_SUMMARIZED_RANGE: Final[list[Placement]] = [SUMMARIZED] * PAIRS_PER_RANGE
-
-
-def _walk(pairs: _Columns, first: int, chosen: Mapping[int, ChosenSummary],
-          budget: int) -> _Walk:
-    """The budget walk over pairs `first`.. (all pairs after them; `first` a multiple of
-    10), newest first. Not finished when it would need a pair before `first` (the caller
-    reads further back and walks again); always finished for first = 0.
-
-    A pair outside any chosen summary's range is taken raw; at a range with a chosen
-    summary the whole block is tried, and if it does not fit (`dropped`: `did_not_fit`),
-    that range's raw pairs newest first. The first thing that does not fit ends the
-    walk, so the included history is always a contiguous newest suffix. A block costs
-    `_block_cost`, a raw pair its two texts' bytes and `_RAW_PAIR_OVERHEAD`.
-    """
-    users, assistants, user_bytes, assistant_bytes = pairs
-    remaining = budget
-    newest_first: list[PlanItem] = []
-    placements: list[Placement] = []
-    summary_ids: list[int | None] = []
-    dropped: set[int] = set()
-    index = first + len(users) - 1
-    while index >= 0:
-        if index < first:
-            return _Walk(newest_first, placements, summary_ids, dropped, remaining,
-                         index + 1, False)
-        start = index - index % PAIRS_PER_RANGE
-        summary = chosen.get(start)
-        # A range's block is tried once: if it fits the walk moves past the range, and if
-        # it is dropped the walk goes on over the range's raw pairs.
-        if summary is not None and summary.summary_id not in dropped:
-            # A chosen summary's range is complete and the walk is contiguous, so the walk
-            # meets the range at its last pair.
-            assert index == summary.to_pair
-            low, high = start - first, summary.to_pair + 1 - first
-            cost = _block_cost(user_bytes[low:high], start, summary.to_pair,
-                               summary.summary_bytes)
-            if cost <= remaining:
-                remaining -= cost
-                newest_first.append(SummaryItem(summary.summary_id, start, summary.to_pair,
-                                                tuple(users[low:high])))
-                placements += _SUMMARIZED_RANGE
-                summary_ids += (summary.summary_id,) * PAIRS_PER_RANGE
-                index = start - 1
-                continue
-            # The block does not fit: fall back to this range's raw pairs, newest first.
-            dropped.add(summary.summary_id)
-        position = index - first
-        cost = user_bytes[position] + assistant_bytes[position] + _RAW_PAIR_OVERHEAD
-        if cost > remaining:
-            break
-        remaining -= cost
-        newest_first.append(RawItem(index, users[position], assistants[position]))
-        placements.append(RAW)
-        summary_ids.append(None)
-        index -= 1
-    return _Walk(newest_first, placements, summary_ids, dropped, remaining, index + 1, True)
-
-
-def _plan(walk: _Walk, verdicts: Iterable[tuple[int, int, Reason | None]],
-          budget: int) -> Plan:
-    """The plan from a finished walk and the summaries' (summary_id, from_pair, reason),
-    ordered by (from_pair, summary_id), reason None for the one chosen per range: every
-    rejected summary, and at least the chosen ones the walk reached.
-
-    A chosen summary is `did_not_fit` only when the walk tried its block and dropped it
-    (contract §9); one beyond the walk's reach was not tried and is not listed (its pairs
-    are `omitted`), so the rejections do not grow with the summaries the budget cannot
-    reach.
-    """
-    ids: list[int] = []
-    from_pairs: list[int] = []
-    reasons: list[Reason] = []
-    dropped = walk.dropped
-    for summary_id, from_pair, reason in verdicts:
-        if reason is None:
-            if summary_id not in dropped:
-                continue
-            reason = DID_NOT_FIT
-        ids.append(summary_id)
-        from_pairs.append(from_pair)
-        reasons.append(reason)
-    return Plan(
-        items=tuple(reversed(walk.items)),
-        pairs=Manifest._of_columns(walk.start, walk.placements[::-1],
-                                   walk.summary_ids[::-1]),
-        rejected_summaries=Rejections(ids, from_pairs, reasons),
-        used_bytes=budget - walk.remaining,
-        budget_bytes=budget,
-    )
-
-
-def plan_projection(
-    pairs: Sequence[PairMeta], summaries: Sequence[SummaryCandidate], budget_bytes: int
-) -> Plan:
-    """Decide the projection from metadata alone (pure and deterministic).
-
-    `pairs` are all eligible pairs, pair_index 0..N-1 in order; `summaries` are every
-    stored summary of the conversation and scope, in any order, each knowing whether its
-    source is current. Every summary gets its reason from metadata, wherever its range
-    lies (`select_summaries`); then the walk (`_walk`) decides what fits. A chosen
-    summary whose block the walk tried and dropped is `did_not_fit`; one beyond the
-    walk's reach is not listed.
-    """
-    budget = check_budget(budget_bytes)
-    if any(p.pair_index != i for i, p in enumerate(pairs)):
-        raise ValueError("pairs must be every eligible pair, ordered by pair_index from 0")
-    selection = select_summaries(pairs, summaries)
-    walk = _walk(_columns(pairs), 0, selection.chosen, budget)
-    assert walk.finished  # it was given every pair
-    chosen_ids = {s.summary_id for s in selection.chosen.values()}
-    verdicts = sorted(
-        ((s.summary_id, s.from_pair,
-          None if s.summary_id in chosen_ids else selection.rejected[s.summary_id])
-         for s in summaries),
-        key=lambda v: (v[1], v[0]),
-    )
-    return _plan(walk, verdicts, budget)
-
-
-def render_projection(
-    plan: Plan, message_texts: Mapping[str, str], summary_texts: Mapping[int, str]
-) -> Projection:
-    """Turn a plan and the texts it names into chat messages (pure).
-
-    Raises HistoryChanged if a text is missing or its size differs from what was planned
-    (the history changed between reads), so the budget holds whatever happens.
-    """
-    messages: list[ChatMessage] = []
-    try:
-        for item in plan.items:
-            if isinstance(item, RawItem):
-                messages.append({"role": "user",
-                                 "content": message_texts[item.user_message_id]})
-                messages.append({"role": "assistant",
-                                 "content": message_texts[item.assistant_message_id]})
-            else:
-                messages.extend({"role": "user", "content": message_texts[mid]}
-                                for mid in item.user_message_ids)
-                # The summary is a lossy account of assistant replies only: it travels in
-                # an assistant message, never as something the user said.
-                messages.append({
-                    "role": "assistant",
-                    "content": summary_content(item.from_pair, item.to_pair,
-                                               summary_texts[item.summary_id]),
-                })
-    except KeyError as exc:
-        raise HistoryChanged(
-            f"history changed while projecting ({exc.args[0]!r} disappeared); project again"
-        ) from None
-    # message_cost of each, summed with one call per message (a projection's last step,
-    # paid on every call).
-    used = (sum(len(m["content"].encode("utf-8")) for m in messages)
-            + MESSAGE_OVERHEAD_BYTES * len(messages))
-    if used != plan.used_bytes or used > plan.budget_bytes:
-        raise HistoryChanged(
-            f"history changed while projecting (planned {plan.used_bytes} bytes, "
-            f"texts cost {used}); project again"
-        )
-    return Projection(
-        messages=tuple(messages),
-        pairs=plan.pairs,
-        rejected_summaries=plan.rejected_summaries,
-        used_bytes=used,
-        budget_bytes=plan.budget_bytes,
-    )
-
-
-def project_pairs(
-    pairs: Sequence[SourcePair], summaries: Sequence[StoredSummary], *, budget_bytes: int
-) -> Projection:
-    """The whole projection over in-memory pairs and summaries (no database).
-
-    It follows the database path step for step: each summary's source is judged by
-    recomputing its range's ids and hash (`pycompactor.source_hash`, the Python twin of
-    the SQL) from `pairs`, so both paths give the same projection and the same reasons.
-    """
-    budget = check_budget(budget_bytes)
-    metas = [
-        PairMeta(p.pair_index, p.user_message_id, p.assistant_message_id,
-                 utf8_len(p.user_content), utf8_len(p.assistant_content))
-        for p in pairs
-    ]
-    plan = plan_projection(metas, [s.candidate(pairs) for s in summaries], budget)
-    texts = {p.user_message_id: p.user_content for p in pairs}
-    texts.update({p.assistant_message_id: p.assistant_content for p in pairs})
-    return render_projection(plan, texts, {s.summary_id: s.summary for s in summaries})
+from pycompactor.errors import PycompactorError, wrap_exceptions
+from pycompactor.hashing import PAIRS_PER_RANGE
+from pycompactor.projection_plan import (
+    _BLOCK_OVERHEAD,
+    _RAW_PAIR_OVERHEAD,
+    _SUMMARIZED_RANGE,
+    ChosenSummary,
+    Selection,
+    _block_cost,
+    _Chosen,
+    _Columns,
+    _columns,
+    _flat_ids,
+    _plan,
+    _preference,
+    _range_ids,
+    _summary_message_bytes,
+    _Walk,
+    _walk,
+    block_cost,
+    check_budget,
+    model_preference,
+    plan_projection,
+    project_pairs,
+    render_projection,
+    select_summaries,
+    summary_reason,
+)
+from pycompactor.projection_types import (
+    _MARKER_BYTES,
+    _MARKER_LINE_BYTES,
+    _MAX_PAIRS_READ,
+    DID_NOT_FIT,
+    MAX_BUDGET_BYTES,
+    MESSAGE_OVERHEAD_BYTES,
+    OMITTED,
+    RAW,
+    STALE_SOURCE,
+    SUMMARIZED,
+    SUMMARY_MARKER,
+    SUPERSEDED,
+    VERSION_NOT_PROJECTABLE,
+    ChatMessage,
+    EntryT,
+    HistoryChanged,
+    Manifest,
+    PairMeta,
+    PairPlacement,
+    Placement,
+    Plan,
+    PlanItem,
+    Projection,
+    RawItem,
+    Reason,
+    RejectedSummary,
+    Rejections,
+    SourcePair,
+    StoredSummary,
+    SummaryBinding,
+    SummaryCandidate,
+    SummaryItem,
+    _binds_range,
+    _Entries,
+    marker_line,
+    message_cost,
+    source_is_current,
+    summary_content,
+    utf8_len,
+)
+
+#: Every name this module offers: its reading layer and, re-exported so that
+#: `pycompactor.projection` stays the one place to import them from, the vocabulary of
+#: `pycompactor.projection_types` and the pure core of `pycompactor.projection_plan`.
+__all__ = [
+    "DID_NOT_FIT",
+    "MAX_BUDGET_BYTES",
+    "MESSAGE_OVERHEAD_BYTES",
+    "OMITTED",
+    "RAW",
+    "STALE_SOURCE",
+    "SUMMARIZED",
+    "SUMMARY_MARKER",
+    "SUPERSEDED",
+    "VERSION_NOT_PROJECTABLE",
+    "_BLOCK_OVERHEAD",
+    "_MARKER_BYTES",
+    "_MARKER_LINE_BYTES",
+    "_MAX_PAIRS_READ",
+    "_OPEN",
+    "_RAW_PAIR_OVERHEAD",
+    "_REASONS",
+    "_SUMMARIZED_RANGE",
+    "ChatMessage",
+    "ChosenSummary",
+    "EntryT",
+    "HistoryChanged",
+    "Manifest",
+    "PairMeta",
+    "PairPlacement",
+    "Placement",
+    "Plan",
+    "PlanItem",
+    "Projection",
+    "RawItem",
+    "Reason",
+    "RejectedSummary",
+    "Rejections",
+    "Selection",
+    "SourcePair",
+    "Steps",
+    "StoredSummary",
+    "SummaryBinding",
+    "SummaryCandidate",
+    "SummaryItem",
+    "_Chosen",
+    "_Columns",
+    "_Entries",
+    "_Read",
+    "_Walk",
+    "_aread_in_snapshot",
+    "_aread_once",
+    "_asnapshot",
+    "_binds_range",
+    "_block_cost",
+    "_columns",
+    "_finish",
+    "_first_read",
+    "_flat_ids",
+    "_frame_step",
+    "_next_read",
+    "_observers",
+    "_one_read",
+    "_one_read_query",
+    "_plan",
+    "_preference",
+    "_projection_steps",
+    "_range_ids",
+    "_read_in_snapshot",
+    "_read_once",
+    "_reason",
+    "_snapshot",
+    "_summary_message_bytes",
+    "_texts",
+    "_texts_query",
+    "_walk",
+    "aproject_history",
+    "block_cost",
+    "check_budget",
+    "marker_line",
+    "message_cost",
+    "model_preference",
+    "observe",
+    "plan_projection",
+    "project_history",
+    "project_pairs",
+    "render_projection",
+    "select_summaries",
+    "source_is_current",
+    "summary_content",
+    "summary_reason",
+    "utf8_len",
+]
 
 
 # --------------------------------------------------------------------------- database
