@@ -45,6 +45,12 @@ calls to `enqueue`) leaves a queue worker idle while targets wait. The first pas
 run that finds the queue empty therefore looks at the first few conversations of the
 source, and if one has a target without a summary it logs `idle_hint` once (enqueue
 after each settled Run, the session wrappers do it, or run with --sweep).
+
+The claiming loop (passes, finding work, the claims and their answers) lives in
+`pycompactor.worker_claim` (`Worker` inherits it), the configuration, reason codes and
+results in `pycompactor.worker_types`; this module keeps the Worker itself: stopping,
+the database calls, running an attempt, recording it, heartbeats and the drain. Every
+name of the two is re-exported here (see `__all__`).
 """
 
 from __future__ import annotations
@@ -53,72 +59,100 @@ import contextlib
 import os
 import random
 import signal
-import socket
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from types import FrameType
-from typing import Any, Concatenate, Final, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final
 
 from pycompactor import db, metrics
 from pycompactor.connections import Connections, is_transient
 from pycompactor.errors import (
-    DatabaseTimeout,
-    LockTimeout,
     LogLost,
     ModelUnreachable,
     PycompactorError,
     TransactionConflict,
 )
-from pycompactor.eventlog import EventLog, LogFormat, secrets_of
+from pycompactor.eventlog import EventLog, secrets_of
 from pycompactor.figures import (
-    MAX_INVENTED_FIGURES_BOUND,
-    FigureStats,
     figure_stats,
     invented_figures,
 )
 from pycompactor.hashing import PAIRS_PER_RANGE
-from pycompactor.models import QueuedConversation, RangeClaim, RangeReply
+from pycompactor.models import QueuedConversation, RangeReply
 from pycompactor.outcomes import Failure, ModelOutcome, Reply
 from pycompactor.summarizer import (
-    DEFAULT_TIMEOUT_SECONDS,
-    PROMPT_VERSION,
     Summarizer,
     unreachable,
 )
+from pycompactor.worker_claim import (
+    _Claiming,
+    _oldest_age,
+)
+from pycompactor.worker_types import (
+    _DB_BACKOFF_MAX,
+    _DB_BACKOFF_START,
+    _HINT_PROBE_CONVERSATIONS,
+    _IDLE_START_SECONDS,
+    _RETRY_LATER,
+    _TICK,
+    FIGURES_INVENTED,
+    FIGURES_LOST,
+    INTERRUPTED,
+    SOURCE_MOVED,
+    SOURCE_UNREADABLE,
+    WORKER_ERROR,
+    Candidate,
+    ClaimedJob,
+    Figures,
+    JobResult,
+    Params,
+    Result,
+    WorkerConfig,
+    WorkerReport,
+    default_worker_id,
+)
 
-#: Failure reason when the shutdown drain ran out before the model answered.
-INTERRUPTED: Final = "interrupted"
-#: Failure reason when the summarizer raised instead of returning an outcome (a bug).
-WORKER_ERROR: Final = "worker_error"
-#: Failure reason when the claimed range changed before its replies were read: no model
-#: call is made (the identity's hash no longer matches the source).
-SOURCE_MOVED: Final = "source_moved"
-#: Failure reason when the database could not give the claimed range's replies (a
-#: timeout, or the connection broke); a later pass retries.
-SOURCE_UNREADABLE: Final = "source_unreadable"
-#: Failure reason when a summary kept fewer than --min-figure-retention of the figures.
-FIGURES_LOST: Final = "figures_lost"
-#: Failure reason when a summary states more figures that no reply holds than
-#: --max-invented-figures allows (contract §8; the default allows none).
-FIGURES_INVENTED: Final = "figures_invented"
+#: Every name this module offers: the Worker and its run and, re-exported so that
+#: `pycompactor.worker` stays the one place to import them from, the claiming loop of
+#: `pycompactor.worker_claim` and the configuration and results of
+#: `pycompactor.worker_types`.
+__all__ = [
+    "FIGURES_INVENTED",
+    "FIGURES_LOST",
+    "INTERRUPTED",
+    "SOURCE_MOVED",
+    "SOURCE_UNREADABLE",
+    "WORKER_ERROR",
+    "_CONFLICT_PAUSE",
+    "_CONFLICT_RETRIES",
+    "_DB_BACKOFF_MAX",
+    "_DB_BACKOFF_START",
+    "_ENDING_SECONDS",
+    "_HINT_PROBE_CONVERSATIONS",
+    "_IDLE_START_SECONDS",
+    "_RETRY_LATER",
+    "_TICK",
+    "Candidate",
+    "ClaimedJob",
+    "Figures",
+    "JobResult",
+    "Params",
+    "Result",
+    "Worker",
+    "WorkerConfig",
+    "WorkerReport",
+    "_Claiming",
+    "_Running",
+    "_ms_since",
+    "_oldest_age",
+    "default_worker_id",
+    "reply_stats",
+    "run_worker",
+]
 
-# Claim refusals after which the conversation may become claimable later: put it back.
-# Not already_running: that attempt's worker completes it, or the reaper expires it and
-# re-queues the conversation.
-_RETRY_LATER: Final = frozenset({"admission_full", "not_eligible", "source_mismatch"})
-# Granularity of the main thread's waits: how fast it notices a signal or a free slot.
-_TICK: Final = 0.05
-_IDLE_START_SECONDS: Final = 0.05
-# How many conversations (the first, in id order) the idle hint looks at: a bounded look,
-# once per run, so an idle worker never scans the source.
-_HINT_PROBE_CONVERSATIONS: Final = 20
-_DB_BACKOFF_START: Final = 0.5
-_DB_BACKOFF_MAX: Final = 30.0
 # A call the server rolled back for a concurrent transaction (TransactionConflict) is
 # sent again at once, alone, up to this many times, after a short random pause that
 # doubles each time (so two colliding workers do not collide again in step).
@@ -126,124 +160,6 @@ _CONFLICT_RETRIES: Final = 8
 _CONFLICT_PAUSE: Final = 0.01
 # How long a call that ends an attempt (at shutdown) keeps trying once `_db` gave up.
 _ENDING_SECONDS: Final = 5.0
-
-Params = ParamSpec("Params")
-Result = TypeVar("Result")
-
-
-def default_worker_id() -> str:
-    """host:pid:uuid, unique per process, readable in the attempt log."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    """Everything `pycompactor worker` was told; the model string is the job's `model`."""
-
-    model: str
-    dsn: str | None = None
-    scope: str = "default"
-    once: bool = False
-    conversation: str | None = None
-    sweep: bool = False
-    concurrency: int = 4
-    lease: timedelta = db.DEFAULT_LEASE
-    poll_seconds: float = 5.0
-    drain_seconds: float = 30.0
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    log_format: LogFormat = "text"
-    #: Conversations taken from the queue (or a sweep page) per statement.
-    batch_size: int = 100
-    worker_id: str = field(default_factory=default_worker_id)
-    #: lock_timeout / statement_timeout of every database call (a hung session's lock
-    #: costs one timeout and that target is left for a later pass).
-    timeouts: db.Timeouts = db.DEFAULT_TIMEOUTS
-    #: --min-figure-retention: a summary keeping fewer than this share of its range's
-    #: figures fails with `figures_lost` (0, the default, turns the gate off).
-    min_figure_retention: float = 0.0
-    #: --max-invented-figures: a summary stating more than this many distinct figures
-    #: that none of its ten replies holds fails with `figures_invented` (default 0).
-    max_invented_figures: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.model:
-            raise ValueError("a worker needs a model")
-        if not 0.0 <= self.min_figure_retention <= 1.0:
-            raise ValueError("min_figure_retention must lie between 0 and 1")
-        if isinstance(self.max_invented_figures, bool) \
-                or not isinstance(self.max_invented_figures, int) \
-                or not 0 <= self.max_invented_figures <= MAX_INVENTED_FIGURES_BOUND:
-            raise ValueError("max_invented_figures must be a whole number from 0 to "
-                             f"{MAX_INVENTED_FIGURES_BOUND}")
-        if self.concurrency < 1 or self.batch_size < 1:
-            raise ValueError("concurrency and batch_size must be at least 1")
-        if self.concurrency > 10_000:
-            # compaction.settings.max_running admits at most 10,000 across all workers.
-            raise ValueError("concurrency must be at most 10000")
-        low, high = db.LEASE_BOUNDS
-        if not low <= self.lease <= high:
-            raise ValueError("the lease must lie between 1 second and 1 day")
-        if self.conversation is not None and self.sweep:
-            raise ValueError("--conversation and --sweep exclude each other")
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A target not yet summarized under this worker's identity; the claim binds these."""
-
-    conversation_id: str
-    from_pair: int
-    source_message_ids: list[str]
-    source_hash: str
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedJob:
-    """One claimed attempt; (job_id, attempt) is the fencing token, source_hash what the
-    claim bound (the replies are read only while the range still has it)."""
-
-    conversation_id: str
-    scope: str
-    from_pair: int
-    job_id: int
-    attempt: int
-    source_hash: str
-
-
-@dataclass(frozen=True, slots=True)
-class JobResult:
-    """How one claimed attempt ended, as far as this worker knows.
-
-    outcome: `completed`; `failed` (reason from the database or the summarizer);
-    `lease_lost` (the fence refused us: reaped, or recorded by someone else);
-    `interrupted` (shutdown drain ran out); `result_lost` (the database stayed
-    unreachable: the reaper will expire the attempt).
-    """
-
-    job: ClaimedJob
-    outcome: str
-    reason: str
-    summary_id: int | None
-    latency_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Figures:
-    """A reply's figures (contract §8): kept of the replies' (stats), and how many
-    distinct figures it states that no reply holds (invented)."""
-
-    stats: FigureStats
-    invented: int
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerReport:
-    """Totals of a worker run (what `stopped` logs)."""
-
-    passes: int
-    claimed: int
-    refused: dict[str, int]
-    outcomes: dict[str, int]
 
 
 # --- the worker ------------------------------------------------------------------------
@@ -263,7 +179,7 @@ class _Running:
         self.done = threading.Event()
 
 
-class Worker:
+class Worker(_Claiming):
     """One worker process's engine; `run()` returns when the pass (or the loop) is over."""
 
     def __init__(self, config: WorkerConfig, summarizer: Summarizer, *,
@@ -422,314 +338,6 @@ class Worker:
         with self._counts_lock:
             return WorkerReport(self._passes, self._claimed, dict(self._refused),
                                 dict(self._outcomes))
-
-    def _loop(self) -> None:
-        idle = _IDLE_START_SECONDS
-        db_backoff = _DB_BACKOFF_START
-        while not self.stopping:
-            # Dequeue only when a local slot is free: work taken off the queue should not
-            # wait in this process while other workers idle.
-            if not self._take_slot():
-                break
-            self._slots.release()  # only this thread claims, so the slot stays free
-            try:
-                busy = self._pass()
-            except PycompactorError as exc:
-                if not is_transient(exc):
-                    raise
-                self._log.emit("db_error", error=str(exc), retry_in_seconds=db_backoff)
-                self._pool.close_all()
-                self._sleep(db_backoff)
-                db_backoff = min(db_backoff * 2, _DB_BACKOFF_MAX)
-                continue
-            db_backoff = _DB_BACKOFF_START
-            if busy:
-                idle = _IDLE_START_SECONDS
-            else:
-                self._sleep(idle)
-                idle = min(idle * 2, max(self.config.poll_seconds, _IDLE_START_SECONDS))
-
-    # -- one pass ----------------------------------------------------------------------
-
-    def _pass(self) -> bool:
-        """Reap, find conversations, claim what is claimable. True if anything was claimed
-        without hitting global admission (the loop then goes again without backing off)."""
-        cfg = self.config
-        with self._counts_lock:
-            self._passes += 1
-        self._release(list(self._unsettled))
-        self._reap()
-        claimed = 0
-        examined = 0
-        throttled = False
-        for conversation_id, entries in self._work():
-            examined += 1
-            if self.stopping or throttled:
-                self._release(entries)
-                continue
-            n, admission_full = self._process(conversation_id)
-            self._ack(entries)
-            claimed += n
-            throttled = throttled or admission_full
-        if cfg.conversation is not None and not self._seen_targets and not self._warned:
-            # Asked only when --conversation gave nothing to look at: a pass that found
-            # targets costs no statement more.
-            self._warned = True
-            self._warn_if_unknown(cfg.conversation)
-        if (examined == 0 and not self._hinted and not self.stopping
-                and cfg.conversation is None and not cfg.sweep):
-            self._hinted = True
-            self._hint_unqueued()
-        return claimed > 0 and not throttled and not cfg.once
-
-    def _hint_unqueued(self) -> None:
-        """Nothing was queued: say why when a conversation has targets nothing queued."""
-        cfg = self.config
-        try:
-            found = self._db(db.unqueued_targets, cfg.scope, cfg.model, PROMPT_VERSION,
-                             _HINT_PROBE_CONVERSATIONS)
-            if found is not None:
-                self._log.emit(
-                    "idle_hint", reason="targets_not_queued", scope=cfg.scope,
-                    conversation_id=found[0], targets=found[1],
-                    hint="the queue is empty but this conversation has targets without a"
-                         " summary: nothing queued it. Call"
-                         " compaction.enqueue(conversation_id) after each settled Run (the"
-                         " SDK session wrappers do), or run the worker with --sweep")
-        except PycompactorError as exc:
-            # A lost connection is reported like any other (the loop logs db_error and
-            # reconnects), not swallowed with the hint; anything else only costs the hint.
-            if is_transient(exc):
-                raise
-            return
-
-    def _reap(self) -> None:
-        # Claims reap the identity they touch; this catches the rest (and re-queues a dead
-        # worker's conversation), at most once per poll interval or tenth of our lease in
-        # loop mode: passes can be many per second when busy, and other workers' leases
-        # may be shorter than ours.
-        now = time.monotonic()
-        every = min(self.config.lease.total_seconds() / 10, self.config.poll_seconds)
-        if not self.config.once and now - self._last_reap < every:
-            return
-        self._last_reap = now
-        reaped = self._db(db.reap)
-        if reaped:
-            self._log.emit("reaped", count=reaped)
-
-    def _work(self) -> Iterator[tuple[str, list[QueuedConversation]]]:
-        """Conversations to examine, each with the queue entries it came from (to ack)."""
-        cfg = self.config
-        if cfg.conversation is not None:
-            yield cfg.conversation, []
-            return
-        if cfg.sweep:
-            yield from self._sweep()
-            return
-        seen: set[tuple[str, str]] = set()
-        while not self.stopping:
-            limit = min(cfg.batch_size if cfg.once else cfg.concurrency, db.DEQUEUE_LIMIT)
-            # Only this worker's scope: other scopes' entries are never touched.
-            batch = self._db(db.dequeue, limit, scope=cfg.scope, lease=self._queue_lease)
-            metrics.dequeued(len(batch), _oldest_age(batch, self._queue_lease))
-            if not batch:
-                return
-            self._unsettled.extend(batch)
-            for i, entry in enumerate(batch):
-                key = (entry.conversation_id, entry.scope)
-                if key in seen or self.stopping:
-                    # Back where this pass started (our own put-backs): the pass is over.
-                    self._release(batch[i:])
-                    return
-                seen.add(key)
-                yield entry.conversation_id, [entry]
-            if not cfg.once:
-                return  # loop mode: one batch per pass, so the reaper and backoff run
-
-    def _sweep(self) -> Iterator[tuple[str, list[QueuedConversation]]]:
-        """--sweep: every conversation of source_runs in id order, a page per statement.
-
-        With --once, the whole walk; in the loop, one page per pass from where the last
-        one stopped (wrapping around), so a full sweep is slow and spread out.
-        """
-        cfg = self.config
-        while not self.stopping:
-            page = self._db(db.conversations_after, self._sweep_after, cfg.batch_size)
-            self._sweep_after = page[-1] if len(page) == cfg.batch_size else ""
-            for conversation_id in page:
-                if self.stopping:
-                    return
-                yield conversation_id, []
-            if not cfg.once or not self._sweep_after:
-                return
-
-    def _release(self, entries: Sequence[QueuedConversation]) -> None:
-        """Give leased entries back unexamined, in their original place."""
-        self._end_leases(entries, db.release)
-
-    def _ack(self, entries: Sequence[QueuedConversation]) -> None:
-        """The conversation was examined: acknowledge its entries (an enqueue made during
-        the lease, ours or new history's, keeps the entry waiting)."""
-        self._end_leases(entries, db.ack)
-
-    def _end_leases(self, entries: Sequence[QueuedConversation],
-                    call: Callable[[db.Connection, QueuedConversation], object]) -> None:
-        # lease_lost answers need nothing: the lease ran out and the entry is another
-        # worker's (or gone).
-        for entry in entries:
-            try:
-                self._db(call, entry)
-            except DatabaseTimeout as exc:
-                # A writer holds the entry in a long transaction: leave it leased; the
-                # lease runs out and a later pass examines the conversation again.
-                self._log.emit("target_skipped", conversation_id=entry.conversation_id,
-                               outcome="skipped",
-                               reason="lock_timeout" if isinstance(exc, LockTimeout)
-                               else "statement_timeout", error=str(exc))
-            self._settled([entry])
-
-    def _settled(self, entries: Sequence[QueuedConversation]) -> None:
-        for entry in entries:
-            with contextlib.suppress(ValueError):
-                self._unsettled.remove(entry)
-
-    def _process(self, conversation_id: str) -> tuple[int, bool]:
-        """Examine one conversation and claim its claimable targets; (claimed, throttled).
-
-        The look and the first claims are one call (`claim_next_targets`, one judgement of
-        the conversation): it claims up to as many targets as there are model calls free
-        now (none: the look alone), passing over a range refused for itself. What it did
-        not try waits for free model calls and goes in `claim_targets` batches."""
-        cfg = self.config
-        free = self._free_slots()
-        try:
-            targets = self._db(db.claim_next_targets, conversation_id, cfg.scope, free,
-                               cfg.model, PROMPT_VERSION, cfg.worker_id, lease=cfg.lease)
-        except DatabaseTimeout as exc:
-            self._release_slots(free)
-            self._skipped(conversation_id, None, exc)
-            return 0, False
-        except BaseException:
-            self._release_slots(free)
-            raise
-        self._seen_targets += len(targets)
-        remaining: list[Candidate] = []
-        answered: list[tuple[Candidate, RangeClaim]] = []
-        for target in targets:
-            if target.completed:
-                metrics.target_skipped("already_completed")
-                self._log.emit("target_skipped", conversation_id=conversation_id,
-                               from_pair=target.from_pair, outcome="skipped",
-                               reason="already_completed")
-                continue
-            candidate = Candidate(conversation_id, target.from_pair,
-                                  target.source_message_ids, target.source_hash)
-            if target.claimed is None or target.reason is None:
-                remaining.append(candidate)
-            else:
-                answered.append((candidate, RangeClaim(
-                    target.from_pair, target.claimed, target.reason, target.job_id,
-                    target.attempt, target.lease_expires_at)))
-        # A claimed range keeps one of the slots taken; the rest go back.
-        self._release_slots(free - sum(1 for _, answer in answered if answer.claimed))
-        claimed, requeue, admission_full = self._answer(conversation_id, answered,
-                                                        slot_each=False)
-        while remaining:
-            if admission_full or not self._take_slot():
-                requeue = True  # stopping or throttled before every target was tried
-                break
-            # One claim call for as many targets as there are model calls free: the
-            # database locks and judges the conversation once for all of them.
-            batch = [remaining.pop(0)]
-            while (remaining and len(batch) < db.CLAIM_BATCH_LIMIT and not self.stopping
-                   and self._slots.acquire(blocking=False)):
-                batch.append(remaining.pop(0))
-            try:
-                results = self._db(
-                    db.claim_targets, conversation_id, cfg.scope,
-                    [(c.from_pair, c.source_message_ids, c.source_hash) for c in batch],
-                    cfg.model, PROMPT_VERSION, cfg.worker_id, lease=cfg.lease,
-                )
-            except DatabaseTimeout as exc:
-                # A hung session holds this conversation's lock (or the database is
-                # overloaded): give up the conversation for this pass, keep it queued.
-                self._release_slots(len(batch))
-                self._skipped(conversation_id, batch[0].from_pair, exc)
-                requeue = True
-                break
-            except BaseException:
-                self._release_slots(len(batch))
-                raise
-            if len(results) < len(batch):
-                # The first admission_full ends a batch: the targets after it were not
-                # tried, and their slots go back.
-                self._release_slots(len(batch) - len(results))
-                requeue = True
-            for candidate, result in zip(batch, results, strict=False):
-                if result.from_pair != candidate.from_pair:
-                    raise RuntimeError(
-                        f"claim_targets answered range {result.from_pair} for range"
-                        f" {candidate.from_pair}: the schema and this package disagree")
-            n, again, full = self._answer(conversation_id, list(zip(batch, results,
-                                                                     strict=False)))
-            claimed += n
-            requeue = requeue or again
-            admission_full = admission_full or full
-        # No re-queue after a successful claim: if this process dies mid-call, the reaper
-        # expires the attempt and puts the conversation back on the queue itself.
-        if requeue:
-            self._enqueue(conversation_id)
-        return claimed, admission_full
-
-    def _free_slots(self) -> int:
-        """Take every model call free now, without waiting (at most a claim batch)."""
-        taken = 0
-        while (taken < db.CLAIM_BATCH_LIMIT and not self.stopping
-               and self._slots.acquire(blocking=False)):
-            taken += 1
-        return taken
-
-    def _answer(self, conversation_id: str, answers: Sequence[tuple[Candidate, RangeClaim]],
-                *, slot_each: bool = True) -> tuple[int, bool, bool]:
-        """Start each claimed attempt (it keeps its slot) and log each refusal, giving its
-        slot back when each answer holds one (`slot_each`); (claimed, worth a later pass,
-        admission_full)."""
-        cfg = self.config
-        claimed = 0
-        requeue = False
-        admission_full = False
-        for candidate, result in answers:
-            if not result.claimed:
-                if slot_each:
-                    self._slots.release()
-                with self._counts_lock:
-                    self._refused[result.reason] += 1
-                metrics.claim_refused(result.reason)
-                self._log.emit("claim_refused", conversation_id=conversation_id,
-                               from_pair=candidate.from_pair, job_id=result.job_id,
-                               outcome="refused", reason=result.reason)
-                requeue = requeue or result.reason in _RETRY_LATER
-                admission_full = admission_full or result.reason == "admission_full"
-                continue
-            assert result.job_id is not None
-            assert result.attempt is not None
-            job = ClaimedJob(conversation_id, cfg.scope, candidate.from_pair,
-                             result.job_id, result.attempt, candidate.source_hash)
-            self._start(job, result.lease_expires_at)
-            claimed += 1
-        return claimed, requeue, admission_full
-
-    def _skipped(self, conversation_id: str, from_pair: int | None,
-                 exc: DatabaseTimeout) -> None:
-        reason = "lock_timeout" if isinstance(exc, LockTimeout) else "statement_timeout"
-        metrics.target_skipped(reason)
-        self._log.emit("target_skipped", conversation_id=conversation_id, from_pair=from_pair,
-                       outcome="skipped", reason=reason, error=str(exc))
-        if from_pair is None:
-            self._enqueue(conversation_id)  # a later pass examines it again
-
-    def _enqueue(self, conversation_id: str) -> None:
-        self._db(db.enqueue, conversation_id, self.config.scope)
 
     def _db(self, call: Callable[Concatenate[db.Connection, Params], Result],
             *args: Params.args, **kwargs: Params.kwargs) -> Result:
@@ -1043,14 +651,6 @@ class Worker:
         if job.attempt == 1:
             with contextlib.suppress(PycompactorError):
                 self._enqueue(job.conversation_id)
-
-
-def _oldest_age(batch: Sequence[QueuedConversation], lease: timedelta) -> float:
-    """Seconds the oldest leased entry had waited, by the server's clock (dequeue set
-    every lease_expires_at to its now() + lease); 0 for an empty batch."""
-    if not batch:
-        return 0.0
-    return max(((e.lease_expires_at - lease) - e.enqueued_at).total_seconds() for e in batch)
 
 
 def reply_stats(reply: Reply, figures: Figures | None) -> dict[str, int]:
