@@ -69,10 +69,11 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert set(data["sdk_source"]["ratio_p50"]) == {"plan", "project_64k", "check_source"}
     assert data["sdk_source"]["sdk"]["check_source_ok"] is True
     assert data["sdk_source"]["sdk"]["derived_state"] == "in_use"
-    # The quality section: both offline summarizers measured on the same corpus ranges.
+    # The quality section: the offline summarizers measured on the same corpus ranges.
     quality = data["quality"]
     assert [m["model"] for m in quality["models"]] == ["pycompactor/extractive-1",
-                                                      "pycompactor/extractive-2"]
+                                                      "pycompactor/extractive-2",
+                                                      "pycompactor/extractive-3"]
     for model in quality["models"]:
         assert model["ranges"] > 0
         assert model["failed"] == 0
@@ -89,7 +90,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     # Issue 61's frontier: the model and naive whole-sentence selection at every target,
     # in the same run, on the same ranges.
     frontier = quality["frontier"]
-    assert frontier["model"] == "pycompactor/extractive-2"
+    assert frontier["model"] == "pycompactor/extractive-3"
     assert frontier["targets"] == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     for series in ("points", "baseline", "baseline_caveats_first"):
         assert [p["target"] for p in frontier[series]] == frontier["targets"]
@@ -98,8 +99,8 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
             assert {"compression_median", "attribution", "qualifier_scope", "figure_retention",
                     "invented_figures", "ms_per_range", "reach_64k"} <= set(p)
     assert all(p["compression_median"] <= p["target"] for p in frontier["baseline"])
-    assert len(frontier["above_baseline"]) == 5
-    assert sum(t["name"].startswith("pycompactor/extractive-2 on the corpus, default target")
+    assert len(frontier["above_baseline"]) == 6
+    assert sum(t["name"].startswith("pycompactor/extractive-3 on the corpus, default target")
                for t in data["targets"]) == 7
     # The statement profile: each operation's time split by pg_stat_statements, the
     # engine's own statements nested under the calls the client sent.
