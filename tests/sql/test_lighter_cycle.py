@@ -23,7 +23,8 @@ Conn = psycopg.Connection[Any]
 
 #: The helpers the usual cycle no longer calls: each is a function call with a SET
 #: clause (or a set-returning definer) where the cycle needs none.
-SKIPPED = {"compaction.caller_now", "compaction.checked_lease", "compaction.attempt_stats",
+SKIPPED = {"compaction.caller_now", "compaction.lease_end", "compaction.lease_fits",
+           "compaction.attempt_stats",
            "compaction.current_range", "compaction.rederive_summary_verdicts",
            "compaction.release_slot"}
 
@@ -39,7 +40,7 @@ def test_the_usual_cycle_calls_no_helper_it_can_do_without(dsn: str) -> None:
 
 def test_the_other_worker_calls_check_p_now_and_the_lease_only_when_given(dsn: str) -> None:
     """claim_next_targets, claim_targets, heartbeat, fail and reap without p_now and with
-    the default lease: no call of caller_now or checked_lease."""
+    the default lease: no call of caller_now or lease_end (lease_fits is inlined)."""
     with psycopg.connect(dsn) as tx:
         History(tx).pairs("c1", 40)
         tx.commit()
@@ -60,7 +61,8 @@ def test_the_other_worker_calls_check_p_now_and_the_lease_only_when_given(dsn: s
         tx.commit()
     assert calls["compaction.fence"] == 2
     assert calls["compaction.reap"] == 1
-    assert not {"compaction.caller_now", "compaction.checked_lease"} & set(calls), calls
+    assert not {"compaction.caller_now", "compaction.lease_end",
+                "compaction.lease_fits"} & set(calls), calls
 
 
 def test_the_usual_cycle_leaves_the_verdict_and_the_slot_as_before(dsn: str) -> None:
