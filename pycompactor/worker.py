@@ -411,9 +411,11 @@ class Worker(_Claiming):
             running.recorded = True
             self._finished(result, outcome, figures)
             if job.attempt == 1 and result.outcome != "completed":
-                # The retry (attempt 2) belongs to a later pass, never this one.
+                # The retry (attempt 2) belongs to a later pass, never this one. Nothing
+                # else puts the conversation back (no attempt of it is running for reap to
+                # find): the put-back keeps trying through a restart (issue 62).
                 with contextlib.suppress(PycompactorError):
-                    self._enqueue(job.conversation_id)
+                    self._ending(db.enqueue, job.conversation_id, self.config.scope)
         except Exception as exc:
             self._log.emit("job_error", job_id=job.job_id, attempt=job.attempt,
                            conversation_id=job.conversation_id, from_pair=job.from_pair,

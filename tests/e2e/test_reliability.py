@@ -88,7 +88,9 @@ class RestartingModel:
             if n >= threshold and not self.restarted[i].is_set():
                 self.reached[i].set()
                 self.restarted[i].wait(120)
-        return stop(f"Summary number {n}.")
+        # The call's number in letters: a summary stating a figure no reply holds fails
+        # (figures_invented, contract §8), and this test is about restarts.
+        return stop(f"Summary number {''.join(chr(ord('a') + int(d)) for d in str(n))}.")
 
     def release_all(self) -> None:
         for event in self.restarted:
