@@ -137,6 +137,9 @@ CREATE TABLE compaction.source_tracking (
     singleton   boolean NOT NULL DEFAULT true,
     stamp       text,
     object_oids oid[],
+    -- The tables whose tracking triggers the stamp names, by name (schema.table): on
+    -- Citus a trigger fires on a shard, on a node where the stamp's oids mean nothing.
+    tracked_tables text[],
     stamped_at  timestamptz,
     -- Revision 0019: a rebuild's resume point, kept with the stamp it runs under. A
     -- cancelled rebuild continues after rebuild_after when the source stamp is the same
@@ -238,6 +241,46 @@ END
 $$;
 COMMENT ON FUNCTION compaction.source_stamp() IS
     'Identifies the source views and the tracking triggers behind them as they are now (oid:xmin of each catalog row); NULL when some table behind the views is not fully tracked';
+
+-- Contract §11: on Citus a tracking trigger fires on a shard (a table named after its
+-- distributed table with _<shardid> appended), on the node that holds it; the
+-- distributed table is what the source views read and what the stamp names. This is
+-- that table, found in Citus's metadata on the node (every node holds it); any other
+-- relation is returned as it is. No SET clause: called by the tracking trigger on every
+-- statement, under its settings.
+CREATE FUNCTION compaction.distributed_relation(p_relid oid)
+RETURNS oid
+LANGUAGE plpgsql
+STABLE
+AS $$
+DECLARE
+    v_shard   bigint;
+    v_logical oid;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NULL THEN
+        RETURN p_relid;  -- no Citus here
+    END IF;
+    SELECT pg_catalog.substring(c.relname::text, '_([0-9]+)$')::bigint INTO v_shard
+    FROM pg_catalog.pg_class AS c
+    WHERE c.oid = p_relid;
+    IF v_shard IS NULL THEN
+        RETURN p_relid;
+    END IF;
+    -- Citus's catalog exists only where Citus is installed, so it is read with EXECUTE.
+    EXECUTE 'SELECT l.oid
+             FROM pg_catalog.pg_dist_shard AS s
+             JOIN pg_catalog.pg_class AS l ON l.oid = s.logicalrelid
+             JOIN pg_catalog.pg_class AS c ON c.oid = $1
+             WHERE s.shardid = $2
+               AND c.relnamespace = l.relnamespace
+               AND c.relname::text = l.relname::text || ''_'' || $2::text'
+        INTO v_logical
+        USING p_relid, v_shard;
+    RETURN coalesce(v_logical, p_relid);
+END
+$$;
+COMMENT ON FUNCTION compaction.distributed_relation(oid) IS
+    'Internal: the distributed table a Citus shard belongs to (read from the node''s Citus metadata), else the relation itself';
 
 -- Revision 0049 (issue 62): whether the source views read this table, through any depth of
 -- views, as source_stamp walks them. The tracking triggers act only on such a table: one
@@ -346,6 +389,19 @@ BEGIN
     FROM compaction.foreign_messages AS f;
     IF v_named IS NULL THEN
         RETURN true;
+    END IF;
+    IF compaction.engine_distributed() THEN
+        -- Citus keeps a lookup on the conversation's shard only when the conversation is
+        -- an equality it can prune by (as a filter, below, every shard is read).
+        RETURN NOT EXISTS (
+            SELECT 1
+            FROM pg_catalog.unnest(v_named) AS k (run_id)
+            CROSS JOIN LATERAL (
+                SELECT 1 FROM compaction.pairs AS p
+                WHERE p.conversation_id = p_conversation_id
+                  AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                  AND p.run_id = k.run_id
+                OFFSET 0) AS q);
     END IF;
     RETURN NOT EXISTS (
         SELECT 1

@@ -143,14 +143,19 @@ BEGIN
     -- the runs by run id alone made Citus read every shard of the runs even for a whole
     -- conversation (4.6 ms against 1.2 ms for one conversation's query, sent whole to the
     -- node that holds it). Only re-derivation names runs, and it never runs on Citus.
+    -- Each named run by (conversation, run id), a lookup of its own (revision 0048, as
+    -- in rederive): on Citus it stays on the conversation's shard, where a read by run id
+    -- alone read every shard, which a tracking trigger on a shard may not (contract
+    -- §11).
     IF p_run_ids IS NOT NULL THEN
         SELECT pg_catalog.array_agg(n.run_id), pg_catalog.array_agg(n.status)
         INTO v_named_ids, v_named_status
-        FROM (SELECT sr.run_id, sr.conversation_id, sr.status
-              FROM compaction.source_runs AS sr
-              WHERE sr.run_id = ANY (p_run_ids)
-              OFFSET 0) AS n
-        WHERE n.conversation_id = p_conversation_id;
+        FROM (SELECT DISTINCT u.run_id FROM pg_catalog.unnest(p_run_ids) AS u (run_id)) AS k
+        CROSS JOIN LATERAL (
+            SELECT sr.run_id, sr.status
+            FROM compaction.source_runs AS sr
+            WHERE sr.conversation_id = p_conversation_id AND sr.run_id = k.run_id
+            OFFSET 0) AS n;
     END IF;
     RETURN QUERY
     -- A lateral aggregate per run: the messages of each run are fetched by the run_id

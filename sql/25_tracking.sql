@@ -52,6 +52,11 @@ DECLARE
     v_first_seq           bigint;
     v_first_id            text;
     v_runs_known          boolean := v_run_column IS NOT NULL;
+    -- On Citus the trigger fires on a shard (contract §11): its table is the shard, and
+    -- the checks below ask about the distributed table it belongs to.
+    v_relid               oid := compaction.distributed_relation(TG_RELID);
+    v_on_shard            boolean := v_relid <> TG_RELID;
+    v_table               oid := CASE WHEN v_relid <> TG_RELID THEN NULL ELSE TG_RELID END;
 BEGIN
     IF TG_LEVEL <> 'STATEMENT' OR TG_WHEN <> 'AFTER' OR TG_NARGS NOT IN (2, 3)
        OR v_conversation_column IS NULL THEN
@@ -62,11 +67,20 @@ BEGIN
     -- owner attached to a scratch table does nothing. While the derived state is in use,
     -- the source's tables are those whose tracking triggers it was stamped with (two
     -- lookups by key); otherwise, and for a TRUNCATE, the views are walked.
-    IF NOT coalesce((SELECT tg.oid = ANY (st.object_oids)
-                     FROM pg_catalog.pg_trigger AS tg, compaction.source_tracking AS st
-                     WHERE st.singleton AND tg.tgrelid = TG_RELID AND tg.tgname = TG_NAME
-                       AND st.object_oids IS NOT NULL), false)
-       AND NOT compaction.source_reads(TG_RELID) THEN
+    -- On a Citus shard, trigger oids are this node's and the stamp's are the
+    -- coordinator's: the stamp's tables are compared by name instead.
+    IF v_on_shard THEN
+        IF NOT coalesce((SELECT v_relid::regclass::text = ANY (st.tracked_tables)
+                         FROM compaction.source_tracking AS st
+                         WHERE st.singleton AND st.tracked_tables IS NOT NULL), false)
+           AND NOT compaction.source_reads(v_relid) THEN
+            RETURN NULL;
+        END IF;
+    ELSIF NOT coalesce((SELECT tg.oid = ANY (st.object_oids)
+                        FROM pg_catalog.pg_trigger AS tg, compaction.source_tracking AS st
+                        WHERE st.singleton AND tg.tgrelid = TG_RELID AND tg.tgname = TG_NAME
+                          AND st.object_oids IS NOT NULL), false)
+          AND NOT compaction.source_reads(TG_RELID) THEN
         RETURN NULL;
     END IF;
     IF TG_OP = 'TRUNCATE' THEN
@@ -76,10 +90,18 @@ BEGIN
         -- lost rows no trigger re-derived, so the next rebuild starts over, and one under
         -- way fails at its next commit instead of putting them in use.
         UPDATE compaction.source_tracking
-        SET stamp = NULL, object_oids = NULL, stamped_at = NULL,
+        SET stamp = NULL, object_oids = NULL, tracked_tables = NULL, stamped_at = NULL,
             rebuild_stamp = NULL, rebuild_after = NULL, rebuild_done = NULL,
             rebuild_total = NULL, rebuild_started_at = NULL, rebuild_updated_at = NULL;
         RETURN NULL;
+    END IF;
+
+    -- On a Citus shard, custom plans: Citus plans a statement on distributed tables with
+    -- parameters only once their values are bound (a generic plan of any statement but
+    -- the simplest fails: "could not create distributed plan"). Restored when the
+    -- trigger returns (its SET clause).
+    IF v_on_shard THEN
+        PERFORM pg_catalog.set_config('plan_cache_mode', 'force_custom_plan', true);
     END IF;
 
     -- The columns named by the arguments, as text (the form the views expose them in).
@@ -183,7 +205,7 @@ BEGIN
     -- compaction.foreign_messages; §11), so no other conversation is asked about here.
     IF v_conversation IS NOT NULL AND v_conversation = ALL (v_conversations) THEN
         IF NOT v_runs_known THEN
-            PERFORM compaction.rederive(v_conversation, NULL, TG_RELID);
+            PERFORM compaction.rederive(v_conversation, NULL, v_table);
             RETURN NULL;
         END IF;
         v_run_ids := pg_catalog.array_remove(v_runs, NULL);
@@ -192,6 +214,14 @@ BEGIN
         ELSIF pg_catalog.cardinality(v_run_ids) > 2 THEN
             v_run_ids := ARRAY(SELECT DISTINCT r.run_id
                                FROM pg_catalog.unnest(v_run_ids) AS r (run_id));
+        END IF;
+        -- On a Citus shard, rederive directly: it never leaves a conversation to a
+        -- rebuild there (that waits on a row of a reference table, on every node, which a
+        -- trigger on a shard may not ask for), and its lookups name the conversation as
+        -- Citus needs to keep them on this node.
+        IF v_on_shard THEN
+            PERFORM compaction.rederive(v_conversation, v_run_ids, NULL);
+            RETURN NULL;
         END IF;
         -- For a later statement of a transaction that already holds this conversation's
         -- conversation_state row (see rederive): rederive's no-change question and the
@@ -267,9 +297,9 @@ BEGIN
         ORDER BY t.conversation_id
     LOOP
         IF v_run_column IS NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, NULL, TG_RELID);
+            PERFORM compaction.rederive(v_touched.conversation_id, NULL, v_table);
         ELSIF v_touched.run_ids IS NOT NULL THEN
-            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, TG_RELID);
+            PERFORM compaction.rederive(v_touched.conversation_id, v_touched.run_ids, v_table);
         END IF;
     END LOOP;
     RETURN NULL;

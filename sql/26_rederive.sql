@@ -141,6 +141,10 @@ AS $$
 DECLARE
     v_runs  text[] := p_run_ids;
     v_count int;
+    -- Citus installed: lookups of pairs name the conversation as an equality, which Citus
+    -- prunes to the conversation's shard (as the filter below, every shard is read, which
+    -- a trigger on a shard may not do: contract §11).
+    v_citus boolean := pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL;
 BEGIN
     -- First: this row serialises the conversation's derived-state writers (see above).
     -- A transaction bumps generation once, also when nothing derived changes: a writer at
@@ -225,9 +229,19 @@ BEGIN
                               -- primary key entries as well (a BitmapAnd), all of them for
                               -- every tracked write.
                               SELECT 1 FROM compaction.pairs AS p
-                              WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                              WHERE NOT v_citus
+                                AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
                                 AND p.run_id = k.run_id
                                 AND (p.conversation_id = p_conversation_id) IS TRUE
+                              OFFSET 0) AS q)
+          AND NOT EXISTS (SELECT 1
+                          FROM pg_catalog.unnest(v_runs) AS k (run_id)
+                          CROSS JOIN LATERAL (
+                              SELECT 1 FROM compaction.pairs AS p
+                              WHERE v_citus
+                                AND p.conversation_id = p_conversation_id
+                                AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                                AND p.run_id = k.run_id
                               OFFSET 0) AS q) THEN
         -- No touched Run can form a pair, and none had one: nothing derived changes.
         -- One statement instead of judging the Runs' messages.
@@ -257,7 +271,46 @@ DECLARE
     v_last  text;
     v_after boolean;
     v_new   int;
+    -- Citus: the conversation as an equality (see rederive)
+    v_citus boolean := pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL;
 BEGIN
+    IF v_citus THEN
+        -- Citus (contract §11): the same, in statements it keeps on the conversation's
+        -- shard (it pushes down no lateral subquery over an array, and no function that
+        -- reads distributed tables inside a statement that reads them too).
+        SELECT coalesce(array_agg(ROW(p_conversation_id, j.run_id, 0, j.user_seq,
+                                      j.user_message_id, j.user_bytes,
+                                      j.assistant_message_id,
+                                      j.assistant_bytes)::compaction.pairs), '{}')
+        INTO v_fresh
+        FROM compaction.judge_runs(p_conversation_id, p_run_ids, false) AS j
+        WHERE j.reason IS NULL;
+        -- (each row built by name: Citus returns a whole-row value as a bare record)
+        SELECT coalesce(array_agg(ROW(p.conversation_id, p.run_id, p.pair_index, p.user_seq,
+                                      p.user_message_id, p.user_bytes,
+                                      p.assistant_message_id,
+                                      p.assistant_bytes)::compaction.pairs), '{}')
+        INTO v_stale
+        FROM compaction.pairs AS p
+        WHERE p_pair_count > 0
+          AND p.conversation_id = p_conversation_id
+          AND pg_catalog.hashtext(p.run_id)
+              = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
+                           FROM pg_catalog.unnest(p_run_ids) AS k (run_id)))
+          AND p.run_id = ANY (p_run_ids);
+        SELECT l.user_message_id,
+               NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_fresh) AS f
+                           WHERE NOT CASE WHEN l.user_seq IS NULL THEN
+                                              f.user_seq IS NULL
+                                              AND f.user_message_id > l.user_message_id
+                                          ELSE f.user_seq IS NULL OR f.user_seq > l.user_seq
+                                               OR (f.user_seq = l.user_seq
+                                                   AND f.user_message_id > l.user_message_id)
+                                     END)
+        INTO v_last, v_after
+        FROM compaction.pairs AS l
+        WHERE l.conversation_id = p_conversation_id AND l.pair_index = p_pair_count - 1;
+    ELSE
     -- In one statement: the pairs these runs form now (pair_index is set below), the
     -- rows they had, and whether every new pair comes after the last pair.
     WITH fresh AS (
@@ -310,6 +363,7 @@ BEGIN
     FROM (SELECT) AS one
     LEFT JOIN compaction.pairs AS l
       ON l.conversation_id = p_conversation_id AND l.pair_index = p_pair_count - 1;
+    END IF;
     IF pg_catalog.cardinality(v_fresh) = 0 AND pg_catalog.cardinality(v_stale) = 0 THEN
         RETURN;  -- the runs touched form no pair, before or after: nothing derived changes
     END IF;
@@ -397,6 +451,8 @@ DECLARE
     v_count    int := p_pair_count;
     v_ranges   int[];
     v_held     int[];
+    -- Citus: the conversation as an equality (see rederive)
+    v_citus    boolean := pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL;
 BEGIN
     -- Sizes and the assistant side change in place; the position (seq, user id) cannot.
     -- A few runs (an edit's): each run's pair found through the run index, the
@@ -404,7 +460,7 @@ BEGIN
     -- pairs had no statistics yet, every edit also read the conversation's primary key
     -- entries). Many (a whole conversation re-derived): the conversation's pairs joined
     -- with them through the primary key's prefix, where as many probes would cost more.
-    IF pg_catalog.cardinality(v_fresh) <= 16 THEN
+    IF pg_catalog.cardinality(v_fresh) <= 16 AND NOT v_citus THEN
         UPDATE compaction.pairs AS p
         SET user_bytes = f.user_bytes,
             assistant_message_id = f.assistant_message_id,
@@ -508,16 +564,28 @@ BEGIN
     -- on its own, as in rederive: plan_cache_mode = auto turns to a generic plan after
     -- five calls, and "run_id = ANY (the runs)" read every pair of a large conversation
     -- under it (revision 0035).
-    v_held := ARRAY(
-        SELECT DISTINCT q.pair_index / 10 * 10
-        FROM pg_catalog.unnest(v_touched) AS k (run_id)
-        CROSS JOIN LATERAL (
-            -- the conversation as a filter: see rederive (revision 0044)
-            SELECT p.pair_index FROM compaction.pairs AS p
-            WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
-              AND p.run_id = k.run_id
-              AND (p.conversation_id = p_conversation_id) IS TRUE
-            OFFSET 0) AS q);
+    IF v_citus THEN
+        v_held := ARRAY(
+            SELECT DISTINCT q.pair_index / 10 * 10
+            FROM pg_catalog.unnest(v_touched) AS k (run_id)
+            CROSS JOIN LATERAL (
+                SELECT p.pair_index FROM compaction.pairs AS p
+                WHERE p.conversation_id = p_conversation_id
+                  AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                  AND p.run_id = k.run_id
+                OFFSET 0) AS q);
+    ELSE
+        v_held := ARRAY(
+            SELECT DISTINCT q.pair_index / 10 * 10
+            FROM pg_catalog.unnest(v_touched) AS k (run_id)
+            CROSS JOIN LATERAL (
+                -- the conversation as a filter: see rederive (revision 0044)
+                SELECT p.pair_index FROM compaction.pairs AS p
+                WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                  AND p.run_id = k.run_id
+                  AND (p.conversation_id = p_conversation_id) IS TRUE
+                OFFSET 0) AS q);
+    END IF;
     v_ranges := v_ranges || v_held;
     WITH wanted AS (
         -- IN a subquery, hashed once, not "= ANY (v_held)": an array parameter is

@@ -282,6 +282,8 @@ VOLATILE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_tables text[];
 BEGIN
     -- A view re-pointed or a trigger disabled while the rebuild ran: the rows derived
     -- before that may be stale, so the derived state stays out of use.
@@ -289,10 +291,20 @@ BEGIN
         RAISE EXCEPTION 'the source views or tracking triggers changed during the rebuild; run it again'
             USING ERRCODE = 'CP021';
     END IF;
+    -- The tracked tables by name (read first: on Citus a write to a reference table
+    -- may not read the catalog in the same statement).
+    v_tables := ARRAY(SELECT DISTINCT tg.tgrelid::regclass::text
+                      FROM pg_catalog.pg_trigger AS tg
+                      WHERE tg.oid::text IN (
+                          SELECT pg_catalog.split_part(o.item, ':', 1)
+                          FROM pg_catalog.unnest(pg_catalog.string_to_array(p_stamp, ','))
+                              AS o (item))
+                      ORDER BY 1);
     UPDATE compaction.source_tracking
     SET stamp = p_stamp,
         object_oids = ARRAY(SELECT pg_catalog.split_part(o.item, ':', 1)::oid
                             FROM pg_catalog.unnest(pg_catalog.string_to_array(p_stamp, ',')) AS o (item)),
+        tracked_tables = v_tables,
         stamped_at = pg_catalog.now(),
         rebuild_stamp = NULL, rebuild_after = NULL, rebuild_done = NULL,
         rebuild_total = NULL, rebuild_started_at = NULL, rebuild_updated_at = NULL;

@@ -138,6 +138,9 @@ DECLARE
     v_fk        record;
     v_restore   text[] := '{}';
     v_statement text;
+    v_in_use    boolean := compaction.derived_state_current();
+    v_stamp     text;
+    v_tables    text[];
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_extension AS e WHERE e.extname = 'citus') THEN
         RAISE EXCEPTION 'Citus is not installed in database %', pg_catalog.current_database()
@@ -150,19 +153,18 @@ BEGIN
             USING ERRCODE = 'CP020',
                   HINT = 'ALTER SYSTEM SET citus.enable_unsafe_triggers = on on every node, then reload.';
     END IF;
-    -- The source tables' statement triggers (change tracking, contract §2, and the queue)
-    -- read transition tables, which Citus does not give triggers on shards: detached.
-    -- The engine then judges from the views on the node that holds each conversation
-    -- (exact, slower), and writers call compaction.enqueue (or workers run --sweep).
-    -- Revision 0042: from every table, not only the reference tables. A host's own
-    -- tables tracked while the engine ran on one node keep their triggers when Citus
-    -- distributes them, and every write to them then fails on the shards ("could not
-    -- create distributed plan"); attach_source_tracking refuses on Citus from now on.
+    -- The queue triggers on the source tables insert into the queue, which lives in a
+    -- co-location group of its own (revision 0022): on a shard, that is a write to
+    -- another node, which Citus refuses a trigger. Detached: writers call
+    -- compaction.enqueue (or workers run --sweep).
+    -- The change-tracking triggers (contract §2, §11) stay (issue 64): they write derived
+    -- rows of the conversations their statement names only, on the shards co-located
+    -- with the one that fires them (compaction.distributed_relation tells them which
+    -- distributed table a shard is).
     FOR v_trigger IN
         SELECT t.tgname, t.tgrelid::regclass AS rel
         FROM pg_catalog.pg_trigger AS t
-        WHERE t.tgfoid IN ('compaction.track_source_changes()'::regprocedure,
-                           'compaction.source_enqueue()'::regprocedure)
+        WHERE t.tgfoid = 'compaction.source_enqueue()'::regprocedure
           AND NOT t.tgisinternal
         ORDER BY t.tgrelid, t.tgname
     LOOP
@@ -221,6 +223,47 @@ BEGIN
         RESET plan_cache_mode;
     CALL compaction.place_audit_views();
     CALL compaction.place_view_grants();
+    -- The tracking triggers fire on the workers and call the engine's functions there.
+    -- Citus created on the workers those that depend on nothing local; the rest (whose
+    -- arguments are rows of the engine's tables: compaction.rederive_general's, ...)
+    -- exist there once their tables are distributed and they are made Citus objects.
+    -- No distribution argument: a call is never delegated to a worker (docs/operations.md).
+    FOR v_statement IN
+        EXECUTE 'SELECT p.oid::regprocedure::text
+                 FROM pg_catalog.pg_proc AS p
+                 WHERE p.pronamespace = ''compaction''::regnamespace
+                   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object AS o
+                                   WHERE o.classid = ''pg_catalog.pg_proc''::regclass
+                                     AND o.objid = p.oid)
+                 ORDER BY 1'
+    LOOP
+        EXECUTE 'SELECT create_distributed_function($1::regprocedure)' USING v_statement;
+    END LOOP;
+    -- The derived state moved with its tables and the tracking kept it: in use again
+    -- under the source as it now stands (the stamp names its catalog rows, which
+    -- distributing the tables replaced).
+    -- Written here, as the caller (the superuser that placed source_tracking in this
+    -- transaction: Citus refuses another user its placements now), not by
+    -- compaction.stamp_derived_state.
+    IF v_in_use THEN
+        v_stamp := compaction.source_stamp();
+        v_tables := ARRAY(SELECT DISTINCT tg.tgrelid::regclass::text
+                          FROM pg_catalog.pg_trigger AS tg
+                          WHERE tg.tgfoid = 'compaction.track_source_changes()'::regprocedure
+                            AND tg.oid::text IN (
+                                SELECT pg_catalog.split_part(o.item, ':', 1)
+                                FROM pg_catalog.unnest(pg_catalog.string_to_array(v_stamp, ','))
+                                    AS o (item))
+                          ORDER BY 1);
+        UPDATE compaction.source_tracking
+        SET stamp = v_stamp,
+            object_oids = ARRAY(SELECT pg_catalog.split_part(o.item, ':', 1)::oid
+                                FROM pg_catalog.unnest(pg_catalog.string_to_array(v_stamp, ','))
+                                    AS o (item)),
+            tracked_tables = v_tables,
+            stamped_at = pg_catalog.now()
+        WHERE v_stamp IS NOT NULL;
+    END IF;
 END
 $$;
 COMMENT ON PROCEDURE compaction.distribute_on_citus() IS
