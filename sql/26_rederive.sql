@@ -253,6 +253,72 @@ $$;
 COMMENT ON FUNCTION compaction.rederive(text, text[], oid) IS
     'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on; from a tracking trigger (p_table, its table), not when a rebuild will derive the conversation after this transaction (compaction.defer_to_rebuild)';
 
+-- Issue 64 (contract §11): the range writes of rederive_runs and rederive_general in
+-- the form Citus runs, from a tracking trigger on a shard and from a repair on the
+-- coordinator alike: the conversation's pairs and stored ranges read in a statement of
+-- their own each, every range hashed by compaction.range_hash in a statement that reads
+-- no distributed table (inside one that does, Citus would run it on the shard as a
+-- nested distributed query, which it refuses), and written one row at a time. Writes
+-- the ranges p_from_pairs names (each complete range of p_pair_count pairs) whose ids
+-- changed, and those p_touched names whatever their ids. No SET clause, as rederive.
+CREATE FUNCTION compaction.write_ranges_citus(p_conversation_id text, p_from_pairs int[],
+                                              p_touched int[], p_pair_count int)
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+DECLARE
+    v_lo    int;
+    v_hi    int;
+    v_pairs jsonb;
+    v_old   jsonb;
+    v_from  int;
+    v_ids   text[];
+BEGIN
+    SELECT min(f.from_pair), max(f.from_pair) INTO v_lo, v_hi
+    FROM pg_catalog.unnest(p_from_pairs) AS f (from_pair)
+    WHERE f.from_pair + 10 <= p_pair_count;
+    IF v_lo IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT pg_catalog.jsonb_object_agg(p.pair_index::text,
+                                       pg_catalog.jsonb_build_array(p.user_message_id,
+                                                                    p.assistant_message_id))
+    INTO v_pairs
+    FROM compaction.pairs AS p
+    WHERE p.conversation_id = p_conversation_id
+      AND p.pair_index BETWEEN v_lo AND v_hi + 9;
+    SELECT pg_catalog.jsonb_object_agg(r.from_pair::text, pg_catalog.to_jsonb(r.source_message_ids))
+    INTO v_old
+    FROM compaction.ranges AS r
+    WHERE r.conversation_id = p_conversation_id
+      AND r.from_pair BETWEEN v_lo AND v_hi;
+    FOR v_from IN
+        SELECT DISTINCT f.from_pair
+        FROM pg_catalog.unnest(p_from_pairs) AS f (from_pair)
+        WHERE f.from_pair + 10 <= p_pair_count
+        ORDER BY 1
+    LOOP
+        v_ids := ARRAY(SELECT x.id
+                       FROM pg_catalog.generate_series(v_from, v_from + 9) AS g (i)
+                       CROSS JOIN LATERAL pg_catalog.jsonb_array_elements_text(
+                           v_pairs -> g.i::text) WITH ORDINALITY AS x (id, ord)
+                       ORDER BY g.i, x.ord);
+        CONTINUE WHEN NOT (v_from = ANY (coalesce(p_touched, '{}')))
+                  AND pg_catalog.to_jsonb(v_ids) = v_old -> v_from::text;
+        INSERT INTO compaction.ranges AS r
+            (conversation_id, from_pair, source_message_ids, source_hash)
+        VALUES (p_conversation_id, v_from, v_ids,
+                compaction.range_hash(p_conversation_id, v_ids))
+        ON CONFLICT (conversation_id, from_pair) DO UPDATE
+            SET source_message_ids = EXCLUDED.source_message_ids,
+                source_hash = EXCLUDED.source_hash;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION compaction.write_ranges_citus(text, int[], int[], int) IS
+    'Internal (Citus): writes the complete ranges named whose ids changed, and those touched, each hashed in a statement of its own';
+
 -- The rest of compaction.rederive, called with the conversation's conversation_state row
 -- held (p_pair_count is its pair count): judges the runs named, and appends their pairs
 -- when no touched run had one and every new pair comes after the last pair (pair order
@@ -391,7 +457,16 @@ BEGIN
     UPDATE compaction.conversation_state AS cs
     SET pair_count = v_new
     WHERE cs.conversation_id = p_conversation_id;
-    IF v_new / 10 > p_pair_count / 10 THEN
+    IF v_new / 10 > p_pair_count / 10 AND v_citus THEN
+        PERFORM compaction.write_ranges_citus(
+            p_conversation_id,
+            ARRAY(SELECT pg_catalog.generate_series(p_pair_count / 10 * 10, v_new - 10, 10)),
+            ARRAY(SELECT pg_catalog.generate_series(p_pair_count / 10 * 10, v_new - 10, 10)),
+            v_new);
+        PERFORM compaction.rederive_summary_verdicts(
+            p_conversation_id,
+            ARRAY(SELECT pg_catalog.generate_series(p_pair_count / 10 * 10, v_new - 10, 10)));
+    ELSIF v_new / 10 > p_pair_count / 10 THEN
         -- The ranges the new pairs complete, each hashed from its 20 messages.
         INSERT INTO compaction.ranges AS r
             (conversation_id, from_pair, source_message_ids, source_hash)
@@ -587,6 +662,9 @@ BEGIN
                 OFFSET 0) AS q);
     END IF;
     v_ranges := v_ranges || v_held;
+    IF v_citus THEN
+        PERFORM compaction.write_ranges_citus(p_conversation_id, v_ranges, v_held, v_count);
+    ELSE
     WITH wanted AS (
         -- IN a subquery, hashed once, not "= ANY (v_held)": an array parameter is
         -- searched row by row (the square of the pairs when a whole conversation is
@@ -619,6 +697,7 @@ BEGIN
     ON CONFLICT (conversation_id, from_pair) DO UPDATE
         SET source_message_ids = EXCLUDED.source_message_ids,
             source_hash = EXCLUDED.source_hash;
+    END IF;
     WITH gone AS (
         DELETE FROM compaction.ranges AS r
         WHERE r.conversation_id = p_conversation_id AND r.from_pair > v_count - 10

@@ -232,20 +232,6 @@ DECLARE
     v_froms      int[];
     v_reasons    text[];
 BEGIN
-    -- Revision 0042: on Citus no derived state is kept (the tracking triggers cannot run
-    -- on the shards, and a rebuild needs them), so nothing reads the verdict a new summary
-    -- would get: complete and import_summary write none there. Judged against ranges
-    -- that are never derived, it was always stale_source, and its two statements took
-    -- about a quarter of a completion's time under the conversation's lock (the drain of
-    -- `make bench-citus`: 4.7-5.0 s against 5.2-5.6 s, docs/benchmarks.md).
-    -- Whether Citus is loaded at all is asked first: where it is not, one setting's
-    -- lookup is the whole cost (calling engine_distributed added 0.8% to the
-    -- instructions of a claim -> complete cycle on one node).
-    IF p_new_summary_id IS NOT NULL
-       AND pg_catalog.current_setting('citus.version', true) IS NOT NULL
-       AND compaction.engine_distributed() THEN
-        RETURN;
-    END IF;
     IF p_new_summary_id IS NOT NULL THEN
         -- complete and import_summary write derived state here: like the tracking paths,
         -- they take the conversation's conversation_state row first (sql/25_tracking.sql),
