@@ -112,8 +112,22 @@ BEGIN
         -- (about a tenth of a first rebuild at 200,000 messages).
         PERFORM pg_catalog.set_config('enable_seqscan', 'off', true);
         PERFORM pg_catalog.set_config('jit', 'off', true);
-        PERFORM pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true);
+        -- On Citus, custom plans: it plans statements on distributed tables only with
+        -- their values bound (contract §11).
+        PERFORM pg_catalog.set_config(
+            'plan_cache_mode',
+            CASE WHEN pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL
+                 THEN 'force_generic_plan' ELSE 'force_custom_plan' END,
+            true);
         PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+        -- On Citus each transaction of the rebuild runs as the engine's owner: Citus
+        -- refuses a user the placements another user wrote in the same transaction, and
+        -- the derivation writes as the owner (SECURITY DEFINER). Reset at each commit.
+        IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL
+           AND CURRENT_USER <> 'compaction_owner'
+           AND pg_catalog.pg_has_role('compaction_owner', 'MEMBER') THEN
+            PERFORM pg_catalog.set_config('role', 'compaction_owner', true);
+        END IF;
         IF v_gave_way THEN
             -- The last batch gave way (below): wait for the writers it waited for while
             -- holding nothing, then derive it again.
@@ -250,9 +264,11 @@ BEGIN
         -- Forward only: a rebuild ahead of this one has derived the conversations up to
         -- its point, and a writer must find them past the resume point, not left to a
         -- rebuild that another's stamp may end first.
+        -- The time as a value: Citus updates a reference table with no volatile function.
+        v_batch_at := pg_catalog.clock_timestamp();
         UPDATE compaction.source_tracking AS st
         SET rebuild_after = GREATEST(st.rebuild_after, v_after), rebuild_done = v_done,
-            rebuild_updated_at = pg_catalog.clock_timestamp()
+            rebuild_updated_at = v_batch_at
         WHERE st.singleton;
         COMMIT;
         IF pg_catalog.clock_timestamp() - v_noted_at >= interval '1 second' THEN
