@@ -99,6 +99,7 @@ from pycompactor.dbread import (
     tracking_on_citus,
     unmapped_sdk_tables,
     unqueued_targets,
+    untracked_source_tables,
     view_columns,
 )
 from pycompactor.errors import (
@@ -237,6 +238,7 @@ __all__ = [
     "tracking_on_citus",
     "unmapped_sdk_tables",
     "unqueued_targets",
+    "untracked_source_tables",
     "view_columns",
     "wal_insert_lsn",
     "worker_targets",

@@ -295,21 +295,39 @@ def engine_distributed(conn: Connection) -> bool:
 
 
 def tracking_on_citus(conn: Connection) -> list[tuple[str, str]]:
-    """(table, trigger) for each change-tracking or queue trigger on a table that Citus
-    distributes: a trigger that cannot run on the shards, so every write to the table
-    fails there (revision 0042 refuses to attach one; a trigger made by hand, or kept by a
-    table distributed after it was tracked, remains). None where Citus is absent."""
+    """(table, trigger) for each queue trigger on a table that Citus distributes: it
+    writes the queue, placed apart from the conversation's shards, which a trigger on a
+    shard may not, so every write to the table fails there (distribute_on_citus detaches
+    the reference tables'; one made by hand remains). The change-tracking triggers run on
+    the shards since issue 64 and are not listed. None where Citus is absent."""
     if not _citus_installed(conn):
         return []
     rows = _rows(conn, tuple_row,
                  "SELECT t.tgrelid::regclass::text, pg_catalog.quote_ident(t.tgname)"
                  " FROM pg_catalog.pg_trigger AS t"
                  " JOIN pg_catalog.pg_dist_partition AS p ON p.logicalrelid = t.tgrelid"
-                 " WHERE NOT t.tgisinternal AND t.tgfoid IN ("
-                 "pg_catalog.to_regprocedure('compaction.track_source_changes()'),"
-                 " pg_catalog.to_regprocedure('compaction.source_enqueue()'))"
+                 " WHERE NOT t.tgisinternal"
+                 " AND t.tgfoid = pg_catalog.to_regprocedure('compaction.source_enqueue()')"
                  " ORDER BY 1, 2", {})
     return [(str(table), str(trigger)) for table, trigger in rows]
+
+
+def untracked_source_tables(conn: Connection) -> list[str]:
+    """The tables the source views read (through any depth of views) that lack an
+    enabled-always change-tracking trigger: what to attach the tracking to
+    (compaction.attach_source_tracking) before a rebuild puts the derived state in use."""
+    rows = _rows(conn, tuple_row,
+                 "SELECT c.oid::regclass::text FROM pg_catalog.pg_class AS c"
+                 " WHERE c.relkind IN ('r', 'p')"
+                 " AND c.oid IN (SELECT d.refobjid FROM pg_catalog.pg_depend AS d"
+                 "  WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass"
+                 "  AND d.refclassid = 'pg_catalog.pg_class'::regclass)"
+                 " AND compaction.source_reads(c.oid)"
+                 " AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t"
+                 "  WHERE t.tgrelid = c.oid AND t.tgenabled = 'A'"
+                 "  AND t.tgfoid = pg_catalog.to_regprocedure('compaction.track_source_changes()'))"
+                 " ORDER BY 1", {})
+    return [str(table) for (table,) in rows]
 
 
 #: The engine's lookups through the source views (sql/20_pairs.sql, the tracking in

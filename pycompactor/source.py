@@ -60,11 +60,13 @@ DERIVED_STATE_NOTES: dict[str, str] = {
                  " (docs/integrating.md)",
 }
 
-#: On Citus the tracking triggers stay detached (distribute_on_citus): not a fault.
+#: On Citus (issue 64) the tracking triggers run on the shards as on one node; untracked,
+#: check-source names the tables to attach them to (SourceReport.untracked).
 DISTRIBUTED_UNTRACKED_NOTE = (
-    "not kept on Citus: the tracking triggers stay detached there (docs/operations.md,"
-    " \"Scaling out with Citus\"), so every call judges from the views on the node that"
-    " holds the conversation (exact, slower); do not attach them")
+    "not in use on Citus: some table behind the source views has no tracking triggers,"
+    " so every call judges from the views on the node that holds the conversation"
+    " (exact, slower); attach them on the coordinator and rebuild (docs/operations.md,"
+    " \"Scaling out with Citus\")")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,16 +146,24 @@ class SourceReport:
     derived_state: str | None = None
     lookups: list[LookupReport] = field(default_factory=list)
     distributed: bool = False  # the engine's tables distributed by Citus
-    # Statements that fix problems other than the lookups' (tracking triggers on Citus).
+    # Statements that fix problems other than the lookups' (queue triggers on Citus).
     statements: list[str] = field(default_factory=list)
+    # Tables behind the source views without tracking triggers (what to attach).
+    untracked: list[str] = field(default_factory=list)
 
     @property
     def derived_state_note(self) -> str | None:
         if self.derived_state is None:
             return None
-        if self.distributed and self.derived_state != "in_use":
-            return DISTRIBUTED_UNTRACKED_NOTE
-        return DERIVED_STATE_NOTES.get(self.derived_state, self.derived_state)
+        note = DERIVED_STATE_NOTES.get(self.derived_state, self.derived_state)
+        if self.distributed and self.derived_state == "untracked":
+            note = DISTRIBUTED_UNTRACKED_NOTE
+        if self.untracked and self.derived_state == "untracked":
+            note += "; tables without them: " + ", ".join(self.untracked) + (
+                " (SELECT compaction.attach_source_tracking('<table>', '<conversation"
+                " column>', '<run column>'); for each, then CALL"
+                " compaction.rebuild_derived_state();)")
+        return note
 
     @property
     def ok(self) -> bool:
@@ -243,14 +253,14 @@ def unmapped_sdk_tables(conn: db.Connection) -> list[str]:
 
 def citus_tracking_problems(conn: db.Connection) -> tuple[list[str], list[str]]:
     """One sentence per table that Citus distributes and that still carries the engine's
-    change-tracking or queue triggers (they cannot run on the shards, so every write to
-    that table fails there), and the statements that drop them (contract §11: on Citus the
-    engine judges from the views)."""
+    queue triggers (they write the queue, placed apart from the shards, which a trigger on
+    a shard may not, so every write to that table fails there), and the statements that
+    drop them (contract §11)."""
     by_table: dict[str, list[str]] = {}
     for table, trigger in db.tracking_on_citus(conn):
         by_table.setdefault(table, []).append(db.drop_trigger_statement(table, trigger))
     problems = [
-        f"{table} is distributed by Citus but carries the engine's tracking triggers, which"
+        f"{table} is distributed by Citus but carries the engine's queue triggers, which"
         f" cannot run on its shards: every write to it fails there. Drop them: {' '.join(drops)}"
         " (docs/operations.md, \"Scaling out with Citus\")"
         for table, drops in by_table.items()
@@ -288,9 +298,12 @@ def check_source(
                 excluded=dict(sorted(excluded.items())),
             )
         )
+    derived_state = db.derived_state_status(conn)
     return SourceReport(problems=problems, samples=samples,
-                        derived_state=db.derived_state_status(conn), lookups=lookups,
-                        distributed=db.engine_distributed(conn))
+                        derived_state=derived_state, lookups=lookups,
+                        distributed=db.engine_distributed(conn),
+                        untracked=(db.untracked_source_tables(conn)
+                                   if derived_state == "untracked" else []))
 
 
 def check_lookups(conn: db.Connection, conversation_id: str) -> list[LookupReport]:

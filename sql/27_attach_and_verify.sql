@@ -28,7 +28,6 @@ DECLARE
     v_event       text;
     v_mode        text;
     v_try         int := 0;
-    v_distributed boolean;
 BEGIN
     IF p_table IS NULL OR p_conversation_column IS NULL OR p_run_column IS NULL THEN
         RAISE EXCEPTION 'attach_source_tracking needs a table, its conversation id column and its run id column ('''' when it has none)'
@@ -38,24 +37,10 @@ BEGIN
         RAISE EXCEPTION 'attach_source_tracking: a message id column is for a table without a run column (its runs come from the views)'
             USING ERRCODE = 'CP020';
     END IF;
-    -- Revision 0042: never on Citus. The triggers read transition tables and ask about
-    -- other conversations' rows, which a trigger on a shard may not: once attached there,
-    -- every write to the table failed on its shards ("could not create distributed
-    -- plan"), the application's included. There the engine judges from the views on each
-    -- call instead (contract §11). Citus's catalog exists only where Citus is installed, so
-    -- it is asked for by name first (and read with EXECUTE: this function runs with its
-    -- caller's rights, who may not execute compaction.engine_distributed).
-    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition AS p
-                                WHERE p.logicalrelid IN ($1, ''compaction.jobs''::regclass))'
-            INTO v_distributed
-            USING p_table;
-        IF v_distributed THEN
-            RAISE EXCEPTION 'attach_source_tracking: % is on Citus, where the tracking triggers cannot run (every write to the table would fail on its shards)', p_table
-                USING ERRCODE = 'CP020',
-                      HINT = 'Do not attach them on Citus: the engine judges from the views there (docs/operations.md, "Scaling out with Citus").';
-        END IF;
-    END IF;
+    -- On Citus (issue 64) as on one node: the triggers fire on the table's shards and
+    -- write the derived rows of the conversations their statement names, on the
+    -- co-located shards (contract §11). Run it on the coordinator, with the table
+    -- distributed co-located with compaction.jobs (docs/operations.md).
     FOREACH v_column IN ARRAY ARRAY[p_conversation_column, nullif(p_run_column, ''),
                                     p_message_column] LOOP
         IF v_column IS NOT NULL AND NOT EXISTS (
@@ -111,7 +96,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.attach_source_tracking(regclass, text, text, text) IS
-    'Attaches the change-tracking triggers (INSERT, UPDATE, DELETE, TRUNCATE) to a host table behind the source views, naming its conversation id and run id columns (or '''' and, optionally, its message id column, so an append re-derives only its run); waits at most 50 ms at a time for the table; then CALL compaction.rebuild_derived_state(). Refused (CP020) on Citus, where the triggers cannot run on the shards';
+    'Attaches the change-tracking triggers (INSERT, UPDATE, DELETE, TRUNCATE) to a host table behind the source views, naming its conversation id and run id columns (or '''' and, optionally, its message id column, so an append re-derives only its run); waits at most 50 ms at a time for the table; then CALL compaction.rebuild_derived_state(). On Citus, run on the coordinator: the triggers fire on the shards';
 
 CREATE FUNCTION compaction.detach_source_tracking(p_table regclass)
 RETURNS void

@@ -27,7 +27,7 @@ def test_tables_are_placed_as_citus_tables_says(conn: Conn) -> None:
         " FROM pg_dist_partition AS p"
         " JOIN compaction.citus_tables() AS ct ON ct.table_name = p.logicalrelid::regclass::text"
         " WHERE p.partmethod = 'h' GROUP BY ct.colocation ORDER BY 1").fetchall()
-    assert groups == [("conversation", 1, 12), ("queue", 1, 1)]
+    assert groups == [("conversation", 1, 13), ("queue", 1, 1)]
     apart = conn.execute(
         "SELECT count(DISTINCT colocationid) FROM pg_dist_partition WHERE partmethod = 'h'"
     ).fetchone()
@@ -179,18 +179,24 @@ def test_erasure_outside_a_transaction_block_is_refused_and_changes_nothing(
     assert erased == (2,)
 
 
-def test_check_source_says_the_derived_state_is_not_kept_on_citus(
+def test_check_source_says_the_derived_state_is_in_use_on_citus(
         conn: Conn, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """The tracking triggers stay detached on Citus (docs/operations.md): check-source says
-    so instead of advising to attach them."""
+    """Issue 64: the tracking triggers stay attached on Citus, so the derived state is in
+    use there; with one detached, check-source names the table to attach them to."""
     from pycompactor import cli
     from tests.sql.test_import_erase import populate
 
     populate(conn, "c1")
     assert cli.main(["check-source", "--dsn", dsn]) == 0
     out = capsys.readouterr().out
-    assert "not kept on Citus" in out
-    assert "docs/integrating.md" not in out
+    assert "derived state: in use" in out
+    conn.execute("SELECT compaction.detach_source_tracking('compaction_source.runs')")
+    conn.execute("DROP TRIGGER runs_track_insert ON compaction_source.runs")
+    assert cli.main(["check-source", "--dsn", dsn]) == 0
+    out = capsys.readouterr().out
+    assert "not in use on Citus" in out
+    assert "tables without them: compaction_source.runs" in out
+    assert "attach_source_tracking" in out
 
 
 def test_bench_citus_smoke(tmp_path: Any) -> None:
@@ -438,35 +444,29 @@ def test_a_projection_on_citus_is_one_statement_planned_with_its_values(conn: Co
     assert len(frame[3]) == 1
 
 
-def test_tracking_cannot_be_attached_on_citus(conn: Conn) -> None:
-    """Revision 0042: the tracking triggers cannot run on the shards, so attaching them to
-    a distributed table (or to any table, once the engine is distributed) is refused with
-    CP020 and changes nothing; the table's writes go on."""
+def test_tracking_attaches_to_a_distributed_host_table(conn: Conn) -> None:
+    """Issue 64: attach_source_tracking works on Citus (it refused there since revision
+    0042): the triggers reach the shards and the table's writes go on."""
     conn.execute("CREATE TABLE public.turns (thread_id text, turn_id text, status text,"
                  " PRIMARY KEY (thread_id, turn_id))")
     conn.execute("SELECT create_distributed_table('public.turns', 'thread_id',"
                  " colocate_with => 'compaction.jobs')")
-    conn.execute("CREATE TABLE public.notes (thread_id text, turn_id text)")  # not distributed
-    for table in ("public.turns", "public.notes"):
-        with pytest.raises(psycopg.Error) as refused:
-            conn.execute("SELECT compaction.attach_source_tracking(%s::regclass,"
-                         " 'thread_id', 'turn_id')", (table,))
-        assert refused.value.sqlstate == "CP020"
-        assert "Citus" in str(refused.value)
-        assert refused.value.diag.message_hint is not None
-        assert "Scaling out with Citus" in refused.value.diag.message_hint
-    assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid IN"
-                        " ('public.turns'::regclass, 'public.notes'::regclass)"
-                        " AND NOT tgisinternal").fetchone() == (0,)
+    conn.execute("SELECT compaction.attach_source_tracking('public.turns'::regclass,"
+                 " 'thread_id', 'turn_id')")
+    assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid ="
+                        " 'public.turns'::regclass AND NOT tgisinternal"
+                        " AND tgenabled = 'A'").fetchone() == (4,)
     conn.execute("INSERT INTO public.turns VALUES ('t1', 'r1', 'completed')")
+    conn.execute("UPDATE public.turns SET status = 'partial'")
+    assert conn.execute("SELECT status FROM public.turns").fetchone() == ("partial",)
 
 
-def test_a_table_tracked_on_one_node_loses_its_triggers_when_the_engine_is_distributed(
+def test_a_table_tracked_on_one_node_keeps_its_triggers_when_the_engine_is_distributed(
         citus_nodes: dict[str, Any]) -> None:
     """A host that ran on one node tracked its own tables (docs/integrating.md).
-    distribute_on_citus detaches those triggers too (revision 0042; before, only the
-    reference tables'), so the host's table, distributed afterwards as documented, takes
-    writes; with the triggers kept, every write to it failed on the shards."""
+    distribute_on_citus keeps the tracking triggers (issue 64; revision 0042 detached
+    them) and detaches only the queue's, and the host's table, distributed afterwards as
+    documented, takes writes with them."""
     from tests.citus.conftest import create_distributed_database, drop_distributed_database
 
     def track_a_host_table(dsn: str) -> None:
@@ -483,58 +483,127 @@ def test_a_table_tracked_on_one_node_loses_its_triggers_when_the_engine_is_distr
         dsn = create_distributed_database(citus_nodes, name,
                                           before_distributing=track_a_host_table)
         with psycopg.connect(dsn, autocommit=True) as c:
-            assert c.execute("SELECT count(*) FROM pg_trigger WHERE tgfoid IN ("
-                             "'compaction.track_source_changes()'::regprocedure,"
-                             " 'compaction.source_enqueue()'::regprocedure)").fetchone() == (0,)
+            assert c.execute("SELECT count(*) FROM pg_trigger WHERE tgfoid ="
+                             " 'compaction.source_enqueue()'::regprocedure").fetchone() == (0,)
+            assert c.execute("SELECT count(*) FROM pg_trigger WHERE tgfoid ="
+                             " 'compaction.track_source_changes()'::regprocedure").fetchone() \
+                == (12,)  # the reference tables' eight and the host table's four
             c.execute("SELECT create_distributed_table('public.turns', 'thread_id',"
                       " colocate_with => 'compaction.jobs')")
             c.execute("INSERT INTO public.turns VALUES ('t1', 'r1', 'completed')")
             c.execute("UPDATE public.turns SET status = 'partial'")
             assert c.execute("SELECT status FROM public.turns").fetchone() == ("partial",)
+            assert c.execute("SELECT compaction.derived_state_status()").fetchone() \
+                == ("in_use",)
     finally:
         drop_distributed_database(citus_nodes, name)
 
 
-def test_check_source_names_tracking_triggers_on_a_distributed_table(
+def test_check_source_names_queue_triggers_on_a_distributed_table(
         conn: Conn, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Triggers made by hand on a distributed table (attach_source_tracking refuses):
-    every write to the table fails on its shards, and check-source names the table and the
-    statements that drop them; once they are dropped, writes go on and check-source is
-    content."""
+    """A queue trigger made by hand on a distributed table (it writes the queue, placed
+    apart from the conversation's shards): check-source names the table and the statement
+    that drops it; once dropped, check-source is content."""
     from pycompactor import cli
     from tests.sql.test_import_erase import populate
 
     populate(conn, "c1")
-    conn.execute("CREATE TRIGGER hand_tracked AFTER INSERT ON compaction_source.runs"
+    conn.execute("CREATE TRIGGER hand_queued AFTER INSERT ON compaction_source.runs"
                  " REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT"
-                 " EXECUTE FUNCTION compaction.track_source_changes('conversation_id', 'run_id')")
-    with pytest.raises(psycopg.Error):
-        conn.execute("INSERT INTO compaction_source.runs (conversation_id, run_id, status)"
-                     " VALUES ('c1', 'r-hand', 'running')")
+                 " EXECUTE FUNCTION compaction.source_enqueue()")
     assert cli.main(["check-source", "--dsn", dsn]) == 1
     out = capsys.readouterr().out
-    assert "compaction_source.runs is distributed by Citus but carries the engine's" in out
-    assert "DROP TRIGGER hand_tracked ON compaction_source.runs;" in out
+    assert "compaction_source.runs is distributed by Citus but carries the engine's queue" in out
+    assert "DROP TRIGGER hand_queued ON compaction_source.runs;" in out
     # --fix prints just the statement, for psql
     assert cli.main(["check-source", "--dsn", dsn, "--fix"]) == 1
     (statement,) = capsys.readouterr().out.splitlines()
-    assert statement == "DROP TRIGGER hand_tracked ON compaction_source.runs;"
+    assert statement == "DROP TRIGGER hand_queued ON compaction_source.runs;"
     conn.execute(statement)
     conn.execute("INSERT INTO compaction_source.runs (conversation_id, run_id, status)"
                  " VALUES ('c1', 'r-hand', 'running')")
     assert cli.main(["check-source", "--dsn", dsn]) == 0
-    assert "not kept on Citus" in capsys.readouterr().out
+    assert "derived state: in use" in capsys.readouterr().out
 
 
-def test_completions_write_no_verdict_on_citus(conn: Conn) -> None:
-    """No derived state is kept on Citus, so a completed or imported summary gets no
-    verdict row there (revision 0042: it was always stale_source and read by nothing);
-    the summaries themselves are written as on one node."""
+def test_completions_write_their_verdicts_on_citus(conn: Conn) -> None:
+    """Issue 64: the derived state is kept on Citus, so a completed or imported summary
+    gets its verdict row there as on one node, and verify_conversation is clean."""
     from tests.sql.test_import_erase import populate
 
     populate(conn, "c1")
     assert conn.execute("SELECT count(*) FROM compaction.job_summaries").fetchone() == (2,)
-    assert conn.execute("SELECT count(*) FROM compaction.summary_verdicts").fetchone() == (0,)
-    assert conn.execute("SELECT count(*) FROM compaction.conversation_state").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM compaction.summary_verdicts"
+                        " WHERE reason IS NULL").fetchone() == (2,)
+    assert conn.execute("SELECT * FROM compaction.verify_conversation('c1')").fetchall() == []
 
 
+def _verify_all(conn: Conn) -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for (cid,) in conn.execute("SELECT DISTINCT conversation_id FROM compaction_source.runs"
+                               " ORDER BY 1").fetchall():
+        problems = conn.execute("SELECT * FROM compaction.verify_conversation(%s)",
+                                (cid,)).fetchall()
+        if problems:
+            found[cid] = problems
+    return found
+
+
+def test_tracking_on_citus_stays_exact_through_a_drain_an_erasure_and_a_repair(
+        conn: Conn, dsn: str) -> None:
+    """Issue 64: with the tracking attached on Citus, a worker's drain leaves every
+    conversation verified clean, with every summary used; an edit makes a summary stale at
+    once (Case B); an erasure leaves the other conversations clean; the repair path
+    (rederive_conversation) and a whole rebuild run there."""
+    from pycompactor import cli
+    from tests.history import History
+
+    h = History(conn)
+    for c in range(4):
+        h.pairs(f"drain-{c}", 45)
+    assert cli.main(["worker", "--once", "--sweep", "--model", "pycompactor/extractive-1",
+                     "--dsn", dsn]) == 0
+    assert conn.execute("SELECT count(*) FROM compaction.job_summaries").fetchone() == (8,)
+    assert _verify_all(conn) == {}
+    assert conn.execute("SELECT count(*) FROM compaction.summary_verdicts"
+                        " WHERE reason IS NULL").fetchone() == (8,)
+    # Case B: an edited reply in range 0 makes its summary stale, at once.
+    conn.execute("UPDATE compaction_source.messages SET content = content || ' (edited)'"
+                 " WHERE conversation_id = 'drain-1' AND role = 'assistant'"
+                 " AND seq = (SELECT min(seq) FROM compaction_source.messages"
+                 "            WHERE conversation_id = 'drain-1' AND role = 'assistant')")
+    assert conn.execute("SELECT reason FROM compaction.summary_verdicts"
+                        " WHERE conversation_id = 'drain-1' AND from_pair = 0").fetchone() \
+        == ("stale_source",)
+    assert _verify_all(conn) == {}
+    with conn.transaction():
+        conn.execute("SELECT compaction.erase_conversation('drain-2', 'gdpr_request')")
+    assert _verify_all(conn) == {}
+    # The repair path: a derived row lost (as a superuser may) is found and restored.
+    conn.execute("DELETE FROM compaction.ranges WHERE conversation_id = 'drain-3'"
+                 " AND from_pair = 10")
+    assert [p for p, _ in conn.execute(
+        "SELECT * FROM compaction.verify_conversation('drain-3')").fetchall()] \
+        == ["range_missing"]
+    conn.execute("SELECT compaction.rederive_conversation('drain-3')")
+    assert _verify_all(conn) == {}
+    conn.execute("CALL compaction.rebuild_derived_state(2, true)")
+    assert conn.execute("SELECT compaction.derived_state_status()").fetchone() == ("in_use",)
+    assert _verify_all(conn) == {}
+
+
+# Contract §3 with the tracking attached on Citus: C and D each own a run R-r, a message
+# naming R-r filed under E (no run R-r) breaks both, deleting it restores both; a Run
+# created after its foreign message; a deleted Run; a moved message; one statement over
+# several conversations; the repair of the record. Each in both modes (derived state, and
+# the tracking disabled: judged from the views).
+from tests.sql.test_foreign_messages import (  # noqa: E402, F401
+    mode,
+    test_a_message_moved_between_conversations_belongs_where_it_lands,
+    test_a_run_created_after_its_foreign_message_takes_it_over,
+    test_a_run_deleted_under_its_messages_makes_them_foreign,
+    test_a_run_id_in_two_conversations_is_a_pair_in_each_until_a_foreign_message_names_it,
+    test_one_statement_across_conversations,
+    test_reads_judge_only_a_conversation_a_foreign_message_names_from_the_views,
+    test_verify_names_a_foreign_message_the_record_lacks_and_a_repair_restores_it,
+)
