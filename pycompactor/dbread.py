@@ -314,7 +314,7 @@ def tracking_on_citus(conn: Connection) -> list[tuple[str, str]]:
 
 def untracked_source_tables(conn: Connection) -> list[str]:
     """The tables the source views read (through any depth of views) that lack an
-    enabled-always change-tracking trigger: what to attach the tracking to
+    enabled-always change-tracking trigger for some event: what to attach the tracking to
     (compaction.attach_source_tracking) before a rebuild puts the derived state in use."""
     rows = _rows(conn, tuple_row,
                  "SELECT c.oid::regclass::text FROM pg_catalog.pg_class AS c"
@@ -323,9 +323,13 @@ def untracked_source_tables(conn: Connection) -> list[str]:
                  "  WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass"
                  "  AND d.refclassid = 'pg_catalog.pg_class'::regclass)"
                  " AND compaction.source_reads(c.oid)"
-                 " AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger AS t"
+                 # every event tracked, as source_stamp asks (tgtype bits: 4 insert,
+                 # 8 delete, 16 update, 32 truncate)
+                 " AND NOT coalesce((SELECT pg_catalog.bit_or(t.tgtype::int) & 60 = 60"
+                 "  FROM pg_catalog.pg_trigger AS t"
                  "  WHERE t.tgrelid = c.oid AND t.tgenabled = 'A'"
-                 "  AND t.tgfoid = pg_catalog.to_regprocedure('compaction.track_source_changes()'))"
+                 "  AND t.tgfoid"
+                 "   = pg_catalog.to_regprocedure('compaction.track_source_changes()')), false)"
                  " ORDER BY 1", {})
     return [str(table) for (table,) in rows]
 

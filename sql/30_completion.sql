@@ -272,9 +272,14 @@ BEGIN
     -- under the same conversation_state row, taken first); that function judges the rest,
     -- where the range already has a verdict. Its call, a definer with two SET clauses, and
     -- its reads of the summary and the job were 2.9% of a claim -> complete cycle's
-    -- instructions (docs/benchmarks.md). Not on Citus, where no derived state is kept.
-    IF pg_catalog.current_setting('citus.version', true) IS NULL
-       OR NOT compaction.engine_distributed() THEN
+    -- instructions (docs/benchmarks.md). On Citus (issue 64: the derived state is kept
+    -- there too), rederive_summary_verdicts writes it, in statements Citus keeps on the
+    -- conversation's node.
+    IF pg_catalog.current_setting('citus.version', true) IS NOT NULL
+       AND compaction.engine_distributed() THEN
+        PERFORM compaction.rederive_summary_verdicts(v_attempt.conversation_id, '{}',
+                                                     v_summary_id);
+    ELSE
         INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
         VALUES (v_attempt.conversation_id, 0, 1)
         ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1;
