@@ -274,6 +274,7 @@ DECLARE
     v_old   jsonb;
     v_from  int;
     v_ids   text[];
+    v_hash  text;
 BEGIN
     SELECT min(f.from_pair), max(f.from_pair) INTO v_lo, v_hi
     FROM pg_catalog.unnest(p_from_pairs) AS f (from_pair)
@@ -306,10 +307,10 @@ BEGIN
                        ORDER BY g.i, x.ord);
         CONTINUE WHEN NOT (v_from = ANY (coalesce(p_touched, '{}')))
                   AND pg_catalog.to_jsonb(v_ids) = v_old -> v_from::text;
+        v_hash := compaction.range_hash(p_conversation_id, v_ids);
         INSERT INTO compaction.ranges AS r
             (conversation_id, from_pair, source_message_ids, source_hash)
-        VALUES (p_conversation_id, v_from, v_ids,
-                compaction.range_hash(p_conversation_id, v_ids))
+        VALUES (p_conversation_id, v_from, v_ids, v_hash)
         ON CONFLICT (conversation_id, from_pair) DO UPDATE
             SET source_message_ids = EXCLUDED.source_message_ids,
                 source_hash = EXCLUDED.source_hash;
