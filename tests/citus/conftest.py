@@ -24,6 +24,7 @@ import subprocess
 import textwrap
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -108,13 +109,15 @@ def _bindir() -> Path:
     return Path(out.stdout.strip())
 
 
-@pytest.fixture(scope="session")
-def citus_nodes(pg_workdir: Path) -> Iterator[dict[str, PostgreSQLExecutor]]:
+@contextmanager
+def started_nodes(root: Path, prefix: str = "") -> Iterator[dict[str, PostgreSQLExecutor]]:
+    """A coordinator and two workers on loopback with the documented settings (each
+    node's own pg_hba.conf as initdb wrote it), stopped at the end."""
     bindir, staged = runnable_bindir(_bindir(), server_user())
     nodes: dict[str, PostgreSQLExecutor] = {}
     try:
         for name in NODES:
-            workdir = pg_workdir / name
+            workdir = root / f"{prefix}{name}"
             workdir.mkdir()
             user = server_user()
             if user is not None:
@@ -136,13 +139,19 @@ def citus_nodes(pg_workdir: Path) -> Iterator[dict[str, PostgreSQLExecutor]]:
             executor.start()
             nodes[name] = executor
             wait_until_accepting(make_dsn(executor, "postgres"))
-        allow_the_owner(nodes)
         yield nodes
     finally:
         for executor in nodes.values():
             executor.stop()
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def citus_nodes(pg_workdir: Path) -> Iterator[dict[str, PostgreSQLExecutor]]:
+    with started_nodes(pg_workdir) as nodes:
+        allow_the_owner(nodes)
+        yield nodes
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ unchanged against the distributed database (the fixtures in tests/citus/conftest
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -614,3 +615,103 @@ from tests.sql.test_foreign_messages import (  # noqa: E402, F401
     test_reads_judge_only_a_conversation_a_foreign_message_names_from_the_views,
     test_verify_names_a_foreign_message_the_record_lacks_and_a_repair_restores_it,
 )
+
+
+def test_the_runbook_on_nodes_that_ask_every_login_for_a_password(pg_workdir: Any) -> None:
+    """docs/operations.md on nodes whose pg_hba.conf asks every login for a password
+    (scram-sha-256, over TCP and the unix socket): the runbook's blocks, in order, with
+    its password steps (3b, 8), as the documented superuser `admin`; then the
+    application's login writes history and enqueues, a worker pass runs as the
+    `compactor` login, the auditor reads the audit views, and the derived state verifies
+    clean. A login without its password is refused."""
+    from pycompactor import cli
+    from tests.citus.conftest import localise, runbook, started_nodes
+    from tests.conftest import make_dsn
+
+    with started_nodes(pg_workdir, "scram-") as nodes:
+        def dsn_of(name: str, user: str, password: str | None, via_socket: bool = False
+                   ) -> str:
+            node = nodes[name]
+            dsn = make_dsn(node, "agent", user=user)
+            if via_socket:
+                dsn = dsn.replace(f"host={node.host}", f"host={node.unixsocketdir}")
+            return dsn if password is None else f"{dsn} password={password}"
+
+        for node in nodes.values():
+            with psycopg.connect(make_dsn(node, "postgres"), autocommit=True) as c:
+                c.execute("CREATE ROLE admin SUPERUSER LOGIN")
+                c.execute("CREATE DATABASE agent OWNER admin TEMPLATE template0"
+                          " ENCODING 'UTF8'")
+        # the nodes trust loopback until step 3b is done
+        passwords: dict[str, str | None] = {"admin": None}
+        ran = []
+        for lang, body in runbook():
+            where = body.splitlines()[0] if body else ""
+            if lang == "console" and body.startswith("$ pycompactor migrate --dsn "):
+                assert cli.main(["migrate", "--dsn", dsn_of("coordinator", "admin",
+                                                            passwords["admin"])]) == 0
+                ran.append("migrate")
+                continue
+            if lang != "sql":
+                continue
+            if where.startswith(("-- on every node", "-- every login by password: on every")):
+                targets = list(nodes)
+            elif where.startswith(("-- on the coordinator",
+                                   "-- every login by password: on the coordinator")):
+                targets = ["coordinator"]
+            else:
+                continue
+            for name in targets:
+                with psycopg.connect(dsn_of(name, "admin", passwords["admin"]),
+                                     autocommit=True) as c:
+                    c.execute(localise(body, nodes))
+            ran.append(where)
+            if where.startswith("-- every login by password: on every"):
+                # Step 3b done: the documented lines of step 2 take effect.
+                hba = "\n".join(localise(b, nodes) for kind, b in runbook()
+                                if kind == "text" and b.startswith(("host  all  compaction",
+                                                                    "host   all  all")))
+                for node in nodes.values():
+                    path = Path(node.datadir) / "pg_hba.conf"
+                    path.write_text(hba + "\n", encoding="utf-8")
+                    with psycopg.connect(make_dsn(node, "postgres", user="admin")
+                                         + " dbname=agent password=admin-password",
+                                         autocommit=True) as c:
+                        c.execute("SELECT pg_reload_conf()")
+                        assert c.execute("SELECT count(*) FROM pg_hba_file_rules"
+                                         " WHERE error IS NOT NULL").fetchone() == (0,)
+                passwords["admin"] = "admin-password"
+        assert len(ran) == 8, ran  # 3, 3b, 4, migrate, 6 (twice), 7, 8
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(dsn_of("coordinator", "app", None)).close()
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(dsn_of("worker1", "admin", None, via_socket=True)).close()
+        psycopg.connect(dsn_of("worker1", "admin", "admin-password", via_socket=True)).close()
+        admin = dsn_of("coordinator", "admin", "admin-password")
+        with psycopg.connect(admin, autocommit=True) as c:
+            (grant,) = [b for kind, b in runbook()
+                        if kind == "sql" and b.startswith("-- the application's login")]
+            c.execute(grant)
+            c.execute("GRANT USAGE ON SCHEMA compaction_source TO app;"
+                      " GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA compaction_source TO app")
+            assert c.execute("SELECT compaction.derived_state_status()").fetchone() \
+                == ("in_use",)
+        conversations = ["pw-0", "pw-1", "pw-2"]
+        with (psycopg.connect(dsn_of("coordinator", "app", "app-password")) as app,
+              app.transaction()):
+            for cid in conversations:
+                app.execute(_history_sql(cid))
+                app.execute("SELECT compaction.enqueue(%s)", (cid,))
+        compactor = dsn_of("coordinator", "compactor", "compactor-password")
+        assert cli.main(["worker", "--once", "--model", "pycompactor/extractive-1",
+                         "--dsn", compactor]) == 0
+        with psycopg.connect(dsn_of("coordinator", "auditor", "auditor-password"),
+                             autocommit=True) as auditor:
+            assert auditor.execute("SELECT count(*) FROM compaction.audit_jobs"
+                                   " WHERE state = 'completed'").fetchone() == (3,)
+        with psycopg.connect(admin, autocommit=True) as c:
+            for cid in conversations:
+                assert c.execute("SELECT * FROM compaction.verify_conversation(%s)",
+                                 (cid,)).fetchall() == []
+            assert c.execute("SELECT count(*) FROM compaction.summary_verdicts"
+                             " WHERE reason IS NULL").fetchone() == (3,)
