@@ -221,6 +221,10 @@ BEGIN
     -- plans.
     ALTER FUNCTION compaction.projection_read(text, text, int, bigint, int)
         RESET plan_cache_mode;
+    -- Issue 64: the derived state is read on Citus too; projection_frame's statements
+    -- (one generic plan on one node) Citus plans only with their values bound.
+    ALTER FUNCTION compaction.projection_frame(text, text, int)
+        SET plan_cache_mode = force_custom_plan;
     CALL compaction.place_audit_views();
     CALL compaction.place_view_grants();
     -- The tracking triggers fire on the workers and call the engine's functions there.
