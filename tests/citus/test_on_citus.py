@@ -448,15 +448,23 @@ def test_a_projection_on_citus_is_one_statement_planned_with_its_values(conn: Co
     conn.execute("SELECT compaction.import_summary('framed', 'default', 0, %s, %s, 'm',"
                  " 'conversation-compaction@3', 'summary of 0', now())",
                  (target.source_message_ids, target.source_hash))
+    # Issue 64: read from the derived state (projection_frame planned with its values
+    # too), then judged from the views once the tracking is disabled.
+    assert function_settings(conn, "compaction.projection_frame(text, text, int)",
+                             "plan_cache_mode") == ["plan_cache_mode=force_custom_plan"]
     first = project_history(conn, "framed", budget_bytes=1_000_000).to_dict()
     assert [p["placement"] for p in first["pairs"]] == ["summarized"] * 10 + ["raw"] * 30
-    for _ in range(8):
-        assert project_history(conn, "framed", budget_bytes=1_000_000).to_dict() == first
-    [frame] = conn.execute("SELECT derived, pair_count, first_pair, summary_ids"
-                           " FROM compaction.projection_frame('framed', 'default', 20)"
-                           ).fetchall()
-    assert frame[:3] == (False, 40, 0)
-    assert len(frame[3]) == 1
+    for derived, frame_start in ((True, 20), (False, 0)):
+        if not derived:
+            conn.execute("ALTER TABLE compaction_source.messages"
+                         " DISABLE TRIGGER messages_track_update")
+        for _ in range(8):
+            assert project_history(conn, "framed", budget_bytes=1_000_000).to_dict() == first
+        [frame] = conn.execute("SELECT derived, pair_count, first_pair, summary_ids"
+                               " FROM compaction.projection_frame('framed', 'default', 20)"
+                               ).fetchall()
+        assert frame[:3] == (derived, 40, frame_start)
+        assert len(frame[3]) == (0 if derived else 1)  # the derived frame starts past it
 
 
 def test_tracking_attaches_to_a_distributed_host_table(conn: Conn) -> None:
@@ -610,8 +618,8 @@ def test_tracking_on_citus_stays_exact_through_a_drain_an_erasure_and_a_repair(
 # naming R-r filed under E (no run R-r) breaks both, deleting it restores both; a Run
 # created after its foreign message; a deleted Run; one statement over several
 # conversations; the repair of the record. (Not a message moved by UPDATE of its
-# conversation: Citus refuses to change a row's distribution column.) Each in both modes (derived state, and
-# the tracking disabled: judged from the views).
+# conversation: Citus refuses to change a row's distribution column.) Each in both modes
+# (derived state, and the tracking disabled: judged from the views).
 from tests.sql.test_foreign_messages import (  # noqa: E402, F401
     mode,
     test_a_run_created_after_its_foreign_message_takes_it_over,
