@@ -730,3 +730,14 @@ def test_the_runbook_on_nodes_that_ask_every_login_for_a_password(pg_workdir: An
                                  (cid,)).fetchall() == []
             assert c.execute("SELECT count(*) FROM compaction.summary_verdicts"
                              " WHERE reason IS NULL").fetchone() == (3,)
+
+
+def test_a_worker_killed_mid_call_leaves_the_derived_state_exact(
+        conn: Conn, dsn: str, model_server: Any) -> None:
+    """Issue 64: acceptance 4 (a worker killed with SIGKILL while its model call hangs,
+    recovered by another) with the tracking attached on Citus, then every conversation
+    verified clean and every summary used."""
+    test_crashed_worker_is_recovered_by_another(conn, dsn, model_server)
+    assert _verify_all(conn) == {}
+    assert conn.execute("SELECT count(*) FROM compaction.summary_verdicts"
+                        " WHERE reason IS NULL").fetchone() == (2,)
