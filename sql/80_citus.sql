@@ -215,6 +215,11 @@ BEGIN
     -- drain of `make bench-citus` took 7.4-9.2 s against 5.6-5.8 s).
     ALTER FUNCTION compaction.judge_runs(text, text[], boolean)
         SET citus.max_adaptive_executor_pool_size = 1;
+    -- Issue 64: every read of the derived state asks the record of foreign messages, on
+    -- every shard, first (derived_state_serves): on one connection per node, as
+    -- judge_runs' question above.
+    ALTER FUNCTION compaction.derived_state_serves(text)
+        SET citus.max_adaptive_executor_pool_size = 1;
     -- Revision 0041: judged from the views (always, on Citus) projection_read sends the
     -- texts in its own statement (through projection_texts until revision 0043), whose
     -- queries Citus can plan only with the values bound; on one node it forces generic
