@@ -16,8 +16,9 @@ and writes only lines a reader can quote back to one reply:
    kept as written.
 3. **Each fact with its subject.** A reply's subject is the entity it is about, read from
    where the reply names it: its lead line ("PostgreSQL 15.2 was released on …", "From
-   the PostgreSQL 15 documentation, Numeric Types:", "关于 alter_table，…") or the first
-   proper name of its first sentence ("Lotus Asia Growth charges …"). A reply's line
+   the PostgreSQL 15 documentation, Numeric Types:", "关于 alter_table，…"), the term a
+   reference entry defines ("WorkingDirectory=: Takes …", "os.path.join: Join …"), or
+   the first proper name of its first sentence ("Lotus Asia Growth charges …"). A reply's line
    starts with that subject when its first kept sentence does not name it, so "The fund's
    NAV on 2026-10-30 was 11.48." reads under the fund it belongs to.
 4. **Corrections first, caveats with what they govern.** Sentences are chosen by what
@@ -103,6 +104,11 @@ _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
 _ZH_ABOUT: Final = re.compile(r"^关于\s*(.{1,60}?)[，,]")
 _PROPER: Final = re.compile(r"\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*)+")
+# A reference entry's lead: the term it defines, then a colon ("WorkingDirectory=: Takes
+# …", "os.path.join: Join …", "-z, --gzip: Filter …"). The term must look like a name
+# (a mark, a digit or an inner capital), so "Understood: a 10-year horizon" names nothing.
+_TERM_LEAD: Final = re.compile(r"^([^\s:：]{1,60}(?: [^\s:：]{1,30}){0,3})[:：]\s")
+_NAME_LIKE: Final = re.compile(r"[=._/()\[\]<>\-\d]|[a-z][A-Z]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +138,9 @@ def subject(reply: str) -> str | None:
         match = pattern.search(lead)
         if match:
             return match.group(1).strip(" ,;:")
+    term = _TERM_LEAD.match(lead)
+    if term and _NAME_LIKE.search(term.group(1)):
+        return term.group(1)
     first = measure_sentences(lead)
     match = _PROPER.search(first[0]) if first else None
     return match.group(0) if match else None
