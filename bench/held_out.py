@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
@@ -89,12 +90,15 @@ def docstring_entries(modules: Sequence[str] = MODULES) -> list[tuple[str, str]]
     seen: set[str] = set()
     out = []
     for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        for attr in sorted(a for a in dir(module) if not a.startswith("_")):
-            doc = inspect.getdoc(getattr(module, attr, None))
+        with warnings.catch_warnings():  # deprecated aliases (typing.io) warn when read
+            warnings.simplefilter("ignore")
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+            docs = [(attr, inspect.getdoc(getattr(module, attr, None)))
+                    for attr in sorted(a for a in dir(module) if not a.startswith("_"))]
+        for attr, doc in docs:
             if doc and len(doc) >= 2 * MIN_REPLY and doc not in seen:
                 seen.add(doc)
                 out.append((f"{name}.{attr}", f"{name}.{attr}: {doc}"))
