@@ -302,13 +302,13 @@ def build_summarizer(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     """The summarizer the model arguments (add_model_arguments) name; a missing model or
     a bad model argument is a usage error of `parser`."""
     from pycompactor.errors import UsageError
-    from pycompactor.summarizer import make_summarizer
+    from pycompactor.summarizer import DEFAULT_OFFLINE_MODEL, make_summarizer
 
     model = args.model if args.model is not None else os.environ.get("PYCOMPACTOR_MODEL", "")
     model = model or args.default_model or ""
     if not model:
         parser.error("no model given; pass --model or set PYCOMPACTOR_MODEL "
-                     "(pycompactor/extractive-1 needs no server)")
+                     f"({DEFAULT_OFFLINE_MODEL} needs no server)")
     try:
         summarizer = make_summarizer(model, base_url=args.base_url,
                                      timeout_seconds=args.timeout_seconds, api=args.api,

@@ -92,6 +92,8 @@ def test_no_model_is_a_usage_error(dsn: str) -> None:
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("usage: pycompactor worker")
     assert lines[-1].startswith("pycompactor worker: error: no model given")
+    # The hint names the default offline model, not an older one.
+    assert lines[-1].endswith("(pycompactor/extractive-3 needs no server)")
 
 
 def test_openai_model_without_key_is_a_usage_error(dsn: str) -> None:
