@@ -34,7 +34,7 @@ from bench.common import (
     vacuum_analyze,
 )
 from pycompactor.eventlog import EventLog
-from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
+from pycompactor.summarizers.extractive import OFFLINE_MODEL, ExtractiveSummarizer
 from pycompactor.worker import Worker, WorkerConfig
 
 _APP = "bench-finding-worker"

@@ -34,20 +34,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.common import Sizes
-from pycompactor.baseline import BaselineSummarizer
-from pycompactor.evaluate import read_corpus
+from pycompactor.cli.evaluate import read_corpus
 from pycompactor.evaluation import (
     DEFAULT_BUDGETS,
     EvalConversation,
     Report,
     evaluate,
 )
-from pycompactor.extractive import OFFLINE_MODEL
-from pycompactor.extractive2 import EXTRACTIVE2_MODEL
-from pycompactor.extractive3 import EXTRACTIVE3_MODEL
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.projection import marker_line, message_cost, utf8_len
-from pycompactor.summarizer import Summarizer, make_summarizer
+from pycompactor.summarizers.baseline import BaselineSummarizer
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
+from pycompactor.summarizers.extractive2 import EXTRACTIVE2_MODEL
+from pycompactor.summarizers.extractive3 import EXTRACTIVE3_MODEL
+from pycompactor.summarizers.openai_compatible import Summarizer, make_summarizer
 
 MODELS = (OFFLINE_MODEL, EXTRACTIVE2_MODEL, EXTRACTIVE3_MODEL)
 #: The offline model the frontier measures (the default offline model of evaluate).

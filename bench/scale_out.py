@@ -48,10 +48,10 @@ from psycopg import sql
 
 from bench.common import latencies, median, seed_conversations, text_pool, vacuum_analyze
 from pycompactor import db, schema
-from pycompactor.cluster import ThrowawayCluster
+from pycompactor.cli.cluster import ThrowawayCluster
 from pycompactor.eventlog import EventLog
-from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
 from pycompactor.projection import project_history
+from pycompactor.summarizers.extractive import OFFLINE_MODEL, ExtractiveSummarizer
 from pycompactor.worker import Worker, WorkerConfig
 
 ROOT = Path(__file__).resolve().parent.parent

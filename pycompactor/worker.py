@@ -76,17 +76,17 @@ from pycompactor.errors import (
     TransactionConflict,
 )
 from pycompactor.eventlog import EventLog, secrets_of
-from pycompactor.figures import (
+from pycompactor.hashing import PAIRS_PER_RANGE
+from pycompactor.models import QueuedConversation, RangeReply
+from pycompactor.quality.figures import (
     figure_stats,
     invented_figures,
 )
-from pycompactor.hashing import PAIRS_PER_RANGE
-from pycompactor.models import QueuedConversation, RangeReply
-from pycompactor.outcomes import Failure, ModelOutcome, Reply
-from pycompactor.summarizer import (
+from pycompactor.summarizers.openai_compatible import (
     Summarizer,
     unreachable,
 )
+from pycompactor.summarizers.outcomes import Failure, ModelOutcome, Reply
 from pycompactor.worker_claim import (
     _Claiming,
     _oldest_age,

@@ -22,7 +22,7 @@ from pycompactor.errors import (
 )
 from pycompactor.eventlog import EventLog
 from pycompactor.models import QueuedConversation, RangeClaim
-from pycompactor.summarizer import (
+from pycompactor.summarizers.openai_compatible import (
     PROMPT_VERSION,
 )
 from pycompactor.worker_types import (

@@ -13,11 +13,11 @@ from typing import Final, ParamSpec, TypeVar
 
 from pycompactor import db
 from pycompactor.eventlog import LogFormat
-from pycompactor.figures import (
+from pycompactor.quality.figures import (
     MAX_INVENTED_FIGURES_BOUND,
     FigureStats,
 )
-from pycompactor.summarizer import (
+from pycompactor.summarizers.openai_compatible import (
     DEFAULT_TIMEOUT_SECONDS,
 )
 

@@ -11,8 +11,13 @@ import pytest
 
 from pycompactor.errors import UsageError
 from pycompactor.eventlog import EventLog
-from pycompactor.outcomes import Reply, parse_response
-from pycompactor.summarizer import OpenAISummarizer, load_prompt, make_summarizer, replies_document
+from pycompactor.summarizers.openai_compatible import (
+    OpenAISummarizer,
+    load_prompt,
+    make_summarizer,
+    replies_document,
+)
+from pycompactor.summarizers.outcomes import Reply, parse_response
 from pycompactor.worker import Worker, WorkerConfig
 from tests.driver.conftest import make_pairs
 from tests.modelserver import (

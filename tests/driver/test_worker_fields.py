@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pycompactor.outcomes import (
+from pycompactor.summarizers.outcomes import (
     FINISH_REASON_SHAPE,
     RESPONSE_ID_SHAPE,
     Reply,

@@ -9,7 +9,8 @@ import sys
 
 SCRIPT = """
 import sys
-from pycompactor import cli, db
+from pycompactor import db
+from pycompactor.cli import main as cli
 from pycompactor.connections import is_transient
 from pycompactor.errors import PycompactorError
 if sys.argv[2] == "quiet":

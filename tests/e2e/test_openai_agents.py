@@ -35,7 +35,7 @@ from pycompactor.errors import PermissionDenied
 from pycompactor.eventlog import EventLog
 from pycompactor.integrations.openai_agents import PycompactorSession
 from pycompactor.projection import marker_line
-from pycompactor.summarizer import load_prompt, make_summarizer
+from pycompactor.summarizers.openai_compatible import load_prompt, make_summarizer
 from pycompactor.worker import WorkerConfig, run_worker
 from tests.modelserver import (
     ModelServer,

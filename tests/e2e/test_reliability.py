@@ -24,7 +24,7 @@ import pytest
 from psycopg import sql
 
 from pycompactor import db, schema
-from pycompactor.cluster import ThrowawayCluster
+from pycompactor.cli.cluster import ThrowawayCluster
 from pycompactor.connections import Connections
 from pycompactor.errors import PycompactorError, from_driver
 from tests.history import History

@@ -53,11 +53,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from pycompactor.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
-from pycompactor.figures import FIGURE
 from pycompactor.models import AssistantReply
-from pycompactor.qualifiers import scope_qualifiers
-from pycompactor.qualifiers import sentences as measure_sentences
+from pycompactor.quality.figures import FIGURE
+from pycompactor.quality.qualifiers import scope_qualifiers
+from pycompactor.quality.qualifiers import sentences as measure_sentences
+from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
 
 EXTRACTIVE3_MODEL: Final = "pycompactor/extractive-3"
 #: The default target: summary UTF-8 bytes at most this share of the replies' bytes.

@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from pycompactor.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
-from pycompactor.figures import figures
 from pycompactor.models import AssistantReply
-from pycompactor.qualifiers import scope_qualifiers, sentences
+from pycompactor.quality.figures import figures
+from pycompactor.quality.qualifiers import scope_qualifiers, sentences
+from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
 
 #: The baseline's model id in reports, and its caveats-first variant's.
 BASELINE_MODEL: Final = "baseline/whole-sentences"

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from pycompactor.figures import FIGURE
+from pycompactor.quality.figures import FIGURE
 
 #: English qualifiers: negation, time limits, exclusivity, exceptions, replacements,
 #: bounds and corrections. Multi-word phrases are matched before their words.

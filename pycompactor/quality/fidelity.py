@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal
 
-from pycompactor.figures import FIGURE, figures
-from pycompactor.qualifiers import qualifier_spans, sentences
+from pycompactor.quality.figures import FIGURE, figures
+from pycompactor.quality.qualifiers import qualifier_spans, sentences
 
 #: The share of a question's weight the best sentence must hold for the reader to take it
 #: as the place that answers the question: below half, it shares fewer of the question's

@@ -39,11 +39,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from pycompactor.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer, _excerpt
-from pycompactor.figures import FIGURE, figures
 from pycompactor.models import AssistantReply
-from pycompactor.qualifiers import QUALIFIERS_EN, QUALIFIERS_ZH, qualifiers
-from pycompactor.qualifiers import sentences as qualifier_sentences
+from pycompactor.quality.figures import FIGURE, figures
+from pycompactor.quality.qualifiers import QUALIFIERS_EN, QUALIFIERS_ZH, qualifiers
+from pycompactor.quality.qualifiers import sentences as qualifier_sentences
+from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer, _excerpt
 
 EXTRACTIVE2_MODEL: Final = "pycompactor/extractive-2"
 #: The default target: summary UTF-8 bytes at most this share of the replies' bytes.
