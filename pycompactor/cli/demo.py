@@ -37,7 +37,6 @@ from pycompactor.cli.render import cell, placement_runs
 from pycompactor.cli.sample import CONVERSATION_ID, load_sample
 from pycompactor.errors import PycompactorError
 from pycompactor.evaluation import measure_range, reach, totals
-from pycompactor.eventlog import EventLog
 from pycompactor.hashing import source_hash
 from pycompactor.models import Pair
 from pycompactor.projection import (
@@ -56,7 +55,8 @@ from pycompactor.summarizers.extractive3 import (
     Extractive3Summarizer,
 )
 from pycompactor.summarizers.openai_compatible import PROMPT_VERSION
-from pycompactor.worker import Worker, WorkerConfig
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig
 
 #: The pair whose user message the demo edits to make the summary of pairs 0-9 stale.
 EDITED_PAIR = 3

@@ -38,7 +38,7 @@ from pycompactor.cli.argtypes import (
 from pycompactor.cli.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
 from pycompactor.cli.render import placement_runs, print_json, render_table
 from pycompactor.errors import PycompactorError, SchemaNotMigrated, about_database
-from pycompactor.eventlog import redact, secrets_of
+from pycompactor.worker.eventlog import redact, secrets_of
 
 if TYPE_CHECKING:
     from pycompactor.summarizers.openai_compatible import Summarizer
@@ -222,8 +222,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from pycompactor.errors import LogLost
-    from pycompactor.eventlog import EventLog, secrets_of
-    from pycompactor.worker import WorkerConfig, run_worker
+    from pycompactor.worker.eventlog import EventLog, secrets_of
+    from pycompactor.worker.process import WorkerConfig, run_worker
 
     summarizer = build_summarizer(args, args.worker_parser)
     model = summarizer.model

@@ -21,7 +21,6 @@ from pycompactor.cli.sample import sample_turns
 from pycompactor.corpus import CorpusConversation, build_corpus
 from pycompactor.errors import UsageError
 from pycompactor.evaluation import DEFAULT_BUDGETS, evaluate
-from pycompactor.eventlog import EventLog
 from pycompactor.models import Pair
 from pycompactor.quality.figures import figure_stats, figures
 from pycompactor.quality.qualifiers import qualifier_stats
@@ -38,7 +37,8 @@ from pycompactor.summarizers.extractive2 import (
 )
 from pycompactor.summarizers.openai_compatible import make_summarizer
 from pycompactor.summarizers.outcomes import Reply
-from pycompactor.worker import Worker, WorkerConfig
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig
 from tests.history import History
 from tests.workerkit import StringLog, complete_verdict
 

@@ -15,7 +15,6 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pycompactor import db, project_history
-from pycompactor.eventlog import EventLog
 from pycompactor.quality.figures import (
     FigureStats,
     figure_stats,
@@ -27,7 +26,8 @@ from pycompactor.summarizers.extractive import ExtractiveSummarizer, extractive_
 from pycompactor.summarizers.extractive2 import Extractive2Summarizer
 from pycompactor.summarizers.openai_compatible import OpenAISummarizer
 from pycompactor.summarizers.outcomes import Reply
-from pycompactor.worker import Worker, WorkerConfig
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig
 from tests.driver.conftest import make_pairs
 from tests.history import History
 from tests.modelserver import ModelServer, stop

@@ -10,7 +10,6 @@ import psycopg
 import pytest
 
 from pycompactor.errors import UsageError
-from pycompactor.eventlog import EventLog
 from pycompactor.summarizers.openai_compatible import (
     OpenAISummarizer,
     load_prompt,
@@ -18,7 +17,8 @@ from pycompactor.summarizers.openai_compatible import (
     replies_document,
 )
 from pycompactor.summarizers.outcomes import Reply, parse_response
-from pycompactor.worker import Worker, WorkerConfig
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig
 from tests.driver.conftest import make_pairs
 from tests.modelserver import (
     ModelServer,

@@ -21,10 +21,10 @@ import pytest
 
 from pycompactor import db
 from pycompactor.errors import ModelUnreachable
-from pycompactor.eventlog import EventLog
 from pycompactor.models import NextTarget, RangeClaim, RangeReply
 from pycompactor.summarizers.openai_compatible import OpenAISummarizer, Summarizer
-from pycompactor.worker import Worker, WorkerConfig, WorkerReport
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig, WorkerReport
 from tests.history import History
 from tests.modelserver import (
     ModelServer,

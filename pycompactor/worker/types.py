@@ -12,7 +12,6 @@ from datetime import timedelta
 from typing import Final, ParamSpec, TypeVar
 
 from pycompactor import db
-from pycompactor.eventlog import LogFormat
 from pycompactor.quality.figures import (
     MAX_INVENTED_FIGURES_BOUND,
     FigureStats,
@@ -20,6 +19,7 @@ from pycompactor.quality.figures import (
 from pycompactor.summarizers.openai_compatible import (
     DEFAULT_TIMEOUT_SECONDS,
 )
+from pycompactor.worker.eventlog import LogFormat
 
 #: Failure reason when the shutdown drain ran out before the model answered.
 INTERRUPTED: Final = "interrupted"

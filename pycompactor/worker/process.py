@@ -68,14 +68,12 @@ from types import FrameType
 from typing import Any, Concatenate, Final
 
 from pycompactor import db, metrics
-from pycompactor.connections import Connections, is_transient
 from pycompactor.errors import (
     LogLost,
     ModelUnreachable,
     PycompactorError,
     TransactionConflict,
 )
-from pycompactor.eventlog import EventLog, secrets_of
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import QueuedConversation, RangeReply
 from pycompactor.quality.figures import (
@@ -87,11 +85,13 @@ from pycompactor.summarizers.openai_compatible import (
     unreachable,
 )
 from pycompactor.summarizers.outcomes import Failure, ModelOutcome, Reply
-from pycompactor.worker_claim import (
+from pycompactor.worker.claim import (
     _Claiming,
     _oldest_age,
 )
-from pycompactor.worker_types import (
+from pycompactor.worker.connections import Connections, is_transient
+from pycompactor.worker.eventlog import EventLog, secrets_of
+from pycompactor.worker.types import (
     _DB_BACKOFF_MAX,
     _DB_BACKOFF_START,
     _HINT_PROBE_CONVERSATIONS,
