@@ -1,11 +1,11 @@
 """Naive whole-sentence selection: the baseline an offline summarizer must beat.
 
 Issue 61 measured it on public text: take every sentence of the replies that holds a
-figure (contract §8) or a qualifier of the scope set (pycompactor.qualifiers), most facts
+figure (contract §8) or a qualifier of the scope set (pycompactor.quality.qualifiers), most
 per byte first, until the summary would pass a byte target. It never cuts a sentence,
 so each line keeps what its figures are about as far as its own sentence says it. A
 summarizer that compresses harder must still answer more of the replies' questions
-(pycompactor.fidelity) at the same bytes, or it is not worth its cleverness.
+(pycompactor.quality.fidelity) at the same bytes, or it is not worth its cleverness.
 
 - a sentence's **facts**: its distinct figures plus its distinct qualifiers;
 - ranked by facts per UTF-8 byte, highest first (earlier sentences first on a tie), and

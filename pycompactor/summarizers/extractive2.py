@@ -10,7 +10,7 @@ since every byte it saves is history the next Run still sees (contract §9).
 1. Facts, not prose. Each sentence holding a figure (contract §8) is cut to the words
    that state it: a few words before and after each figure (what the figure is about, and
    its unit), every qualifier of the sentence with the word it qualifies ("no longer",
-   "only", "not", a correction; pycompactor.qualifiers), the words between dropped for an
+   "only", "not", a correction; pycompactor.quality.qualifiers), the words between dropped for an
    ellipsis, still one sentence. A cut that would lose a figure or a qualified fact, as
    the measures read the text, keeps the sentence whole.
 2. Each fact once. A greedy cover picks clauses by the figures and qualified facts they
@@ -76,7 +76,7 @@ _TOKEN: Final = re.compile(f"[{_CJK}]|[^\\s{_CJK}]+")
 _GAP: Final = " … "
 _GAP_BYTES: Final = len(_GAP.encode("utf-8"))
 _STOPS: Final = ".!?;"
-# Where the qualifiers of pycompactor.qualifiers stand in a sentence, so a cut keeps them.
+# Where the qualifiers of pycompactor.quality.qualifiers stand in a sentence, so a cut keeps them.
 _QUALIFIER_SPAN: Final = re.compile(
     r"\b(?:" + "|".join(re.escape(q).replace(r"\ ", r"\s+")
                         for q in sorted(QUALIFIERS_EN, key=len, reverse=True))

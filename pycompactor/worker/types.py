@@ -1,6 +1,7 @@
 """What the worker is configured with and reports: its failure reasons, the timing of
 its loop, `WorkerConfig`, the claimed job and its result, and the totals
-(`WorkerReport`). Shared by `pycompactor.worker` and `pycompactor.worker_claim`."""
+(`WorkerReport`). Shared by `pycompactor.worker.process` and
+`pycompactor.worker.claim`."""
 
 from __future__ import annotations
 
