@@ -12,7 +12,7 @@ ranges, as the worker would) and is measured by `pycompactor.evaluation`, the co
 - reach at 8, 16, 32 and 64 KiB: pairs the next Run sees with the summaries over pairs
   the raw-only projection (newest pairs only) sees, pooled over conversations;
 - wall-clock milliseconds per range (p50, p95, max);
-- attribution, qualifier scope and invented figures (pycompactor.fidelity, issue 61);
+- attribution, qualifier scope and invented figures (pycompactor.quality.fidelity, issue 61);
 - what keeping every caveat would take: the share of the bytes the sentences holding a
   figure or a caveat take, and extractive-3 with the 6,000-character cap lifted;
 - held-out text (bench.held_out: man pages, standard-library docstrings) the summarizers
@@ -20,7 +20,7 @@ ranges, as the worker would) and is measured by `pycompactor.evaluation`, the co
 
 Then the frontier (issue 61): one model (`FRONTIER_MODEL` unless `run` is given
 another) at each target of `TARGETS`, beside naive whole-sentence selection
-(pycompactor.baseline, plain and caveats first) at the same targets, in the same run:
+(pycompactor.summarizers.baseline, plain and caveats first) at the same targets, in the same run:
 median compression, attribution, qualifier scope, figure retention, invented figures,
 ms per range and history reach at 64 KiB against the raw-only projection. A model point
 is on or above the baseline's frontier when its attribution is at least the baseline
@@ -39,8 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.common import Sizes
-from pycompactor.baseline import BaselineSummarizer
-from pycompactor.evaluate import read_corpus
+from pycompactor.cli.evaluate import read_corpus
 from pycompactor.evaluation import (
     DEFAULT_BUDGETS,
     EvalConversation,
@@ -48,13 +47,14 @@ from pycompactor.evaluation import (
     conversation_from_texts,
     evaluate,
 )
-from pycompactor.extractive import OFFLINE_MODEL
-from pycompactor.extractive2 import EXTRACTIVE2_MODEL
-from pycompactor.extractive3 import EXTRACTIVE3_MODEL, fact_bytes, summarize_replies
-from pycompactor.fidelity import scores
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.projection import marker_line, message_cost, utf8_len
-from pycompactor.summarizer import Summarizer, make_summarizer
+from pycompactor.quality.fidelity import scores
+from pycompactor.summarizers.baseline import BaselineSummarizer
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
+from pycompactor.summarizers.extractive2 import EXTRACTIVE2_MODEL
+from pycompactor.summarizers.extractive3 import EXTRACTIVE3_MODEL, fact_bytes, summarize_replies
+from pycompactor.summarizers.openai_compatible import Summarizer, make_summarizer
 
 MODELS = (OFFLINE_MODEL, EXTRACTIVE2_MODEL, EXTRACTIVE3_MODEL)
 #: The offline model the frontier measures (the default offline model of evaluate).

@@ -264,7 +264,7 @@ def _held_out_lines(held: dict[str, Any]) -> list[str]:
 def _frontier_lines(frontier: dict[str, Any]) -> list[str]:
     """Issue 61's frontier: the model and naive whole-sentence selection at each target."""
     lines = ["", f"The frontier on the same ranges: {frontier['model']} against naive"
-             " whole-sentence selection (pycompactor.baseline) at each target:", "",
+             " whole-sentence selection (pycompactor.summarizers.baseline) at each target:", "",
              "| summarizer | target | median compression | attribution | qualifier scope |"
              " figures | invented | ms p50 / p95 | reach 64 KiB vs raw only |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -18,12 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pycompactor import fidelity
-from pycompactor.baseline import select
-from pycompactor.evaluate import read_corpus
-from pycompactor.extractive import MAX_SUMMARY_CHARS
-from pycompactor.extractive2 import extract
-from pycompactor.extractive3 import (
+from pycompactor.cli.evaluate import read_corpus
+from pycompactor.cli.sample import sample_turns
+from pycompactor.models import Pair
+from pycompactor.quality import fidelity
+from pycompactor.quality.qualifiers import sentences
+from pycompactor.summarizers.baseline import select
+from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS
+from pycompactor.summarizers.extractive2 import extract
+from pycompactor.summarizers.extractive3 import (
     DEFAULT_TARGET,
     EXTRACTIVE3_MODEL,
     Extractive3Summarizer,
@@ -31,11 +34,8 @@ from pycompactor.extractive3 import (
     summarize_replies,
     telegraph,
 )
-from pycompactor.models import Pair
-from pycompactor.outcomes import Reply
-from pycompactor.qualifiers import sentences
-from pycompactor.sample import sample_turns
-from pycompactor.summarizer import make_summarizer
+from pycompactor.summarizers.openai_compatible import make_summarizer
+from pycompactor.summarizers.outcomes import Reply
 from tests.workerkit import complete_verdict
 
 Conn = psycopg.Connection[Any]

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from bench import held_out
-from pycompactor.evaluate import read_jsonl
+from pycompactor.cli.evaluate import read_jsonl
 
 
 def test_a_docstring_entry_names_its_term_first() -> None:

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from pycompactor import db
-from pycompactor.extractive import OFFLINE_MODEL, extractive_summary
-from pycompactor.summarizer import PROMPT_VERSION, load_prompt
+from pycompactor.summarizers.extractive import OFFLINE_MODEL, extractive_summary
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION, load_prompt
 from tests.e2e.cli import run_cli
 from tests.history import History
 from tests.modelserver import ModelServer, RecordedRequest, hang, stop

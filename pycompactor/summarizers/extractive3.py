@@ -7,7 +7,7 @@ whose subject is gone answers no question. extractive-3 is offline and determini
 and writes only lines a reader can quote back to one reply:
 
 1. **Whole statements.** The unit is one sentence of one reply, as the measures split it
-   (pycompactor.qualifiers.sentences). A sentence is kept whole or not at all, and never
+   (pycompactor.quality.qualifiers.sentences). A sentence is kept whole or not at all, and never
    joined to another: every line is a true statement of the reply it names.
 2. **Telegraphic, not clipped.** A kept sentence loses only its articles and a few
    fillers (`_FUNCTION_WORDS`), an opening connective ("However,") and its list marker;
@@ -25,7 +25,7 @@ and writes only lines a reader can quote back to one reply:
    they state per byte:
    a correction ("Correction: …", "corrected from …", "that is incorrect") before
    anything else, then facts per byte, where each figure counts one and each qualifier
-   of the scope set (pycompactor.qualifiers: negation, limits, hedges, superlatives,
+   of the scope set (pycompactor.quality.qualifiers: negation, limits, hedges, superlatives,
    time scope) `QUALIFIER_WORTH`. A sentence holding neither a figure nor a qualifier
    states no fact a measure or a follow-up question can find, and is left out. A
    sentence that points back ("it is not the current NAV", "These errors could …",
@@ -54,11 +54,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from pycompactor.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
-from pycompactor.figures import FIGURE
 from pycompactor.models import AssistantReply
-from pycompactor.qualifiers import scope_qualifiers
-from pycompactor.qualifiers import sentences as measure_sentences
+from pycompactor.quality.figures import FIGURE
+from pycompactor.quality.qualifiers import scope_qualifiers
+from pycompactor.quality.qualifiers import sentences as measure_sentences
+from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
 
 EXTRACTIVE3_MODEL: Final = "pycompactor/extractive-3"
 #: The default target: summary UTF-8 bytes at most this share of the replies' bytes.
