@@ -121,7 +121,7 @@ def test_the_folders_are_floors() -> None:
     assert offenders == []
     # The rule sees the folders it names.
     assert all(any(in_folder(name, folder) for name in found) for folder in FLOORS)
-    assert "pycompactor.cli.main" in found
+    assert "pycompactor.cli.commands" in found
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:

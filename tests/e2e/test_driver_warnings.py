@@ -10,7 +10,7 @@ import sys
 SCRIPT = """
 import sys
 from pycompactor import db
-from pycompactor.cli import main as cli
+from pycompactor.cli import commands as cli
 from pycompactor.worker.connections import is_transient
 from pycompactor.errors import PycompactorError
 if sys.argv[2] == "quiet":
