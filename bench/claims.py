@@ -68,7 +68,7 @@ from bench.common import (
     vacuum_analyze,
 )
 from pycompactor import db
-from pycompactor.summarizer import PROMPT_VERSION
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION
 
 MODEL = "bench/fake-model"
 # The fake summary a model would have written: ~1 KB, mixed scripts.

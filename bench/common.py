@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from pycompactor import schema
-from pycompactor.cluster import ThrowawayCluster
+from pycompactor.cli.cluster import ThrowawayCluster
 
 Conn = psycopg.Connection[Any]
 

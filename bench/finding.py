@@ -33,9 +33,9 @@ from bench.common import (
     text_pool,
     vacuum_analyze,
 )
-from pycompactor.eventlog import EventLog
-from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
-from pycompactor.worker import Worker, WorkerConfig
+from pycompactor.summarizers.extractive import OFFLINE_MODEL, ExtractiveSummarizer
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig
 
 _APP = "bench-finding-worker"
 

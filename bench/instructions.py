@@ -38,8 +38,8 @@ import psycopg
 
 from bench import claims
 from bench.common import BenchCluster, Sizes
-from pycompactor.cluster import ThrowawayCluster
-from pycompactor.summarizer import PROMPT_VERSION
+from pycompactor.cli.cluster import ThrowawayCluster
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION
 
 DATABASE = "bench_instructions"
 

@@ -12,11 +12,15 @@ ranges, as the worker would) and is measured by `pycompactor.evaluation`, the co
 - reach at 8, 16, 32 and 64 KiB: pairs the next Run sees with the summaries over pairs
   the raw-only projection (newest pairs only) sees, pooled over conversations;
 - wall-clock milliseconds per range (p50, p95, max);
-- attribution, qualifier scope and invented figures (pycompactor.fidelity, issue 61).
+- attribution, qualifier scope and invented figures (pycompactor.quality.fidelity, issue 61);
+- what keeping every caveat would take: the share of the bytes the sentences holding a
+  figure or a caveat take, and extractive-3 with the 6,000-character cap lifted;
+- held-out text (bench.held_out: man pages, standard-library docstrings) the summarizers
+  were not built on: the model beside naive selection at the model's own bytes.
 
 Then the frontier (issue 61): one model (`FRONTIER_MODEL` unless `run` is given
 another) at each target of `TARGETS`, beside naive whole-sentence selection
-(pycompactor.baseline, plain and caveats first) at the same targets, in the same run:
+(pycompactor.summarizers.baseline, plain and caveats first) at the same targets, in the same run:
 median compression, attribution, qualifier scope, figure retention, invented figures,
 ms per range and history reach at 64 KiB against the raw-only projection. A model point
 is on or above the baseline's frontier when its attribution is at least the baseline
@@ -28,26 +32,29 @@ No database: the evaluation plans the projection with the engine's own pure plan
 from __future__ import annotations
 
 import itertools
+import shutil
 import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from bench.common import Sizes
-from pycompactor.baseline import BaselineSummarizer
-from pycompactor.evaluate import read_corpus
+from pycompactor.cli.evaluate import read_corpus
 from pycompactor.evaluation import (
     DEFAULT_BUDGETS,
     EvalConversation,
     Report,
+    conversation_from_texts,
     evaluate,
 )
-from pycompactor.extractive import OFFLINE_MODEL
-from pycompactor.extractive2 import EXTRACTIVE2_MODEL
-from pycompactor.extractive3 import EXTRACTIVE3_MODEL
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.projection import marker_line, message_cost, utf8_len
-from pycompactor.summarizer import Summarizer, make_summarizer
+from pycompactor.quality.fidelity import scores
+from pycompactor.summarizers.baseline import BaselineSummarizer
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
+from pycompactor.summarizers.extractive2 import EXTRACTIVE2_MODEL
+from pycompactor.summarizers.extractive3 import EXTRACTIVE3_MODEL, fact_bytes, summarize_replies
+from pycompactor.summarizers.openai_compatible import Summarizer, make_summarizer
 
 MODELS = (OFFLINE_MODEL, EXTRACTIVE2_MODEL, EXTRACTIVE3_MODEL)
 #: The offline model the frontier measures (the default offline model of evaluate).
@@ -216,9 +223,69 @@ def frontier(conversations: Sequence[EvalConversation], model: str = FRONTIER_MO
             "above_baseline": [above_frontier(p, every) for p in points]}
 
 
+#: Targets at which extractive-3 is also measured without the 6,000-character cap.
+UNCAPPED_TARGETS = (0.4, 0.5)
+
+
+def beyond_the_cap(report: Report) -> dict[str, Any]:
+    """What keeping every caveat would take (issue 61), on the report's ranges: the
+    median share of the replies' bytes that the sentences holding a figure or a caveat
+    take as extractive-3 writes them (and those holding a figure alone), and extractive-3
+    at `UNCAPPED_TARGETS` with the 6,000-character cap of contract §6 lifted: not valid
+    summaries, a measure of what the cap costs."""
+    ranges = [r.replies for r in report.ranges]
+    shares = [fact_bytes(rs) for rs in ranges]
+    totals = [sum(len(r.encode("utf-8")) for r in rs) for rs in ranges]
+    uncapped = []
+    for target in UNCAPPED_TARGETS:
+        kept = [0, 0, 0, 0]
+        ratios = []
+        for rs, total in zip(ranges, totals, strict=True):
+            text = summarize_replies(rs, target, limit=10 * total)
+            ratios.append(utf8_len(text) / total)
+            attribution, scope = scores(rs, text)
+            kept[0] += attribution.kept
+            kept[1] += attribution.total
+            kept[2] += scope.kept
+            kept[3] += scope.total
+        uncapped.append({"target": target, "compression_median": statistics.median(ratios),
+                         "attribution": kept[0] / kept[1] if kept[1] else None,
+                         "qualifier_scope": kept[2] / kept[3] if kept[3] else None})
+    return {
+        "fact_share_median": statistics.median(a / t for (a, _), t in zip(shares, totals,
+                                                                           strict=True)),
+        "figure_share_median": statistics.median(f / t for (_, f), t in zip(shares, totals,
+                                                                            strict=True)),
+        "uncapped": uncapped,
+    }
+
+
+def held_out(model: str = FRONTIER_MODEL) -> dict[str, Any] | None:
+    """The model and naive selection at the model's pooled compression on held-out
+    reference text (bench.held_out: man pages and standard-library docstrings), which the
+    summarizers were not built on; None on a machine without man pages."""
+    from bench import held_out as source
+
+    if shutil.which("man") is None:
+        return None
+    conversations = [conversation_from_texts(cid, "en", pairs)
+                     for cid, pairs in source.conversations()]
+    mine = point(conversations, make_summarizer(model), 0.4)
+    spent = round(mine["compression_pooled"], 3)
+    return {"conversations": len(conversations), "model": mine,
+            "baseline": point(conversations, BaselineSummarizer(spent), spent),
+            "baseline_caveats_first": point(
+                conversations, BaselineSummarizer(spent, caveats_first=True), spent)}
+
+
 def run(sizes: Sizes, model: str = FRONTIER_MODEL) -> dict[str, Any]:
     """The offline summarizers at their default targets (issue 28's measures, with
-    issue 61's), then `model`'s frontier against the naive baseline."""
+    issue 61's), then `model`'s frontier against the naive baseline, what keeping every
+    caveat would take, and the same on held-out text."""
     conversations = read_corpus(seed=0, conversations=sizes.quality_conversations)
     models = [measure(conversations, m) for m in dict.fromkeys((*MODELS, model))]
-    return {"seed": 0, "models": models, "frontier": frontier(conversations, model)}
+    report = evaluate(conversations, make_summarizer(model), source="corpus",
+                      budgets=(_REACH_BUDGET,))
+    return {"seed": 0, "models": models, "frontier": frontier(conversations, model),
+            "beyond_the_cap": beyond_the_cap(report),
+            "held_out": held_out(model) if sizes.quality_conversations is None else None}

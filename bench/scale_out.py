@@ -55,11 +55,11 @@ from psycopg import sql
 
 from bench.common import latencies, median, seed_conversations, text_pool, vacuum_analyze
 from pycompactor import db, schema
-from pycompactor.cluster import ThrowawayCluster
-from pycompactor.eventlog import EventLog
-from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
+from pycompactor.cli.cluster import ThrowawayCluster
 from pycompactor.projection import project_history
-from pycompactor.worker import Worker, WorkerConfig
+from pycompactor.summarizers.extractive import OFFLINE_MODEL, ExtractiveSummarizer
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "agent"

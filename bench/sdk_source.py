@@ -34,8 +34,8 @@ from bench.common import (
     vacuum_analyze,
 )
 from pycompactor import db, project_history
+from pycompactor.cli.source import check_source
 from pycompactor.recipes import install_agents_sqlalchemy
-from pycompactor.source import check_source
 
 # The tables as SQLAlchemySession(create_tables=True) creates them on PostgreSQL.
 SDK_TABLES_DDL = """

@@ -38,7 +38,7 @@ from typing import IO, Any
 import psycopg
 
 from pycompactor import schema
-from pycompactor.cluster import ThrowawayCluster
+from pycompactor.cli.cluster import ThrowawayCluster
 from tests.modelserver import ModelServer, RecordedRequest, ScriptedResponse, stop
 
 MODEL = "soak-model"

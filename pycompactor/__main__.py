@@ -1,5 +1,5 @@
 import sys
 
-from pycompactor.cli import main
+from pycompactor.cli.commands import main
 
 sys.exit(main())

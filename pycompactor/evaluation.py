@@ -3,21 +3,22 @@
 A typed API over frozen dataclasses, shared by the command, the demo and `make bench`:
 
 * pure metrics: `compression` (summary UTF-8 bytes / the ten replies' bytes), figure
-  retention (`pycompactor.figures.figure_stats`, contract §8) and qualifier retention
-  (`pycompactor.qualifiers.qualifier_stats`); attribution, qualifier scope and invented
-  figures (`pycompactor.fidelity`: does the summary still answer the questions the
-  replies answer, and state no figure they never gave); `target_ranges` (the window policy of
-  contract §4), and `reach`: how many of a conversation's pairs the next Run sees under a
-  budget with the summaries and without any (the raw-only projection: newest pairs
-  only). Reach is planned by the projection's own pure planner
-  (`pycompactor.projection.plan_projection`), so it follows contract §9 to the byte: cost
-  = UTF-8 bytes + 16 per message, a summary block is the range's ten user messages plus
-  one assistant message of the marker line and the summary, the included history is a
-  contiguous newest suffix, and a block that does not fit falls back to its raw pairs.
+  retention (`pycompactor.quality.figures.figure_stats`, contract §8) and qualifier
+  retention (`pycompactor.quality.qualifiers.qualifier_stats`); attribution, qualifier
+  scope and invented figures (`pycompactor.quality.fidelity`: does the summary still
+  answer the questions the replies answer, and state no figure they never gave);
+  `target_ranges` (the window policy of contract §4), and `reach`: how many of a
+  conversation's pairs the next Run sees under a budget with the summaries and without
+  any (the raw-only projection: newest pairs only). Reach is planned by the projection's
+  own pure planner (`pycompactor.projection.plan_projection`), so it follows contract §9
+  to the byte: cost = UTF-8 bytes + 16 per message, a summary block is the range's ten
+  user messages plus one assistant message of the marker line and the summary, the
+  included history is a contiguous newest suffix, and a block that does not fit falls
+  back to its raw pairs.
 * the driver `evaluate`, which summarizes every target range of in-memory conversations
   with any `Summarizer` (offline or an OpenAI-compatible model) and measures the
   results. It holds no database connection and writes nothing anywhere: a live
-  database's pairs are read beforehand (`pycompactor.evaluate.read_database`).
+  database's pairs are read beforehand (`pycompactor.cli.evaluate.read_database`).
 
 Aggregates (`Totals`, `ReachTotals`) pool their ranges: overall compression is all the
 summaries' bytes over all their replies' bytes, retention all kept over all total.
@@ -31,12 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from pycompactor import fidelity
-from pycompactor.extractive import MAX_SUMMARY_CHARS
-from pycompactor.fidelity import Question
-from pycompactor.figures import figure_stats
 from pycompactor.hashing import PAIRS_PER_RANGE
-from pycompactor.outcomes import Failure, Reply
 from pycompactor.projection import (
     PairMeta,
     SourcePair,
@@ -44,8 +40,13 @@ from pycompactor.projection import (
     plan_projection,
     utf8_len,
 )
-from pycompactor.qualifiers import qualifier_stats
-from pycompactor.summarizer import PROMPT_VERSION, Summarizer
+from pycompactor.quality import fidelity
+from pycompactor.quality.fidelity import Question
+from pycompactor.quality.figures import figure_stats
+from pycompactor.quality.qualifiers import qualifier_stats
+from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION, Summarizer
+from pycompactor.summarizers.outcomes import Failure, Reply
 
 #: The budgets reach is measured at, in KiB (and in bytes): a small, a medium and two
 #: large context allowances for history.
@@ -178,8 +179,8 @@ class RangeResult:
     #: Wall-clock seconds of the model call.
     seconds: float
     failure: str | None = None
-    #: Questions the replies answer by a figure (pycompactor.fidelity), and how many of
-    #: them the summary answers with the right figure, unambiguously (None: failed).
+    #: Questions the replies answer by a figure (pycompactor.quality.fidelity), and how
+    #: many of them the summary answers with the right figure, unambiguously (None: failed).
     attribution_total: int = 0
     attribution_kept: int | None = None
     #: Qualifiers whose own sentence the reader finds again, and how many of the summary

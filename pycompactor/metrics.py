@@ -37,7 +37,7 @@ from pycompactor.projection import Projection
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from pycompactor.figures import FigureStats
+    from pycompactor.quality.figures import FigureStats
 
 ATTEMPTS: Final = Counter(
     "pycompactor_worker_attempts",

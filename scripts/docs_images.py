@@ -13,9 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from pycompactor import charts
-from pycompactor.baseline import BaselineSummarizer
-from pycompactor.evaluate import (
+from pycompactor.cli.evaluate import (
     DEFAULT_MODEL,
     Contender,
     read_corpus,
@@ -23,7 +21,9 @@ from pycompactor.evaluate import (
     report_charts,
 )
 from pycompactor.evaluation import evaluate
-from pycompactor.summarizer import make_summarizer
+from pycompactor.quality import charts
+from pycompactor.summarizers.baseline import BaselineSummarizer
+from pycompactor.summarizers.openai_compatible import make_summarizer
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = REPO / "docs" / "images"

@@ -1,8 +1,9 @@
 -- pycompactor stored logic, section 3: jobs, attempts, summaries, claims and completion.
 -- This file holds the tables, the rules their CHECKs call and the view
--- compaction.summaries; claims follow (30_claims.sql, 30_claims_targets.sql), then
--- complete, fail and heartbeat (30_completion.sql). The queue (31_queue.sql), reaping
--- (32_reaping.sql) and imports (33_import.sql) follow.
+-- compaction.summaries. Then, a file per concern: admission (30_admission.sql), what every
+-- call on an attempt shares (30_caller.sql), claims (30_claims.sql, 30_claims_targets.sql),
+-- complete, fail and heartbeat (30_completion.sql) and their fencing (30_fencing.sql). The
+-- queue (31_queue.sql), reaping (32_reaping.sql) and imports (33_import.sql) follow.
 --
 -- Layout. An identity (conversation_id, scope, from_pair, to_pair, source_hash, model,
 -- prompt_version) is one row of compaction.jobs, made by its first claim or by an import,

@@ -3,7 +3,7 @@
 -- reap turns running attempts whose lease ran out into failed (lease_expired) attempts
 -- and puts their conversations back on the queue (31_queue.sql), so the one retry the
 -- contract allows happens without a sweep. claim and the fenced calls reap the identity
--- they touch themselves (30_claims.sql, 30_completion.sql).
+-- they touch themselves (30_claims.sql, 30_fencing.sql).
 --
 -- contract §11: no statement spans conversations with a row lock. reap finds the
 -- conversations with expired attempts by a plain read, then settles each one by

@@ -5,7 +5,7 @@ test with CREATE DATABASE ... TEMPLATE, so every test starts from a clean engine
 
 initdb refuses root; when the suite runs as root (as CI does) the cluster runs as the
 unprivileged `postgres` OS user through a small pg_ctl wrapper. PYCOMPACTOR_PG picks the
-server (`make test PG=embedded` runs the suite on PostgreSQL 18; pycompactor/cluster.py).
+server (`make test PG=embedded` runs the suite on PostgreSQL 18; pycompactor/cli/cluster.py).
 
 Also here, shared by every layer: `model_server`, the scripted model server on loopback.
 """
@@ -27,7 +27,7 @@ import pytest
 from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor import schema
-from pycompactor.cluster import describe, find_bindir, free_port, runnable_bindir, server_user
+from pycompactor.cli.cluster import describe, find_bindir, free_port, runnable_bindir, server_user
 from tests.modelserver import ModelServer
 
 TEMPLATE_DB = "pycompactor_template"

@@ -22,7 +22,7 @@ from types import TracebackType
 
 import psycopg
 
-from pycompactor.cluster import free_port, server_user
+from pycompactor.cli.cluster import free_port, server_user
 
 #: Where Debian puts it; PATH is tried first.
 DEBIAN_PGBOUNCER = "/usr/sbin/pgbouncer"

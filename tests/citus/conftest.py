@@ -34,7 +34,7 @@ from psycopg import sql
 from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor import cli, schema
-from pycompactor.cluster import free_port, runnable_bindir, server_user
+from pycompactor.cli.cluster import free_port, runnable_bindir, server_user
 from tests.conftest import _pg_ctl, make_dsn, wait_until_accepting
 from tests.history import History
 from tests.sql.conftest import login_roles

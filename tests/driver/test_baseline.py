@@ -1,4 +1,4 @@
-"""Naive whole-sentence selection (pycompactor.baseline): the bench's and evaluate's
+"""Naive whole-sentence selection (pycompactor.summarizers.baseline): the bench's and evaluate's
 baseline. Whole reply sentences, most facts per byte first, within the byte target."""
 
 from __future__ import annotations
@@ -7,16 +7,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pycompactor.baseline import (
+from pycompactor.corpus import build_corpus
+from pycompactor.evaluation import EvalPair, reply_problem
+from pycompactor.quality.fidelity import attribution
+from pycompactor.quality.qualifiers import sentences
+from pycompactor.summarizers.baseline import (
     BASELINE_CAVEATS_MODEL,
     BASELINE_MODEL,
     BaselineSummarizer,
     select,
 )
-from pycompactor.corpus import build_corpus
-from pycompactor.evaluation import EvalPair, reply_problem
-from pycompactor.fidelity import attribution
-from pycompactor.qualifiers import sentences
 
 REPLIES = [
     "Lotus Asia Growth charges 0.29% a year. Background prose that states nothing else.",

@@ -20,8 +20,8 @@ from pycompactor.corpus import (
     write_jsonl,
 )
 from pycompactor.errors import CorpusTextMissing, UsageError
-from pycompactor.figures import figures
-from pycompactor.qualifiers import qualified_facts
+from pycompactor.quality.figures import figures
+from pycompactor.quality.qualifiers import qualified_facts
 
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 

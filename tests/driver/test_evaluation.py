@@ -9,8 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pycompactor import charts
-from pycompactor.evaluate import html_report, report_charts
+from pycompactor.cli.evaluate import html_report, report_charts
 from pycompactor.evaluation import (
     DEFAULT_BUDGETS,
     EvalConversation,
@@ -28,11 +27,12 @@ from pycompactor.evaluation import (
     target_ranges,
     totals,
 )
-from pycompactor.extractive import ExtractiveSummarizer
 from pycompactor.hashing import source_hash
-from pycompactor.outcomes import Failure, Reply
 from pycompactor.projection import StoredSummary, marker_line, project_pairs
-from pycompactor.summarizer import OpenAISummarizer
+from pycompactor.quality import charts
+from pycompactor.summarizers.extractive import ExtractiveSummarizer
+from pycompactor.summarizers.openai_compatible import OpenAISummarizer
+from pycompactor.summarizers.outcomes import Failure, Reply
 from tests.modelserver import ModelServer, http_error, length, stop
 
 # CJK on both sides, so every cost below is UTF-8 bytes, not characters: a user message

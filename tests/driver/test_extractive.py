@@ -17,16 +17,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pycompactor.extractive import (
+from pycompactor.cli.sample import sample_turns
+from pycompactor.models import Pair
+from pycompactor.summarizers.extractive import (
     MAX_SUMMARY_CHARS,
     ExtractiveSummarizer,
     extractive_summary,
     split_sentences,
 )
-from pycompactor.models import Pair
-from pycompactor.outcomes import Reply
-from pycompactor.sample import sample_turns
-from pycompactor.summarizer import make_summarizer
+from pycompactor.summarizers.openai_compatible import make_summarizer
+from pycompactor.summarizers.outcomes import Reply
 from tests.workerkit import complete_verdict
 
 NUMBER = re.compile(r"\d+")
@@ -135,8 +135,8 @@ def test_deterministic_across_processes_and_hash_seeds() -> None:
     code = (
         "import sys\n"
         "from pycompactor.models import Pair\n"
-        "from pycompactor.sample import sample_turns\n"
-        "from pycompactor.extractive import extractive_summary\n"
+        "from pycompactor.cli.sample import sample_turns\n"
+        "from pycompactor.summarizers.extractive import extractive_summary\n"
         "pairs = [Pair(i, 'r', 'u', u, f'demo/run-{i + 20:03d}/a', a)\n"
         "         for i, (u, a) in enumerate(sample_turns(30)[20:])]\n"
         "sys.stdout.write(extractive_summary(pairs))\n"
@@ -245,7 +245,7 @@ def test_offline_path_does_not_import_openai() -> None:
     """Workers with --model pycompactor/extractive-1 skip the openai import altogether."""
     code = (
         "import sys\n"
-        "from pycompactor.summarizer import make_summarizer\n"
+        "from pycompactor.summarizers.openai_compatible import make_summarizer\n"
         "make_summarizer('pycompactor/extractive-1')\n"
         "sys.exit('openai' in sys.modules)\n"
     )

@@ -16,13 +16,17 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from bench.quality import density
+from pycompactor.cli.evaluate import read_corpus
+from pycompactor.cli.sample import sample_turns
 from pycompactor.corpus import CorpusConversation, build_corpus
 from pycompactor.errors import UsageError
-from pycompactor.evaluate import read_corpus
 from pycompactor.evaluation import DEFAULT_BUDGETS, evaluate
-from pycompactor.eventlog import EventLog
-from pycompactor.extractive import MAX_SUMMARY_CHARS, ExtractiveSummarizer
-from pycompactor.extractive2 import (
+from pycompactor.models import Pair
+from pycompactor.quality.figures import figure_stats, figures
+from pycompactor.quality.qualifiers import qualifier_stats
+from pycompactor.quality.qualifiers import sentences as qualifier_sentences
+from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS, ExtractiveSummarizer
+from pycompactor.summarizers.extractive2 import (
     DEFAULT_TARGET,
     EXTRACTIVE2_MODEL,
     TARGET_TOO_SMALL,
@@ -31,14 +35,10 @@ from pycompactor.extractive2 import (
     fact_clauses,
     target_bytes,
 )
-from pycompactor.figures import figure_stats, figures
-from pycompactor.models import Pair
-from pycompactor.outcomes import Reply
-from pycompactor.qualifiers import qualifier_stats
-from pycompactor.qualifiers import sentences as qualifier_sentences
-from pycompactor.sample import sample_turns
-from pycompactor.summarizer import make_summarizer
-from pycompactor.worker import Worker, WorkerConfig
+from pycompactor.summarizers.openai_compatible import make_summarizer
+from pycompactor.summarizers.outcomes import Reply
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig
 from tests.history import History
 from tests.workerkit import StringLog, complete_verdict
 

@@ -18,12 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pycompactor import fidelity
-from pycompactor.baseline import select
-from pycompactor.evaluate import read_corpus
-from pycompactor.extractive import MAX_SUMMARY_CHARS
-from pycompactor.extractive2 import extract
-from pycompactor.extractive3 import (
+from pycompactor.cli.evaluate import read_corpus
+from pycompactor.cli.sample import sample_turns
+from pycompactor.models import Pair
+from pycompactor.quality import fidelity
+from pycompactor.quality.qualifiers import sentences
+from pycompactor.summarizers.baseline import select
+from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS
+from pycompactor.summarizers.extractive2 import extract
+from pycompactor.summarizers.extractive3 import (
     DEFAULT_TARGET,
     EXTRACTIVE3_MODEL,
     Extractive3Summarizer,
@@ -31,11 +34,8 @@ from pycompactor.extractive3 import (
     summarize_replies,
     telegraph,
 )
-from pycompactor.models import Pair
-from pycompactor.outcomes import Reply
-from pycompactor.qualifiers import sentences
-from pycompactor.sample import sample_turns
-from pycompactor.summarizer import make_summarizer
+from pycompactor.summarizers.openai_compatible import make_summarizer
+from pycompactor.summarizers.outcomes import Reply
 from tests.workerkit import complete_verdict
 
 Conn = psycopg.Connection[Any]
@@ -136,6 +136,21 @@ def test_subjects_where_a_reply_names_them() -> None:
     assert subject("Lotus Asia Growth charges an ongoing fee of 0.29% per year.") == \
         "Lotus Asia Growth"
     assert subject("Understood: a 10-year horizon.") is None
+    # Reference entries (man pages, docstrings): the term the entry defines.
+    assert subject("UMask=: Controls the file mode creation mask.") == "UMask="
+    assert subject("os.path.join: Join one or more path segments.") == "os.path.join"
+    assert subject("-z, --gzip: Filter the archive through gzip.") == "-z, --gzip"
+    assert subject("Note: the default is 10.") is None
+
+
+def test_a_reference_entry_s_default_reads_under_its_option() -> None:
+    """A man page's "Defaults to 0022" answers nothing unless it says of which option."""
+    replies = [f"Option{i}=: Takes a boolean. Defaults to {i}{i}22 for system units."
+               for i in range(1, 10)]
+    replies.insert(0, "UMask=: Controls the file mode creation mask. See umask for "
+                      "details. Defaults to 0022 for system units.")
+    summary = summarize_replies(replies, 0.9)
+    assert summary.splitlines()[0] == "a) UMask=: Defaults to 0022 for system units."
 
 
 def test_telegraph_drops_articles_and_keeps_every_qualifier_and_figure() -> None:

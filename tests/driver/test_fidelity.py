@@ -1,4 +1,4 @@
-"""Fidelity measures (pycompactor.fidelity): a reader asks the summary the replies'
+"""Fidelity measures (pycompactor.quality.fidelity): a reader asks the summary the replies'
 questions. Hand-made English and Chinese cases, extractive-2 on the demo sample, and the
 replies-summarise-themselves property over corpus ranges."""
 
@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pycompactor.cli.sample import sample_turns
 from pycompactor.corpus import build_corpus
-from pycompactor.extractive2 import Extractive2Summarizer
-from pycompactor.fidelity import (
+from pycompactor.models import Pair
+from pycompactor.quality.fidelity import (
     MASK,
     MAX_QUESTION_WORDS,
     Score,
@@ -24,10 +25,9 @@ from pycompactor.fidelity import (
     without_labels,
     words,
 )
-from pycompactor.models import Pair
-from pycompactor.outcomes import Reply
-from pycompactor.qualifiers import QUALIFIERS_EN_V2, QUALIFIERS_ZH_V2, scope_qualifiers
-from pycompactor.sample import sample_turns
+from pycompactor.quality.qualifiers import QUALIFIERS_EN_V2, QUALIFIERS_ZH_V2, scope_qualifiers
+from pycompactor.summarizers.extractive2 import Extractive2Summarizer
+from pycompactor.summarizers.outcomes import Reply
 
 FUNDS = {"Lotus Asia Growth": "0.29", "Northwind Global Equity": "0.43",
          "Harbor Bond Index": "0.50", "Cedar Dividend": "0.64", "Maple Income": "0.18"}

@@ -15,19 +15,19 @@ import pytest
 from prometheus_client import REGISTRY
 
 from pycompactor import db, project_history
-from pycompactor.eventlog import EventLog
-from pycompactor.extractive import ExtractiveSummarizer, extractive_summary
-from pycompactor.extractive2 import Extractive2Summarizer
-from pycompactor.figures import (
+from pycompactor.quality.figures import (
     FigureStats,
     figure_stats,
     figures,
     invented_figures,
     without_labels,
 )
-from pycompactor.outcomes import Reply
-from pycompactor.summarizer import OpenAISummarizer
-from pycompactor.worker import Worker, WorkerConfig
+from pycompactor.summarizers.extractive import ExtractiveSummarizer, extractive_summary
+from pycompactor.summarizers.extractive2 import Extractive2Summarizer
+from pycompactor.summarizers.openai_compatible import OpenAISummarizer
+from pycompactor.summarizers.outcomes import Reply
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig
 from tests.driver.conftest import make_pairs
 from tests.history import History
 from tests.modelserver import ModelServer, stop

@@ -2,6 +2,10 @@
 
 - No import cycle between pycompactor's modules, counting imports inside functions and
   under TYPE_CHECKING too: a newcomer can draw the layers from memory.
+- The folders are floors (docs/architecture.md): `quality` (the measures of a summary)
+  stands on the vocabulary alone (`errors`, `hashing`, `models`); `summarizers` on
+  `quality` and the vocabulary; `cli` (the command line) is the top, imported by
+  `python -m pycompactor` alone.
 - SQL text lives in the SQL layer only: `db` (engine calls, with `dbcall`, its call
   machinery, and `dbread`, its audit/report/setup reads), `store` (writes to the
   reference tables), `schema` (applying migrations) and `recipes` (source recipes, SQL
@@ -85,6 +89,39 @@ def test_no_import_cycle() -> None:
     graph = {name: imports_of(name, path, set(found)) - {"pycompactor"}
              for name, path in found.items()}
     assert list(cycles(graph)) == []
+
+
+#: The modules every floor may stand on: what the engine's results, errors and hashes are.
+VOCABULARY = {"pycompactor.errors", "pycompactor.hashing", "pycompactor.models"}
+#: Each lower folder, and what outside itself it may import.
+FLOORS = {
+    "pycompactor.quality": VOCABULARY,
+    "pycompactor.summarizers": VOCABULARY | {"pycompactor.quality"},
+}
+
+
+def in_folder(name: str, folder: str) -> bool:
+    return name == folder or name.startswith(folder + ".")
+
+
+def test_the_folders_are_floors() -> None:
+    found = modules()
+    imports = {name: imports_of(name, path, set(found)) - {"pycompactor"}
+               for name, path in found.items()}
+    offenders = [f"{name} imports {target}"
+                 for folder, allowed in FLOORS.items()
+                 for name in sorted(imports) if in_folder(name, folder)
+                 for target in sorted(imports[name])
+                 if not in_folder(target, folder)
+                 and not any(in_folder(target, ok) for ok in allowed)]
+    offenders += [f"{name} imports {target}"
+                  for name in sorted(imports)
+                  if not in_folder(name, "pycompactor.cli") and name != "pycompactor.__main__"
+                  for target in sorted(imports[name]) if in_folder(target, "pycompactor.cli")]
+    assert offenders == []
+    # The rule sees the folders it names.
+    assert all(any(in_folder(name, folder) for name in found) for folder in FLOORS)
+    assert "pycompactor.cli.commands" in found
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pycompactor.outcomes import Failure, Reply
-from pycompactor.summarizer import OpenAISummarizer
+from pycompactor.summarizers.openai_compatible import OpenAISummarizer
+from pycompactor.summarizers.outcomes import Failure, Reply
 from tests import modelserver as ms
 from tests.driver.conftest import make_pairs
 from tests.modelserver import ModelServer

@@ -6,9 +6,14 @@ import hashlib
 
 import pytest
 
-from pycompactor import summarizer
 from pycompactor.errors import PycompactorError
-from pycompactor.summarizer import PROMPT_SHA256, PROMPT_VERSION, load_prompt, prompt_bytes
+from pycompactor.summarizers import openai_compatible as summarizer
+from pycompactor.summarizers.openai_compatible import (
+    PROMPT_SHA256,
+    PROMPT_VERSION,
+    load_prompt,
+    prompt_bytes,
+)
 
 # Written out here as well as in the code, so that editing the prompt and the constant
 # together still fails this test. Do not update these: add conversation-compaction@4

@@ -1,8 +1,8 @@
-"""Qualifier retention (pycompactor.qualifiers): what counts as a qualified fact."""
+"""Qualifier retention (pycompactor.quality.qualifiers): what counts as a qualified fact."""
 
 from __future__ import annotations
 
-from pycompactor.qualifiers import qualified_facts, qualifier_stats, qualifiers
+from pycompactor.quality.qualifiers import qualified_facts, qualifier_stats, qualifiers
 
 
 def test_phrases_before_words_and_contractions_as_not() -> None:

@@ -10,10 +10,15 @@ import psycopg
 import pytest
 
 from pycompactor.errors import UsageError
-from pycompactor.eventlog import EventLog
-from pycompactor.outcomes import Reply, parse_response
-from pycompactor.summarizer import OpenAISummarizer, load_prompt, make_summarizer, replies_document
-from pycompactor.worker import Worker, WorkerConfig
+from pycompactor.summarizers.openai_compatible import (
+    OpenAISummarizer,
+    load_prompt,
+    make_summarizer,
+    replies_document,
+)
+from pycompactor.summarizers.outcomes import Reply, parse_response
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig
 from tests.driver.conftest import make_pairs
 from tests.modelserver import (
     ModelServer,

@@ -14,11 +14,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from pycompactor.cluster import free_port
+from pycompactor.cli.cluster import free_port
 from pycompactor.errors import UsageError
-from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
 from pycompactor.models import Pair
-from pycompactor.outcomes import (
+from pycompactor.summarizers.extractive import OFFLINE_MODEL, ExtractiveSummarizer
+from pycompactor.summarizers.openai_compatible import (
+    OpenAISummarizer,
+    build_request,
+    load_prompt,
+    make_summarizer,
+)
+from pycompactor.summarizers.outcomes import (
     CONNECTION_ERROR,
     INVALID_TEXT,
     MALFORMED_RESPONSE,
@@ -29,7 +35,6 @@ from pycompactor.outcomes import (
     ModelOutcome,
     Reply,
 )
-from pycompactor.summarizer import OpenAISummarizer, build_request, load_prompt, make_summarizer
 from tests import modelserver as ms
 from tests.driver.conftest import make_pairs
 from tests.modelserver import ModelServer

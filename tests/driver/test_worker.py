@@ -21,10 +21,10 @@ import pytest
 
 from pycompactor import db
 from pycompactor.errors import ModelUnreachable
-from pycompactor.eventlog import EventLog
 from pycompactor.models import NextTarget, RangeClaim, RangeReply
-from pycompactor.summarizer import OpenAISummarizer, Summarizer
-from pycompactor.worker import Worker, WorkerConfig, WorkerReport
+from pycompactor.summarizers.openai_compatible import OpenAISummarizer, Summarizer
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig, WorkerReport
 from tests.history import History
 from tests.modelserver import (
     ModelServer,
@@ -413,7 +413,7 @@ def test_scope_lanes(conn: Conn, dsn: str, model_server: ModelServer) -> None:
 
 
 def test_sweep_finds_conversations_nobody_enqueued(conn: Conn, dsn: str) -> None:
-    from pycompactor.extractive import ExtractiveSummarizer
+    from pycompactor.summarizers.extractive import ExtractiveSummarizer
 
     for c in range(7):
         seed(conn, f"conv-{c}", 30)
@@ -543,7 +543,7 @@ def test_database_error_mid_pass_loses_no_queued_conversation(
     """Loop mode: a pass cut short by a database error after dequeuing puts its batch
     back on the next pass (after a backoff), so both conversations still get compacted."""
     from pycompactor.errors import DatabaseUnavailable
-    from pycompactor.extractive import ExtractiveSummarizer
+    from pycompactor.summarizers.extractive import ExtractiveSummarizer
 
     seed(conn, "conv-0", 30)
     seed(conn, "conv-1", 30)
@@ -574,7 +574,7 @@ def test_a_batch_above_the_dequeue_limit_is_taken_in_the_limit(conn: Conn, dsn: 
                                                                one_range: str) -> None:
     """dequeue leases at most db.DEQUEUE_LIMIT entries a call (revision 0018, CP020
     above it): a worker configured for more asks for the limit."""
-    from pycompactor.extractive import ExtractiveSummarizer
+    from pycompactor.summarizers.extractive import ExtractiveSummarizer
 
     report = make_worker(dsn, ExtractiveSummarizer(), StringLog(),
                          batch_size=db.DEQUEUE_LIMIT + 1).run()

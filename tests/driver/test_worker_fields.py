@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pycompactor.outcomes import (
+from pycompactor.summarizers.outcomes import (
     FINISH_REASON_SHAPE,
     RESPONSE_ID_SHAPE,
     Reply,
@@ -80,7 +80,7 @@ def test_control_characters_in_ids_are_escaped_in_the_log(log_format: str) -> No
     in it reach the log as escapes, never as characters a terminal would act on."""
     import io
 
-    from pycompactor.eventlog import EventLog
+    from pycompactor.worker.eventlog import EventLog
 
     stream = io.StringIO()
     log = EventLog("json" if log_format == "json" else "text", stream=stream)
@@ -99,7 +99,7 @@ def test_control_characters_in_ids_are_escaped_in_the_log(log_format: str) -> No
 
 
 def test_worker_config_bounds_concurrency() -> None:
-    from pycompactor.worker import WorkerConfig
+    from pycompactor.worker.process import WorkerConfig
 
     with pytest.raises(ValueError, match="at most 10000"):
         WorkerConfig(model="m", concurrency=10_001)
@@ -119,8 +119,8 @@ def conflict() -> Exception:
 def run_once(dsn: str, summarizer: Any, **options: Any) -> list[dict[str, Any]]:
     import io
 
-    from pycompactor.eventlog import EventLog
-    from pycompactor.worker import Worker, WorkerConfig
+    from pycompactor.worker.eventlog import EventLog
+    from pycompactor.worker.process import Worker, WorkerConfig
 
     stream = io.StringIO()
     config = WorkerConfig(model=summarizer.model, dsn=dsn, once=True, log_format="json",
@@ -158,7 +158,7 @@ def test_a_gate_whose_database_question_gives_up_still_ends_the_attempt(
         raise conflict()
 
     monkeypatch.setattr(db, "reply_problem", always_conflicts)
-    monkeypatch.setattr("pycompactor.worker._CONFLICT_PAUSE", 0.0001)
+    monkeypatch.setattr("pycompactor.worker.process._CONFLICT_PAUSE", 0.0001)
     run_once(dsn, Scripted("An invented 99.99 and 42.42."))
     assert [(a.state, a.reason) for a in attempts(conn)] == [("failed", "figures_invented")]
 
@@ -167,7 +167,7 @@ def test_a_job_whose_thread_raises_is_failed_not_left_running(
         conn: Any, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any exception after the claim (here the figures' count, a bug) ends the attempt
     as worker_error instead of leaving it running for its lease."""
-    from pycompactor import worker
+    from pycompactor.worker import process as worker
     from tests.workerkit import attempts, seed
 
     seed(conn, "conv-1", 30)

@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from pycompactor import db
 from pycompactor.integrations.sdk_storage import ProjectingSession
 from pycompactor.projection import marker_line
-from pycompactor.summarizer import load_prompt
+from pycompactor.summarizers.openai_compatible import load_prompt
 from tests.e2e.cli import run_cli
 from tests.modelserver import (
     ModelServer,

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from pycompactor import db
-from pycompactor.extractive import OFFLINE_MODEL
-from pycompactor.summarizer import PROMPT_VERSION
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION
 from tests.e2e.cli import run_cli
 from tests.history import History
 

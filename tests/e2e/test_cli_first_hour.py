@@ -21,9 +21,9 @@ from psycopg import sql
 
 from bench.sdk_source import SDK_TABLES_DDL
 from pycompactor import db, project_history
-from pycompactor.eventlog import EventLog
-from pycompactor.extractive import OFFLINE_MODEL
-from pycompactor.summarizer import PROMPT_VERSION
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION
+from pycompactor.worker.eventlog import EventLog
 from tests.e2e.cli import run_cli
 from tests.history import History
 

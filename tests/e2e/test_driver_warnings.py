@@ -9,8 +9,9 @@ import sys
 
 SCRIPT = """
 import sys
-from pycompactor import cli, db
-from pycompactor.connections import is_transient
+from pycompactor import db
+from pycompactor.cli import commands as cli
+from pycompactor.worker.connections import is_transient
 from pycompactor.errors import PycompactorError
 if sys.argv[2] == "quiet":
     cli.quiet_driver_warnings()

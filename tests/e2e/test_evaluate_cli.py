@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 from pytest_postgresql.executors import PostgreSQLExecutor
 
-from pycompactor.summarizer import load_prompt
+from pycompactor.summarizers.openai_compatible import load_prompt
 from tests.e2e.cli import run_cli
 from tests.e2e.test_cli_contract import documented_shapes, mismatches
 from tests.modelserver import ModelServer, RecordedRequest, ScriptedResponse, response, stop

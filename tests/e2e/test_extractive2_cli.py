@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from pycompactor.corpus import build_corpus
-from pycompactor.extractive2 import EXTRACTIVE2_MODEL
+from pycompactor.summarizers.extractive2 import EXTRACTIVE2_MODEL
 from tests.e2e.cli import run_cli
 from tests.history import History
 from tests.workerkit import attempts, run_worker_cli, summaries, worker_env

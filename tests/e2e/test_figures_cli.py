@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pycompactor.extractive import OFFLINE_MODEL
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
 from tests.e2e.cli import run_cli
 from tests.modelserver import ModelServer, stop
 from tests.workerkit import MODEL, attempts, events_named, run_worker_cli, seed, worker_env

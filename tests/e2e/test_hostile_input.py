@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from pycompactor import db, source_hash
-from pycompactor.extractive import OFFLINE_MODEL
 from pycompactor.projection import message_cost, project_history
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
 from tests.e2e.cli import run_cli
 from tests.history import History
 from tests.modelserver import (

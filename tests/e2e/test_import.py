@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from pycompactor import db
-from pycompactor.extractive2 import EXTRACTIVE2_MODEL
+from pycompactor.summarizers.extractive2 import EXTRACTIVE2_MODEL
 from tests.e2e.cli import run_cli
 
 Conn = psycopg.Connection[Any]

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pycompactor.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, OpenAISummarizer
+from pycompactor.summarizers.openai_compatible import DEFAULT_MAX_OUTPUT_TOKENS, OpenAISummarizer
 from tests import modelserver as ms
 from tests.e2e.cli import run_cli
 from tests.history import History

@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from pycompactor import db, metrics, project_history
-from pycompactor.summarizer import PROMPT_VERSION
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION
 from tests.history import History
 from tests.modelserver import (
     ModelServer,

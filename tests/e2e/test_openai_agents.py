@@ -32,11 +32,11 @@ from psycopg import sql
 
 from pycompactor import db
 from pycompactor.errors import PermissionDenied
-from pycompactor.eventlog import EventLog
 from pycompactor.integrations.openai_agents import PycompactorSession
 from pycompactor.projection import marker_line
-from pycompactor.summarizer import load_prompt, make_summarizer
-from pycompactor.worker import WorkerConfig, run_worker
+from pycompactor.summarizers.openai_compatible import load_prompt, make_summarizer
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import WorkerConfig, run_worker
 from tests.modelserver import (
     ModelServer,
     RecordedRequest,

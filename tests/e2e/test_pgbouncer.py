@@ -20,9 +20,9 @@ from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor import db
 from pycompactor.errors import PycompactorError
-from pycompactor.extractive import OFFLINE_MODEL
 from pycompactor.projection import project_history
-from pycompactor.summarizer import PROMPT_VERSION
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION
 from tests.e2e.cli import run_cli
 from tests.history import History
 from tests.pgbouncer import PgBouncer

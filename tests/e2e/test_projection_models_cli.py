@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 
 from pycompactor import db
-from pycompactor.extractive import OFFLINE_MODEL
-from pycompactor.extractive2 import EXTRACTIVE2_MODEL
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
+from pycompactor.summarizers.extractive2 import EXTRACTIVE2_MODEL
 from tests.e2e.cli import run_cli
 from tests.history import History
 

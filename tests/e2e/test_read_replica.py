@@ -31,9 +31,9 @@ import pytest
 from pytest_postgresql.executors import PostgreSQLExecutor
 
 from pycompactor import aproject_history, db, project_history
-from pycompactor.cluster import free_port, server_user
-from pycompactor.extractive import OFFLINE_MODEL
+from pycompactor.cli.cluster import free_port, server_user
 from pycompactor.integrations.openai_agents import PycompactorSession
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
 from tests.conftest import wait_until_accepting
 from tests.e2e.cli import run_cli
 from tests.history import History

@@ -24,9 +24,9 @@ import pytest
 from psycopg import sql
 
 from pycompactor import db, schema
-from pycompactor.cluster import ThrowawayCluster
-from pycompactor.connections import Connections
+from pycompactor.cli.cluster import ThrowawayCluster
 from pycompactor.errors import PycompactorError, from_driver
+from pycompactor.worker.connections import Connections
 from tests.history import History
 from tests.modelserver import ModelServer, RecordedRequest, ScriptedResponse, hang, stop
 from tests.workerkit import (

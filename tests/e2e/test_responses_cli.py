@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pycompactor.summarizer import load_prompt
+from pycompactor.summarizers.openai_compatible import load_prompt
 from tests.e2e.cli import run_cli
 from tests.modelserver import ModelServer, RecordedRequest, ScriptedResponse, response
 from tests.workerkit import (

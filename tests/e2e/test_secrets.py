@@ -22,7 +22,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from pytest_postgresql.executors import PostgreSQLExecutor
 
-from pycompactor.cluster import free_port
+from pycompactor.cli.cluster import free_port
 from tests.e2e.cli import run_cli
 from tests.history import History
 from tests.modelserver import ModelServer, RecordedRequest, ScriptedResponse, raw, stop

@@ -15,8 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pycompactor import cluster
-from pycompactor.cluster import ThrowawayCluster, find_bindir, runnable_bindir, server_user
+from pycompactor.cli import cluster
+from pycompactor.cli.cluster import ThrowawayCluster, find_bindir, runnable_bindir, server_user
 from pycompactor.errors import PycompactorError, ServerBinariesMissing
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from pycompactor.extractive import OFFLINE_MODEL
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
 from tests.e2e.cli import run_cli
 from tests.history import History
 

@@ -18,8 +18,8 @@ import pytest
 
 from pycompactor import db
 from pycompactor.errors import LockTimeout, StatementCanceled
-from pycompactor.extractive import OFFLINE_MODEL
-from pycompactor.summarizer import PROMPT_VERSION
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION
 from tests.e2e.cli import run_cli
 from tests.workerkit import (
     attempts,

@@ -42,7 +42,7 @@ def test_build_check_install_migrate_and_demo(
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert {"sql/30_claims.sql", "migrations/env.py", "docs/cli.md", "README.md",
-            "pycompactor/prompts/conversation-compaction@3.txt"} <= names
+            "pycompactor/summarizers/prompts/conversation-compaction@3.txt"} <= names
 
     # README's third way as written: `make wheel` (into a copy's dist/, with a fresh
     # virtualenv, as a fresh checkout has none), then its line `pip install '….whl[embedded]'
@@ -70,7 +70,8 @@ def test_build_check_install_migrate_and_demo(
     assert Path(where.stdout.strip()).name == "_data"
     assert not Path(where.stdout.strip()).is_relative_to(REPO)
     # The prompt ships too, and still matches its pinned hash.
-    prompt = run(python, "-c", "from pycompactor.summarizer import load_prompt; load_prompt()",
+    prompt = run(python, "-c",
+                 "from pycompactor.summarizers.openai_compatible import load_prompt; load_prompt()",
                  cwd=tmp_path)
     assert prompt.returncode == 0, prompt.stderr
 

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from pycompactor import db
-from pycompactor.extractive import OFFLINE_MODEL, extractive_summary
-from pycompactor.summarizer import PROMPT_VERSION, load_prompt
+from pycompactor.summarizers.extractive import OFFLINE_MODEL, extractive_summary
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION, load_prompt
 from tests.e2e.cli import run_cli
 from tests.history import History
 from tests.modelserver import ModelServer, RecordedRequest, hang, stop
@@ -92,6 +92,8 @@ def test_no_model_is_a_usage_error(dsn: str) -> None:
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("usage: pycompactor worker")
     assert lines[-1].startswith("pycompactor worker: error: no model given")
+    # The hint names the default offline model, not an older one.
+    assert lines[-1].endswith("(pycompactor/extractive-3 needs no server)")
 
 
 def test_openai_model_without_key_is_a_usage_error(dsn: str) -> None:

@@ -9,8 +9,8 @@ import psycopg
 import pytest
 
 from pycompactor import db
-from pycompactor.extractive import MAX_SUMMARY_CHARS
 from pycompactor.models import AckResult
+from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS
 from tests.history import History
 from tests.sql.engine import GOOD, LEASE, MODEL, T0, V3, claim, scalar, target
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from pycompactor import db, source_hash
-from pycompactor.source import check_source
+from pycompactor.cli.source import check_source
 
 Conn = psycopg.Connection[Any]
 DOC = Path(__file__).resolve().parents[2] / "docs" / "integrating.md"

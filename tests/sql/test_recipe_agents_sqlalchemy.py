@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from bench.sdk_source import SDK_TABLES_DDL
 from pycompactor import db
+from pycompactor.cli.source import check_source
 from pycompactor.recipes import install_agents_sqlalchemy
-from pycompactor.source import check_source
 
 Conn = psycopg.Connection[Any]
 

@@ -26,7 +26,7 @@ from pycompactor import projection as projection_module
 from pycompactor.errors import InvalidLease, PycompactorError, StatementCanceled
 from pycompactor.hashing import source_message_ids
 from pycompactor.projection import Projection
-from pycompactor.summarizer import PROMPT_VERSION
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION
 from tests.history import History
 
 Conn = psycopg.Connection[Any]

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 
 from pycompactor import db
-from pycompactor.argtypes import positive_int
+from pycompactor.cli.argtypes import positive_int
+from pycompactor.cli.render import cell, jsonable, print_json, render_table
 from pycompactor.models import AuditReport
-from pycompactor.render import cell, jsonable, print_json, render_table
 
 #: The columns shown as a table (--json prints every column of the view).
 TABLE_COLUMNS: dict[str, list[str]] = {

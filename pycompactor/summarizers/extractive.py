@@ -12,10 +12,10 @@ import re
 from collections.abc import Sequence
 from typing import Final, Self
 
-from pycompactor.figures import FIGURE
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import AssistantReply
-from pycompactor.outcomes import INVALID_TEXT, Failure, ModelOutcome, Reply, storable
+from pycompactor.quality.figures import FIGURE
+from pycompactor.summarizers.outcomes import INVALID_TEXT, Failure, ModelOutcome, Reply, storable
 
 OFFLINE_MODEL: Final = "pycompactor/extractive-1"
 #: The summary limit of contract §8, as this summarizer's own output budget (the

@@ -27,13 +27,17 @@ from importlib import resources
 from typing import Any, Final, Literal, Protocol, TypeAlias
 
 from pycompactor.errors import ModelUnreachable, PycompactorError, UsageError
-from pycompactor.extractive import OFFLINE_MODEL, ExtractiveSummarizer
-from pycompactor.extractive2 import DEFAULT_TARGET, EXTRACTIVE2_MODEL, Extractive2Summarizer
-from pycompactor.extractive3 import DEFAULT_TARGET as EXTRACTIVE3_TARGET
-from pycompactor.extractive3 import EXTRACTIVE3_MODEL, Extractive3Summarizer
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.models import AssistantReply
-from pycompactor.outcomes import (
+from pycompactor.summarizers.extractive import OFFLINE_MODEL, ExtractiveSummarizer
+from pycompactor.summarizers.extractive2 import (
+    DEFAULT_TARGET,
+    EXTRACTIVE2_MODEL,
+    Extractive2Summarizer,
+)
+from pycompactor.summarizers.extractive3 import DEFAULT_TARGET as EXTRACTIVE3_TARGET
+from pycompactor.summarizers.extractive3 import EXTRACTIVE3_MODEL, Extractive3Summarizer
+from pycompactor.summarizers.outcomes import (
     CONNECTION_ERROR,
     TIMEOUT,
     Failure,
@@ -105,8 +109,9 @@ def check_offline_model(model: str) -> None:
 
 
 def prompt_bytes(version: str = PROMPT_VERSION) -> bytes:
-    """The raw bytes of a shipped prompt file (`pycompactor/prompts/<version>.txt`)."""
-    return resources.files("pycompactor").joinpath("prompts", f"{version}.txt").read_bytes()
+    """The raw bytes of a shipped prompt file (`prompts/<version>.txt` beside this module)."""
+    shipped = resources.files("pycompactor.summarizers").joinpath("prompts", f"{version}.txt")
+    return shipped.read_bytes()
 
 
 def load_prompt() -> str:

@@ -10,7 +10,7 @@ since every byte it saves is history the next Run still sees (contract §9).
 1. Facts, not prose. Each sentence holding a figure (contract §8) is cut to the words
    that state it: a few words before and after each figure (what the figure is about, and
    its unit), every qualifier of the sentence with the word it qualifies ("no longer",
-   "only", "not", a correction; pycompactor.qualifiers), the words between dropped for an
+   "only", "not", a correction; pycompactor.quality.qualifiers), the words between dropped for an
    ellipsis, still one sentence. A cut that would lose a figure or a qualified fact, as
    the measures read the text, keeps the sentence whole.
 2. Each fact once. A greedy cover picks clauses by the figures and qualified facts they
@@ -39,11 +39,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from pycompactor.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer, _excerpt
-from pycompactor.figures import FIGURE, figures
 from pycompactor.models import AssistantReply
-from pycompactor.qualifiers import QUALIFIERS_EN, QUALIFIERS_ZH, qualifiers
-from pycompactor.qualifiers import sentences as qualifier_sentences
+from pycompactor.quality.figures import FIGURE, figures
+from pycompactor.quality.qualifiers import QUALIFIERS_EN, QUALIFIERS_ZH, qualifiers
+from pycompactor.quality.qualifiers import sentences as qualifier_sentences
+from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer, _excerpt
 
 EXTRACTIVE2_MODEL: Final = "pycompactor/extractive-2"
 #: The default target: summary UTF-8 bytes at most this share of the replies' bytes.
@@ -76,7 +76,7 @@ _TOKEN: Final = re.compile(f"[{_CJK}]|[^\\s{_CJK}]+")
 _GAP: Final = " … "
 _GAP_BYTES: Final = len(_GAP.encode("utf-8"))
 _STOPS: Final = ".!?;"
-# Where the qualifiers of pycompactor.qualifiers stand in a sentence, so a cut keeps them.
+# Where the qualifiers of pycompactor.quality.qualifiers stand in a sentence, so a cut keeps them.
 _QUALIFIER_SPAN: Final = re.compile(
     r"\b(?:" + "|".join(re.escape(q).replace(r"\ ", r"\s+")
                         for q in sorted(QUALIFIERS_EN, key=len, reverse=True))

@@ -47,8 +47,8 @@ source, and if one has a target without a summary it logs `idle_hint` once (enqu
 after each settled Run, the session wrappers do it, or run with --sweep).
 
 The claiming loop (passes, finding work, the claims and their answers) lives in
-`pycompactor.worker_claim` (`Worker` inherits it), the configuration, reason codes and
-results in `pycompactor.worker_types`; this module keeps the Worker itself: stopping,
+`pycompactor.worker.claim` (`Worker` inherits it), the configuration, reason codes and
+results in `pycompactor.worker.types`; this module keeps the Worker itself: stopping,
 the database calls, running an attempt, recording it, heartbeats and the drain. Every
 name of the two is re-exported here (see `__all__`).
 """
@@ -68,30 +68,30 @@ from types import FrameType
 from typing import Any, Concatenate, Final
 
 from pycompactor import db, metrics
-from pycompactor.connections import Connections, is_transient
 from pycompactor.errors import (
     LogLost,
     ModelUnreachable,
     PycompactorError,
     TransactionConflict,
 )
-from pycompactor.eventlog import EventLog, secrets_of
-from pycompactor.figures import (
+from pycompactor.hashing import PAIRS_PER_RANGE
+from pycompactor.models import QueuedConversation, RangeReply
+from pycompactor.quality.figures import (
     figure_stats,
     invented_figures,
 )
-from pycompactor.hashing import PAIRS_PER_RANGE
-from pycompactor.models import QueuedConversation, RangeReply
-from pycompactor.outcomes import Failure, ModelOutcome, Reply
-from pycompactor.summarizer import (
+from pycompactor.summarizers.openai_compatible import (
     Summarizer,
     unreachable,
 )
-from pycompactor.worker_claim import (
+from pycompactor.summarizers.outcomes import Failure, ModelOutcome, Reply
+from pycompactor.worker.claim import (
     _Claiming,
     _oldest_age,
 )
-from pycompactor.worker_types import (
+from pycompactor.worker.connections import Connections, is_transient
+from pycompactor.worker.eventlog import EventLog, secrets_of
+from pycompactor.worker.types import (
     _DB_BACKOFF_MAX,
     _DB_BACKOFF_START,
     _HINT_PROBE_CONVERSATIONS,
@@ -116,9 +116,9 @@ from pycompactor.worker_types import (
 )
 
 #: Every name this module offers: the Worker and its run and, re-exported so that
-#: `pycompactor.worker` stays the one place to import them from, the claiming loop of
-#: `pycompactor.worker_claim` and the configuration and results of
-#: `pycompactor.worker_types`.
+#: `pycompactor.worker.process` stays the one place to import them from, the claiming
+#: loop of `pycompactor.worker.claim` and the configuration and results of
+#: `pycompactor.worker.types`.
 __all__ = [
     "FIGURES_INVENTED",
     "FIGURES_LOST",

@@ -1,6 +1,7 @@
 """What the worker is configured with and reports: its failure reasons, the timing of
 its loop, `WorkerConfig`, the claimed job and its result, and the totals
-(`WorkerReport`). Shared by `pycompactor.worker` and `pycompactor.worker_claim`."""
+(`WorkerReport`). Shared by `pycompactor.worker.process` and
+`pycompactor.worker.claim`."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ from datetime import timedelta
 from typing import Final, ParamSpec, TypeVar
 
 from pycompactor import db
-from pycompactor.eventlog import LogFormat
-from pycompactor.figures import (
+from pycompactor.quality.figures import (
     MAX_INVENTED_FIGURES_BOUND,
     FigureStats,
 )
-from pycompactor.summarizer import (
+from pycompactor.summarizers.openai_compatible import (
     DEFAULT_TIMEOUT_SECONDS,
 )
+from pycompactor.worker.eventlog import LogFormat
 
 #: Failure reason when the shutdown drain ran out before the model answered.
 INTERRUPTED: Final = "interrupted"

@@ -146,7 +146,7 @@ def temperature(text: str) -> float | None:
 
 def invented_figures_allowed(text: str) -> int:
     # The worker's own bound (WorkerConfig): refused here, it is a usage error.
-    from pycompactor.figures import MAX_INVENTED_FIGURES_BOUND
+    from pycompactor.quality.figures import MAX_INVENTED_FIGURES_BOUND
 
     value = non_negative_int(text)
     if value > MAX_INVENTED_FIGURES_BOUND:

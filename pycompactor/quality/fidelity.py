@@ -1,11 +1,11 @@
 """Fidelity: does a summary still answer the questions its replies answer?
 
-Counting digits that survive (pycompactor.figures) cannot tell "Lotus Asia Growth charges
+Counting digits that survive (pycompactor.quality.figures) cannot tell "Lotus Asia Growth charges
 0.29% a year" from five lines "an ongoing fee of X% per year" that name no fund. The
 measures here ask the summary the question each reply sentence answers, as a reader
 would, and check the answer (docs/evaluate.md defines them in prose):
 
-* **sentences** are pycompactor.qualifiers' (a summary line is a sentence too); the
+* **sentences** are pycompactor.quality.qualifiers' (a summary line is a sentence too); the
   summary's bracketed reply labels (`[a3]`, the replies' ids) are read as no words;
 * **words** of a sentence: its figures (contract §8), its other words lowercased minus a
   few English stopwords, and for Chinese text every character and every pair of adjacent
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal
 
-from pycompactor.figures import FIGURE, figures
-from pycompactor.qualifiers import qualifier_spans, sentences
+from pycompactor.quality.figures import FIGURE, figures
+from pycompactor.quality.qualifiers import qualifier_spans, sentences
 
 #: The share of a question's weight the best sentence must hold for the reader to take it
 #: as the place that answers the question: below half, it shares fewer of the question's

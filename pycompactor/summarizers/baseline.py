@@ -1,11 +1,11 @@
 """Naive whole-sentence selection: the baseline an offline summarizer must beat.
 
 Issue 61 measured it on public text: take every sentence of the replies that holds a
-figure (contract §8) or a qualifier of the scope set (pycompactor.qualifiers), most facts
+figure (contract §8) or a qualifier of the scope set (pycompactor.quality.qualifiers), most
 per byte first, until the summary would pass a byte target. It never cuts a sentence,
 so each line keeps what its figures are about as far as its own sentence says it. A
 summarizer that compresses harder must still answer more of the replies' questions
-(pycompactor.fidelity) at the same bytes, or it is not worth its cleverness.
+(pycompactor.quality.fidelity) at the same bytes, or it is not worth its cleverness.
 
 - a sentence's **facts**: its distinct figures plus its distinct qualifiers;
 - ranked by facts per UTF-8 byte, highest first (earlier sentences first on a tie), and
@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from pycompactor.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
-from pycompactor.figures import figures
 from pycompactor.models import AssistantReply
-from pycompactor.qualifiers import scope_qualifiers, sentences
+from pycompactor.quality.figures import figures
+from pycompactor.quality.qualifiers import scope_qualifiers, sentences
+from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
 
 #: The baseline's model id in reports, and its caveats-first variant's.
 BASELINE_MODEL: Final = "baseline/whole-sentences"

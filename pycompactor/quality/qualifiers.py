@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from pycompactor.figures import FIGURE
+from pycompactor.quality.figures import FIGURE
 
 #: English qualifiers: negation, time limits, exclusivity, exceptions, replacements,
 #: bounds and corrections. Multi-word phrases are matched before their words.
@@ -39,7 +39,7 @@ QUALIFIERS_ZH: Final[tuple[str, ...]] = (
 #: The scope set (issue 61): the same kinds plus hedges, superlatives, bounds and time
 #: scope, the words whose loss turns "unlikely to add up to 100%" into "adds up to 100%"
 #: or "the smallest key size is 512 bits" into "the key size is 512 bits". The fidelity
-#: measures (pycompactor.fidelity) and later summarizers use it; extractive-2 keeps
+#: measures (pycompactor.quality.fidelity) and later summarizers use it; extractive-2 keeps
 #: QUALIFIERS_EN/ZH above, so its summaries stay byte-identical under its model id.
 QUALIFIERS_EN_V2: Final[tuple[str, ...]] = (
     *QUALIFIERS_EN,

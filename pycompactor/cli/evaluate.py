@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 
-from pycompactor import charts, db
-from pycompactor.argtypes import positive_int
-from pycompactor.baseline import BASELINE_CAVEATS_MODEL, BASELINE_MODELS, BaselineSummarizer
+from pycompactor import db
+from pycompactor.cli.argtypes import positive_int
+from pycompactor.cli.render import print_json
 from pycompactor.errors import SchemaNotMigrated, UsageError
 from pycompactor.evaluation import (
     BUDGETS_KIB,
@@ -39,12 +39,22 @@ from pycompactor.evaluation import (
     evaluate,
     guess_language,
 )
-from pycompactor.extractive import OFFLINE_MODEL
-from pycompactor.extractive3 import DEFAULT_TARGET as EXTRACTIVE3_TARGET
-from pycompactor.extractive3 import EXTRACTIVE3_MODEL
-from pycompactor.fidelity import Question
-from pycompactor.render import print_json
-from pycompactor.summarizer import FirstCallGuard, OpenAISummarizer, Summarizer, make_summarizer
+from pycompactor.quality import charts
+from pycompactor.quality.fidelity import Question
+from pycompactor.summarizers.baseline import (
+    BASELINE_CAVEATS_MODEL,
+    BASELINE_MODELS,
+    BaselineSummarizer,
+)
+from pycompactor.summarizers.extractive import OFFLINE_MODEL
+from pycompactor.summarizers.extractive3 import DEFAULT_TARGET as EXTRACTIVE3_TARGET
+from pycompactor.summarizers.extractive3 import EXTRACTIVE3_MODEL
+from pycompactor.summarizers.openai_compatible import (
+    FirstCallGuard,
+    OpenAISummarizer,
+    Summarizer,
+    make_summarizer,
+)
 
 if TYPE_CHECKING:
     from rich.console import Group

@@ -14,18 +14,18 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Concatenate
 
 from pycompactor import db, metrics
-from pycompactor.connections import Connections, is_transient
 from pycompactor.errors import (
     DatabaseTimeout,
     LockTimeout,
     PycompactorError,
 )
-from pycompactor.eventlog import EventLog
 from pycompactor.models import QueuedConversation, RangeClaim
-from pycompactor.summarizer import (
+from pycompactor.summarizers.openai_compatible import (
     PROMPT_VERSION,
 )
-from pycompactor.worker_types import (
+from pycompactor.worker.connections import Connections, is_transient
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.types import (
     _DB_BACKOFF_MAX,
     _DB_BACKOFF_START,
     _HINT_PROBE_CONVERSATIONS,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pycompactor import __version__, db
-from pycompactor.argtypes import (
+from pycompactor.cli.argtypes import (
     budget_bytes,
     concurrency,
     database_timeout,
@@ -35,20 +35,20 @@ from pycompactor.argtypes import (
     retention_ratio,
     temperature,
 )
-from pycompactor.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
+from pycompactor.cli.audit import AUDIT_EXAMPLES, add_audit_arguments, cmd_audit
+from pycompactor.cli.render import placement_runs, print_json, render_table
 from pycompactor.errors import PycompactorError, SchemaNotMigrated, about_database
-from pycompactor.eventlog import redact, secrets_of
-from pycompactor.render import placement_runs, print_json, render_table
+from pycompactor.worker.eventlog import redact, secrets_of
 
 if TYPE_CHECKING:
-    from pycompactor.summarizer import Summarizer
+    from pycompactor.summarizers.openai_compatible import Summarizer
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from pycompactor import schema  # alembic and SQLAlchemy load only for this command
-    from pycompactor.source import unmapped_sdk_tables
+    from pycompactor.cli.source import unmapped_sdk_tables
 
     dsn = db.resolve_dsn(args.dsn)
     # Reached first as every other command reaches it, so a bad DSN or an unreachable
@@ -73,7 +73,7 @@ def warn_if_unknown(conn: db.Connection, conversation_id: str) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from pycompactor.plan import target_states
+    from pycompactor.cli.plan import target_states
 
     # Read-only transactions: plan, project and audit also run on a hot standby.
     with db.connect(args.dsn, read_only=True) as conn:
@@ -148,7 +148,7 @@ def cmd_project(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from pycompactor.importer import import_file, render, terminal_progress
+    from pycompactor.cli.importer import import_file, render, terminal_progress
 
     with db.connect(args.dsn) as conn:
         if not db.engine_schema_present(conn):
@@ -178,7 +178,7 @@ def cmd_install_recipe(args: argparse.Namespace) -> int:
 
 
 def cmd_check_source(args: argparse.Namespace) -> int:
-    from pycompactor.source import check_source
+    from pycompactor.cli.source import check_source
 
     with db.connect(args.dsn) as conn:
         report = check_source(conn, args.conversation, args.sample)
@@ -222,8 +222,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from pycompactor.errors import LogLost
-    from pycompactor.eventlog import EventLog, secrets_of
-    from pycompactor.worker import WorkerConfig, run_worker
+    from pycompactor.worker.eventlog import EventLog, secrets_of
+    from pycompactor.worker.process import WorkerConfig, run_worker
 
     summarizer = build_summarizer(args, args.worker_parser)
     model = summarizer.model
@@ -258,7 +258,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def add_model_arguments(p: argparse.ArgumentParser, *, default: str | None = None) -> None:
     """The model's arguments, the same for every command that calls a summarizer (worker,
     evaluate); `default` is the model when neither --model nor PYCOMPACTOR_MODEL gives one."""
-    from pycompactor.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_TEMPERATURE
+    from pycompactor.summarizers.openai_compatible import (
+        DEFAULT_MAX_OUTPUT_TOKENS,
+        DEFAULT_TEMPERATURE,
+    )
 
     fallback = ("" if default is None
                 else f"; default: {default}, which needs no server")
@@ -302,13 +305,13 @@ def build_summarizer(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     """The summarizer the model arguments (add_model_arguments) name; a missing model or
     a bad model argument is a usage error of `parser`."""
     from pycompactor.errors import UsageError
-    from pycompactor.summarizer import make_summarizer
+    from pycompactor.summarizers.openai_compatible import DEFAULT_OFFLINE_MODEL, make_summarizer
 
     model = args.model if args.model is not None else os.environ.get("PYCOMPACTOR_MODEL", "")
     model = model or args.default_model or ""
     if not model:
         parser.error("no model given; pass --model or set PYCOMPACTOR_MODEL "
-                     "(pycompactor/extractive-1 needs no server)")
+                     f"({DEFAULT_OFFLINE_MODEL} needs no server)")
     try:
         summarizer = make_summarizer(model, base_url=args.base_url,
                                      timeout_seconds=args.timeout_seconds, api=args.api,
@@ -325,8 +328,8 @@ def build_summarizer(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from pycompactor.evaluate import run_evaluate
-    from pycompactor.summarizer import OpenAISummarizer
+    from pycompactor.cli.evaluate import run_evaluate
+    from pycompactor.summarizers.openai_compatible import OpenAISummarizer
 
     summarizer = build_summarizer(args, args.command_parser)
     try:
@@ -338,7 +341,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pycompactor.demo import run_demo
+    from pycompactor.cli.demo import run_demo
 
     return run_demo()
 
@@ -530,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_evaluate_command(add: Callable[[str, Handler, str, str], argparse.ArgumentParser],
                          ) -> None:
-    from pycompactor.evaluate import DEFAULT_MODEL, EVALUATE_EXAMPLES, add_evaluate_arguments
+    from pycompactor.cli.evaluate import DEFAULT_MODEL, EVALUATE_EXAMPLES, add_evaluate_arguments
 
     p = add("evaluate", cmd_evaluate,
             "measure what a summarizer buys and loses on conversations, writing nothing: "

@@ -32,11 +32,11 @@ from rich.table import Table
 from rich.text import Text
 
 from pycompactor import db, schema, store
-from pycompactor.cluster import ThrowawayCluster, describe
+from pycompactor.cli.cluster import ThrowawayCluster, describe
+from pycompactor.cli.render import cell, placement_runs
+from pycompactor.cli.sample import CONVERSATION_ID, load_sample
 from pycompactor.errors import PycompactorError
 from pycompactor.evaluation import measure_range, reach, totals
-from pycompactor.eventlog import EventLog
-from pycompactor.extractive3 import DEFAULT_TARGET, EXTRACTIVE3_MODEL, Extractive3Summarizer
 from pycompactor.hashing import source_hash
 from pycompactor.models import Pair
 from pycompactor.projection import (
@@ -49,10 +49,14 @@ from pycompactor.projection import (
     message_cost,
     project_history,
 )
-from pycompactor.render import cell, placement_runs
-from pycompactor.sample import CONVERSATION_ID, load_sample
-from pycompactor.summarizer import PROMPT_VERSION
-from pycompactor.worker import Worker, WorkerConfig
+from pycompactor.summarizers.extractive3 import (
+    DEFAULT_TARGET,
+    EXTRACTIVE3_MODEL,
+    Extractive3Summarizer,
+)
+from pycompactor.summarizers.openai_compatible import PROMPT_VERSION
+from pycompactor.worker.eventlog import EventLog
+from pycompactor.worker.process import Worker, WorkerConfig
 
 #: The pair whose user message the demo edits to make the summary of pairs 0-9 stale.
 EDITED_PAIR = 3
