@@ -106,9 +106,11 @@ _ZH_ABOUT: Final = re.compile(r"^关于\s*(.{1,60}?)[，,]")
 _PROPER: Final = re.compile(r"\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*)+")
 # A reference entry's lead: the term it defines, then a colon ("WorkingDirectory=: Takes
 # …", "os.path.join: Join …", "-z, --gzip: Filter …"). The term must look like a name
-# (a mark, a digit or an inner capital), so "Understood: a 10-year horizon" names nothing.
+# (a letter, and a mark or an inner capital), so "Understood: a 10-year horizon", "Step 1:"
+# and a date ("2026-10-09: …", whose reply may state other dates' figures) name nothing.
 _TERM_LEAD: Final = re.compile(r"^([^\s:：]{1,60}(?: [^\s:：]{1,30}){0,3})[:：]\s")
-_NAME_LIKE: Final = re.compile(r"[=._/()\[\]<>\-\d]|[a-z][A-Z]")
+_NAME_LIKE: Final = re.compile(r"[=._/()\[\]<>\-]|[a-z][A-Z]")
+_LETTER: Final = re.compile(r"[^\W\d_]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,7 @@ def subject(reply: str) -> str | None:
         if match:
             return match.group(1).strip(" ,;:")
     term = _TERM_LEAD.match(lead)
-    if term and _NAME_LIKE.search(term.group(1)):
+    if term and _NAME_LIKE.search(term.group(1)) and _LETTER.search(term.group(1)):
         return term.group(1)
     first = measure_sentences(lead)
     match = _PROPER.search(first[0]) if first else None

@@ -141,6 +141,9 @@ def test_subjects_where_a_reply_names_them() -> None:
     assert subject("os.path.join: Join one or more path segments.") == "os.path.join"
     assert subject("-z, --gzip: Filter the archive through gzip.") == "-z, --gzip"
     assert subject("Note: the default is 10.") is None
+    # A step number or a date is no subject: the reply may state other steps' or dates'.
+    assert subject("Step 1: Install it; step 2 migrates.") is None
+    assert subject("2026-10-09: the NAV was 10.37 USD.") is None
 
 
 def test_a_reference_entry_s_default_reads_under_its_option() -> None:
