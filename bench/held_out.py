@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
-import json
 import os
 import re
 import shutil
@@ -29,6 +28,8 @@ import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
+
+from pycompactor.corpus import CorpusConversation, write_jsonl
 
 #: Man pages whose entries are replies: (page, section).
 MAN_PAGES: Final = (
@@ -121,14 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.held_out", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="JSONL file to write")
     args = parser.parse_args(argv)
-    count = 0
-    with args.out.open("w", encoding="utf-8") as out:
-        for conversation_id, pairs in conversations(man=shutil.which("man") is not None):
-            record = {"conversation_id": conversation_id, "language": "en",
-                      "pairs": [{"user": u, "assistant": a} for u, a in pairs]}
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            count += 1
-    print(f"{args.out}: {count} conversations")
+    found = [CorpusConversation(cid, "en", tuple(pairs))
+             for cid, pairs in conversations(man=shutil.which("man") is not None)]
+    write_jsonl(found, args.out)  # the corpus's own format, which evaluate --jsonl reads
+    print(f"{args.out}: {len(found)} conversations")
     return 0
 
 
