@@ -29,8 +29,10 @@ and writes only lines a reader can quote back to one reply:
    time scope) `QUALIFIER_WORTH`. A sentence holding neither a figure nor a qualifier
    states no fact a measure or a follow-up question can find, and is left out. A
    sentence that points back ("it is not the current NAV", "These errors could …",
-   "这是历史净值") is bound to the sentence before it: both are kept or neither, so a
-   caveat never floats free of what it governs. The same words are written once (the
+   "这是历史净值", "Over a 5-year horizon that is about 1.25%"), and the rest of a
+   statement the split left after ";" or cut short ("…no visible ill effect; but if …",
+   "see Section 9.6"), is bound to the sentence before it: both are kept or neither, so
+   a caveat never floats free of what it governs and no clause loses its subject. The same words are written once (the
    second fund's "it is not the current NAV" is bound to its own NAV, so it is not the
    same words).
 5. **Which reply a line came from.** One line per reply that has a kept sentence,
@@ -96,9 +98,20 @@ _CORRECTION: Final = re.compile(
 # A sentence that opens by pointing back ("it is not the current NAV", "These errors could
 # …", "该参数…") states nothing without the sentence before it.
 _ANAPHOR: Final = re.compile(
-    r"^(?:(?:it|its|this|that|these|those|they|such)\b|.{0,4}?(?:这|此|该|其|它))",
+    r"^(?:(?:it|its|this|that|these|those|they|such)\b|.{0,4}?(?:这|此|该|其|它))"
+    # … or whose opening words make a pointer its subject ("Over a 5-year horizon that is
+    # about 1.25% in total": the 1.25% of the fee the sentence before states).
+    r"|^[^,;:.]{0,40}?\b(?:that|this|it)\s+(?:is|was|means|comes\s+to|amounts\s+to)\b",
     re.IGNORECASE,
 )
+# A clause after a semicolon that opens with a connective ("…no visible ill effect; but
+# if the freed memory had been reused, …") is the second half of one statement: the first
+# half alone states the opposite of the reply.
+# Likewise a "sentence" that opens with a lowercase word after any split ("see Section
+# 9.6.", "will round values to 1 decimal place", "for example …") is the rest of the one
+# before it; a lowercase name that a reference entry opens with ("integer_datetimes
+# (boolean): …", "hdparm -W 0 …") starts a statement of its own.
+_CONTINUATION: Final = re.compile(r"^[a-z]+(?:[ ,]|$)(?![(:]|-[A-Za-z])")
 # Where a reply names what it is about.
 _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
@@ -180,7 +193,8 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
         for line in _LINES.split(reply):
             chain: list[str] = []
             for sentence in measure_sentences(_BULLET.sub("", line.strip(_ASCII_WS))):
-                if chain and not _ANAPHOR.match(sentence):
+                if chain and not (_ANAPHOR.match(sentence)
+                                  or _CONTINUATION.match(sentence)):
                     units.extend(_unit(r, order, chain))
                     order += len(chain)
                     chain = []

@@ -127,6 +127,38 @@ def test_a_correction_is_stated_as_one() -> None:
     assert "They are from 15.16, not 15.17." in summary
 
 
+def test_a_figure_that_points_back_is_kept_with_the_fee_it_restates() -> None:
+    """"Over a 5-year horizon that is about 1.25% in total" restates the fee before it:
+    alone, 1.25% would be a figure of no fund's fee."""
+    replies = [f"Fund {name} charges an ongoing fee of 0.2{i}% per year and no entry fee. "
+               f"Over a 5-year horizon that is about 1.{i}0% in total before returns."
+               for i, name in enumerate("ABCDEFGHIJ")]
+    for target in (0.1, 0.2, 0.4):
+        summary = summarize_replies(replies, target)
+        for line in summary.split("\n"):
+            if "horizon" in line:
+                assert "ongoing fee of 0.2" in line, (target, line)
+
+
+@pytest.mark.parametrize("second", [
+    "but if the freed memory had been reused, the likely result would be garbage.",
+    "see Section 9.6 for the 2 rules.",
+    "for example 3 of them are rejected.",
+])
+def test_a_clause_after_a_semicolon_or_a_lowercase_start_is_never_written_alone(
+        second: str) -> None:
+    """The half of a statement the sentence split leaves after ";" (or a split that
+    cut a sentence short) is written with the half before it, or not at all: "no
+    visible ill effect" alone says the opposite of the reply."""
+    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
+    first = "In production builds there would often be no visible ill effect; "
+    replies = [filler + first + second] + [filler] * 9
+    for target in (0.005, 0.02, 0.1, 0.4):
+        summary = summarize_replies(replies, target)
+        assert ("no visible ill effect" in summary) == (telegraph(second)[:12] in summary), \
+            (target, summary)
+
+
 def test_subjects_where_a_reply_names_them() -> None:
     assert subject("PostgreSQL 15.2 was released on 2023-02-09; the entries:\n- x") == \
         "PostgreSQL 15.2"
