@@ -32,9 +32,9 @@ and writes only lines a reader can quote back to one reply:
    "这是历史净值", "Over a 5-year horizon that is about 1.25%"), and the rest of a
    statement the split left after ";" or cut short ("…no visible ill effect; but if …",
    "see Section 9.6"), is bound to the sentence before it: both are kept or neither, so
-   a caveat never floats free of what it governs and no clause loses its subject. The same words are written once (the
-   second fund's "it is not the current NAV" is bound to its own NAV, so it is not the
-   same words).
+   a caveat never floats free of what it governs and no clause loses its subject. The
+   same words are written once (the second fund's "it is not the current NAV" is bound
+   to its own NAV, so it is not the same words).
 5. **Which reply a line came from.** One line per reply that has a kept sentence,
    labelled `a)` … `j)` in the order of the ten replies, the order in which their user
    messages travel verbatim before the summary (docs/contract.md §9). Letters are no
