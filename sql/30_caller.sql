@@ -73,6 +73,29 @@ $$;
 COMMENT ON FUNCTION compaction.try_lock_conversation(text) IS
     'Internal: takes lock_conversation''s row lock if it is free (true; writing the conversation''s row if it has none), else returns false at once';
 
+-- A conversation's lock is held until the caller's transaction ends, and the caller may
+-- be an application that calls claim or fence inside its own transaction. Where the caller
+-- set no bound, the transaction gets one (transaction_timeout where the server has it,
+-- PostgreSQL 17 on; idle_in_transaction_session_timeout on every server), so a caller that
+-- forgets its transaction open cannot hold a conversation for long (docs/security.md).
+-- Every taker of the lock on a caller's behalf calls this right after taking it.
+CREATE FUNCTION compaction.bound_caller_transaction()
+RETURNS void
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+BEGIN
+    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
+        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
+    END IF;
+    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
+        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION compaction.bound_caller_transaction() IS
+    'Internal: gives the caller''s transaction a 60 s transaction_timeout (PostgreSQL 17 on) and idle_in_transaction_session_timeout where the caller set none, so a conversation''s lock is never held for long by a forgotten transaction';
+
 -- Whether the session's login stands for the engine's owner: a superuser or a member of
 -- compaction_owner. session_user, not current_user: inside the SECURITY DEFINER
 -- functions current_user is always the owner. Asked only off the usual path (a given

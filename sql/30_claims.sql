@@ -390,17 +390,7 @@ BEGIN
     VALUES (p_conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
-    -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
-    -- where the caller set no bound, the transaction gets one (transaction_timeout where
-    -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
-    -- server), so a caller that forgets its transaction open cannot hold a conversation
-    -- for long (docs/security.md).
-    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
-        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
-    END IF;
-    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
-        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
-    END IF;
+    PERFORM compaction.bound_caller_transaction();
     -- The one writer under the lock that follows a change of history is an erasure (its
     -- history deleted before it or with it): a conversation with an erasure's tombstone
     -- is judged again, under the lock, so that no claim lands after an erasure on

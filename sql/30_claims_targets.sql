@@ -155,17 +155,7 @@ BEGIN
         VALUES (p_conversation_id)
         ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
             WHERE false;
-        -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
-        -- where the caller set no bound, the transaction gets one (transaction_timeout where
-        -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
-        -- server), so a caller that forgets its transaction open cannot hold a conversation
-        -- for long (docs/security.md).
-        IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
-            PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
-        END IF;
-        IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
-            PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
-        END IF;
+        PERFORM compaction.bound_caller_transaction();
         IF EXISTS (SELECT 1 FROM compaction.event_log AS e
                    WHERE e.conversation_id = p_conversation_id AND e.kind = 'erasure') THEN
             SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
@@ -330,17 +320,7 @@ BEGIN
         VALUES (p_conversation_id)
         ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
             WHERE false;
-        -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
-        -- where the caller set no bound, the transaction gets one (transaction_timeout where
-        -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
-        -- server), so a caller that forgets its transaction open cannot hold a conversation
-        -- for long (docs/security.md).
-        IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
-            PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
-        END IF;
-        IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
-            PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
-        END IF;
+        PERFORM compaction.bound_caller_transaction();
         v_locked := true;
         EXIT WHEN NOT EXISTS (SELECT 1 FROM compaction.event_log AS e
                               WHERE e.conversation_id = p_conversation_id

@@ -60,17 +60,7 @@ BEGIN
     VALUES (job_row.conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
-    -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
-    -- where the caller set no bound, the transaction gets one (transaction_timeout where
-    -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
-    -- server), so a caller that forgets its transaction open cannot hold a conversation
-    -- for long (docs/security.md).
-    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
-        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
-    END IF;
-    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
-        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
-    END IF;
+    PERFORM compaction.bound_caller_transaction();
     SELECT a.* INTO attempt_row
     FROM compaction.attempts AS a
     WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id

@@ -29,17 +29,7 @@ BEGIN
     IF NOT compaction.try_lock_conversation(p_conversation_id) THEN
         RETURN 0;
     END IF;
-    -- Revision 0049 (issue 62): the caller's transaction holds this lock until it ends;
-    -- where the caller set no bound, the transaction gets one (transaction_timeout where
-    -- the server has it, PostgreSQL 17 on; idle_in_transaction_session_timeout on every
-    -- server), so a caller that forgets its transaction open cannot hold a conversation
-    -- for long (docs/security.md).
-    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
-        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
-    END IF;
-    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
-        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
-    END IF;
+    PERFORM compaction.bound_caller_transaction();
     -- Under the lock the state and lease are read again, so nothing is reaped twice.
     FOR v_expired IN
         UPDATE compaction.attempts AS a
