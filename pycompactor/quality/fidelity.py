@@ -5,7 +5,8 @@ Counting digits that survive (pycompactor.quality.figures) cannot tell "Lotus As
 measures here ask the summary the question each reply sentence answers, as a reader
 would, and check the answer (docs/evaluate.md defines them in prose):
 
-* **sentences** are pycompactor.quality.qualifiers' (a summary line is a sentence too); the
+* **sentences** are pycompactor.quality.qualifiers' (a summary line is a sentence too),
+  a reply's read with its hard line wraps undone (`unwrap`); the
   summary's bracketed reply labels (`[a3]`, the replies' ids) are read as no words;
 * **words** of a sentence: its figures (contract §8), its other words lowercased minus a
   few English stopwords, and for Chinese text every character and every pair of adjacent
@@ -43,7 +44,7 @@ from types import MappingProxyType
 from typing import Final, Literal
 
 from pycompactor.quality.figures import FIGURE, figures
-from pycompactor.quality.qualifiers import qualifier_spans, sentences
+from pycompactor.quality.qualifiers import qualifier_spans, sentences, unwrap
 
 #: The share of a question's weight the best sentence must hold for the reader to take it
 #: as the place that answers the question: below half, it shares fewer of the question's
@@ -354,7 +355,7 @@ def _asked(replies: tuple[str, ...]) -> tuple[Mapping[str, float], tuple[_Asked,
     """The questions the replies answer, and their words' weights. Remembered: an
     evaluation asks the same replies once per model and target (the corpus holds about
     250 target ranges)."""
-    source = _candidates(replies)
+    source = _candidates(unwrap(r) for r in replies)
     weights = _weights(source)
     asked = (*_figures_asked(source, weights), *_qualifiers_asked(source, weights))
     return MappingProxyType(weights), asked

@@ -86,6 +86,23 @@ _SENTENCE_END: Final = re.compile(r"(?<=[.!?;])\s+|[。！？；\n\r]+")
 _WS_RUN: Final = re.compile(r"\s+")
 
 
+# A line broken inside a sentence (a docstring, a man page, an e-mail wrapped at 72
+# columns): it ends in a letter, a digit, a comma or ")", and the next line goes on in
+# lowercase (or, after a letter or comma, opens a parenthesis or a quote).
+_WRAPPED: Final = re.compile(
+    r"(?:(?<=[A-Za-z0-9,])[ \t]*\r?\n[ \t]*(?=[a-z(`'\"])"
+    r"|(?<=\))[ \t]*\r?\n[ \t]*(?=[a-z]))"
+)
+
+
+def unwrap(text: str) -> str:
+    """The text with its hard line wraps undone, so that a sentence broken across lines
+    reads as one ("stdout and stderr are not captured, and those attributes\nwill be
+    None." is one sentence, not two). The fidelity measures read replies this way; the
+    qualifier retention of extractive-1/-2 (`sentences` alone) does not."""
+    return _WRAPPED.sub(" ", text)
+
+
 def sentences(text: str) -> list[str]:
     """The sentences of a text, as the qualifier measures split it."""
     return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]

@@ -26,7 +26,7 @@ from typing import Final
 
 from pycompactor.models import AssistantReply
 from pycompactor.quality.figures import figures
-from pycompactor.quality.qualifiers import scope_qualifiers, sentences
+from pycompactor.quality.qualifiers import scope_qualifiers, sentences, unwrap
 from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
 
 #: The baseline's model id in reports, and its caveats-first variant's.
@@ -44,7 +44,7 @@ def select(replies: Sequence[str], target: float, *, caveats_first: bool = False
     if not 0.0 < target <= 1.0:
         raise ValueError(f"target must be a share above 0 and at most 1, got {target}")
     budget = target * sum(_utf8(r) for r in replies)
-    found: list[str] = list(dict.fromkeys(s for r in replies for s in sentences(r)))
+    found: list[str] = list(dict.fromkeys(s for r in replies for s in sentences(unwrap(r))))
     ranked = []
     for order, sentence in enumerate(found):
         caveats = scope_qualifiers(sentence)

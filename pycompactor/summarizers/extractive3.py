@@ -58,7 +58,7 @@ from typing import Final
 
 from pycompactor.models import AssistantReply
 from pycompactor.quality.figures import FIGURE
-from pycompactor.quality.qualifiers import scope_qualifiers
+from pycompactor.quality.qualifiers import scope_qualifiers, unwrap
 from pycompactor.quality.qualifiers import sentences as measure_sentences
 from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
 
@@ -83,7 +83,8 @@ QUALIFIER_WORTH: Final = 0.3
 #: carries a clause ("that", "which", "this", a verb) goes, so no clause loses its subject
 #: or turns into another statement, and never a qualifier ("not", "no", "only", "may").
 _FUNCTION_WORDS: Final = frozenset({"a", "an", "the", "very", "just", "also"})
-_WORD: Final = re.compile(r"\b[A-Za-z]+(?:'[a-z]+)?\b")
+# A word standing alone: "a" of "a.k.a." or "e.g." is no article.
+_WORD: Final = re.compile(r"(?<![\w.'-])[A-Za-z]+(?:'[a-z]+)?(?![\w.'-])")
 # A dropped word leaves " ," behind.
 _SPACE_BEFORE_MARK: Final = re.compile(r" ([,;:.!?)])(?![0-9])")
 # A sentence that opens with one of these, a comma after it, loses the opener.
@@ -190,7 +191,7 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
     units = []
     for r, reply in enumerate(replies):
         order = 0
-        for line in _LINES.split(reply):
+        for line in _LINES.split(unwrap(reply)):
             chain: list[str] = []
             for sentence in measure_sentences(_BULLET.sub("", line.strip(_ASCII_WS))):
                 if chain and not (_ANAPHOR.match(sentence)

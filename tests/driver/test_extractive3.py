@@ -22,7 +22,7 @@ from pycompactor.cli.evaluate import read_corpus
 from pycompactor.cli.sample import sample_turns
 from pycompactor.models import Pair
 from pycompactor.quality import fidelity
-from pycompactor.quality.qualifiers import sentences
+from pycompactor.quality.qualifiers import sentences, unwrap
 from pycompactor.summarizers.baseline import select
 from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS
 from pycompactor.summarizers.extractive2 import extract
@@ -159,6 +159,27 @@ def test_a_clause_after_a_semicolon_or_a_lowercase_start_is_never_written_alone(
             (target, summary)
 
 
+def test_a_sentence_wrapped_across_lines_is_written_whole() -> None:
+    """A docstring wraps at 72 columns: "you may not use the Popen constructor's stdin
+    argument" alone forbids what the reply forbids only "if you use this argument"."""
+    wrapped = ("subprocess.run: Run command with arguments.\n\n"
+               "If you use this argument\nyou may not use the Popen constructor's \"stdin\""
+               " argument, as\nit will be used internally. By default, stdout and stderr"
+               " are not captured, and those attributes\nwill be None.\n")
+    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
+    for target in (0.1, 0.4, 1.0):
+        summary = summarize_replies([wrapped] + [filler] * 9, target)
+        assert "may not use" not in summary or "If you use this argument you may not use" \
+            in summary, summary
+        assert "not captured" not in summary or "those attributes will be None." in summary
+    assert "not captured" in summarize_replies([wrapped] + [filler] * 9, 1.0)
+
+
+def test_telegraph_keeps_an_article_inside_an_abbreviation() -> None:
+    assert telegraph("Seconds since the Epoch, in UTC (a.k.a. GMT).") == \
+        "Seconds since Epoch, in UTC (a.k.a. GMT)."
+
+
 def test_subjects_where_a_reply_names_them() -> None:
     assert subject("PostgreSQL 15.2 was released on 2023-02-09; the entries:\n- x") == \
         "PostgreSQL 15.2"
@@ -218,13 +239,14 @@ _replies = st.lists(st.one_of(_reply, _any_text), min_size=10, max_size=10)
 
 def from_one_sentence(replies: list[str], summary: str) -> None:
     """Every summary sentence's words, in order, are words of one sentence of the reply
-    its line names, after that reply's carried subject."""
+    its line names (a sentence broken across lines read as one), after that reply's
+    carried subject."""
     for label, text in lines_by_label(summary).items():
         reply = replies["abcdefghij".index(label)]
         topic = subject(reply)
         if topic and text.startswith(f"{topic}: "):
             text = text[len(topic) + 2:]
-        sources = [_WORDS.findall(s.lower()) for s in sentences(reply)]
+        sources = [_WORDS.findall(s.lower()) for s in sentences(unwrap(reply))]
         for piece in sentences(text):
             words = _WORDS.findall(piece.lower())
             assert any(is_subsequence(words, source) for source in sources), piece

@@ -163,6 +163,22 @@ def test_a_nav_whose_caveat_was_dropped_fails_qualifier_scope() -> None:
     assert qualifier_scope([NAV_EN], lost) == Score(0, qualifier_scope([NAV_EN], NAV_EN).total)
 
 
+def test_a_sentence_wrapped_across_lines_is_one_question() -> None:
+    """A docstring's hard wrap does not cut a question in two: the question is the whole
+    sentence, and the half before the wrap does not answer it."""
+    wrapped = ("If you use this argument\nyou may not use the Popen constructor's stdin"
+               " argument, as it will be used\ninternally.")
+    (question,) = [q for q in questions([wrapped], wrapped) if q.expected == "not"]
+    assert question.source == ("If you use this argument you may not use the Popen "
+                               "constructor's stdin argument, as it will be used internally.")
+    assert question.kept
+    half = "you may not use the Popen constructor's stdin argument, as it will be used"
+    # ("not" and "may"): the words the half keeps still find the question.
+    assert qualifier_scope([wrapped], half) == Score(2, 2)
+    other = "If you use this argument, use the Popen constructor's stdin."
+    assert qualifier_scope([wrapped], other) == Score(0, 2)
+
+
 def test_a_chinese_caveat_keeps_its_scope_or_not() -> None:
     dropped = {q.expected: q.kept
                for q in questions([NAV_ZH], "截至 2026-10-23，雪松红利基金单位净值 11.11")
