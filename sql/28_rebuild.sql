@@ -291,6 +291,35 @@ $$;
 COMMENT ON PROCEDURE compaction.rebuild_derived_state(int, boolean) IS
     'Repair and upgrade step: re-derives every conversation in id order, committing at most p_batch conversations or 20 ms of work at a time and never waiting for a writer long while it holds them, resuming after the last committed one when the source is unchanged (p_restart: start over), then puts the derived state in use; CALL outside a transaction block';
 
+-- What a stamp names, as source_tracking records it: the oids of its objects, and by
+-- name the tables its tracking triggers are on (a table's oid differs on every Citus
+-- node; its name does not). Read into a variable before the UPDATE of source_tracking:
+-- on Citus a write to a reference table may not read the catalog in the same statement.
+CREATE FUNCTION compaction.stamped_oids(p_stamp text)
+RETURNS oid[]
+LANGUAGE sql
+IMMUTABLE
+AS $$
+    SELECT ARRAY(SELECT pg_catalog.split_part(o.item, ':', 1)::oid
+                 FROM pg_catalog.unnest(pg_catalog.string_to_array(p_stamp, ',')) AS o (item))
+$$;
+COMMENT ON FUNCTION compaction.stamped_oids(text) IS
+    'Internal: the oids of the objects a source stamp (compaction.source_stamp) names';
+
+CREATE FUNCTION compaction.stamped_tables(p_stamp text)
+RETURNS text[]
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT ARRAY(SELECT DISTINCT tg.tgrelid::regclass::text
+                 FROM pg_catalog.pg_trigger AS tg
+                 WHERE tg.tgfoid = 'compaction.track_source_changes()'::regprocedure
+                   AND tg.oid OPERATOR(pg_catalog.=) ANY (compaction.stamped_oids(p_stamp))
+                 ORDER BY 1)
+$$;
+COMMENT ON FUNCTION compaction.stamped_tables(text) IS
+    'Internal: by name, the tables whose tracking triggers a source stamp (compaction.source_stamp) names';
+
 CREATE FUNCTION compaction.stamp_derived_state(p_stamp text)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -307,19 +336,10 @@ BEGIN
         RAISE EXCEPTION 'the source views or tracking triggers changed during the rebuild; run it again'
             USING ERRCODE = 'CP021';
     END IF;
-    -- The tracked tables by name (read first: on Citus a write to a reference table
-    -- may not read the catalog in the same statement).
-    v_tables := ARRAY(SELECT DISTINCT tg.tgrelid::regclass::text
-                      FROM pg_catalog.pg_trigger AS tg
-                      WHERE tg.oid::text IN (
-                          SELECT pg_catalog.split_part(o.item, ':', 1)
-                          FROM pg_catalog.unnest(pg_catalog.string_to_array(p_stamp, ','))
-                              AS o (item))
-                      ORDER BY 1);
+    v_tables := compaction.stamped_tables(p_stamp);
     UPDATE compaction.source_tracking
     SET stamp = p_stamp,
-        object_oids = ARRAY(SELECT pg_catalog.split_part(o.item, ':', 1)::oid
-                            FROM pg_catalog.unnest(pg_catalog.string_to_array(p_stamp, ',')) AS o (item)),
+        object_oids = compaction.stamped_oids(p_stamp),
         tracked_tables = v_tables,
         stamped_at = pg_catalog.now(),
         rebuild_stamp = NULL, rebuild_after = NULL, rebuild_done = NULL,

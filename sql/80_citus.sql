@@ -256,19 +256,10 @@ BEGIN
     -- compaction.stamp_derived_state.
     IF v_in_use THEN
         v_stamp := compaction.source_stamp();
-        v_tables := ARRAY(SELECT DISTINCT tg.tgrelid::regclass::text
-                          FROM pg_catalog.pg_trigger AS tg
-                          WHERE tg.tgfoid = 'compaction.track_source_changes()'::regprocedure
-                            AND tg.oid::text IN (
-                                SELECT pg_catalog.split_part(o.item, ':', 1)
-                                FROM pg_catalog.unnest(pg_catalog.string_to_array(v_stamp, ','))
-                                    AS o (item))
-                          ORDER BY 1);
+        v_tables := compaction.stamped_tables(v_stamp);
         UPDATE compaction.source_tracking
         SET stamp = v_stamp,
-            object_oids = ARRAY(SELECT pg_catalog.split_part(o.item, ':', 1)::oid
-                                FROM pg_catalog.unnest(pg_catalog.string_to_array(v_stamp, ','))
-                                    AS o (item)),
+            object_oids = compaction.stamped_oids(v_stamp),
             tracked_tables = v_tables,
             stamped_at = pg_catalog.now()
         WHERE v_stamp IS NOT NULL;
