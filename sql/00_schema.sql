@@ -71,9 +71,9 @@ COMMENT ON SCHEMA compaction_source IS
 -- Advisory locks are transaction-scoped only (PgBouncer transaction pooling) and use
 -- the two-key form with the project class 1129316352 (0x43500000, 'CP' << 24 >> 8):
 --   (1129316352, 1)  migrations: serialises concurrent `pycompactor migrate` runs
---   (1129316352, 2)  admission until revision 0007, which replaced the lock with slot
+--   (1129316352, 2)  admission once, before the lock became slot
 --                    rows (compaction.admission); the key stays reserved
---   (1129316352, h)  one conversation's engine writers until revision 0018, h =
+--   (1129316352, h)  one conversation's engine writers once, h =
 --                    hashtext(conversation_id) moved off 0..15. Any login can take an
 --                    advisory lock, so one with no engine grant could stall a
 --                    conversation: the writers now lock the conversation's row of

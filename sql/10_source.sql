@@ -38,7 +38,7 @@ CREATE TABLE compaction_source.messages (
     content         text NOT NULL,
     seq             bigint NOT NULL,
     created_at      timestamptz,
-    -- No foreign key to runs (revision 0013): one by run_id alone cannot exist once the
+    -- No foreign key to runs: one by run_id alone cannot exist once the
     -- table is distributed by conversation_id, and one by (conversation_id, run_id) would
     -- forbid what contract §3 defines, a run's message filed under another conversation
     -- (the run is then no pair). A dangling run_id forms no pair either.

@@ -48,7 +48,7 @@ COMMENT ON FUNCTION compaction.is_target(int, bigint) IS
 -- indexed_pairs keeps the runs with no reason, explain_runs shows the reasons. It returns
 -- no message text (byte lengths come from the varlena header without detoasting), so
 -- judging a long conversation does not read its text.
--- Revision 0048: p_foreign = false judges the runs by the conversation's own rows
+-- p_foreign = false judges the runs by the conversation's own rows
 -- alone, every rule but the foreign-message one (contract §3): what the derived
 -- pairs keep (compaction.rederive_runs), since only another conversation's tracking sees
 -- that rule's answer change; reads apply it through compaction.derived_state_serves.
@@ -80,7 +80,7 @@ DECLARE
     v_named_ids    text[];
     v_named_status text[];
 BEGIN
-    -- §3 (revision 0048): a run named by a foreign user or assistant message, one filed
+    -- §3: a run named by a foreign user or assistant message, one filed
     -- under a conversation that has no run of that id, is no pair. A message whose own
     -- conversation has a run of that id belongs to that run alone. That is the one
     -- question that crosses conversations, so it is asked on its own, by run id (a read
@@ -88,14 +88,14 @@ BEGIN
     -- rows only. A message a host's view gives no conversation belongs to none and is
     -- recorded under none (compaction.foreign_messages is kept per conversation): it
     -- breaks nothing.
-    -- Runs named are asked about as named (revision 0034): v_foreign is only compared
+    -- Runs named are asked about as named: v_foreign is only compared
     -- with this conversation's runs below, so a named run of another conversation
     -- changes no verdict, and no read of the conversation's runs is needed. (That read,
     -- by run id and conversation in the generic plan this function keeps, was planned on
     -- the conversation's prefix of the runs' key when conversations are small on
     -- average: a write to a 10,000-run conversation read all 10,000.)
     -- A whole conversation's runs go into the question as a value when there are at most
-    -- 256 of them (revision 0036): under Citus, a subquery there became a distributed
+    -- 256 of them: under Citus, a subquery there became a distributed
     -- subplan, its result sent to every worker before the read of every shard (9-10 ms
     -- where the value costs 3.5-6 ms up to 100 runs). A larger value, copied into each
     -- shard's query, costs more than the subplan (22 against 14 ms at 1,000 runs), so a
@@ -138,12 +138,12 @@ BEGIN
     -- The runs named, found by run id first (OFFSET 0 keeps the conversation's test out
     -- of that scan): in this function's generic plan, both tests in one scan were
     -- planned on the conversation's prefix of the runs' key wherever conversations are
-    -- small on average, reading every run of a large one (revision 0034). Read here, in
-    -- a statement of their own (revision 0036): inside the statement below, this read of
+    -- small on average, reading every run of a large one. Read here, in
+    -- a statement of their own: inside the statement below, this read of
     -- the runs by run id alone made Citus read every shard of the runs even for a whole
     -- conversation (4.6 ms against 1.2 ms for one conversation's query, sent whole to the
     -- node that holds it). Only re-derivation names runs, and it never runs on Citus.
-    -- Each named run by (conversation, run id), a lookup of its own (revision 0048, as
+    -- Each named run by (conversation, run id), a lookup of its own (as
     -- in rederive): on Citus it stays on the conversation's shard, where a read by run id
     -- alone read every shard, which a tracking trigger on a shard may not (contract
     -- §11).
@@ -338,7 +338,7 @@ $$;
 COMMENT ON FUNCTION compaction.eligible_pairs(text) IS
     'Settled user/assistant pairs of a conversation, ordered by the user message (seq, message_id); pair_index is 0-based';
 
--- While the derived state serves the conversation (revision 0012; 0048: and no foreign
+-- While the derived state serves the conversation (and no foreign
 -- message names one of its pairs' runs), a run that holds a pair there is eligible
 -- without judging it again (the derived state is exact, and a run's verdict does not
 -- depend on the other runs: re-derivation judges runs one by one the same way);
@@ -429,7 +429,7 @@ BEGIN
         -- a join was planned, once this function's plan turned generic, as a hash join
         -- over the conversation's messages wherever conversations are small on average,
         -- and every range a write completed in a large conversation read all of its
-        -- messages (revision 0035).
+        -- messages.
         CROSS JOIN LATERAL (
             SELECT sm.content FROM compaction.source_messages AS sm
             WHERE sm.conversation_id = p_conversation_id AND sm.message_id = ids.id
@@ -439,7 +439,7 @@ $$;
 COMMENT ON FUNCTION compaction.range_hash(text, text[]) IS
     'Source hash of a range of one conversation given its 20 current source ids [u0, a0, ..., u9, a9], reading only those messages; NULL unless all 20 are found exactly once';
 
--- Revision 0041: a flat array of ids cut back into its ranges of 20 ([u0, a0, ..., u9,
+-- A flat array of ids cut back into its ranges of 20 ([u0, a0, ..., u9,
 -- a9] each), numbered from 1 in order. The callers that judge from the views pass many
 -- ranges' ids between their statements in one array (contract §11: a statement of their
 -- own for each engine function); a subscript of a text[] inside a query walks the array
@@ -460,7 +460,7 @@ $$;
 COMMENT ON FUNCTION compaction.id_ranges(text[]) IS
     'Internal: a flat array of ranges'' ids cut into its ranges of 20, numbered k = 1, 2, ... in order';
 
--- Revision 0023: the hashes of many ranges of one conversation in one statement, with
+-- The hashes of many ranges of one conversation in one statement, with
 -- range_hash's rule for each (NULL unless its 20 ids are found exactly once). The callers
 -- that judge from the views (projection_summaries, plan_targets) needed one hash per range,
 -- and a call of range_hash per range read the same rows in as many statements: under
@@ -507,7 +507,7 @@ COMMENT ON FUNCTION compaction.range_hashes(text, int[], text[]) IS
 -- One range of a conversation as it is now: how many pairs the conversation has, and
 -- the range's 20 source ids and hash when pairs from_pair .. from_pair+9 all exist.
 -- Where claim, source_hash and the worker's reads learn what is current; with the
--- derived state in use, claim (revision 0045) and range_replies make its read of
+-- derived state in use, claim and range_replies make its read of
 -- compaction.ranges themselves, sparing a set-returning definer's call.
 CREATE FUNCTION compaction.current_range(p_conversation_id text, p_from_pair int)
 RETURNS TABLE (pair_count bigint, source_message_ids text[], source_hash text)
@@ -551,7 +551,7 @@ $$;
 COMMENT ON FUNCTION compaction.current_range(text, int) IS
     'Internal: the conversation''s pair count and, when pairs from_pair..from_pair+9 exist, their 20 current source ids and hash';
 
--- Revision 0023: current_range for many ranges of one conversation. From the derived
+-- current_range for many ranges of one conversation. From the derived
 -- state, one read of the ranges asked for; judged from the views, one judgement and one
 -- statement of hashes for all of them, where a call of current_range per range judged
 -- the whole conversation each time (a projection or an audit of stale summaries cost the
@@ -603,7 +603,7 @@ $$;
 COMMENT ON FUNCTION compaction.current_ranges(text, int[]) IS
     'Internal: current_range for many ranges of one conversation (one judgement from the views, or one read of the derived state): each range asked for whose 10 pairs exist, with its 20 current source ids and hash';
 
--- Revision 0038: the targets among the ranges asked for (all of them when none is named),
+-- The targets among the ranges asked for (all of them when none is named),
 -- judged once. plan_targets is this with none named; compaction.claim_targets names the
 -- ranges a worker is about to claim, so that a batch of claims judges the conversation
 -- once, and hashes only the ranges it claims.
@@ -642,7 +642,7 @@ BEGIN
         RETURN;
     END IF;
     -- Judged from the views: the targets' ids, then all their hashes in one statement
-    -- (revision 0023; range_hash per target before).
+    -- (not range_hash per target).
     WITH pairs AS (
         SELECT j.pair_index / 10 * 10 AS from_pair,
                j.pair_index,

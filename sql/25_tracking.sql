@@ -63,7 +63,7 @@ BEGIN
         RAISE EXCEPTION 'track_source_changes must be an AFTER ... FOR EACH STATEMENT trigger with two or three arguments: the conversation id column, the run id column (or ''''), and for a table without a run column optionally its message id column'
             USING ERRCODE = 'CP020';
     END IF;
-    -- Only on a table the source views read (revision 0049, issue 62): a trigger its
+    -- Only on a table the source views read: a trigger its
     -- owner attached to a scratch table does nothing. While the derived state is in use,
     -- the source's tables are those whose tracking triggers it was stamped with (two
     -- lookups by key); otherwise, and for a TRUNCATE, the views are walked.
@@ -86,7 +86,7 @@ BEGIN
     IF TG_OP = 'TRUNCATE' THEN
         -- No transition table says what went: stop trusting the derived state until a
         -- rebuild (every function judges from the views meanwhile, exact and slower).
-        -- A rebuild's resume point goes too (revision 0030): the conversations before it
+        -- A rebuild's resume point goes too: the conversations before it
         -- lost rows no trigger re-derived, so the next rebuild starts over, and one under
         -- way fails at its next commit instead of putting them in use.
         UPDATE compaction.source_tracking
@@ -159,8 +159,8 @@ BEGIN
     -- re-derives its own run, not the whole conversation. Updates and deletes re-derive
     -- the conversation: the run a message left cannot be known once it has left. When
     -- the view shows none of the new messages, or one without a seq, the same.
-    -- Each new message is looked up by its id on its own (revision 0039, as revision
-    -- 0035 does for the runs): asked as "these ids of this conversation", the generic
+    -- Each new message is looked up by its id on its own (as re-derivation
+    -- does for the runs): asked as "these ids of this conversation", the generic
     -- plan priced the ids as ten and read the conversation's prefix of an index instead,
     -- every entry of a long conversation twice an insert (in a 30,000-item session of
     -- the Agents SDK's table, an append 4.5 ms against 2.2 ms at 600 items).
@@ -199,7 +199,7 @@ BEGIN
     END IF;
 
     -- The common statement (an agent's single-row writes): its rows name one conversation.
-    -- Revision 0048: a statement re-derives only the conversations its rows name, by
+    -- A statement re-derives only the conversations its rows name, by
     -- their own rows (contract §3: a message belongs to its own conversation's
     -- run of its run id, and a foreign one is recorded under its own conversation,
     -- compaction.foreign_messages; §11), so no other conversation is asked about here.
@@ -248,7 +248,7 @@ BEGIN
                                    FROM pg_catalog.unnest(v_run_ids) AS k (run_id)
                                    CROSS JOIN LATERAL (
                                        -- the conversation as a filter: see rederive
-                                       -- (revision 0044)
+
                                        SELECT 1 FROM compaction.pairs AS p
                                        WHERE pg_catalog.hashtext(p.run_id)
                                              = pg_catalog.hashtext(k.run_id)

@@ -9,7 +9,7 @@
 -- Runs with the caller's rights (the host table's owner creates triggers on its table);
 -- it needs EXECUTE on track_source_changes, which the engine's owner grants.
 --
--- Revision 0019: online on a busy table. CREATE TRIGGER waits for every transaction
+-- Online on a busy table. CREATE TRIGGER waits for every transaction
 -- writing the table, and every write queues behind it while it waits: the table's lock
 -- is taken first, waiting at most 50 ms a try (the host's writes wait no longer), and
 -- tried again after a pause until it is had. Dropping a trigger takes the lock that
@@ -37,7 +37,7 @@ BEGIN
         RAISE EXCEPTION 'attach_source_tracking: a message id column is for a table without a run column (its runs come from the views)'
             USING ERRCODE = 'CP020';
     END IF;
-    -- On Citus (issue 64) as on one node: the triggers fire on the table's shards and
+    -- On Citus as on one node: the triggers fire on the table's shards and
     -- write the derived rows of the conversations their statement names, on the
     -- co-located shards (contract §11). Run it on the coordinator, with the table
     -- distributed co-located with compaction.jobs (docs/operations.md).
@@ -148,9 +148,9 @@ BEGIN
     INTO v_ids, v_scopes, v_froms, v_reasons
     FROM compaction.judge_summaries(p_conversation_id, NULL) AS j;
     -- The pairs judged from the views and the full ranges' hashes, each in a statement
-    -- that reads no engine table (revision 0022): on Citus a statement that reads a
+    -- that reads no engine table: on Citus a statement that reads a
     -- distributed table runs on the shard, where these functions cannot run theirs.
-    -- Revision 0048: the pairs as the conversation's own rows make them (every rule of
+    -- The pairs as the conversation's own rows make them (every rule of
     -- contract §3 but the foreign-message one, which reads apply from the record
     -- of foreign messages checked below), numbered as judged_pairs numbers them.
     SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(j)), '[]')

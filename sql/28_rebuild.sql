@@ -4,12 +4,12 @@
 -- Every conversation, in conversation id order, then the stamp that puts the derived
 -- state in use. Writes during the rebuild are tracked; while the derived state is not in
 -- use, a write to a conversation the rebuild has not reached (or, before a rebuild starts,
--- a write through a trigger attached since the stamp) is left to it (revision 0030,
--- compaction.defer_to_rebuild). The stamp is set only if the source stamp did not change
+-- a write through a trigger attached since the stamp) is left to it
+-- (compaction.defer_to_rebuild). The stamp is set only if the source stamp did not change
 -- while the rebuild ran. Call it outside a transaction block:
 -- CALL compaction.rebuild_derived_state();
 --
--- Revision 0019: it scales and resumes. The next conversation is one index probe (the
+-- It scales and resumes. The next conversation is one index probe (the
 -- least id after the last one done, among the source's runs and the derived state's
 -- conversations), never a selection over every run; a transaction derives at most
 -- p_batch conversations and commits once it has held their rows for 20 ms, so a host
@@ -21,7 +21,7 @@
 -- compaction.rederive_conversation(id), which addresses that conversation alone (docs/contract.md
 -- §11).
 --
--- Revision 0030: before a commit moves the resume point past a batch, the rebuild takes
+-- Before a commit moves the resume point past a batch, the rebuild takes
 -- source_tracking's row FOR UPDATE, so it waits for the writers that left a conversation
 -- of the batch to it; a conversation one of them created was invisible to the ordered
 -- reads, so the resume point moves only up to the first such conversation, and the next
@@ -29,7 +29,7 @@
 -- under way clears the resume point (the trigger, 25_tracking.sql): the rebuild then
 -- fails at its next commit.
 --
--- Revision 0031: the rebuild never waits for a writer long while it holds a batch. A
+-- The rebuild never waits for a writer long while it holds a batch. A
 -- writer's transaction may hold one conversation (or source_tracking's row, having left a
 -- conversation to the rebuild) and then ask for a conversation the batch holds; had the
 -- rebuild waited for the writer meanwhile, PostgreSQL would break the deadlock after
@@ -104,10 +104,10 @@ BEGIN
         -- Per transaction: every lookup of a re-derivation is by key (as in the tracking
         -- trigger), and fresh expression indexes may lack statistics; the resume point
         -- makes a commit lost in a crash cost only its batch again. JIT off as in every
-        -- writer (revision 0020): with sequential scans priced out, the one-row UPDATE of
+        -- writer: with sequential scans priced out, the one-row UPDATE of
         -- the resume point costs above jit_above_cost and compiled for 35-90 ms at each
-        -- commit, 60% of a rebuild's time. Generic plans, as the tracking trigger forces
-        -- (revision 0035): re-derivation's statements are planned for one conversation at
+        -- commit, 60% of a rebuild's time. Generic plans, as the tracking trigger forces:
+        -- re-derivation's statements are planned for one conversation at
         -- a time, and a custom plan for each conversation cost more to make than to run
         -- (about a tenth of a first rebuild at 200,000 messages).
         PERFORM pg_catalog.set_config('enable_seqscan', 'off', true);
@@ -144,8 +144,8 @@ BEGIN
             -- The next conversation in key order, as the first row of an ordered read:
             -- over a view that is not one table (the Agents SDK recipe's runs come from
             -- its messages) min() aggregated every row after the resume point at each
-            -- step, a rebuild quadratic in the conversations (revision 0028).
-            -- Revision 0048: the messages' conversations too, since a conversation with
+            -- step, a rebuild quadratic in the conversations.
+            -- The messages' conversations too, since a conversation with
             -- no run may hold foreign messages (compaction.foreign_messages).
             v_next := least(
                 (SELECT sr.conversation_id FROM compaction.source_runs AS sr
@@ -158,7 +158,7 @@ BEGIN
                  WHERE cs.conversation_id > v_after
                  ORDER BY cs.conversation_id LIMIT 1));
             EXIT WHEN v_next IS NULL;
-            -- A conversation a writer holds ends the batch before it (revision 0031): the
+            -- A conversation a writer holds ends the batch before it: the
             -- next transaction waits for it holding nothing, so the writer may go on to a
             -- conversation of this batch without a deadlock, which PostgreSQL would
             -- resolve by failing whichever of the two began waiting first.
@@ -203,7 +203,7 @@ BEGIN
         -- it) to the rebuild have ended once this lock is had; see the comment above. A
         -- writer that holds it may be waiting for a conversation of the batch: past 100
         -- ms (well below deadlock_timeout, 1 s by default) the batch gives way, undone,
-        -- rather than let PostgreSQL fail the writer (revision 0031).
+        -- rather than let PostgreSQL fail the writer.
         v_lock_wait := pg_catalog.current_setting('lock_timeout');
         PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
         BEGIN

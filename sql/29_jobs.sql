@@ -13,8 +13,8 @@
 -- import_summary(). compaction.summaries is the public view over them.
 --
 -- Concurrency. Every writer of one conversation's rows first locks that conversation's
--- row of compaction.conversation_locks until commit (lock_conversation; an advisory lock
--- until revision 0018, which any login could take), so a claim's checks and inserts see
+-- row of compaction.conversation_locks until commit (lock_conversation; not an advisory
+-- lock, which any login could take), so a claim's checks and inserts see
 -- a settled state; the partial unique index attempts_one_running and the
 -- unique index job_summaries_one_per_identity remain the final word if a caller runs
 -- at REPEATABLE READ and the lock's guarantee weakens. Admission is a semaphore of rows:
@@ -27,14 +27,14 @@
 -- Time and inputs. The server owns time: p_now is honoured only for a superuser or a
 -- member of compaction_owner (caller_now); leases lie within 1 second..1 day
 -- by their end, lease_fits and lease_end); reasons that reach the auditor are codes (checked_reason); identifiers
--- that become index keys are bounded (oversized_identifier, revision 0018).
+-- that become index keys are bounded (oversized_identifier).
 --
--- Ownership (revision 0018). An attempt belongs to the login that claimed it
+-- Ownership. An attempt belongs to the login that claimed it
 -- (attempts.claimed_by, session_user inside claim): complete, fail and heartbeat from any
 -- other login, the owner and superusers aside, answer lease_lost and change nothing
 -- (fence).
 --
--- Citus (contract §11, revision 0013): conversation_id leads every primary key, unique index
+-- Citus (contract §11): conversation_id leads every primary key, unique index
 -- and foreign key between per-conversation tables (jobs, attempts, job_summaries, queue,
 -- event_log); their ids come from plain sequences, which Citus gives each node a range
 -- of, and nothing orders by them; no trigger on them touches another row: the admission
@@ -48,10 +48,10 @@
 CREATE TABLE compaction.settings (
     singleton   boolean NOT NULL DEFAULT true,
     max_running int NOT NULL DEFAULT 8,
-    -- Revision 0026, internal: no unexpired attempt holds a slot above it (see
+    -- Internal: no unexpired attempt holds a slot above it (see
     -- settings_high_water below). Kept by the engine, never set by hand.
     admission_high_water int NOT NULL DEFAULT 0,
-    -- Revision 0048: the owner's model preference among a range's valid summaries
+    -- The owner's model preference among a range's valid summaries
     -- (contract §9), set through compaction.set_projection_models, which also
     -- re-judges the verdicts it decides.
     projection_models text[] NOT NULL DEFAULT '{}',
@@ -71,9 +71,9 @@ COMMENT ON TABLE compaction.settings IS
 COMMENT ON COLUMN compaction.settings.projection_models IS
     'The owner''s model preference for projection (contract §9): among a range''s valid summaries of one prompt version, a model named earlier before one named later, named before unnamed; empty by default; set with compaction.set_projection_models';
 COMMENT ON COLUMN compaction.settings.admission_high_water IS
-    'Internal (revision 0026): no unexpired attempt holds an admission slot above this; at least max_running, raised with it, lowered only by a claim that found the slots above max_running free';
+    'Internal: no unexpired attempt holds an admission slot above this; at least max_running, raised with it, lowered only by a claim that found the slots above max_running free';
 
--- Where claims look for attempts admitted before max_running was lowered (revision 0026).
+-- Where claims look for attempts admitted before max_running was lowered.
 -- Until then an index on the slots' holders answered "the highest held slot", and kept
 -- every slot update from being HOT: each claim and each finished attempt wrote three
 -- index entries (docs/benchmarks.md). Now the settings row remembers the highest
@@ -116,7 +116,7 @@ CREATE TABLE compaction.prompt_versions (
 COMMENT ON TABLE compaction.prompt_versions IS
     'Known prompt versions: input kind, whether their summaries may be projected, whether claims may start new jobs with them';
 -- A migration that adds a version also writes it into compaction.job_rules_hold, which
--- holds every job to these versions (revision 0046: no foreign key locks their rows).
+-- holds every job to these versions (no foreign key, which would lock their rows).
 INSERT INTO compaction.prompt_versions (prompt_version, input_kind, projectable, accepts_new_jobs)
 VALUES ('conversation-compaction@1', 'mixed', false, false),
        ('conversation-compaction@2', 'assistant_only', true, false),
@@ -126,14 +126,14 @@ VALUES ('conversation-compaction@1', 'mixed', false, false),
 -- CHECK constraints (last line of defence against direct writes by the owner).
 --
 -- The small rules below run on every claim and completion, in both the functions and the
--- CHECK constraints. Revision 0016: they carry no SET clause, so that the planner inlines
+-- CHECK constraints. They carry no SET clause, so that the planner inlines
 -- the SQL ones into their callers' expressions (as has_content and is_target, sql/
 -- 20_pairs.sql), instead of planning each body again in every transaction; every name,
 -- operators included, is schema-qualified, so no search_path can change what they mean.
 -- valid_source_ids needs a subquery, which rules inlining out: PL/pgSQL keeps its plan
 -- for the session instead.
 --
--- Revision 0032: the rules a CHECK constraint calls are PL/pgSQL (attempt_rules_hold
+-- The rules a CHECK constraint calls are PL/pgSQL (attempt_rules_hold
 -- already was). PostgreSQL prepares a table's CHECK expressions again in every statement
 -- that writes the table, and an SQL function inlined there has its body parsed each time:
 -- summary_problem and valid_source_hash, inlined into the CHECKs of job_summaries and
@@ -216,14 +216,14 @@ $$;
 COMMENT ON FUNCTION compaction.reply_problem(text, text, int) IS
     'NULL when complete() would accept this reply, else its reason: not_stopped, tool_calls, empty or too_long (checked in that order)';
 
--- Every rule of a jobs row (the CHECK jobs_rules, revision 0045), as attempt_rules_hold
+-- Every rule of a jobs row (the CHECK jobs_rules), as attempt_rules_hold
 -- is the attempts': one CHECK whose stored form a claim's insert reads and plans, where
 -- five did (about 1% of a claim -> complete cycle's instructions, docs/benchmarks.md). A
 -- broken rule is the check_violation of its own name, as when each was a CHECK of its own,
 -- and the first of them in the order PostgreSQL checked those (by name):
 -- jobs_model_not_empty, jobs_range_valid (from_pair a multiple of 10 from 0, to_pair
 -- from_pair + 9), jobs_scope_not_empty, jobs_source_hash_valid, jobs_source_ids_valid.
--- Last, as the foreign key it replaces was checked after the CHECKs (revision 0046), a
+-- Last, as the foreign key it replaces was checked after the CHECKs, a
 -- version compaction.prompt_versions does not hold is that key's foreign_key_violation
 -- (23503, jobs_prompt_version_fkey), so a caller sees the error it saw before. The key's
 -- check locked the version's row FOR KEY SHARE at every claim, and concurrent claims all
@@ -299,9 +299,9 @@ CREATE TABLE compaction.jobs (
 COMMENT ON TABLE compaction.jobs IS
     'One row per compaction identity (conversation, scope, range, source hash, model, prompt version) with its 20 source ids; immutable';
 ALTER SEQUENCE compaction.jobs_job_id_seq OWNED BY compaction.jobs.job_id;
--- NOT VALID (revision 0045): every row written before it was checked by the five CHECKs
--- this one replaces (and, until revision 0046, by the foreign key on prompt_version its
--- last rule replaces), and jobs are immutable, so a scan under the migration's lock would
+-- NOT VALID: every row written before it was checked by the five CHECKs
+-- this one replaces (and by the foreign key on prompt_version its last rule
+-- replaces), and jobs are immutable, so a scan under the migration's lock would
 -- find nothing; every new row is checked.
 ALTER TABLE compaction.jobs
     ADD CONSTRAINT jobs_rules CHECK (compaction.job_rules_hold(
@@ -311,25 +311,23 @@ ALTER TABLE compaction.jobs
 -- (job_id, attempt)); this finds the job's conversation, then everything is keyed by it.
 CREATE INDEX jobs_job_id_idx ON compaction.jobs (job_id);
 
--- The event log (contract §10) is the view compaction.audit_events (sql/50_audit.sql). Since
--- revision 0027 an attempt's own row records its two events, the claim and the end
+-- The event log (contract §10) is the view compaction.audit_events (sql/50_audit.sql). An
+-- attempt's own row records its two events, the claim and the end
 -- (claim_* and finish_* columns below: the event id, the clock when it was written, the
--- writing transaction), so a claim -> complete cycle writes no event row; this table,
--- audit_events until then (its constraints, index, sequence and guards keep that name),
--- holds the rest: imports, erasures, the events of the attempts an erasure removes, and
--- every event written before 0027.
+-- writing transaction), so a claim -> complete cycle writes no event row; this table
+-- (its constraints, index, sequence and guards keep its first name, audit_events) holds
+-- the rest: imports, erasures and the events of the attempts an erasure removes.
 CREATE SEQUENCE compaction.audit_events_event_id_seq AS bigint;
 CREATE TABLE compaction.event_log (
     conversation_id  text NOT NULL,
     event_id         bigint NOT NULL DEFAULT pg_catalog.nextval('compaction.audit_events_event_id_seq'),
     kind             text NOT NULL,
     occurred_at      timestamptz NOT NULL,
-    -- The log's order (revision 0013): the clock when the event was written, which the
+    -- The log's order: the clock when the event was written, which the
     -- engine does only while it holds the conversation, so one conversation's events
     -- follow each other exactly; event_id breaks ties and is unique, not an order.
     recorded_at      timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
-    -- Identifies the writing transaction (until revision 0013 the erasure guard matched
-    -- the tombstone's against its own; kept for the record).
+    -- Identifies the writing transaction (kept for the record).
     xact_id          xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
     scope            text,
     from_pair        int,
@@ -351,9 +349,9 @@ CREATE TABLE compaction.event_log (
         kind IN ('claim', 'completion', 'failure', 'lease_expiry', 'import', 'erasure'))
 );
 COMMENT ON TABLE compaction.event_log IS
-    'Internal: the events no attempt row records (import, erasure; the events of erased attempts; every event written before revision 0027), append-only; read them through compaction.audit_events';
+    'Internal: the events no attempt row records (import, erasure; the events of erased attempts; every event a development version wrote before attempts recorded their own), append-only; read them through compaction.audit_events';
 ALTER SEQUENCE compaction.audit_events_event_id_seq OWNED BY compaction.event_log.event_id;
--- Revision 0007, NOT VALID for the same reason as the attempts' checks: the log is
+-- NOT VALID for the same reason as the attempts' checks: the log is
 -- append-only, earlier entries keep what they recorded.
 ALTER TABLE compaction.event_log
     ADD CONSTRAINT audit_events_reason_is_code CHECK (reason ~ '^[a-z][a-z0-9_]{0,63}$') NOT VALID,
@@ -361,14 +359,14 @@ ALTER TABLE compaction.event_log
 -- The DBA reads the log newest first across conversations.
 CREATE INDEX audit_events_recorded_at_idx ON compaction.event_log (recorded_at, event_id);
 
--- Every rule of an attempt row (the CHECK attempts_rules, revision 0021). A broken rule
+-- Every rule of an attempt row (the CHECK attempts_rules). A broken rule
 -- is reported as the check_violation of its own name, as when each was a CHECK of its
 -- own: attempts_at_most_two (bounded retries: the first attempt and one retry, never a
 -- third), attempts_state_valid, attempts_finished_iff_terminal,
 -- attempts_reason_matches_state, attempts_stats_valid (complete()'s p_stats, contract §6:
--- non-negative counts, NULL when not reported; figures_invented since revision 0048),
+-- non-negative counts, NULL when not reported),
 -- attempts_times_valid (stored times are
--- the server's, finite and ordered: revision 0007) and attempts_reason_is_code (the
+-- the server's, finite and ordered) and attempts_reason_is_code (the
 -- auditor reads reasons and never sees content). A rule passes when it is NULL, as a
 -- CHECK does. PL/pgSQL with no SET clause and every name qualified: the session keeps its
 -- plan, and no search_path changes what it means.
@@ -441,17 +439,17 @@ CREATE TABLE compaction.attempts (
     output_tokens    int,
     figures_total    int,
     figures_kept     int,
-    -- The login that claimed the attempt (session_user inside claim, revision 0018): the
+    -- The login that claimed the attempt (session_user inside claim): the
     -- fenced calls refuse any other login (contract §6), so knowing (job_id, attempt) is not
-    -- enough to finish or renew it. NULL on attempts claimed before 0018: those only the
+    -- enough to finish or renew it. NULL only on attempts no claim wrote: those only the
     -- owner or a superuser can finish (their leases run out; the range is claimed again).
     claimed_by       text,
-    -- The admission slot the attempt took (revision 0026), freed by that key when it ends
-    -- (unless a later claim took the slot over after this lease ran out). NULL on attempts
-    -- that ended before 0026.
+    -- The admission slot the attempt took, freed by that key when it ends
+    -- (unless a later claim took the slot over after this lease ran out). NULL once it
+    -- has ended without a slot to free.
     slot             int,
-    -- The attempt's events (revision 0027; NULL on attempts claimed before it, whose claim
-    -- event is in compaction.event_log): the claim's, written with the row, and the
+    -- The attempt's events (NULL on an attempt whose claim event is in
+    -- compaction.event_log): the claim's, written with the row, and the
     -- end's, stamped by attempts_guard when the attempt leaves running. Each is an id
     -- from the log's sequence, the clock when it was written (the log's order) and the
     -- writing transaction, as an event_log row has them.
@@ -462,7 +460,7 @@ CREATE TABLE compaction.attempts (
     finish_recorded_at timestamptz,
     finish_xact_id     xid8,
     -- Figures of the summary that none of the ten replies holds, as the worker reported
-    -- them to complete (contract §8, revision 0048); NULL when not reported.
+    -- them to complete (contract §8); NULL when not reported.
     figures_invented   int,
     CONSTRAINT attempts_pkey PRIMARY KEY (conversation_id, job_id, attempt),
     CONSTRAINT attempts_job_fkey FOREIGN KEY (conversation_id, job_id)
@@ -472,14 +470,14 @@ COMMENT ON TABLE compaction.attempts IS
     'Append-only attempt log: one row per claim of an identity (at most 2); only running -> completed | failed (and lease renewal) ever changes';
 COMMENT ON COLUMN compaction.attempts.figures_invented IS
     'Figures of the summary that none of the ten replies holds, as reported to complete in p_stats (contract §8); NULL when not reported';
--- The rules of an attempt row, one CHECK (revision 0021). PostgreSQL rebuilds a table's
+-- The rules of an attempt row, one CHECK. PostgreSQL rebuilds a table's
 -- CHECK expressions from their stored form in every statement that writes a row, and
 -- attempts are written twice per cycle: their seven CHECKs were about 12% of a claim ->
 -- complete cycle's instructions (docs/benchmarks.md); one call of attempt_rules_hold
 -- costs under half of that. NOT VALID because attempts are append-only history: rows
--- written before revision 0007 may hold an infinite time or a free-text reason, and keep
+-- a development version wrote may hold an infinite time or a free-text reason, and keep
 -- what they recorded (the audit views cope with them); every new or changed row is
--- checked, and the five rules older than 0007 held for every row when they were folded in.
+-- checked.
 ALTER TABLE compaction.attempts
     ADD CONSTRAINT attempts_rules CHECK (compaction.attempt_rules_hold(
         attempt, state, reason, started_at, lease_expires_at, finished_at,
@@ -488,8 +486,8 @@ ALTER TABLE compaction.attempts
 CREATE UNIQUE INDEX attempts_one_running
     ON compaction.attempts (conversation_id, job_id) WHERE state = 'running';
 
--- Admission: a semaphore of rows. Slots 1..10000 always exist (the bound on max_running,
--- revision 0013: no trigger resizes them); claims use slots 1..settings.max_running. A
+-- Admission: a semaphore of rows. Slots 1..10000 always exist (the bound on max_running:
+-- no trigger resizes them); claims use slots 1..settings.max_running. A
 -- running attempt holds one slot with a copy of its lease; a free slot has no holder, and
 -- a slot whose holder's lease ran out counts as free (expired attempts never count
 -- against admission). Not per conversation: under Citus a reference table. Revision
@@ -505,7 +503,7 @@ CREATE TABLE compaction.admission (
     lease_expires_at       timestamptz,
     CONSTRAINT admission_pkey PRIMARY KEY (slot),
     CONSTRAINT admission_slot_positive CHECK (slot >= 1),
-    -- A holder is all four columns or none. Revision 0045: one call instead of three
+    -- A holder is all four columns or none. One call instead of three
     -- comparisons, a shorter form for each update of a slot to read and plan (the two a
     -- claim -> complete cycle makes cost 0.8% fewer instructions, docs/benchmarks.md).
     CONSTRAINT admission_holder_complete CHECK (

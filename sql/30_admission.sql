@@ -6,11 +6,10 @@
 
 -- What follows an attempt's end (contract §11: written by the engine's functions, not by
 -- triggers on its tables, so that every statement addresses one conversation's rows or a
--- global table): its admission slot back, by number (revision 0026), unless another claim
+-- global table): its admission slot back, by number, unless another claim
 -- took the slot over after the lease ran out. Called right after the write that ended
--- it, under the conversation's lock, with the attempt row that write returned. Until
--- revision 0027 this was record_attempt_change, which also wrote the attempt's event: the
--- attempt row records its own now (attempts_guard stamps the end).
+-- it, under the conversation's lock, with the attempt row that write returned. The
+-- attempt row records its own events (attempts_guard stamps the end).
 CREATE FUNCTION compaction.release_slot(p_conversation_id text, p_attempt compaction.attempts)
 RETURNS void
 LANGUAGE plpgsql
@@ -33,7 +32,7 @@ COMMENT ON FUNCTION compaction.release_slot(text, compaction.attempts) IS
 
 -- After max_running was lowered, the claim that finds no unexpired attempt in a slot
 -- above it brings admission_high_water down to max_running, so the claims after it skip
--- the look above (revision 0026). Not while a claim that read the higher max_running is
+-- the look above. Not while a claim that read the higher max_running is
 -- taking one of those slots: each slot in the range is locked here, SKIP LOCKED, and only
 -- if every one was free and lockable does the high water go down; a slot being taken is
 -- locked by its taker until commit, and one taken since is not free on its newest

@@ -6,7 +6,7 @@
 -- identifiers (oversized_identifier) and its reasons (checked_reason).
 
 -- One row per conversation the engine has worked on, whose row lock every writer of that
--- conversation's engine rows takes first (revision 0018). Until then the lock was a
+-- conversation's engine rows takes first. Until then the lock was a
 -- transaction-scoped advisory lock keyed by hashtext(conversation_id); but any login can
 -- take any advisory lock, and one that held a conversation's key stalled its claims and
 -- completions and made reap pass it over. Locking a row needs UPDATE on its table, which
@@ -46,8 +46,7 @@ COMMENT ON FUNCTION compaction.lock_conversation(text) IS
 -- The same lock, if free: reap passes over a conversation whose writer is at work (its
 -- fenced call settles any expiry of the attempt it holds) instead of queueing behind it.
 -- Only the engine's functions can hold the row, so only an engine writer makes reap pass.
--- Claims and imports write a conversation's row before its jobs, and revision 0018 wrote
--- one for every conversation that had jobs; a conversation without one (jobs the owner
+-- Claims and imports write a conversation's row before its jobs; a conversation without one (jobs the owner
 -- inserted by hand) gets it here, so that reap never passes it over for good.
 CREATE FUNCTION compaction.try_lock_conversation(p_conversation_id text)
 RETURNS boolean
@@ -114,7 +113,7 @@ COMMENT ON FUNCTION compaction.caller_is_privileged() IS
     'Internal: true when the session''s login is a superuser or a member of compaction_owner';
 
 -- The server owns time (contract §6): p_now exists for tests and repairs by a superuser or
--- the owner. The worker's calls call it only for a given p_now (revision 0045), and
+-- the owner. The worker's calls call it only for a given p_now, and
 -- lease_end only for a lease lease_fits does not take: a call of a function with a SET clause
 -- saves and restores the settings, which costs more than either rule.
 CREATE FUNCTION compaction.caller_now(p_now timestamptz)
@@ -148,11 +147,10 @@ COMMENT ON FUNCTION compaction.caller_now(timestamptz) IS
 -- used to fail deep inside an insert (54000, index row requires N bytes); the worker's
 -- name is kept with every attempt and event. NULL when every argument fits (NULL fits), else the
 -- message naming the first one over its limit. One expression with no SET clause, so it
--- inlines into its callers (revision 0016), which it did only from revision 0021: the
--- number was joined to the text by anytextcat, which is STABLE, and an IMMUTABLE SQL
--- function whose body calls a STABLE one is not inlined; it was parsed and planned again
--- in every claim (7% of a claim -> complete cycle's instructions). Casting the number to
--- text makes every call in it immutable.
+-- inlines into its callers. The number is cast to text, not joined to it by anytextcat,
+-- which is STABLE: an IMMUTABLE SQL function whose body calls a STABLE one is not
+-- inlined, and was parsed and planned again in every claim (7% of a claim -> complete
+-- cycle's instructions).
 CREATE FUNCTION compaction.oversized_identifier(p_conversation_id text, p_scope text,
                                                 p_model text DEFAULT NULL,
                                                 p_worker text DEFAULT NULL)
@@ -179,10 +177,10 @@ $$;
 COMMENT ON FUNCTION compaction.oversized_identifier(text, text, text, text) IS
     'Internal: NULL when the conversation id (at most 1024 bytes), scope (1024), model (256) and worker name (256) fit, else the message naming the first one over its limit (callers raise CP020)';
 
--- A lease is bounded by its effect, on the clock (revision 0049): it must end 1 second to
+-- A lease is bounded by its effect, on the clock: it must end 1 second to
 -- 1 day after now. Intervals compare with 30-day months and 24-hour days, so a bound on
 -- the interval itself let '10000 years -3599999 days' (144 years, on the clock) pass as a
--- day (issue 62). The callers test the usual lease in line (lease_fits: a number of
+-- day. The callers test the usual lease in line (lease_fits: a number of
 -- seconds, or a day and some time, whose end is within bounds), and call this only for
 -- the rest: it answers the end, or raises (CP023, or p_errcode) for any lease whose end
 -- is before now + 1 second, after now + 1 day (or 24 hours, whichever is later: a day

@@ -3,7 +3,7 @@
 -- the caller's checks it uses are in 30_caller.sql, the admission slots' release and high
 -- water in 30_admission.sql; claims of several ranges are in 30_claims_targets.sql.
 
--- Revision 0049 (issue 62): what the committed state already answers for a claim of an
+-- What the committed state already answers for a claim of an
 -- identity, read without any lock: already_completed (a summary, for good),
 -- already_running (an attempt whose lease is live) or attempts_exhausted (two attempts,
 -- for good), in claim_range's order; NULL when only a claim under the conversation's lock
@@ -63,7 +63,7 @@ $$;
 COMMENT ON FUNCTION compaction.claim_settled(text, text, int, text, text, text, timestamptz) IS
     'Internal: the refusal the committed state already gives a claim of this identity (already_completed, already_running, attempts_exhausted) and its job, read without a lock; NULL when only a claim under the conversation''s lock can tell';
 
--- Revision 0038: a claim once the range has been judged (p_is_target: the window policy
+-- A claim once the range has been judged (p_is_target: the window policy
 -- makes it a target now; p_target_ids and p_target_hash: its current ids and hash), under
 -- the conversation's lock, which the caller holds: the checks from not_eligible on, in the
 -- contract's order, and the writes. compaction.claim judges one range, claim_targets a
@@ -150,7 +150,7 @@ BEGIN
             job_id := v_job_id;
             RETURN;
         END IF;
-        -- The job id is no secret (revision 0018): the running attempt belongs to the
+        -- The job id is no secret: the running attempt belongs to the
         -- login that claimed it, and only that login can finish or renew it.
         IF EXISTS (SELECT 1 FROM compaction.attempts AS a
                    WHERE a.conversation_id = p_conversation_id AND a.job_id = v_job_id
@@ -284,7 +284,7 @@ SET jit = off
 -- Every lookup in this call is by key. A worker's connection lives for hours, and a plan
 -- cached while the engine's tables were still small (a new deployment, a first backlog)
 -- would scan them instead, at a cost that grows with every job until autovacuum's ANALYZE
--- has them planned again (revision 0017 measured a claim -> complete cycle at less than
+-- has them planned again (a claim -> complete cycle was measured at less than
 -- half its speed after 1,600 cycles on one connection). With sequential scans disabled
 -- the first plans are the index plans, and they hold whatever the tables' size; jit off,
 -- since the disabled scans' cost would cross jit_above_cost and compile on every call.
@@ -292,7 +292,7 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    -- Revision 0045: caller_now and lease_end are called only when they have
+    -- caller_now and lease_end are called only when they have
     -- something to check (a given p_now, a lease out of range); each call carries a SET
     -- clause, whose save and restore of the settings cost more than the rule.
     v_now         timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
@@ -338,7 +338,7 @@ BEGIN
 
     -- The range as it is now, from the derived state (no message text read): the pair
     -- count decides whether it is a target, the stored ids and hash whether it matches.
-    -- Read before the conversation's lock (revision 0038): the lock orders the engine's
+    -- Read before the conversation's lock: the lock orders the engine's
     -- writers of the conversation, and none of them changes its history, so the answer
     -- is the same either side of it; judged from the views (Citus, an untracked source)
     -- it is most of a claim's time, which the conversation's other writers no longer wait
@@ -360,7 +360,7 @@ BEGIN
     END IF;
     v_is_target := compaction.is_target(p_from_pair, v_pairs);
 
-    -- Revision 0049 (issue 62): a claim the judgement or the committed state already
+    -- A claim the judgement or the committed state already
     -- refuses takes no lock (claim_range answers not_eligible and source_mismatch before
     -- any write; claim_settled the refusals of an identity's state), so no refused call
     -- holds the conversation, whatever its caller's transaction does next.
@@ -384,7 +384,7 @@ BEGIN
     END IF;
 
     -- From here on the conversation's engine rows are ours until commit: the statement of
-    -- lock_conversation, written out here and in fence (revision 0018), where a call per
+    -- lock_conversation, written out here and in fence, where a call per
     -- cycle would cost as much as the row lock itself.
     INSERT INTO compaction.conversation_locks AS l (conversation_id)
     VALUES (p_conversation_id)

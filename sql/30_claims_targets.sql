@@ -2,7 +2,7 @@
 -- conversation in one call (claim_targets, claim_next_targets), each range answered as
 -- compaction.claim (30_claims.sql) would answer it.
 
--- Revision 0038: claims of several ranges of one conversation in one call, for a worker
+-- Claims of several ranges of one conversation in one call, for a worker
 -- with that many model calls free. Each range is answered exactly as compaction.claim
 -- would answer it, had the ranges been claimed one after another in the order given, at
 -- one instant: the same checks in the contract's order, the same writes, one row per
@@ -118,7 +118,7 @@ BEGIN
                pg_catalog.array_agg(t.source_hash ORDER BY t.from_pair)
         INTO v_from, v_target_ids, v_hashes
         FROM compaction.target_ranges(p_conversation_id, v_judge) AS t;
-        -- Revision 0049 (issue 62): the lock only when some range could be claimed, as
+        -- The lock only when some range could be claimed, as
         -- far as the judgement and the committed state tell (claim_settled); otherwise
         -- every range is refused without it (a refused claim holds nothing).
         FOR i IN 1 .. v_n LOOP
@@ -208,7 +208,7 @@ $$;
 COMMENT ON FUNCTION compaction.claim_targets(text, text, int[], text[], text[], text, text, text, interval, timestamptz) IS
     'Claims several ranges of one conversation under one lock and one judgement, each answered as compaction.claim would answer it in the order given (one row per range; the first admission_full ends the batch); for a worker with that many model calls free';
 
--- Revision 0040: a worker's look at a conversation and its first claims, in one call. The
+-- A worker's look at a conversation and its first claims, in one call. The
 -- conversation's targets, judged once, each with whether this identity already holds a
 -- summary (what worker_targets answers), and up to p_limit claims among those that do
 -- not, tried in target order, each answered as compaction.claim would answer it for the
@@ -294,7 +294,7 @@ BEGIN
         SELECT pv.accepts_new_jobs INTO v_accepts
         FROM compaction.prompt_versions AS pv
         WHERE pv.prompt_version = p_prompt_version;
-        -- Revision 0049 (issue 62): the lock only when some target could be claimed, as
+        -- The lock only when some target could be claimed, as
         -- far as the committed state tells (claim_settled); otherwise every target tried
         -- is refused without it (a refused claim holds nothing).
         v_open := false;
@@ -349,7 +349,7 @@ BEGIN
                 claimed := false;
                 reason := 'prompt_version_closed';
             ELSIF NOT v_locked AND v_settled[k] IS NOT NULL THEN
-                -- The refusal the committed state gave, without the lock (revision 0049).
+                -- The refusal the committed state gave, without the lock.
                 claimed := false;
                 reason := v_settled[k];
                 job_id := v_settled_job[k];

@@ -80,7 +80,7 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    -- caller_now only for a given p_now (revision 0045, as in claim).
+    -- caller_now only for a given p_now (as in claim).
     v_now        timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
                                      ELSE compaction.caller_now(p_now) END;
     v_fenced     record;
@@ -91,11 +91,11 @@ DECLARE
     v_stats      compaction.attempts;
 BEGIN
     -- The fields the worker chooses reach the auditor (audit_jobs), who never sees
-    -- content (revision 0049, issue 62): a finish reason is a code (at most 64 bytes:
+    -- content: a finish reason is a code (at most 64 bytes:
     -- stop, length, incomplete:max_output_tokens, ...), a response id an id (at most 200
     -- bytes of letters, digits and _ . : -), a tool-call count never negative; anything
     -- else is an error that changes nothing, before the fence. Tested with ltrim rather
-    -- than a regular expression, as valid_source_hash is (revision 0032): the usual
+    -- than a regular expression, as valid_source_hash is: the usual
     -- 'stop' costs one comparison.
     IF p_finish_reason IS DISTINCT FROM 'stop' AND p_finish_reason IS NOT NULL
        AND NOT (pg_catalog.octet_length(p_finish_reason) <= 64
@@ -171,13 +171,13 @@ BEGIN
     INSERT INTO compaction.job_summaries (conversation_id, job_id, attempt, summary, completed_at)
     VALUES (v_attempt.conversation_id, p_job_id, p_attempt, p_summary, v_now)
     RETURNING summary_id INTO v_summary_id;
-    -- The new summary's verdict (revision 0045): the common case, the first summary of
+    -- The new summary's verdict: the common case, the first summary of
     -- its range in its scope, is written here from the job row fence returned, as
     -- rederive_summary_verdicts' first statement writes it from a read of the job (and
     -- under the same conversation_state row, taken first); that function judges the rest,
     -- where the range already has a verdict. Its call, a definer with two SET clauses, and
     -- its reads of the summary and the job were 2.9% of a claim -> complete cycle's
-    -- instructions (docs/benchmarks.md). On Citus (issue 64: the derived state is kept
+    -- instructions (docs/benchmarks.md). On Citus (the derived state is kept
     -- there too), rederive_summary_verdicts writes it, in statements Citus keeps on the
     -- conversation's node.
     IF pg_catalog.current_setting('citus.version', true) IS NOT NULL
@@ -219,7 +219,7 @@ BEGIN
     WHERE a.conversation_id = v_attempt.conversation_id AND a.job_id = p_job_id
       AND a.attempt = p_attempt
     RETURNING a.* INTO v_attempt;
-    -- release_slot's statement, written out (revision 0045): the call of a definer with a
+    -- release_slot's statement, written out: the call of a definer with a
     -- SET clause cost more than the update (1.0% of a cycle's instructions).
     IF v_attempt.slot IS NOT NULL THEN
         UPDATE compaction.admission AS ad

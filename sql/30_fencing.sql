@@ -7,13 +7,13 @@
 -- An expired, unreaped attempt is marked failed (lease_expired) on the way. A given
 -- p_conversation_id must name the job's conversation (else the job is not found: the
 -- caller answers lease_lost); it lets a distributed database route the call. The job's
--- row comes back with the attempt's (revision 0017), so the caller records the attempt's
+-- row comes back with the attempt's, so the caller records the attempt's
 -- change without reading either again. An attempt belongs to the login that claimed it
--- (revision 0018, contract §6): to any other login, the owner and superusers aside, the
+-- (contract §6): to any other login, the owner and superusers aside, the
 -- attempt is unknown (the caller answers lease_lost) and nothing changes, not even an
--- expiry. Revision 0049: that is asked before the conversation's lock, so a refused call
+-- expiry. That is asked before the conversation's lock, so a refused call
 -- takes no lock at all; the usual call costs one more read of the attempt by key.
--- Revision 0045: no SECURITY DEFINER and no SET clause, as claim_range: only the owner
+-- No SECURITY DEFINER and no SET clause, as claim_range: only the owner
 -- may execute it, and it runs inside its three callers, definers with this search_path,
 -- where saving and restoring the settings around each call cost more than the comparison.
 CREATE FUNCTION compaction.fence(p_job_id bigint, p_attempt int, p_now timestamptz,
@@ -39,7 +39,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    -- Who claimed the attempt, read before any lock (revision 0049, issue 62): it never
+    -- Who claimed the attempt, read before any lock: it never
     -- changes (attempts_guard), so a call refused for another login, or for an attempt
     -- that does not exist, answers without taking the conversation's lock, and a caller
     -- that keeps its transaction open after a refusal holds nothing of another's.

@@ -89,14 +89,14 @@ BEGIN
     IF p_scope IS NULL OR p_scope = '' THEN
         RAISE EXCEPTION 'dequeue needs a non-empty scope' USING ERRCODE = 'CP020';
     END IF;
-    -- At most 1,000 a call (revision 0018): one call used to hide a whole scope's queue
+    -- At most 1,000 a call: one call used to hide a whole scope's queue
     -- from every other worker for the lease.
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
         RAISE EXCEPTION 'dequeue takes a limit between 1 and 1000 entries, got %',
                 coalesce(p_limit::text, 'NULL')
             USING ERRCODE = 'CP020';
     END IF;
-    -- Bounded by when it ends, on the clock (revision 0049, as the attempts' leases):
+    -- Bounded by when it ends, on the clock (as the attempts' leases):
     -- intervals compare with 30-day months, which let a lease of years pass as a day.
     v_until := CASE WHEN compaction.lease_fits(p_lease, v_now) THEN v_now + p_lease
                     ELSE compaction.lease_end(p_lease, v_now, 'CP020') END;
@@ -219,7 +219,7 @@ BEGIN
     -- nothing. An agent's later statements per Run end here. Each conversation's entry is
     -- looked up on its own key (OFFSET 0 keeps each NOT EXISTS a subplan per row): as an
     -- anti-join, planned on a queue without statistics, it read every entry through the
-    -- index on (scope, enqueued_at) at each statement (revision 0035).
+    -- index on (scope, enqueued_at) at each statement.
     IF TG_OP = 'INSERT' THEN
         IF NOT EXISTS (SELECT 1 FROM new_rows AS n
                        WHERE n.conversation_id IS NOT NULL

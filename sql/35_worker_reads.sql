@@ -64,7 +64,7 @@ BEGIN
     IF p_source_hash IS NULL THEN
         RETURN;
     END IF;
-    -- Revision 0037: judged from the views (always on Citus, and on a source without
+    -- Judged from the views (always on Citus, and on a source without
     -- tracking), the range's current ids cost a judgment of the whole conversation, which
     -- the claim made a moment before. The claim bound the range to the 20 ids its job
     -- keeps: the replies are read with the hash of those ids' texts as they are now, in

@@ -10,7 +10,7 @@
 -- tombstone to compaction.event_log, with the events of the attempts it removes, then
 -- marks its transaction as erasing that one conversation (the transaction-local setting
 -- compaction.erasing) for as long as its deletes run; the delete guards let a row go only
--- while that mark names the row's conversation (compaction.erasing). Revision 0013: the
+-- while that mark names the row's conversation (compaction.erasing). The
 -- guards read their own row and that setting, never another table (contract §11), so they
 -- work where Citus runs them, on the node holding the shard; Citus carries the SET LOCAL
 -- there. An accidental DELETE carries no mark and is refused; setting one by hand is as
@@ -82,9 +82,9 @@ BEGIN
             USING ERRCODE = 'CP011';
     END IF;
     -- The only changes: running -> completed | failed, and a running attempt's lease renewal.
-    -- Who claimed it never changes (revision 0018: the fence lets that login alone finish
-    -- it), nor the admission slot it took (revision 0026: the slot is freed by that key),
-    -- nor its claim event (revision 0027).
+    -- Who claimed it never changes (the fence lets that login alone finish it),
+    -- nor the admission slot it took (the slot is freed by that key),
+    -- nor its claim event.
     IF OLD.state = 'running'
        AND (NEW.conversation_id, NEW.job_id, NEW.attempt, NEW.worker, NEW.started_at,
             NEW.claimed_by, NEW.slot, NEW.claim_event_id, NEW.claim_recorded_at,
@@ -94,7 +94,7 @@ BEGIN
             OLD.claimed_by, OLD.slot, OLD.claim_event_id, OLD.claim_recorded_at,
             OLD.claim_xact_id) THEN
         IF NEW.state IN ('completed', 'failed') THEN
-            -- The end's event (revision 0027), stamped here so that every way an attempt
+            -- The end's event, stamped here so that every way an attempt
             -- ends records it, as an event_log row was written: an id of the log's
             -- sequence, the clock now and this transaction. The guard reads and writes
             -- its own row only (contract §11).
@@ -169,7 +169,7 @@ ALTER TABLE compaction.job_summaries ENABLE ALWAYS TRIGGER job_summaries_guard;
 ALTER TABLE compaction.attempts ENABLE ALWAYS TRIGGER attempts_guard;
 ALTER TABLE compaction.event_log ENABLE ALWAYS TRIGGER audit_events_guard;
 
--- Prompt versions (revision 0007): rows are added by migrations; a version is never
+-- Prompt versions: rows are added by migrations; a version is never
 -- deleted, its input kind and projectability never change (a mixed-input summary must
 -- never become projectable), and accepts_new_jobs may only be closed. For the owner too.
 CREATE FUNCTION compaction.prompt_versions_guard()
@@ -232,7 +232,7 @@ ALTER TABLE compaction.queue ENABLE ALWAYS TRIGGER queue_truncate_guard;
 ALTER TABLE compaction.settings ENABLE ALWAYS TRIGGER settings_truncate_guard;
 ALTER TABLE compaction.prompt_versions ENABLE ALWAYS TRIGGER prompt_versions_truncate_guard;
 
--- The derived state (revision 0005) is a cache of the source: emptied by TRUNCATE it would
+-- The derived state is a cache of the source: emptied by TRUNCATE it would
 -- be trusted and wrong. It changes only through re-derivation.
 CREATE TRIGGER conversation_state_truncate_guard
     BEFORE TRUNCATE ON compaction.conversation_state
@@ -254,13 +254,13 @@ ALTER TABLE compaction.pairs ENABLE ALWAYS TRIGGER pairs_truncate_guard;
 ALTER TABLE compaction.ranges ENABLE ALWAYS TRIGGER ranges_truncate_guard;
 ALTER TABLE compaction.summary_verdicts ENABLE ALWAYS TRIGGER summary_verdicts_truncate_guard;
 ALTER TABLE compaction.source_tracking ENABLE ALWAYS TRIGGER source_tracking_truncate_guard;
--- Revision 0048: the record of foreign messages, derived state like the others.
+-- The record of foreign messages, derived state like the others.
 CREATE TRIGGER foreign_messages_truncate_guard
     BEFORE TRUNCATE ON compaction.foreign_messages
     FOR EACH STATEMENT EXECUTE FUNCTION compaction.truncate_guard();
 ALTER TABLE compaction.foreign_messages ENABLE ALWAYS TRIGGER foreign_messages_truncate_guard;
 
--- Revision 0018: emptied, the conversations' lock rows would be written again by the next
+-- Emptied, the conversations' lock rows would be written again by the next
 -- claim, but reap would pass over conversations with expired attempts until then.
 CREATE TRIGGER conversation_locks_truncate_guard
     BEFORE TRUNCATE ON compaction.conversation_locks
@@ -298,7 +298,7 @@ BEGIN
     INSERT INTO compaction.event_log
         (conversation_id, kind, occurred_at, reason, erased_jobs, erased_attempts, erased_summaries)
     VALUES (p_conversation_id, 'erasure', pg_catalog.now(), p_reason, v_jobs, v_attempts, v_summaries);
-    -- The events the erased attempts record (revision 0027) stay in the log, as they are
+    -- The events the erased attempts record stay in the log, as they are
     -- (ids, times, transactions): metadata, which an erasure never took from the auditor.
     INSERT INTO compaction.event_log
         (conversation_id, event_id, kind, occurred_at, recorded_at, xact_id, scope, from_pair,

@@ -2,7 +2,7 @@
 -- (judged_frame, projection_frame, projection_read); the summaries' verdicts and texts
 -- they use are in 60_projection.sql.
 
--- Revision 0041: projection_frame's row judged from the views (before an install's
+-- projection_frame's row judged from the views (before an install's
 -- rebuild has finished, after a source view is re-pointed, and always on Citus), from one
 -- judgement of the conversation. The judgement reads every pair anyway, so the frame
 -- holds them all (first_pair 0: a walk never reads again), and each summary of the scope
@@ -84,7 +84,7 @@ BEGIN
                  -- The version's number after '@', higher preferred; -1 without one.
                  coalesce(pg_catalog.substring(x.prompt_version, '@([0-9]{1,9})$')::int, -1)
                      AS version_rank,
-                 -- The owner's model preference (revision 0048), higher preferred.
+                 -- The owner's model preference, higher preferred.
                  compaction.model_preference(x.model, v_models) AS model_rank,
                  x.completed_at, pg_catalog.octet_length(x.summary) AS bytes
           FROM compaction.summaries AS x
@@ -179,17 +179,17 @@ $$;
 COMMENT ON FUNCTION compaction.judged_frame(text, text) IS
     'Internal: projection_frame''s row judged from the views in one judgement: every eligible pair (first_pair 0) and every summary''s verdict of the scope, derived = false';
 
--- The projection's one read (revision 0014): what the walk needs from the newest pairs
+-- The projection's one read: what the walk needs from the newest pairs
 -- back, and the verdicts it needs, in one statement, so a projection costs one round trip
 -- (projection_read) and, while the derived state is in use, grows with the budget rather
 -- than with the history. Pair metadata comes only for the newest p_pairs pairs (rounded
 -- to whole ranges); the walk asks again for more when it gets past them. The verdicts
--- (revision 0015) are every rejected summary's, wherever its range lies (contract §9: only
+-- are every rejected summary's, wherever its range lies (contract §9: only
 -- did_not_fit depends on the budget), and the chosen summaries' of the ranges those pairs
 -- cover, with their byte length: a chosen summary beyond the walk's reach is not tried,
 -- so not listed. They come in (from_pair, summary_id) order (the aggregates follow the
 -- sorted subquery; the driver checks it and sorts if not). While the derived state is not
--- in use, the row is judged_frame's (revision 0041): derived is false, and every pair
+-- in use, the row is judged_frame's: derived is false, and every pair
 -- and every verdict is given, judged from the views.
 CREATE FUNCTION compaction.projection_frame(p_conversation_id text, p_scope text, p_pairs int)
 RETURNS TABLE (
@@ -235,7 +235,7 @@ BEGIN
     RETURN QUERY
     WITH suffix AS (
         -- The four arrays take the rows in the subquery's order, read in index order
-        -- (revision 0029: an ORDER BY in each aggregate sorted them four times).
+        -- (an ORDER BY in each aggregate would sort them four times).
         SELECT pg_catalog.array_agg(p.user_message_id) AS users,
                pg_catalog.array_agg(p.assistant_message_id) AS assistants,
                pg_catalog.array_agg(p.user_bytes) AS user_sizes,
@@ -278,7 +278,7 @@ $$;
 COMMENT ON FUNCTION compaction.projection_frame(text, text, int) IS
     'What a projection plans from, in one row: the pair count, the metadata of the newest p_pairs pairs (from first_pair, whole ranges; no text), every rejected summary of the conversation and scope with its reason (version_not_projectable, stale_source, superseded), and the chosen summary (reason NULL) of each range those pairs cover with its UTF-8 byte length; while the derived state is not in use, derived = false and every pair and verdict, judged from the views (first_pair 0)';
 
--- The projection in one statement (revision 0029): the frame, then the texts of what the
+-- The projection in one statement: the frame, then the texts of what the
 -- budget walk includes, so a projection is one round trip in one snapshot (the
 -- statement's own: an autocommit caller needs no transaction for it). When the walk gets
 -- past the frame's pairs, the frame is read again further back within the statement. The
@@ -288,7 +288,7 @@ COMMENT ON FUNCTION compaction.projection_frame(text, text, int) IS
 -- difference between the two walks costs a read, never a different projection (a test
 -- holds them equal). p_marker_bytes is the UTF-8 size of the driver's summary marker line
 -- without its two pair numbers: the rendering is the driver's, only its size is needed.
--- Judged from the views (revision 0041), the frame holds every pair, so the walk finishes
+-- Judged from the views, the frame holds every pair, so the walk finishes
 -- on the first frame and the whole projection is still this one statement.
 CREATE FUNCTION compaction.projection_read(
     p_conversation_id text, p_scope text, p_pairs int, p_budget_bytes bigint,
@@ -393,7 +393,7 @@ BEGIN
                 END LOOP;
                 IF v_cost <= v_remaining THEN
                     v_remaining := v_remaining - v_cost;
-                    -- One id at a time (revision 0043): `v := array_append(v, x)` grows
+                    -- One id at a time: `v := array_append(v, x)` grows
                     -- the variable in place, where `v || slice` or `v || x || y` copied
                     -- the whole list at every step (the square of the texts: a fifth of
                     -- a 1 MiB projection's statement).
@@ -436,7 +436,7 @@ BEGIN
         SELECT NULL::boolean, NULL::int, NULL::int, NULL::text[], NULL::text[], NULL::int[],
                NULL::int[], NULL::bigint[], NULL::int[], NULL::text[], NULL::int[],
                t.message_id, t.summary_id, t.content
-        -- projection_texts' query, written out (revision 0043): through that function's
+        -- projection_texts' query, written out: through that function's
         -- statement of its own each text row was stored twice more (a tenth of a 1 MiB
         -- projection). Not shared as an inlined SQL function: no SQL-language function
         -- may read distributed tables, whose parameters Citus cannot plan (the rules in

@@ -15,7 +15,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     -- In distribution order: reference tables first (distributed tables refer to them),
     -- then each distributed table after the tables its foreign keys name. The queue is
-    -- distributed apart from the other tables (revision 0022): an application's
+    -- distributed apart from the other tables: an application's
     -- transaction that writes its history, with its own login, and then calls
     -- compaction.enqueue (the owner's) may not touch placements co-located with the ones
     -- it wrote as another user, and no statement joins the queue with another table.
@@ -42,7 +42,7 @@ COMMENT ON FUNCTION compaction.citus_tables() IS
     'Every engine table with its Citus placement (distributed by conversation_id, or reference), the order compaction.distribute_on_citus() applies them in, and the co-location group of a distributed table (conversation, or queue alone)';
 
 -- Whether the engine's tables are distributed here (compaction.jobs in Citus's
--- metadata): the form the audit views and the view grants take (revision 0024). Citus's
+-- metadata): the form the audit views and the view grants take. Citus's
 -- catalog exists only where Citus is installed, so it is asked for by name first.
 CREATE FUNCTION compaction.engine_distributed()
 RETURNS boolean
@@ -97,7 +97,7 @@ $$;
 COMMENT ON PROCEDURE compaction.place_audit_views() IS
     'Migration and Citus step: points the audit views at their bodies (one node) or at the definer functions read_audit_* (Citus, where a view''s shard queries run with the caller''s rights)';
 
--- Revision 0024: the reader's and the worker's views on Citus. There, as for the
+-- The reader's and the worker's views on Citus. There, as for the
 -- auditor's views above, a view's queries on the shards run with the caller's rights,
 -- not its owner's: a reader reading compaction.summaries was refused the shards of
 -- job_summaries, and both roles were refused the schema of the source views' tables.
@@ -154,10 +154,10 @@ BEGIN
                   HINT = 'ALTER SYSTEM SET citus.enable_unsafe_triggers = on on every node, then reload.';
     END IF;
     -- The queue triggers on the source tables insert into the queue, which lives in a
-    -- co-location group of its own (revision 0022): on a shard, that is a write to
+    -- co-location group of its own: on a shard, that is a write to
     -- another node, which Citus refuses a trigger. Detached: writers call
     -- compaction.enqueue (or workers run --sweep).
-    -- The change-tracking triggers (contract §2, §11) stay (issue 64): they write derived
+    -- The change-tracking triggers (contract §2, §11) stay: they write derived
     -- rows of the conversations their statement names only, on the shards co-located
     -- with the one that fires them (compaction.distributed_relation tells them which
     -- distributed table a shard is).
@@ -208,25 +208,25 @@ BEGIN
     -- judge_runs keeps one generic plan on a single node (planning per call costs more
     -- than running); Citus can plan its queries only with the values bound.
     ALTER FUNCTION compaction.judge_runs(text, text[], boolean) RESET plan_cache_mode;
-    -- Revision 0038: a judgement's question to every shard of the messages runs on one
+    -- A judgement's question to every shard of the messages runs on one
     -- connection per node. Its tasks are index probes of a few runs each; with more
     -- connections the executor opened new ones to the workers in most judgements (14 ms
     -- against 9.6 ms for a conversation of 100 runs on the loopback cluster, and the
     -- drain of `make bench-citus` took 7.4-9.2 s against 5.6-5.8 s).
     ALTER FUNCTION compaction.judge_runs(text, text[], boolean)
         SET citus.max_adaptive_executor_pool_size = 1;
-    -- Issue 64: every read of the derived state asks the record of foreign messages, on
+    -- Every read of the derived state asks the record of foreign messages, on
     -- every shard, first (derived_state_serves): on one connection per node, as
     -- judge_runs' question above.
     ALTER FUNCTION compaction.derived_state_serves(text)
         SET citus.max_adaptive_executor_pool_size = 1;
-    -- Revision 0041: judged from the views (always, on Citus) projection_read sends the
-    -- texts in its own statement (through projection_texts until revision 0043), whose
+    -- Judged from the views (always, on Citus) projection_read sends the
+    -- texts in its own statement, whose
     -- queries Citus can plan only with the values bound; on one node it forces generic
     -- plans.
     ALTER FUNCTION compaction.projection_read(text, text, int, bigint, int)
         RESET plan_cache_mode;
-    -- Issue 64: the derived state is read on Citus too; projection_frame's statements
+    -- The derived state is read on Citus too; projection_frame's statements
     -- (one generic plan on one node) Citus plans only with their values bound.
     ALTER FUNCTION compaction.projection_frame(text, text, int)
         SET plan_cache_mode = force_custom_plan;

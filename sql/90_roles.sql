@@ -60,7 +60,7 @@ TO compaction_worker, compaction_reader;
 -- Metadata only: which runs form pairs and why not, never their text.
 GRANT EXECUTE ON FUNCTION compaction.explain_runs(text) TO compaction_auditor;
 
--- Database core (revision 0002_core). The worker drives claims through functions only;
+-- Database core. The worker drives claims through functions only;
 -- it holds no INSERT, UPDATE or DELETE on any engine table.
 GRANT EXECUTE ON FUNCTION
     compaction.claim(text, text, int, text[], text, text, text, text, interval, timestamptz),
@@ -71,17 +71,17 @@ GRANT EXECUTE ON FUNCTION
     compaction.enqueue(text, text),
     compaction.reply_problem(text, text, int)
 TO compaction_worker;
--- Revision 0038: a batch of one conversation's claims under one judgement.
+-- A batch of one conversation's claims under one judgement.
 GRANT EXECUTE ON FUNCTION
     compaction.claim_targets(text, text, int[], text[], text[], text, text, text, interval, timestamptz)
 TO compaction_worker;
--- Revision 0040: a worker's look at a conversation and its first claims in one call.
+-- A worker's look at a conversation and its first claims in one call.
 GRANT EXECUTE ON FUNCTION
     compaction.claim_next_targets(text, text, int, text, text, text, interval, timestamptz)
 TO compaction_worker;
 -- reply_problem is no definer: the worker runs its body with its own rights, and that
--- body calls these two (revision 0016; until then the worker's own check of a stopped
--- reply, --min-figure-retention, was refused EXECUTE on summary_problem). Pure functions
+-- body calls these two (without them the worker's own check of a stopped reply,
+-- --min-figure-retention, would be refused EXECUTE on summary_problem). Pure functions
 -- of their argument: they read nothing.
 GRANT EXECUTE ON FUNCTION compaction.summary_problem(text), compaction.has_content(text)
 TO compaction_worker;
@@ -97,7 +97,7 @@ GRANT SELECT ON compaction.audit_jobs, compaction.audit_stale_summaries,
 TO compaction_auditor;
 GRANT EXECUTE ON FUNCTION compaction.source_hash(text, int), compaction.stale_summaries()
 TO compaction_auditor;
--- What the facades read on Citus (revision 0022): the rows their views show, no more.
+-- What the facades read on Citus: the rows their views show, no more.
 GRANT EXECUTE ON FUNCTION compaction.read_audit_jobs(), compaction.read_audit_exhausted(),
                           compaction.read_audit_queue(), compaction.read_audit_events()
 TO compaction_auditor;
@@ -108,7 +108,7 @@ REVOKE TRUNCATE ON compaction.jobs, compaction.attempts, compaction.job_summarie
                    compaction.settings, compaction.prompt_versions
 FROM compaction_owner;
 
--- Projection (revision 0003_projection): what `pycompactor project` needs, read-only.
+-- Projection: what `pycompactor project` needs, read-only.
 -- Pairs come from compaction.indexed_pairs, granted with the read functions of §3–5.
 GRANT EXECUTE ON FUNCTION
     compaction.projection_summaries(text, text),
@@ -116,12 +116,12 @@ GRANT EXECUTE ON FUNCTION
     compaction.projection_frame(text, text, int),
     compaction.projection_read(text, text, int, bigint, int)
 TO compaction_worker, compaction_reader;
--- Revision 0048: the owner's model preference, names only (shown by `pycompactor audit`
+-- The owner's model preference, names only (shown by `pycompactor audit`
 -- and `evaluate`); only the owner sets it (compaction.set_projection_models).
 GRANT EXECUTE ON FUNCTION compaction.projection_models()
 TO compaction_worker, compaction_reader, compaction_auditor;
 
--- Derived state (revision 0005). The worker plans from it and reads a claimed range's
+-- Derived state. The worker plans from it and reads a claimed range's
 -- replies; the auditor may prove it against the views (ids, counts and hashes only).
 -- Re-derivation and the rebuild are the owner's; a host attaching the tracking trigger to
 -- its own tables is granted EXECUTE on compaction.track_source_changes() by the owner
@@ -136,13 +136,13 @@ TO compaction_worker, compaction_reader, compaction_auditor;
 REVOKE TRUNCATE ON compaction.conversation_state, compaction.pairs, compaction.ranges,
                    compaction.summary_verdicts, compaction.source_tracking
 FROM compaction_owner;
--- Revision 0048: the record of foreign messages, derived state like the others.
+-- The record of foreign messages, derived state like the others.
 REVOKE TRUNCATE ON compaction.foreign_messages FROM compaction_owner;
--- Revision 0018: no role but the owner holds any privilege on the conversations' lock
+-- No role but the owner holds any privilege on the conversations' lock
 -- rows, so no role without engine grants can lock one (docs/security.md).
 REVOKE TRUNCATE ON compaction.conversation_locks FROM compaction_owner;
 
--- Leased queue (revision 0006_queue_leases): the worker leases entries of its scope and
+-- Leased queue: the worker leases entries of its scope and
 -- acknowledges (or releases) them; the auditor sees the queue per scope, never an id.
 GRANT EXECUTE ON FUNCTION
     compaction.dequeue(text, int, interval),
