@@ -329,7 +329,7 @@ def range_replies(conn: Connection, conversation_id: str, from_pair: int,
     """The 10 assistant replies of a range, in pair order, only while their texts hash to
     `source_hash` (else none): the text a claimed attempt summarizes. With the derived
     state in use, the range's current hash; judged from the views, the hash of the ids
-    of the job claimed with `source_hash` (revision 0037), else the current range's."""
+    of the job claimed with `source_hash`, else the current range's."""
     return _rows(
         conn, class_row(RangeReply),
         "SELECT pair_index, assistant_message_id, assistant_content"
@@ -623,7 +623,7 @@ def enqueue(conn: Connection, conversation_id: str, scope: str = "default") -> N
 
 #: Shortest and longest lease claim, heartbeat and dequeue grant (else CP023 / CP020).
 LEASE_BOUNDS: Final = (timedelta(seconds=1), timedelta(days=1))
-#: Most queue entries one dequeue leases (revision 0018; else CP020).
+#: Most queue entries one dequeue leases (else CP020).
 DEQUEUE_LIMIT: Final = 1000
 
 

@@ -298,7 +298,7 @@ def connect(dsn: str | None = None, *, autocommit: bool = True,
         conn = psycopg.connect(
             conninfo, autocommit=autocommit, application_name="pycompactor",
             prepare_threshold=None,
-            # Whatever PGCLIENTENCODING or the DSN say (issue 62): under SJIS, BIG5, GBK or
+            # Whatever PGCLIENTENCODING or the DSN say: under SJIS, BIG5, GBK or
             # GB18030 a text's bytes could be read back as other characters (an array
             # element split in two), and JOHAB has no Python codec psycopg can use.
             client_encoding="UTF8",

@@ -299,7 +299,7 @@ def tracking_on_citus(conn: Connection) -> list[tuple[str, str]]:
     writes the queue, placed apart from the conversation's shards, which a trigger on a
     shard may not, so every write to the table fails there (distribute_on_citus detaches
     the reference tables'; one made by hand remains). The change-tracking triggers run on
-    the shards since issue 64 and are not listed. None where Citus is absent."""
+    the shards and are not listed. None where Citus is absent."""
     if not _citus_installed(conn):
         return []
     rows = _rows(conn, tuple_row,
@@ -432,7 +432,7 @@ class IndexStatistics:
 #: may read the table (own it, for an index): for any other the answer is NULL.
 INDEX_STATISTICS_SQL: Final = """
 SELECT i.indexrelid::regclass::text,
-       -- Quoted as SQL needs it (issue 62): advice prints it, --fix runs it.
+       -- Quoted as SQL needs it: advice prints it, --fix runs it.
        pg_catalog.quote_ident(tn.nspname) || '.' || pg_catalog.quote_ident(t.relname),
        (pg_catalog.pg_relation_size(i.indrelid)
         / pg_catalog.current_setting('block_size')::int)::int,

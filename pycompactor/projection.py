@@ -313,7 +313,7 @@ def _projection_steps(conversation_id: str, budget: int, scope: str,
     # Plain tuples, then PairMeta._make: one per eligible pair, so per-row cost counts.
     all_pairs = list(map(PairMeta._make, (yield db.projection_pairs_query(conversation_id))))
     # Rows of db.projection_summaries_query; version_rank comes last there. A schema this
-    # old has no model preference (revision 0048): model_rank stays 0.
+    # old has no model preference: model_rank stays 0.
     summaries = [SummaryCandidate(r[0], r[1], r[2], tuple(r[3]), r[4], r[5], r[6], r[10], r[7],
                                   r[8], r[9])
                  for r in (yield db.projection_summaries_query(conversation_id, scope))]

@@ -60,7 +60,7 @@ DERIVED_STATE_NOTES: dict[str, str] = {
                  " (docs/integrating.md)",
 }
 
-#: On Citus (issue 64) the tracking triggers run on the shards as on one node; untracked,
+#: On Citus the tracking triggers run on the shards as on one node; untracked,
 #: check-source names the tables to attach them to (SourceReport.untracked).
 DISTRIBUTED_UNTRACKED_NOTE = (
     "not in use on Citus: some table behind the source views has no tracking triggers,"

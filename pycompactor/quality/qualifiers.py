@@ -36,7 +36,7 @@ QUALIFIERS_ZH: Final[tuple[str, ...]] = (
     "而是", "改为", "截至", "至少", "最多", "此前", "以前", "更正", "已弃用", "已移除",
 )
 
-#: The scope set (issue 61): the same kinds plus hedges, superlatives, bounds and time
+#: The scope set: the same kinds plus hedges, superlatives, bounds and time
 #: scope, the words whose loss turns "unlikely to add up to 100%" into "adds up to 100%"
 #: or "the smallest key size is 512 bits" into "the key size is 512 bits". The fidelity
 #: measures (pycompactor.quality.fidelity) and later summarizers use it; extractive-2 keeps

@@ -1,6 +1,6 @@
 """Naive whole-sentence selection: the baseline an offline summarizer must beat.
 
-Issue 61 measured it on public text: take every sentence of the replies that holds a
+Measured on public text: take every sentence of the replies that holds a
 figure (contract §8) or a qualifier of the scope set (pycompactor.quality.qualifiers), most
 per byte first, until the summary would pass a byte target. It never cuts a sentence,
 so each line keeps what its figures are about as far as its own sentence says it. A

@@ -39,7 +39,7 @@ FAILURE_REASONS: Final = frozenset(
 )
 
 
-#: What `complete` takes as a finish reason (revision 0049, issue 62): a code, as the
+#: What `complete` takes as a finish reason: a code, as the
 #: APIs send (`stop`, `length`, `content_filter`, `incomplete:max_output_tokens`). Fields
 #: the worker chooses reach the auditor, who never sees content.
 FINISH_REASON_SHAPE: Final = re.compile(r"[a-z][a-z0-9_.:-]{0,63}")

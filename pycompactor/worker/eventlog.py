@@ -82,7 +82,7 @@ def _text_value(value: object) -> str:
             # A type JSON lacks, as text (a UUID, an interval): quoted once, below, if at all.
             text = str(value)
     # Quote only what would break `key=value` splitting, or what a terminal would act on
-    # (ESC, BEL, C1 controls, bidirectional overrides: ids are the host's, issue 62).
+    # (ESC, BEL, C1 controls, bidirectional overrides: ids are the host's).
     if text == "" or any(c.isspace() or c in "\"=" or not c.isprintable() for c in text):
         return _escape_unprintable(json.dumps(text, ensure_ascii=False))
     return text

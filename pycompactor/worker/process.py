@@ -19,7 +19,7 @@ only moves data between the database and the model (STYLE.md):
   `claim` answers it; targets left over go in `claim_targets` batches as model calls
   come free. Only then does it read each claimed range's 10 assistant replies with
   `range_replies`, which returns them only while their texts hash to the claimed source
-  hash (the range's current hash; judged from the views, since revision 0037, that of the
+  hash (the range's current hash; judged from the views, that of the
   ids the claimed job keeps, with no second judgment of the conversation). The model
   therefore summarizes exactly the claimed source, and a worker reads no other message
   text (never user text). A range edited between the claim and that read returns no
@@ -366,7 +366,7 @@ class Worker(_Claiming):
                 *args: Params.args, **kwargs: Params.kwargs) -> Result:
         """A call that ends what this worker holds (an attempt at shutdown): when `_db`'s
         retries give up on transient trouble, it tries again for a few seconds more
-        rather than leave the attempt running until its lease runs out (issue 62)."""
+        rather than leave the attempt running until its lease runs out."""
         deadline = time.monotonic() + _ENDING_SECONDS
         pause = 0.05
         while True:
@@ -413,7 +413,7 @@ class Worker(_Claiming):
             if job.attempt == 1 and result.outcome != "completed":
                 # The retry (attempt 2) belongs to a later pass, never this one. Nothing
                 # else puts the conversation back (no attempt of it is running for reap to
-                # find): the put-back keeps trying through a restart (issue 62).
+                # find): the put-back keeps trying through a restart.
                 with contextlib.suppress(PycompactorError):
                     self._ending(db.enqueue, job.conversation_id, self.config.scope)
         except Exception as exc:
@@ -421,7 +421,7 @@ class Worker(_Claiming):
                            conversation_id=job.conversation_id, from_pair=job.from_pair,
                            error=f"{type(exc).__name__}: {exc}")
             # Whatever gave up (a call's retries, a bug), the attempt is ours: end it,
-            # rather than leave it running until its lease runs out (issue 62).
+            # rather than leave it running until its lease runs out.
             self._end_after_error(running, exc)
         finally:
             with running.lock:
