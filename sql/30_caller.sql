@@ -77,23 +77,24 @@ COMMENT ON FUNCTION compaction.try_lock_conversation(text) IS
 -- set no bound, the transaction gets one (transaction_timeout where the server has it,
 -- PostgreSQL 17 on; idle_in_transaction_session_timeout on every server), so a caller that
 -- forgets its transaction open cannot hold a conversation for long (docs/security.md).
--- Every taker of the lock on a caller's behalf calls this right after taking it.
+-- Every taker of the lock on a caller's behalf assigns this right after taking it. SQL
+-- with no SET clause, so that an assignment inlines it and PL/pgSQL evaluates it as a
+-- simple expression: as cheap as the two IFs written out (a PERFORM of it cost 0.8% of a
+-- claim -> complete cycle's instructions). CASE keeps set_config from running unless its
+-- setting is unset (and from naming transaction_timeout where it does not exist).
 CREATE FUNCTION compaction.bound_caller_transaction()
-RETURNS void
-LANGUAGE plpgsql
+RETURNS text
+LANGUAGE sql
 VOLATILE
 AS $$
-BEGIN
-    IF pg_catalog.current_setting('transaction_timeout', true) = '0' THEN
-        PERFORM pg_catalog.set_config('transaction_timeout', '60s', true);
-    END IF;
-    IF pg_catalog.current_setting('idle_in_transaction_session_timeout') = '0' THEN
-        PERFORM pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true);
-    END IF;
-END
+    SELECT pg_catalog.concat_ws(',',
+        CASE WHEN pg_catalog.current_setting('transaction_timeout', true) OPERATOR(pg_catalog.=) '0'
+             THEN pg_catalog.set_config('transaction_timeout', '60s', true) END,
+        CASE WHEN pg_catalog.current_setting('idle_in_transaction_session_timeout') OPERATOR(pg_catalog.=) '0'
+             THEN pg_catalog.set_config('idle_in_transaction_session_timeout', '60s', true) END)
 $$;
 COMMENT ON FUNCTION compaction.bound_caller_transaction() IS
-    'Internal: gives the caller''s transaction a 60 s transaction_timeout (PostgreSQL 17 on) and idle_in_transaction_session_timeout where the caller set none, so a conversation''s lock is never held for long by a forgotten transaction';
+    'Internal: gives the caller''s transaction a 60 s transaction_timeout (PostgreSQL 17 on) and idle_in_transaction_session_timeout where the caller set none, so a conversation''s lock is never held for long by a forgotten transaction; returns the values it set, comma-separated (empty when none)';
 
 -- Whether the session's login stands for the engine's owner: a superuser or a member of
 -- compaction_owner. session_user, not current_user: inside the SECURITY DEFINER

@@ -292,6 +292,7 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_bound        text;  -- what bound_caller_transaction set
     -- caller_now and lease_end are called only when they have
     -- something to check (a given p_now, a lease out of range); each call carries a SET
     -- clause, whose save and restore of the settings cost more than the rule.
@@ -390,7 +391,7 @@ BEGIN
     VALUES (p_conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
-    PERFORM compaction.bound_caller_transaction();
+    v_bound := compaction.bound_caller_transaction();
     -- The one writer under the lock that follows a change of history is an erasure (its
     -- history deleted before it or with it): a conversation with an erasure's tombstone
     -- is judged again, under the lock, so that no claim lands after an erasure on

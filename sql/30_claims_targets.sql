@@ -34,6 +34,7 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_bound        text;  -- what bound_caller_transaction set
     v_now        timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
                                      ELSE compaction.caller_now(p_now) END;
     v_lease      timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
@@ -155,7 +156,7 @@ BEGIN
         VALUES (p_conversation_id)
         ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
             WHERE false;
-        PERFORM compaction.bound_caller_transaction();
+        v_bound := compaction.bound_caller_transaction();
         IF EXISTS (SELECT 1 FROM compaction.event_log AS e
                    WHERE e.conversation_id = p_conversation_id AND e.kind = 'erasure') THEN
             SELECT pg_catalog.array_agg(t.from_pair ORDER BY t.from_pair),
@@ -241,6 +242,7 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_bound        text;  -- what bound_caller_transaction set
     v_now       timestamptz := CASE WHEN p_now IS NULL THEN pg_catalog.now()
                                     ELSE compaction.caller_now(p_now) END;
     v_lease     timestamptz := CASE WHEN compaction.lease_fits(p_lease, v_now)
@@ -320,7 +322,7 @@ BEGIN
         VALUES (p_conversation_id)
         ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
             WHERE false;
-        PERFORM compaction.bound_caller_transaction();
+        v_bound := compaction.bound_caller_transaction();
         v_locked := true;
         EXIT WHEN NOT EXISTS (SELECT 1 FROM compaction.event_log AS e
                               WHERE e.conversation_id = p_conversation_id

@@ -25,6 +25,7 @@ LANGUAGE plpgsql
 VOLATILE
 AS $$
 DECLARE
+    v_bound        text;  -- what bound_caller_transaction set
     v_claimed_by text;
 BEGIN
     IF p_conversation_id IS NULL THEN
@@ -60,7 +61,7 @@ BEGIN
     VALUES (job_row.conversation_id)
     ON CONFLICT (conversation_id) DO UPDATE SET conversation_id = l.conversation_id
         WHERE false;
-    PERFORM compaction.bound_caller_transaction();
+    v_bound := compaction.bound_caller_transaction();
     SELECT a.* INTO attempt_row
     FROM compaction.attempts AS a
     WHERE a.conversation_id = job_row.conversation_id AND a.job_id = p_job_id

@@ -18,6 +18,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_bound        text;  -- what bound_caller_transaction set
     v_expired compaction.attempts;
     v_jobs    bigint[] := '{}';
     v_scope   text;
@@ -29,7 +30,7 @@ BEGIN
     IF NOT compaction.try_lock_conversation(p_conversation_id) THEN
         RETURN 0;
     END IF;
-    PERFORM compaction.bound_caller_transaction();
+    v_bound := compaction.bound_caller_transaction();
     -- Under the lock the state and lease are read again, so nothing is reaped twice.
     FOR v_expired IN
         UPDATE compaction.attempts AS a
