@@ -78,7 +78,7 @@ def test_demo_exits_0_and_cleans_up() -> None:
     assert any(r[-3:] == ["figures_kept", "input_tokens", "output_tokens"] for r in table)
     jobs = [r for r in table if r[2:5] == ["1", "completed", "completed"]]
     assert [(r[0], r[-3:]) for r in jobs] == [("0-9", ["29/29", "-", "-"]),
-                                              ("10-19", ["14/29", "-", "-"])]
+                                              ("10-19", ["15/29", "-", "-"])]
     assert "whole sentences of one reply each" in " ".join(out.split())
     # The manifest pair by pair under the tight budget: 0-9 omitted, 10-19 summarized,
     # 20-44 raw; then the summary that did not fit.
@@ -98,10 +98,10 @@ def test_demo_exits_0_and_cleans_up() -> None:
                           ["45", "of", "45", "20", "37", "of", "45", "+8"]]
     kept = [r for r in table if len(r) == 8 and r[0] in {"0-9", "10-19"}]
     assert [(r[0], r[3], r[4], r[5], r[7]) for r in kept] == [
-        ("0-9", "0.27", "26/26", "29/29", "0"), ("10-19", "0.37", "12/25", "5/14", "0")]
+        ("0-9", "0.29", "26/26", "29/29", "0"), ("10-19", "0.35", "13/25", "3/14", "0")]
     said = " ".join(out.split())
     assert "the next Run sees all 45 pairs with compaction, 37 without (+8)" in said
-    assert ("a reader finds 38 of 51 figures by their question and 34 of 43 qualifiers in "
+    assert ("a reader finds 39 of 51 figures by their question and 32 of 43 qualifiers in "
             "their scope; the summaries invent 0 figures") in said
     # The summary of 0-9 says the NAV of 2026-10-09 is not the current one, and that no
     # default risk preference is inferred.
