@@ -89,6 +89,12 @@ COMMENT ON VIEW compaction.audit_jobs_rows IS
 -- source_hash per row would, under Citus, be pushed down to the shards on the workers,
 -- which have no source views; this function reads the summaries' bindings, then asks
 -- source_hash once per range on the node it runs on.
+-- While the derived state is in use, the summaries of every conversation it serves are
+-- compared with its ranges in one statement (a co-located join, one task per shard on
+-- Citus), and the record of foreign messages is read once for the whole audit: asking
+-- derived_state_serves per conversation read it again for each (on Citus, every shard
+-- each time). A conversation one of whose pairs' runs that record names is judged from
+-- the views, as every conversation is while the derived state is not in use.
 CREATE FUNCTION compaction.stale_summaries()
 RETURNS TABLE (summary_id bigint, conversation_id text, scope text, from_pair int,
                to_pair int, job_id bigint, imported boolean, model text,
@@ -106,7 +112,42 @@ DECLARE
     v_from    int[];
     v_hashes  text[];
     v_hash    text;
+    v_derived boolean := compaction.derived_state_current();
+    v_named   text[];
+    v_keys    int[];
+    -- the conversations judged from the views although the derived state is in use
+    v_apart   text[] := '{}';
 BEGIN
+    IF v_derived THEN
+        -- derived_state_serves' question, asked once for every conversation
+        SELECT pg_catalog.array_agg(DISTINCT f.run_id) INTO v_named
+        FROM compaction.foreign_messages AS f;
+        IF v_named IS NOT NULL THEN
+            v_keys := ARRAY(SELECT pg_catalog.hashtext(k.run_id)
+                            FROM pg_catalog.unnest(v_named) AS k (run_id));
+            v_apart := ARRAY(SELECT DISTINCT p.conversation_id
+                             FROM compaction.pairs AS p
+                             WHERE pg_catalog.hashtext(p.run_id) = ANY (v_keys)
+                               AND p.run_id = ANY (v_named));
+        END IF;
+        -- current_ranges' answer from the derived state: the range's stored hash, none
+        -- when the range is not complete now
+        RETURN QUERY
+        SELECT s.summary_id, j.conversation_id, j.scope, j.from_pair, j.to_pair,
+               CASE WHEN s.attempt IS NOT NULL THEN j.job_id END,
+               s.attempt IS NULL, j.model, j.prompt_version, s.completed_at,
+               j.source_hash, r.source_hash,
+               CASE WHEN r.source_hash IS NULL THEN 'range_incomplete'
+                    ELSE 'source_changed' END
+        FROM compaction.job_summaries AS s
+        JOIN compaction.jobs AS j
+          ON j.conversation_id = s.conversation_id AND j.job_id = s.job_id
+        LEFT JOIN compaction.ranges AS r
+          ON r.conversation_id = j.conversation_id AND r.from_pair = j.from_pair
+        WHERE r.source_hash IS DISTINCT FROM j.source_hash
+          AND NOT (j.conversation_id = ANY (v_apart))
+        ORDER BY j.conversation_id, j.from_pair, s.summary_id;
+    END IF;
     FOR v_summary IN
         SELECT s.summary_id AS sid, j.conversation_id AS cid, j.scope AS sc,
                j.from_pair AS fp, j.to_pair AS tp,
@@ -116,6 +157,7 @@ BEGIN
         FROM compaction.job_summaries AS s
         JOIN compaction.jobs AS j
           ON j.conversation_id = s.conversation_id AND j.job_id = s.job_id
+        WHERE NOT v_derived OR j.conversation_id = ANY (v_apart)
         ORDER BY j.conversation_id, j.from_pair, s.summary_id
     LOOP
         -- The current hashes of every summarized range of a conversation at once: from
