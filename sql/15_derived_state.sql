@@ -266,16 +266,17 @@ BEGIN
     IF v_shard IS NULL THEN
         RETURN p_relid;
     END IF;
-    -- Citus's catalog exists only where Citus is installed, so it is read with EXECUTE.
-    EXECUTE 'SELECT l.oid
-             FROM pg_catalog.pg_dist_shard AS s
-             JOIN pg_catalog.pg_class AS l ON l.oid = s.logicalrelid
-             JOIN pg_catalog.pg_class AS c ON c.oid = $1
-             WHERE s.shardid = $2
-               AND c.relnamespace = l.relnamespace
-               AND c.relname::text = l.relname::text || ''_'' || $2::text'
-        INTO v_logical
-        USING p_relid, v_shard;
+    -- Citus's catalog exists only where Citus is installed: PL/pgSQL plans a statement
+    -- when it first runs it, so this one is planned only once Citus was found above,
+    -- and then once per session (as EXECUTE it was planned again on every tracked
+    -- statement, a tenth of a tracked write's time on a shard).
+    SELECT l.oid INTO v_logical
+    FROM pg_catalog.pg_dist_shard AS s
+    JOIN pg_catalog.pg_class AS l ON l.oid = s.logicalrelid
+    JOIN pg_catalog.pg_class AS c ON c.oid = p_relid
+    WHERE s.shardid = v_shard
+      AND c.relnamespace = l.relnamespace
+      AND c.relname::text = l.relname::text || '_' || v_shard::text;
     RETURN coalesce(v_logical, p_relid);
 END
 $$;

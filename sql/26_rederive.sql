@@ -60,7 +60,52 @@ RETURNS void
 LANGUAGE plpgsql
 VOLATILE
 AS $$
+DECLARE
+    v_foreign text[];
+    v_gone    text[];
+    v_run     text;
 BEGIN
+    IF p_run_ids IS NOT NULL
+       AND pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+        -- Citus: the runs judged in one statement it keeps on the conversation's shard,
+        -- then a write only where the record changes (the common answer: nowhere), each
+        -- by key. The one-statement form below is an INSERT ... SELECT whose rows Citus
+        -- cannot place by the statement's text: it collects them and sends an INSERT to
+        -- every shard of the record, on every tracked write.
+        SELECT pg_catalog.array_agg(j.run_id) FILTER (WHERE j.is_foreign AND NOT j.recorded),
+               pg_catalog.array_agg(j.run_id) FILTER (WHERE j.recorded AND NOT j.is_foreign)
+        INTO v_foreign, v_gone
+        FROM (SELECT k.run_id, r.held IS NULL AND coalesce(m.found, false) AS is_foreign,
+                     coalesce(f.recorded, false) AS recorded
+              FROM (SELECT DISTINCT u.run_id FROM pg_catalog.unnest(p_run_ids) AS u (run_id)
+                    WHERE u.run_id IS NOT NULL) AS k
+              LEFT JOIN LATERAL (
+                  SELECT true AS held FROM compaction.source_runs AS sr
+                  WHERE sr.run_id = k.run_id AND sr.conversation_id = p_conversation_id
+                  OFFSET 0) AS r ON true
+              LEFT JOIN LATERAL (
+                  SELECT pg_catalog.bool_or(true) AS found
+                  FROM (SELECT 1 FROM compaction.source_messages AS sm
+                        WHERE r.held IS NULL
+                          AND sm.run_id = k.run_id
+                          AND sm.conversation_id = p_conversation_id
+                          AND sm.role IN ('user', 'assistant')
+                        OFFSET 0) AS x) AS m ON true
+              LEFT JOIN LATERAL (
+                  SELECT true AS recorded FROM compaction.foreign_messages AS fm
+                  WHERE fm.conversation_id = p_conversation_id AND fm.run_id = k.run_id
+                  OFFSET 0) AS f ON true) AS j;
+        IF v_gone IS NOT NULL THEN
+            DELETE FROM compaction.foreign_messages AS f
+            WHERE f.conversation_id = p_conversation_id AND f.run_id = ANY (v_gone);
+        END IF;
+        FOREACH v_run IN ARRAY coalesce(v_foreign, '{}') LOOP
+            INSERT INTO compaction.foreign_messages (conversation_id, run_id)
+            VALUES (p_conversation_id, v_run)
+            ON CONFLICT (conversation_id, run_id) DO NOTHING;
+        END LOOP;
+        RETURN;
+    END IF;
     IF p_run_ids IS NULL THEN
         DELETE FROM compaction.foreign_messages AS f
         WHERE f.conversation_id = p_conversation_id;
@@ -338,6 +383,8 @@ DECLARE
     v_last  text;
     v_after boolean;
     v_new   int;
+    v_i     int;
+    v_pair  record;
     -- Citus: the conversation as an equality (see rederive)
     v_citus boolean := pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL;
 BEGIN
@@ -444,6 +491,29 @@ BEGIN
 
     -- Appending.
     v_new := p_pair_count + pg_catalog.cardinality(v_fresh);
+    IF v_citus THEN
+        -- Citus: each new pair inserted by key, in the order the statement below numbers
+        -- them, then the count. As one INSERT ... SELECT over the array (in a CTE),
+        -- Citus collected the rows and sent an INSERT to every shard of the pairs.
+        v_i := p_pair_count;
+        FOR v_pair IN
+            SELECT f.run_id, f.user_seq, f.user_message_id, f.user_bytes,
+                   f.assistant_message_id, f.assistant_bytes
+            FROM pg_catalog.unnest(v_fresh) AS f
+            ORDER BY f.user_seq, f.user_message_id
+        LOOP
+            INSERT INTO compaction.pairs
+                (conversation_id, run_id, pair_index, user_seq, user_message_id, user_bytes,
+                 assistant_message_id, assistant_bytes)
+            VALUES (p_conversation_id, v_pair.run_id, v_i, v_pair.user_seq,
+                    v_pair.user_message_id, v_pair.user_bytes, v_pair.assistant_message_id,
+                    v_pair.assistant_bytes);
+            v_i := v_i + 1;
+        END LOOP;
+        UPDATE compaction.conversation_state AS cs
+        SET pair_count = v_new
+        WHERE cs.conversation_id = p_conversation_id;
+    ELSE
     WITH added AS (
         INSERT INTO compaction.pairs
             (conversation_id, run_id, pair_index, user_seq, user_message_id, user_bytes,
@@ -458,6 +528,7 @@ BEGIN
     UPDATE compaction.conversation_state AS cs
     SET pair_count = v_new
     WHERE cs.conversation_id = p_conversation_id;
+    END IF;
     IF v_new / 10 > p_pair_count / 10 AND v_citus THEN
         PERFORM compaction.write_ranges_citus(
             p_conversation_id,

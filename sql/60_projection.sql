@@ -244,9 +244,12 @@ BEGIN
         -- has no other to be preferred to, so its verdict is judge_summaries' first two
         -- rules alone (written here again; verify_conversation compares the result with
         -- judge_summaries).
+        -- The conversation as the row's own column: Citus then keeps the statement on
+        -- the conversation's shard (given as a value, it collected the row and sent an
+        -- INSERT to every shard of the verdicts).
         INSERT INTO compaction.summary_verdicts AS v
             (conversation_id, summary_id, scope, from_pair, reason)
-        SELECT p_conversation_id, js.summary_id, j.scope, j.from_pair,
+        SELECT js.conversation_id, js.summary_id, j.scope, j.from_pair,
                CASE WHEN NOT coalesce(pv.projectable, false) THEN 'version_not_projectable'
                     WHEN NOT coalesce(r.source_hash = j.source_hash
                                       AND r.source_message_ids = j.source_message_ids, false)
@@ -267,7 +270,7 @@ BEGIN
         -- Provisional, so the judgment below finds it with its range's other summaries.
         INSERT INTO compaction.summary_verdicts AS v
             (conversation_id, summary_id, scope, from_pair, reason)
-        SELECT p_conversation_id, js.summary_id, j.scope, j.from_pair, 'stale_source'
+        SELECT js.conversation_id, js.summary_id, j.scope, j.from_pair, 'stale_source'
         FROM compaction.job_summaries AS js
         JOIN compaction.jobs AS j
           ON j.conversation_id = js.conversation_id AND j.job_id = js.job_id
