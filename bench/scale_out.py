@@ -4,7 +4,8 @@ Two setups from one PostgreSQL installation (the one whose pg_config is given, w
 installed), both durable (fsync, synchronous_commit and full_page_writes on), in one run:
 one node with the engine migrated, and a Citus cluster on loopback (a coordinator and two
 workers) set up as docs/operations.md says (extension, nodes, migrate, the owner may log
-in, distribute; trust on loopback in place of the owner's password). On each:
+in, the shard count, distribute; trust on loopback in place of the owner's password). On
+each:
 
 - drain: conversations of 100 pairs (8 ranges each before the window), enqueued; one
   `pycompactor worker --once --concurrency 4` pass with the offline summarizer, timed
@@ -27,6 +28,7 @@ in, distribute; trust on loopback in place of the owner's password). On each:
 
     python -m bench.scale_out --pg-config /usr/lib/postgresql/15/bin/pg_config
     python -m bench.scale_out --pg-config ... --smoke     # tiny sizes: checks it runs
+    python -m bench.scale_out --pg-config ... --shard-count 32   # Citus's default instead
 
 Goals (issue 64): the drain on Citus <= 3x the single node's time; projection at 10,000
 pairs on Citus <= 3x the single node's, and its p50 at 10,000 pairs <= 1.5x its own p50
@@ -68,6 +70,9 @@ DATABASE = "agent"
 CITUS_SETTINGS = {"shared_preload_libraries": "citus", "citus.enable_unsafe_triggers": "on",
                   "citus.node_conninfo": "sslmode=disable", "max_connections": "200"}
 BUDGET = 64 * 1024
+#: The engine's shard count as docs/operations.md's step 7 sets it (`--shard-count`
+#: measures another; Citus's own default is 32).
+RUNBOOK_SHARD_COUNT = 8
 
 
 @dataclass(frozen=True)
@@ -111,8 +116,9 @@ def single_node(bindir: Path) -> Iterator[str]:
 
 
 @contextmanager
-def citus_cluster(bindir: Path) -> Iterator[str]:
-    """docs/operations.md's steps on three durable loopback nodes; the coordinator's DSN."""
+def citus_cluster(bindir: Path, shard_count: int = RUNBOOK_SHARD_COUNT) -> Iterator[str]:
+    """docs/operations.md's steps on three durable loopback nodes, the engine distributed
+    in `shard_count` shards; the coordinator's DSN."""
     with ExitStack() as stack:
         nodes = [stack.enter_context(ThrowawayCluster(bindir, durable=True,
                                                       settings=CITUS_SETTINGS))
@@ -129,6 +135,8 @@ def citus_cluster(bindir: Path) -> Iterator[str]:
         schema.upgrade(coordinator)
         with psycopg.connect(coordinator, autocommit=True) as c:
             c.execute("ALTER ROLE compaction_owner LOGIN")
+            c.execute("SELECT pg_catalog.set_config('citus.shard_count', %s, false)",
+                      (str(shard_count),))
             c.execute("CALL compaction.distribute_on_citus()")
         yield coordinator
 
@@ -466,11 +474,12 @@ def price_of_exactness(dsn: str, sizes: Sizes, citus: bool) -> dict[str, Any]:
             "shard_triggers": shard_triggers(dsn, calls) if citus else None}
 
 
-def run(bindir: Path, sizes: Sizes) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for name, setup in (("single_node", single_node), ("citus", citus_cluster)):
+def run(bindir: Path, sizes: Sizes, shard_count: int = RUNBOOK_SHARD_COUNT) -> dict[str, Any]:
+    results: dict[str, Any] = {"shard_count": shard_count}
+    for name in ("single_node", "citus"):
         citus = name == "citus"
-        with setup(bindir) as dsn:
+        setup = citus_cluster(bindir, shard_count) if citus else single_node(bindir)
+        with setup as dsn:
             results[name] = {"drain": drain(dsn, sizes), "projection": projection(dsn, sizes),
                              "cycles": cycles(dsn, sizes),
                              "appends": appends(dsn, sizes, citus),
@@ -516,7 +525,7 @@ def markdown(results: dict[str, Any], sizes: Sizes, label: str) -> str:
     lines = [
         f"## {label} (scale-out run, `make bench-citus`)", "",
         f"{results['server']}; a coordinator and two workers on loopback against one node,"
-        " both durable; derived state: one node"
+        f" both durable; the engine in {results['shard_count']} shards; derived state: one node"
         f" {one['derived_state']}, Citus {citus['derived_state']}.", "",
         "| workload | one node | Citus | Citus / one node | goal | met |",
         "|---|---:|---:|---:|---|---|",
@@ -612,13 +621,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pg-config", required=True,
                         help="pg_config of a PostgreSQL with Citus installed")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs")
+    parser.add_argument("--shard-count", type=int, default=RUNBOOK_SHARD_COUNT,
+                        help="the engine's shard count on Citus (default: the runbook's,"
+                             f" {RUNBOOK_SHARD_COUNT})")
     parser.add_argument("--out", type=Path, default=None,
                         help="write scale_out.json and scale_out.md into this directory"
                              " instead of bench/results/")
     args = parser.parse_args(argv)
     sizes = SMOKE if args.smoke else FULL
     bindir = bindir_of(args.pg_config)
-    results = run(bindir, sizes)
+    results = run(bindir, sizes, args.shard_count)
     label = datetime.now(UTC).isoformat(timespec="seconds")
     text = markdown(results, sizes, label)
     print(text, flush=True)

@@ -222,8 +222,11 @@ def test_bench_citus_smoke(tmp_path: Any) -> None:
         assert set(results[setup]["probe"]["every_shard_ms"]) == {"colocated", "per_worker"}
         assert set(results[setup]["probe"]["range_calls_ms"]) == {
             "judge_runs", "current_range", "worker_targets", "range_replies", "admission_write"}
-    # The probe's tables on Citus: as many shards as the history's, and one per worker.
-    assert results["citus"]["probe"]["shards"] == {"colocated": 32, "per_worker": 2}
+    # The probe's tables on Citus: as many shards as the history's (the runbook's count),
+    # and one per worker.
+    assert results["shard_count"] == scale_out.RUNBOOK_SHARD_COUNT
+    assert results["citus"]["probe"]["shards"] == {
+        "colocated": scale_out.RUNBOOK_SHARD_COUNT, "per_worker": 2}
     for setup in ("single_node", "citus"):
         assert results[setup]["probe"]["foreign_question_ms"] > 0
     # The premise of Citus's design here (docs/operations.md): a trigger on a shard keeps
@@ -241,7 +244,8 @@ def test_bench_citus_smoke(tmp_path: Any) -> None:
         "audit_met"}
     report = (tmp_path / "scale_out.md").read_text(encoding="utf-8")
     assert "| drain:" in report
-    assert "a read of every shard of an empty table, co-located with the history (32" in report
+    assert ("a read of every shard of an empty table, co-located with the history"
+            f" ({scale_out.RUNBOOK_SHARD_COUNT} shards)") in report
     assert "cross-conversation question, as every read asks it first" in report
     assert "| tracked / untracked append |" in report
     assert "| read every shard of a co-located table | refused: " in report
