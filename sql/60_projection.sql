@@ -231,6 +231,8 @@ DECLARE
     v_scopes     text[];
     v_froms      int[];
     v_reasons    text[];
+    v_scope      text;
+    v_reason     text;
 BEGIN
     IF p_new_summary_id IS NOT NULL THEN
         -- complete and import_summary write derived state here: like the tracking paths,
@@ -244,33 +246,59 @@ BEGIN
         -- has no other to be preferred to, so its verdict is judge_summaries' first two
         -- rules alone (written here again; verify_conversation compares the result with
         -- judge_summaries).
-        -- The conversation as the row's own column: Citus then keeps the statement on
-        -- the conversation's shard (given as a value, it collected the row and sent an
-        -- INSERT to every shard of the verdicts).
-        INSERT INTO compaction.summary_verdicts AS v
-            (conversation_id, summary_id, scope, from_pair, reason)
-        SELECT js.conversation_id, js.summary_id, j.scope, j.from_pair,
-               CASE WHEN NOT coalesce(pv.projectable, false) THEN 'version_not_projectable'
-                    WHEN NOT coalesce(r.source_hash = j.source_hash
-                                      AND r.source_message_ids = j.source_message_ids, false)
-                        THEN 'stale_source' END
-        FROM compaction.job_summaries AS js
-        JOIN compaction.jobs AS j
-          ON j.conversation_id = js.conversation_id AND j.job_id = js.job_id
-        LEFT JOIN compaction.prompt_versions AS pv ON pv.prompt_version = j.prompt_version
-        LEFT JOIN compaction.ranges AS r
-          ON r.conversation_id = p_conversation_id AND r.from_pair = j.from_pair
-        WHERE js.conversation_id = p_conversation_id AND js.summary_id = p_new_summary_id
-          AND NOT EXISTS (SELECT 1 FROM compaction.summary_verdicts AS o
-                          WHERE o.conversation_id = p_conversation_id
-                            AND o.from_pair = j.from_pair AND o.scope = j.scope);
-        IF FOUND THEN
-            RETURN;
+        IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
+            -- Citus: the same verdict read, then written by key. As one INSERT ...
+            -- SELECT, Citus sent the statement to every shard of the verdicts.
+            SELECT j.scope, j.from_pair,
+                   CASE WHEN NOT coalesce(pv.projectable, false) THEN 'version_not_projectable'
+                        WHEN NOT coalesce(r.source_hash = j.source_hash
+                                          AND r.source_message_ids = j.source_message_ids,
+                                          false)
+                            THEN 'stale_source' END
+            INTO v_scope, v_from, v_reason
+            FROM compaction.job_summaries AS js
+            JOIN compaction.jobs AS j
+              ON j.conversation_id = js.conversation_id AND j.job_id = js.job_id
+            LEFT JOIN compaction.prompt_versions AS pv ON pv.prompt_version = j.prompt_version
+            LEFT JOIN compaction.ranges AS r
+              ON r.conversation_id = p_conversation_id AND r.from_pair = j.from_pair
+            WHERE js.conversation_id = p_conversation_id AND js.summary_id = p_new_summary_id
+              AND NOT EXISTS (SELECT 1 FROM compaction.summary_verdicts AS o
+                              WHERE o.conversation_id = p_conversation_id
+                                AND o.from_pair = j.from_pair AND o.scope = j.scope);
+            IF FOUND THEN
+                INSERT INTO compaction.summary_verdicts
+                    (conversation_id, summary_id, scope, from_pair, reason)
+                VALUES (p_conversation_id, p_new_summary_id, v_scope, v_from, v_reason);
+                RETURN;
+            END IF;
+        ELSE
+            INSERT INTO compaction.summary_verdicts AS v
+                (conversation_id, summary_id, scope, from_pair, reason)
+            SELECT p_conversation_id, js.summary_id, j.scope, j.from_pair,
+                   CASE WHEN NOT coalesce(pv.projectable, false) THEN 'version_not_projectable'
+                        WHEN NOT coalesce(r.source_hash = j.source_hash
+                                          AND r.source_message_ids = j.source_message_ids,
+                                          false)
+                            THEN 'stale_source' END
+            FROM compaction.job_summaries AS js
+            JOIN compaction.jobs AS j
+              ON j.conversation_id = js.conversation_id AND j.job_id = js.job_id
+            LEFT JOIN compaction.prompt_versions AS pv ON pv.prompt_version = j.prompt_version
+            LEFT JOIN compaction.ranges AS r
+              ON r.conversation_id = p_conversation_id AND r.from_pair = j.from_pair
+            WHERE js.conversation_id = p_conversation_id AND js.summary_id = p_new_summary_id
+              AND NOT EXISTS (SELECT 1 FROM compaction.summary_verdicts AS o
+                              WHERE o.conversation_id = p_conversation_id
+                                AND o.from_pair = j.from_pair AND o.scope = j.scope);
+            IF FOUND THEN
+                RETURN;
+            END IF;
         END IF;
         -- Provisional, so the judgment below finds it with its range's other summaries.
         INSERT INTO compaction.summary_verdicts AS v
             (conversation_id, summary_id, scope, from_pair, reason)
-        SELECT js.conversation_id, js.summary_id, j.scope, j.from_pair, 'stale_source'
+        SELECT p_conversation_id, js.summary_id, j.scope, j.from_pair, 'stale_source'
         FROM compaction.job_summaries AS js
         JOIN compaction.jobs AS j
           ON j.conversation_id = js.conversation_id AND j.job_id = js.job_id
