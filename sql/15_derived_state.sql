@@ -57,8 +57,8 @@ CREATE TABLE compaction.pairs (
 COMMENT ON TABLE compaction.pairs IS
     'Derived state: the eligible pairs of each conversation (contract §3) with pair_index, ids and UTF-8 sizes; no text';
 -- The tracking finds a written Run's pair by its conversation and run id. This index
--- keys it by a 4-byte hash of the run id alone (revision 0044): the B-tree on
--- (conversation_id, run_id) that did until revision 0033 held both text ids of every
+-- keys it by a 4-byte hash of the run id alone: the B-tree on
+-- (conversation_id, run_id) that did once held both text ids of every
 -- pair, 107 of the derived state's 370 MB at 2M messages (docs/operations.md, "Space to
 -- plan"), and the one on (conversation_id, hashtext(run_id)) that followed still held
 -- the conversation's id in every entry, about 34 bytes a message where ids are uuids;
@@ -85,7 +85,7 @@ CREATE TABLE compaction.ranges (
 COMMENT ON TABLE compaction.ranges IS
     'Derived state: every complete range of 10 pairs with its 20 current source ids [u0, a0, ..., u9, a9] and source hash (contract §5)';
 
--- Revision 0014: every completed summary's verdict as projection_frame reads it, kept
+-- Every completed summary's verdict as projection_frame reads it, kept
 -- with the ranges it depends on (re-judged whenever a range is written, and when a summary
 -- of its range completes or is imported), so a projection reads one index entry per
 -- summary instead of comparing every summary's 20 ids and hash with its range.
@@ -105,7 +105,7 @@ COMMENT ON TABLE compaction.summary_verdicts IS
     'Derived state: every completed summary''s verdict against the current ranges (reason NULL for the one each range uses in its scope, else version_not_projectable, stale_source or superseded)';
 -- Re-judging finds a range's summaries by from_pair. A projection reads, for one scope,
 -- the chosen summaries of the ranges its budget may reach (summary_verdicts_one_chosen)
--- and every rejected one (summary_verdicts_rejected_idx, revision 0015): none of the
+-- and every rejected one (summary_verdicts_rejected_idx): none of the
 -- chosen summaries beyond the reach, the many in a long conversation's steady state.
 CREATE INDEX summary_verdicts_range_idx
     ON compaction.summary_verdicts (conversation_id, from_pair, scope, summary_id) INCLUDE (reason);
@@ -115,7 +115,7 @@ CREATE INDEX summary_verdicts_rejected_idx
     ON compaction.summary_verdicts (conversation_id, scope, from_pair, summary_id) INCLUDE (reason)
     WHERE reason IS NOT NULL;
 
--- Revision 0048 (contract §3, §11): the one question of a run's judgement
+-- The one question of a run's judgement
 -- that crosses conversations, whether a foreign message names the run, asked of a
 -- record the tracking keeps per conversation. A message is foreign when its own
 -- conversation has no run of its run_id; such a user or assistant message breaks run R
@@ -141,7 +141,7 @@ CREATE TABLE compaction.source_tracking (
     -- Citus a trigger fires on a shard, on a node where the stamp's oids mean nothing.
     tracked_tables text[],
     stamped_at  timestamptz,
-    -- Revision 0019: a rebuild's resume point, kept with the stamp it runs under. A
+    -- A rebuild's resume point, kept with the stamp it runs under. A
     -- cancelled rebuild continues after rebuild_after when the source stamp is the same
     -- (the conversations before it were derived and have been tracked since); NULL when
     -- no rebuild is under way.
@@ -160,7 +160,7 @@ INSERT INTO compaction.source_tracking (singleton, stamp, object_oids, stamped_a
 VALUES (true, NULL, NULL, NULL);
 
 -- What the derived state depends on, read from the catalogs: the rewrite rules of the two
--- source views and of every view they read, through any depth (revision 0011: a host's
+-- source views and of every view they read, through any depth (a host's
 -- views may read views of its own), and the tracking triggers of every table behind
 -- them, each as oid:xmin. A catalog row's xmin changes whenever the row is replaced
 -- (CREATE OR REPLACE VIEW, ENABLE/DISABLE TRIGGER) and its oid when it is dropped and
@@ -283,7 +283,7 @@ $$;
 COMMENT ON FUNCTION compaction.distributed_relation(oid) IS
     'Internal: the distributed table a Citus shard belongs to (read from the node''s Citus metadata), else the relation itself';
 
--- Revision 0049 (issue 62): whether the source views read this table, through any depth of
+-- Whether the source views read this table, through any depth of
 -- views, as source_stamp walks them. The tracking triggers act only on such a table: one
 -- attached to a scratch table by its owner (who holds EXECUTE on track_source_changes to
 -- attach it to the host's tables) once took the derived state out of use for the whole
@@ -364,7 +364,7 @@ $$;
 COMMENT ON FUNCTION compaction.derived_state_status() IS
     'in_use (derived state kept and used), not_rebuilt (tracked, but CALL compaction.rebuild_derived_state() has not run since the views or triggers changed), untracked (some table behind the views has no tracking triggers: every call judges from the views)';
 
--- Revision 0048: whether a read of one conversation may use its derived state. The
+-- Whether a read of one conversation may use its derived state. The
 -- derived pairs judge the conversation by its own rows (contract §3 but the
 -- foreign-message rule, which only other conversations' tracking sees change): they are the
 -- conversation's pairs while no foreign message names one of their runs. The record of

@@ -3,7 +3,7 @@
 -- refresh_foreign_messages and compaction.rederive with its two paths, rederive_runs and
 -- rederive_general.
 
--- Revision 0030: whether a tracked write may leave a conversation to a rebuild. Called
+-- Whether a tracked write may leave a conversation to a rebuild. Called
 -- by compaction.rederive with the conversation's conversation_state row held, when the
 -- conversation lies after the resume point of a rebuild under way, or when no rebuild is
 -- under way and the calling trigger is not one the derived state was stamped under (the
@@ -46,7 +46,7 @@ $$;
 COMMENT ON FUNCTION compaction.defer_to_rebuild(text) IS
     'Internal: with the conversation''s conversation_state row held, true when a rebuild will derive this conversation after the calling transaction ends (the derived state is not in use, and no rebuild has reached the conversation), so the tracking may leave it alone; holds source_tracking FOR KEY SHARE to the end of the transaction';
 
--- Revision 0048: the conversation's record of foreign messages (contract §3,
+-- The conversation's record of foreign messages (contract §3,
 -- compaction.foreign_messages) for the runs named (NULL: every run id its messages
 -- name), from the conversation's own rows: a run id is recorded while one of the
 -- conversation's user or assistant messages names it and the conversation has no run of
@@ -121,7 +121,7 @@ BEGIN
         RETURN;
     END IF;
     -- Each run named looked up on its own, by key (a lateral subquery per run, kept apart
-    -- by OFFSET 0, as in rederive, revision 0035); its messages only when the conversation
+    -- by OFFSET 0, as in rederive); its messages only when the conversation
     -- has no such run (the common answer: it has). As EXISTS tests, the generic plan may
     -- hash a subquery instead, reading every run of the conversation once per write.
     WITH judged AS (
@@ -158,13 +158,13 @@ COMMENT ON FUNCTION compaction.refresh_foreign_messages(text, text[]) IS
 -- (NULL: every run of the conversation). Most writes take a short path of a few lookups
 -- by key: the touched runs form no pair before or after the write (a Run inserted as
 -- running, a message of a Run not settled yet: three of the four statements an agent
--- writes per Run; since revision 0047 also a Run written settled before its messages, as
+-- writes per Run; also a Run written settled before its messages, as
 -- the worked example's application writes a turn), or their pairs are new and come after
 -- the last pair (the Run settled at the end of the conversation; compaction.rederive_runs).
 -- Anything else (a pair changed, vanished or moved, a Run inserted before others) goes to
 -- compaction.rederive_general.
 --
--- Revision 0030: the tracking triggers pass their table (p_table): while the derived
+-- The tracking triggers pass their table (p_table): while the derived
 -- state is not in use and a rebuild is under way or about to start, a conversation no
 -- rebuild has reached is left to it (compaction.defer_to_rebuild), after this row is
 -- taken. The rebuild derives it later from a snapshot that holds this write, so the write
@@ -230,7 +230,7 @@ BEGIN
        AND compaction.defer_to_rebuild(p_conversation_id) THEN
         RETURN;
     END IF;
-    -- Revision 0048: the conversation's foreign messages first; the pairs below are
+    -- The conversation's foreign messages first; the pairs below are
     -- judged by its own rows alone.
     PERFORM compaction.refresh_foreign_messages(p_conversation_id, p_run_ids);
 
@@ -244,7 +244,7 @@ BEGIN
     -- OFFSET 0), never as "run_id = ANY (the runs) of this conversation": the trigger's
     -- generic plan prices an array as ten probes, so wherever conversations are small on
     -- average it found them on the conversation's prefix of a key, and every tracked
-    -- write to a large conversation read all its runs and pairs (revision 0035).
+    -- write to a large conversation read all its runs and pairs.
     ELSIF NOT EXISTS (SELECT 1
                       FROM pg_catalog.unnest(v_runs) AS k (run_id)
                       CROSS JOIN LATERAL (
@@ -254,10 +254,9 @@ BEGIN
                             -- judge_runs' first rule: only a Run in one of these can pair
                             -- (track_source_changes asks the same, word for word)
                             AND sr.status IN ('completed', 'partial', 'clarify_pending')
-                            -- and only one with a user message of its own (revision
-                            -- 0047; 0048: a message belongs to its own conversation's
-                            -- run, contract §3, so no other conversation is
-                            -- read). A Run written in its final state before its
+                            -- and only one with a user message of its own (a
+                            -- message belongs to its own conversation's run,
+                            -- contract §3, so no other conversation is read). A Run written in its final state before its
                             -- messages ends here, unjudged.
                             AND EXISTS (SELECT 1 FROM compaction.source_messages AS sm
                                         WHERE sm.run_id = k.run_id
@@ -267,8 +266,8 @@ BEGIN
           AND NOT EXISTS (SELECT 1
                           FROM pg_catalog.unnest(v_runs) AS k (run_id)
                           CROSS JOIN LATERAL (
-                              -- The conversation as a filter, not an index condition
-                              -- (revision 0044): the only index for this lookup is then
+                              -- The conversation as a filter, not an index condition:
+                              -- the only index for this lookup is then
                               -- pairs_run_hash_idx. As a condition, where pairs has no
                               -- statistics yet, the planner read the conversation's
                               -- primary key entries as well (a BitmapAnd), all of them for
@@ -298,7 +297,7 @@ $$;
 COMMENT ON FUNCTION compaction.rederive(text, text[], oid) IS
     'Internal: re-derives one conversation''s pairs and ranges after a write touched the runs named (NULL: all), from the earliest changed position on; from a tracking trigger (p_table, its table), not when a rebuild will derive the conversation after this transaction (compaction.defer_to_rebuild)';
 
--- Issue 64 (contract §11): the range writes of rederive_runs and rederive_general in
+-- The range writes of rederive_runs and rederive_general in
 -- the form Citus runs, from a tracking trigger on a shard and from a repair on the
 -- coordinator alike: the conversation's pairs and stored ranges read in a statement of
 -- their own each, every range hashed by compaction.range_hash in a statement that reads
@@ -430,7 +429,7 @@ BEGIN
     WITH fresh AS (
         SELECT j.run_id, j.user_seq, j.user_message_id, j.user_bytes,
                j.assistant_message_id, j.assistant_bytes
-        -- by the conversation's own rows (revision 0048; see judge_runs)
+        -- by the conversation's own rows (see judge_runs)
         FROM compaction.judge_runs(p_conversation_id, p_run_ids, false) AS j
         WHERE j.reason IS NULL
     )
@@ -440,8 +439,8 @@ BEGIN
                                           f.assistant_bytes)::compaction.pairs), '{}')
             FROM fresh AS f),
            -- None where the conversation has no pair (a rebuild's first pass). A few runs
-           -- (a write's): each run's pair looked up on its own, as in rederive (revision
-           -- 0035), a run named twice once. Many (the whole conversation re-derived, a
+           -- (a write's): each run's pair looked up on its own, as in rederive, a
+           -- run named twice once. Many (the whole conversation re-derived, a
            -- bulk statement): the conversation's pairs joined with them, where as many
            -- probes would cost more. A generic plan keeps both; the one-time tests pick.
            (SELECT coalesce(array_agg(s.p), '{}')
@@ -450,7 +449,7 @@ BEGIN
                         FROM pg_catalog.unnest(p_run_ids) AS k (run_id)
                         WHERE p_pair_count > 0 AND pg_catalog.cardinality(p_run_ids) <= 16) AS k
                   CROSS JOIN LATERAL (
-                      -- the conversation as a filter: see rederive (revision 0044)
+                      -- the conversation as a filter: see rederive
                       SELECT p FROM compaction.pairs AS p
                       WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
                         AND p.run_id = k.run_id
@@ -461,7 +460,7 @@ BEGIN
                   WHERE p_pair_count > 0 AND pg_catalog.cardinality(p_run_ids) > 16
                     AND p.conversation_id = p_conversation_id
                     -- a semi-join, not "= ANY": an array parameter is searched row by
-                    -- row, not hashed (30,000 runs: 23.9 s a conversation, revision 0034)
+                    -- row, not hashed (30,000 runs: 23.9 s a conversation)
                     AND p.run_id IN (SELECT k.run_id
                                      FROM pg_catalog.unnest(p_run_ids) AS k (run_id))) AS s),
            l.user_message_id,
@@ -603,7 +602,7 @@ DECLARE
 BEGIN
     -- Sizes and the assistant side change in place; the position (seq, user id) cannot.
     -- A few runs (an edit's): each run's pair found through the run index, the
-    -- conversation as a filter (see rederive, revision 0044; as an index condition, where
+    -- conversation as a filter (see rederive; as an index condition, where
     -- pairs had no statistics yet, every edit also read the conversation's primary key
     -- entries). Many (a whole conversation re-derived): the conversation's pairs joined
     -- with them through the primary key's prefix, where as many probes would cost more.
@@ -658,7 +657,7 @@ BEGIN
         -- Pairs before that position keep their numbers: continue after the last of them.
         -- The stored pairs are numbered in (seq, message_id) order (only sizes and the
         -- assistant side changed above), so the last pair before the position is the
-        -- first one met walking pair_index down from the end (revision 0025: no index of
+        -- first one met walking pair_index down from the end (no index of
         -- its own on (seq, message_id), which was a fifth of the derived state); the walk
         -- passes the pairs that are renumbered below anyway.
         SELECT p.pair_index INTO v_base
@@ -710,7 +709,7 @@ BEGIN
     -- are hashed again, each from its 20 messages. Each touched run's pair is looked up
     -- on its own, as in rederive: plan_cache_mode = auto turns to a generic plan after
     -- five calls, and "run_id = ANY (the runs)" read every pair of a large conversation
-    -- under it (revision 0035).
+    -- under it.
     IF v_citus THEN
         v_held := ARRAY(
             SELECT DISTINCT q.pair_index / 10 * 10
@@ -726,7 +725,7 @@ BEGIN
             SELECT DISTINCT q.pair_index / 10 * 10
             FROM pg_catalog.unnest(v_touched) AS k (run_id)
             CROSS JOIN LATERAL (
-                -- the conversation as a filter: see rederive (revision 0044)
+                -- the conversation as a filter: see rederive
                 SELECT p.pair_index FROM compaction.pairs AS p
                 WHERE pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
                   AND p.run_id = k.run_id

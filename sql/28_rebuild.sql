@@ -84,8 +84,8 @@ BEGIN
         v_done := 0;
         SELECT count(*) INTO v_total
         FROM (SELECT DISTINCT sr.conversation_id FROM compaction.source_runs AS sr) AS c;
-        -- The shared resume point never moves back under one source stamp (revision
-        -- 0031): another rebuild may be under way, and a writer must not leave it a
+        -- The shared resume point never moves back under one source stamp:
+        -- another rebuild may be under way, and a writer must not leave it a
         -- conversation it has derived already (see the batch's end).
         UPDATE compaction.source_tracking AS st
         SET rebuild_stamp = v_stamp,

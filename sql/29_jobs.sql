@@ -490,8 +490,8 @@ CREATE UNIQUE INDEX attempts_one_running
 -- no trigger resizes them); claims use slots 1..settings.max_running. A
 -- running attempt holds one slot with a copy of its lease; a free slot has no holder, and
 -- a slot whose holder's lease ran out counts as free (expired attempts never count
--- against admission). Not per conversation: under Citus a reference table. Revision
--- 0026: its only index is the primary key on slot, which no update changes, and its pages
+-- against admission). Not per conversation: under Citus a reference table.
+-- Its only index is the primary key on slot, which no update changes, and its pages
 -- are half empty, so taking, renewing and freeing a slot are HOT updates that write no
 -- index entry; a slot is found by number (attempts.slot), the overflow after a lowered
 -- max_running by settings.admission_high_water.

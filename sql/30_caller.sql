@@ -141,8 +141,8 @@ $$;
 COMMENT ON FUNCTION compaction.caller_now(timestamptz) IS
     'Internal: now(), or p_now when the session user is a superuser or a member of compaction_owner (else CP025; a non-finite p_now is CP022)';
 
--- The longest identifiers the engine takes from a caller, in UTF-8 bytes (revision
--- 0018). They become index keys (jobs_identity_key holds conversation, scope and model
+-- The longest identifiers the engine takes from a caller, in UTF-8 bytes.
+-- They become index keys (jobs_identity_key holds conversation, scope and model
 -- together, and a btree entry must fit in a third of a page, 2704 bytes: these limits
 -- leave room for the hash and the rest even when nothing compresses), so a longer one
 -- used to fail deep inside an insert (54000, index row requires N bytes); the worker's

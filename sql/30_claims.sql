@@ -343,8 +343,8 @@ BEGIN
     -- writers of the conversation, and none of them changes its history, so the answer
     -- is the same either side of it; judged from the views (Citus, an untracked source)
     -- it is most of a claim's time, which the conversation's other writers no longer wait
-    -- for. With the derived state in use, current_range's read is made here (revision
-    -- 0045, as range_replies does): the call of a set-returning definer function cost
+    -- for. With the derived state in use, current_range's read is made here (as
+    -- range_replies does): the call of a set-returning definer function cost
     -- more than its one statement.
     IF compaction.derived_state_serves(p_conversation_id) THEN
         SELECT coalesce((SELECT cs.pair_count::bigint FROM compaction.conversation_state AS cs

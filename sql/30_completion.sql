@@ -3,8 +3,8 @@
 -- fenced first (fence, 30_fencing.sql).
 
 -- complete()'s p_stats (contract §6): NULL, or an object whose keys are among
--- input_tokens, output_tokens, figures_total, figures_kept, figures_invented (revision
--- 0048), each a non-negative integer
+-- input_tokens, output_tokens, figures_total, figures_kept, figures_invented,
+-- each a non-negative integer
 -- (JSON number without fraction or exponent, below 2^31), figures_kept only with
 -- figures_total and never above it. Anything else is CP020. The counts come back in the
 -- matching columns of an attempts row (the other columns NULL).

@@ -26,7 +26,7 @@ CREATE VIEW compaction.audit_jobs_rows AS
            a.started_at,
            a.lease_expires_at,
            a.finished_at,
-           -- Rows written before revision 0007 may hold infinite times; no stored
+           -- Rows a development version wrote may hold infinite times; no stored
            -- state may make this view fail.
            CASE WHEN pg_catalog.isfinite(a.finished_at) AND pg_catalog.isfinite(a.started_at)
                 THEN a.finished_at - a.started_at END AS duration,
@@ -41,7 +41,7 @@ CREATE VIEW compaction.audit_jobs_rows AS
            a.figures_total,
            a.figures_kept,
            a.claimed_by,
-           -- Revision 0048, last so that the view only grows (a DBA's views over it stay).
+           -- Last, so that the view only grows (a DBA's views over it stay).
            a.figures_invented
     FROM compaction.jobs AS j
     JOIN compaction.attempts AS a
@@ -85,7 +85,7 @@ CREATE VIEW compaction.audit_jobs_rows AS
 COMMENT ON VIEW compaction.audit_jobs_rows IS
     'Internal: the body of compaction.audit_jobs (granted to nobody)';
 
--- Computed where the source views are (contract §11, revision 0013). A view that called
+-- Computed where the source views are (contract §11). A view that called
 -- source_hash per row would, under Citus, be pushed down to the shards on the workers,
 -- which have no source views; this function reads the summaries' bindings, then asks
 -- source_hash once per range on the node it runs on.
@@ -161,8 +161,8 @@ BEGIN
         ORDER BY j.conversation_id, j.from_pair, s.summary_id
     LOOP
         -- The current hashes of every summarized range of a conversation at once: from
-        -- the views, one judgement of the conversation (revision 0023: source_hash per
-        -- range before, a whole judgement each). One statement each (contract §11).
+        -- the views, one judgement of the conversation (not source_hash per
+        -- range, a whole judgement each). One statement each (contract §11).
         IF v_cid IS DISTINCT FROM v_summary.cid THEN
             v_cid := v_summary.cid;
             v_from := ARRAY(SELECT DISTINCT j.from_pair
@@ -246,10 +246,10 @@ CREATE VIEW compaction.audit_queue_rows AS
 COMMENT ON VIEW compaction.audit_queue_rows IS
     'Internal: the body of compaction.audit_queue (granted to nobody)';
 
--- The event log (contract §10), revision 0027: the events the attempt rows record (each
+-- The event log (contract §10): the events the attempt rows record (each
 -- attempt's claim, and its end as the completion, failure or lease expiry it was), and
 -- compaction.event_log, which holds the rest (imports, erasures, the events of erased
--- attempts, everything written before 0027). An attempt's event columns are set once
+-- attempts). An attempt's event columns are set once
 -- (the claim's with the row, the end's by attempts_guard) and never change after, nor do
 -- its job's, nor the summary a completion wrote: a row of this view never changes, and
 -- erase_conversation moves its attempts' rows into event_log before it deletes them.
@@ -312,7 +312,7 @@ CREATE VIEW compaction.attempt_events AS
       ON s.conversation_id = a.conversation_id AND s.job_id = a.job_id AND s.attempt = a.attempt
     WHERE a.finish_event_id IS NOT NULL;
 COMMENT ON VIEW compaction.attempt_events IS
-    'Internal: the events the attempt rows record since revision 0027 (claim; completion, failure or lease_expiry), in event_log''s columns (granted to nobody)';
+    'Internal: the events the attempt rows record (claim; completion, failure or lease_expiry), in event_log''s columns (granted to nobody)';
 
 CREATE VIEW compaction.audit_events_rows AS
     SELECT l.conversation_id, l.event_id, l.kind, l.occurred_at, l.recorded_at, l.xact_id,

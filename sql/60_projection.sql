@@ -12,7 +12,7 @@
 -- the frame reads (judged_frame, projection_frame, projection_read) are in
 -- 61_projection_read.sql.
 
--- Revision 0048: the owner's model preference (contract §9) as a number, higher
+-- The owner's model preference (contract §9) as a number, higher
 -- preferred, like the version's rank: among a range's valid summaries of one version, a
 -- model named earlier in settings.projection_models before one named later, named before
 -- unnamed (0). SQL, immutable and without SET clauses, so the planner inlines it into
@@ -62,8 +62,8 @@ BEGIN
     -- source_current: the range exists now with exactly the stored ids and hash. From the
     -- derived state that is a comparison per summary. Judged from the views, one call
     -- of current_ranges judges the conversation once for every summarized range
-    -- (revision 0023: current_range per range before, a whole judgement each, so a
-    -- projection's cost grew with the square of the conversation's length), in a
+    -- (not current_range per range, a whole judgement each, whose cost grew with the
+    -- square of the conversation's length), in a
     -- statement of its own (contract §11: no engine function nested in a query on
     -- distributed tables).
     IF NOT v_derived THEN
@@ -112,10 +112,10 @@ BEGIN
            s.bytes,
            coalesce(n.source_message_ids = s.source_message_ids
                     AND n.source_hash = s.source_hash, false),
-           -- Preference among a range's projectable summaries (revision 0009): the
+           -- Preference among a range's projectable summaries: the
            -- version's number after '@', higher first; -1 for a version without one.
            coalesce(pg_catalog.substring(s.prompt_version, '@([0-9]{1,9})$')::int, -1),
-           -- Then the owner's model preference (revision 0048), higher first.
+           -- Then the owner's model preference, higher first.
            compaction.model_preference(s.model, v_models)
     FROM summaries AS s
     LEFT JOIN compaction.prompt_versions AS v ON v.prompt_version = s.prompt_version
@@ -157,7 +157,7 @@ $$;
 COMMENT ON FUNCTION compaction.projection_texts(text, text[], bigint[]) IS
     'Texts of the named messages and summaries of one conversation (what a projection includes), one row each';
 
--- Summary verdicts (revision 0014): the rules of contract §9 that do not depend on the
+-- Summary verdicts: the rules of contract §9 that do not depend on the
 -- budget, in the order it gives. pycompactor.projection.select_summaries is the in-memory
 -- twin. Judged against the derived ranges; compaction.summary_verdicts keeps the result.
 CREATE FUNCTION compaction.judge_summaries(p_conversation_id text, p_summary_ids bigint[])
@@ -175,7 +175,7 @@ BEGIN
     RETURN QUERY
     WITH stored AS (
         SELECT js.summary_id, j.scope, j.from_pair, js.completed_at,
-               -- The owner's model preference (revision 0048), higher preferred.
+               -- The owner's model preference, higher preferred.
                compaction.model_preference(j.model, v_models) AS model_rank,
                coalesce(v.projectable, false) AS projectable,
                -- The version's number after '@', higher preferred; -1 without one.
@@ -333,7 +333,7 @@ $$;
 COMMENT ON FUNCTION compaction.rederive_summary_verdicts(text, int[], bigint) IS
     'Internal: re-judges the summaries of the listed ranges of a conversation (every summary when NULL) into compaction.summary_verdicts, first adding p_new_summary_id''s row when given (not on Citus, where no derived state is kept)';
 
--- Revision 0048: the owner's model preference (contract §9). The verdicts it
+-- The owner's model preference (contract §9). The verdicts it
 -- decides are derived state, so setting it re-judges every conversation that has a
 -- verdict, each under its conversation_state row as complete and import_summary take it
 -- (sql/25_tracking.sql): a completion that judged its range with the old preference

@@ -9,9 +9,9 @@
 -- gets the verdict judge_summaries gives it from the derived state, in contract §9's
 -- order, against the ranges judged here. Only the ranges whose current ids are those of
 -- a projectable summary are hashed: the other summaries are not projectable or stale
--- whatever the texts say. (Until this revision the driver read the pairs through
--- indexed_pairs and then the verdicts' inputs through projection_summaries: two
--- judgements, in four round trips after projection_read's.) Each statement that calls
+-- whatever the texts say. (Reading the pairs through indexed_pairs and then the
+-- verdicts' inputs through projection_summaries took two judgements, in four round
+-- trips after projection_read's.) Each statement that calls
 -- an engine function stands alone (contract §11); between statements the arrays are zipped
 -- by unnest, never subscripted in a query, where a subscript walks a text[] from its
 -- start.
