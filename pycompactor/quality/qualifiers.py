@@ -95,12 +95,24 @@ _WRAPPED: Final = re.compile(
 )
 
 
+# A fenced code block (```), whose lines are statements of their own, not a wrapped
+# sentence ("x = 1\ny = 2" stays two lines).
+_FENCED: Final = re.compile(r"^[ \t]*```.*?(?:^[ \t]*```[^\n]*$|\Z)", re.MULTILINE | re.DOTALL)
+
+
 def unwrap(text: str) -> str:
     """The text with its hard line wraps undone, so that a sentence broken across lines
     reads as one ("stdout and stderr are not captured, and those attributes\nwill be
-    None." is one sentence, not two). The fidelity measures read replies this way; the
-    qualifier retention of extractive-1/-2 (`sentences` alone) does not."""
-    return _WRAPPED.sub(" ", text)
+    None." is one sentence, not two); a fenced code block stays as written. The fidelity
+    measures read replies this way; the qualifier retention of extractive-1/-2
+    (`sentences` alone) does not."""
+    out, at = [], 0
+    for block in _FENCED.finditer(text):
+        out.append(_WRAPPED.sub(" ", text[at:block.start()]))
+        out.append(block.group(0))
+        at = block.end()
+    out.append(_WRAPPED.sub(" ", text[at:]))
+    return "".join(out)
 
 
 def sentences(text: str) -> list[str]:

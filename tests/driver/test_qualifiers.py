@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pycompactor.quality.qualifiers import qualified_facts, qualifier_stats, qualifiers
+from pycompactor.quality.qualifiers import qualified_facts, qualifier_stats, qualifiers, unwrap
 
 
 def test_phrases_before_words_and_contractions_as_not() -> None:
@@ -28,3 +28,17 @@ def test_retention_counts_facts_stated_whole() -> None:
     split = qualifier_stats(replies, "8 connections. Only. Not 16.")
     assert (split.total, split.kept) == (3, 1)
     assert qualifier_stats(["no figures, not one"], "x").retention is None
+
+
+def test_unwrap_joins_a_wrapped_sentence_and_leaves_lists_and_code_alone() -> None:
+    wrapped = "By default, stdout and stderr are not captured, and those attributes\nwill be None."
+    assert unwrap(wrapped) == ("By default, stdout and stderr are not captured, and those"
+                               " attributes will be None.")
+    # A list's items, a sentence's end and a capital start a line of their own.
+    listed = "Options:\n- first item\n- second item\nDone here.\nNext line."
+    assert unwrap(listed) == listed
+    # A fenced code block keeps its lines: "x = 1" and "y = 2" are two statements.
+    code = "Set it like this\nfor example:\n```python\nx = 1\ny = 2\nprint(x)\nfoo()\n```\nok"
+    assert unwrap(code) == ("Set it like this for example:\n```python\nx = 1\ny = 2\n"
+                            "print(x)\nfoo()\n```\nok")
+    assert unwrap("a\n```\nb = 1\nc\n") == "a\n```\nb = 1\nc\n"  # unclosed: to the end
