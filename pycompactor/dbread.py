@@ -522,29 +522,6 @@ Query = tuple[LiteralString, dict[str, Any]]
 PROJECTION_SNAPSHOT_SQL: Final = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
 
-def projection_pairs_query(conversation_id: str) -> Query:
-    """Rows (pair_index, user_message_id, assistant_message_id, user_bytes,
-    assistant_bytes): every eligible pair's metadata, no text (what a projection reads
-    from a schema before revision 0041 without its derived state)."""
-    return ("SELECT pair_index, user_message_id, assistant_message_id, user_bytes,"
-            " assistant_bytes FROM compaction.indexed_pairs(%(conversation_id)s::text)",
-            {"conversation_id": conversation_id})
-
-
-def projection_summaries_query(conversation_id: str, scope: str) -> Query:
-    """Rows (summary_id, from_pair, to_pair, source_message_ids, source_hash,
-    prompt_version, projectable, completed_at, summary_bytes, source_current,
-    version_rank): every completed summary's metadata, no text (what a projection reads
-    from a schema before revision 0041 without its derived state; such a schema has no
-    model preference, revision 0048, so model_rank is not asked for)."""
-    return ("SELECT summary_id, from_pair, to_pair, source_message_ids, source_hash,"
-            " prompt_version, projectable, completed_at, summary_bytes, source_current,"
-            " version_rank"
-            " FROM compaction.projection_summaries(%(conversation_id)s::text,"
-            " %(scope)s::text)",
-            {"conversation_id": conversation_id, "scope": scope})
-
-
 #: With the first read of a projection on an autocommit connection, in the same pipeline:
 #: the snapshot without a round trip of its own (ended by PROJECTION_END_SQL, sent with
 #: the texts).

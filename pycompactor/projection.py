@@ -19,8 +19,7 @@ Two layers:
   includes; the driver plans from the metadata itself (`_frame_step`) and renders if
   every text it needs came (`_one_read`). Otherwise (a text not sent) the reads run in
   one read-only repeatable-read transaction (`_projection_steps`): the frame, then only
-  the texts the plan includes (a schema before revision 0041 without its derived state
-  gives no frame: every pair's and summary's metadata, judged from the views, instead).
+  the texts the plan includes.
   With the derived state, the text read and shipped grows with the budget, not with the
   conversation (docs/projection.md, "Cost"). The reads are written once, driver-free;
   two small drivers run them, usually one round trip: `project_history` on a
@@ -253,16 +252,16 @@ def _next_read(given: int, spent: int, budget: int) -> int:
     return min(wanted + (-wanted) % PAIRS_PER_RANGE, _MAX_PAIRS_READ)
 
 
-def _frame_step(frame: Sequence[Any], budget: int) -> Plan | int | None:
+def _frame_step(frame: Sequence[Any], budget: int) -> Plan | int:
     """What projection_frame's row (its first 11 columns) decides: the plan when the walk
     finished within its pairs; else how many of the newest pairs to read next. Judged
     from the views (the derived state out of use: `derived` false) the frame holds every
-    pair, so the walk always finishes. None when the engine gave no frame: a schema
-    before revision 0041 without its derived state (the caller judges from the views)."""
+    pair, so the walk always finishes."""
     (_derived, count, first, users, assistants, user_sizes, assistant_sizes,
      summary_ids, from_pairs, reasons, sizes) = frame[:11]
     if users is None:
-        return None
+        raise PycompactorError("the engine gave no projection frame; run `pycompactor migrate`"
+                               " to the version of this pycompactor")
     if not len(users) == len(assistants) == len(user_sizes) == len(assistant_sizes):
         raise PycompactorError("the engine gave a frame whose pair columns differ in length;"
                                " upgrade pycompactor to the version of the migrations")
@@ -293,11 +292,8 @@ def _projection_steps(conversation_id: str, budget: int, scope: str,
     One statement (compaction.projection_frame) gives the newest `wanted` pairs'
     metadata and every summary's verdict; if the walk gets past those pairs, it is asked
     again for as many as the rest of the budget may need (judged from the views, the
-    frame holds every pair at once). A schema before revision 0041 gives no frame
-    without its derived state: then every pair's and every summary's metadata, judged
-    from the views (an application upgraded before its database is migrated keeps
-    projecting). No text is read here: the texts the plan includes are read by the
-    driver (`_texts_query`).
+    frame holds every pair at once). No text is read here: the texts the plan includes
+    are read by the driver (`_texts_query`).
     """
     wanted = _first_read(budget) if wanted is None else wanted
     while True:
@@ -305,19 +301,7 @@ def _projection_steps(conversation_id: str, budget: int, scope: str,
         step = _frame_step(frame, budget)
         if isinstance(step, Plan):
             return step
-        if step is None:
-            break
         wanted = step
-
-    # A schema before revision 0041, judged from the views: every pair, every summary.
-    # Plain tuples, then PairMeta._make: one per eligible pair, so per-row cost counts.
-    all_pairs = list(map(PairMeta._make, (yield db.projection_pairs_query(conversation_id))))
-    # Rows of db.projection_summaries_query; version_rank comes last there. A schema this
-    # old has no model preference: model_rank stays 0.
-    summaries = [SummaryCandidate(r[0], r[1], r[2], tuple(r[3]), r[4], r[5], r[6], r[10], r[7],
-                                  r[8], r[9])
-                 for r in (yield db.projection_summaries_query(conversation_id, scope))]
-    return plan_projection(all_pairs, summaries, budget)
 
 
 def _one_read_query(conversation_id: str, budget: int, scope: str) -> db.Query:
@@ -339,7 +323,7 @@ def _one_read(rows: Sequence[Sequence[Any]], budget: int) -> _Read | int:
     different projection."""
     step = _frame_step(rows[0], budget)
     if not isinstance(step, Plan):
-        return _first_read(budget) if step is None else step
+        return step
     message_texts, summary_texts = _texts(rows[1:])
     if (all(m in message_texts for m in step.message_ids)
             and all(s in summary_texts for s in step.summary_ids)):
