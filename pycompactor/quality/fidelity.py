@@ -10,7 +10,11 @@ would, and check the answer (docs/evaluate.md defines them in prose):
   summary's bracketed reply labels (`[a3]`, the replies' ids) are read as no words;
 * **words** of a sentence: its figures (contract §8), its other words lowercased minus a
   few English stopwords, and for Chinese text every character and every pair of adjacent
-  characters (a reader matches Chinese without word boundaries);
+  characters (a reader matches Chinese without word boundaries); plus the words of its
+  **subject**, the term the entry it belongs to opens with: a sentence that opens with a
+  term of at most four words and a colon ("- vacuum_cost_page_miss (integer): …",
+  "b) Resource Consumption: …") names what the sentences after it on its line are about,
+  so "The default value is 2." there asks about vacuum_cost_page_miss's default;
 * a **question** is a reply sentence with one thing masked: a figure (attribution) or a
   qualifier of the scope set (qualifier scope). Each of its words weighs its rarity among
   the reply sentences, `ln(1 + N / df)`, so "Northwind" decides and "fee" barely counts;
@@ -78,6 +82,11 @@ _TOKEN: Final = re.compile(
     rf"|(?P<word>(?:(?![{_CJK}])[^\W\d_])+(?:'(?:(?![{_CJK}])[^\W\d_])+)*)"
 )
 _CLAUSE_END: Final = re.compile(r",(?=\s)|[;，；、]")
+_LINES: Final = re.compile(r"[\n\r]+")
+# An entry's lead: a list marker or a summary's reply label, then a term of at most four
+# words and a colon (a sentence's first colon after longer text is no lead).
+_LEAD: Final = re.compile(
+    r"^(?:[-*•]\s+|・\s*|[a-j]\)\s+)?([^\s:：]{1,60}(?: [^\s:：]{1,30}){0,3})[:：]\s")
 _LABEL: Final = re.compile(r"\[([^\[\]]*)\]")
 _LABEL_SEP: Final = re.compile(r"\s*,\s*")
 # Scores within this of the best tie: sums of the same floats in another order.
@@ -137,16 +146,36 @@ def words(sentence: str) -> frozenset[str]:
 class _Sentence:
     text: str
     tokens: tuple[_Token, ...]
+    #: Its own words and its subject's (`context`).
     words: frozenset[str]
     figures: frozenset[str]
     qualifiers: frozenset[str]
+    #: The words of the term its line's entry opened with, when it did not (`_subjects`).
+    context: frozenset[str]
 
 
-def _sentence(text: str) -> _Sentence:
+def _sentence(text: str, context: frozenset[str] = frozenset()) -> _Sentence:
     tokens = tuple(_tokens(text))
-    return _Sentence(text, tokens, frozenset(t.text for t in tokens),
+    own = frozenset(t.text for t in tokens)
+    return _Sentence(text, tokens, own | context,
                      frozenset(t.text for t in tokens if t.figure),
-                     frozenset(q for _, _, q in qualifier_spans(text)))
+                     frozenset(q for _, _, q in qualifier_spans(text)), context - own)
+
+
+def _subjects(text: str) -> Iterator[_Sentence]:
+    """The sentences of a text, each with the term of the entry it belongs to: a
+    sentence that opens with a term and a colon ("- vacuum_cost_page_miss (integer): The
+    estimated cost …", "UMask=: …", "b) Resource Consumption: …") names what the
+    sentences after it on its line are about, so "The default value is 2." is read as a
+    statement about vacuum_cost_page_miss, as a reader of the line reads it, and five
+    "default value" sentences of five entries are five different questions."""
+    for line in _LINES.split(text):
+        context: frozenset[str] = frozenset()
+        for s in sentences(line):
+            lead = _LEAD.match(s)
+            if lead:
+                context = words(lead.group(1))
+            yield _sentence(s, context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +188,7 @@ class _Candidates:
 
 
 def _candidates(texts: Iterable[str]) -> _Candidates:
-    found = tuple(_sentence(s) for text in texts for s in sentences(text))
+    found = tuple(s for text in texts for s in _subjects(text))
     index: dict[str, list[int]] = {}
     for i, s in enumerate(found):
         for w in s.words:
@@ -219,7 +248,7 @@ def _offered(question: _Question, sentence: _Sentence, weights: Mapping[str, flo
     for t in sentence.tokens:
         occurrences.setdefault(t.text, []).append(t.start)
     votes = dict.fromkeys(offered, 0.0)
-    for w in sorted(question.words & sentence.words):
+    for w in sorted(question.words & occurrences.keys()):
         # The occurrence of the word nearest to an offered figure votes for that figure,
         # a figure of its own clause first ("A: fee 0.29%, B: fee 0.43%"); a word as
         # near to two figures votes for neither. Clauses are intervals, so the nearest
@@ -313,7 +342,7 @@ def _figures_asked(source: _Candidates, weights: Mapping[str, float]) -> Iterato
         if len(s.tokens) > MAX_QUESTION_WORDS:
             continue
         for f in sorted(s.figures):
-            question = _question((t.text for t in s.tokens if t.text != f), weights)
+            question = _question((w for w in s.words if w != f), weights)
             if (question.words, f) in seen:
                 continue
             seen.add((question.words, f))
@@ -340,7 +369,7 @@ def _qualifiers_asked(source: _Candidates, weights: Mapping[str, float]) -> Iter
         spans = qualifier_spans(s.text)
         for q in sorted(s.qualifiers):
             masked = _masked(s.text, [(a, b) for a, b, q2 in spans if q2 == q])
-            question = _question((w for w in words(masked.replace(MASK, " "))
+            question = _question((w for w in words(masked.replace(MASK, " ")) | s.context
                                   if w in weights), weights)
             if (question.words, q) in seen:
                 continue

@@ -20,7 +20,10 @@ and writes only lines a reader can quote back to one reply:
    reference entry defines ("WorkingDirectory=: Takes …", "os.path.join: Join …"), or
    the first proper name of its first sentence ("Lotus Asia Growth charges …"). A reply's line
    starts with that subject when its first kept sentence does not name it, so "The fund's
-   NAV on 2026-10-30 was 11.48." reads under the fund it belongs to.
+   NAV on 2026-10-30 was 11.48." reads under the fund it belongs to. A reply that lists
+   entries ("- vacuum_cost_page_miss (integer): … The default value is 2.") gives each
+   entry's sentences under the entry's term ("vacuum_cost_page_miss: Default value is
+   2."), never as one of several bare "Default value is N." under the chapter's name.
 4. **Corrections first, caveats with what they govern.** Sentences are chosen by what
    they state per byte:
    a correction ("Correction: …", "corrected from …", "that is incorrect") before
@@ -83,11 +86,12 @@ QUALIFIER_WORTH: Final = 0.3
 #: Words a telegraphic line can do without: articles and a few fillers. Nothing that
 #: carries a clause ("that", "which", "this", a verb) goes, so no clause loses its subject
 #: or turns into another statement, and never a qualifier ("not", "no", "only", "may").
-_FUNCTION_WORDS: Final = frozenset({"a", "an", "the", "very", "just", "also"})
+_FUNCTION_WORDS: Final = frozenset({"a", "an", "the", "very", "also"})
 # A word standing alone: "a" of "a.k.a." or "e.g." is no article.
 _WORD: Final = re.compile(r"(?<![\w.'-])[A-Za-z]+(?:'[a-z]+)?(?![\w.'-])")
-# A dropped word leaves " ," behind.
+# A dropped word leaves " ," or "( " behind.
 _SPACE_BEFORE_MARK: Final = re.compile(r" ([,;:.!?)])(?![0-9])")
+_SPACE_AFTER_OPENING: Final = re.compile(r"([(\[“]) (?=\S)")
 # A sentence that opens with one of these, a comma after it, loses the opener.
 _OPENERS: Final = re.compile(
     r"^(?:However|Additionally|Also|Thus|Therefore|Furthermore|Moreover|Note that|"
@@ -126,6 +130,9 @@ _PROPER: Final = re.compile(r"\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*)+")
 _TERM_LEAD: Final = re.compile(r"^([^\s:：]{1,60}(?: [^\s:：]{1,30}){0,3})[:：]\s")
 _NAME_LIKE: Final = re.compile(r"[=._/()\[\]<>\-]|[a-z][A-Z]")
 _LETTER: Final = re.compile(r"[^\W\d_]")
+# A type or unit note after an entry's term ("bgwriter_delay (integer)"): the line names
+# the term without it.
+_TYPE_NOTE: Final = re.compile(r"\s*\([^()]*\)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +146,22 @@ class _Unit:
     figures: frozenset[str]
     qualifiers: int
     correction: bool
+    #: The line of the reply it comes from, and the term that line's entry defines.
+    item: int = 0
+    term: str | None = None
 
     @property
     def size(self) -> int:
         return len(self.text.encode("utf-8")) + 1
+
+
+def entry_term(lead: str) -> str | None:
+    """The term a reference entry's lead defines ("vacuum_cost_page_miss (integer): …"
+    -> "vacuum_cost_page_miss"), None when it names none (module docstring, step 3)."""
+    match = _TERM_LEAD.match(lead)
+    if not (match and _NAME_LIKE.search(match.group(1)) and _LETTER.search(match.group(1))):
+        return None
+    return _TYPE_NOTE.sub("", match.group(1)) or match.group(1)
 
 
 def subject(reply: str) -> str | None:
@@ -173,7 +192,7 @@ def telegraph(sentence: str) -> str:
     text = _WORD.sub(keep, text)
     text = _WS_RUN.sub(" ", text)
     # (Not before a digit: "10 .5" must not become the figure 10.5.)
-    text = _SPACE_BEFORE_MARK.sub(r"\1", text).strip(" ,")
+    text = _SPACE_AFTER_OPENING.sub(r"\1", _SPACE_BEFORE_MARK.sub(r"\1", text)).strip(" ,")
     if text and text[0].islower() and sentence.lstrip(_ASCII_WS + "-*•・ ")[:1].isupper():
         text = text[0].upper() + text[1:]
     return text
@@ -192,21 +211,26 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
     units = []
     for r, reply in enumerate(replies):
         order = 0
-        for line in _LINES.split(unwrap(reply)):
+        for item, line in enumerate(_LINES.split(unwrap(reply))):
             chain: list[str] = []
-            for sentence in measure_sentences(_BULLET.sub("", line.strip(_ASCII_WS))):
+            said = measure_sentences(_BULLET.sub("", line.strip(_ASCII_WS)))
+            # Every sentence of an entry is about the term its line opens with ("The
+            # default value is 2." of vacuum_cost_page_miss).
+            term = entry_term(said[0]) if said else None
+            for sentence in said:
                 if chain and not (_ANAPHOR.match(sentence)
                                   or _CONTINUATION.match(sentence)):
-                    units.extend(_unit(r, order, chain))
+                    units.extend(_unit(r, order, chain, item, term))
                     order += len(chain)
                     chain = []
                 chain.append(sentence)
-            units.extend(_unit(r, order, chain))
+            units.extend(_unit(r, order, chain, item, term))
             order += len(chain)
     return units
 
 
-def _unit(reply: int, order: int, chain: Sequence[str]) -> list[_Unit]:
+def _unit(reply: int, order: int, chain: Sequence[str], item: int = 0,
+          term: str | None = None) -> list[_Unit]:
     """A sentence and the ones that point back to it, as one unit if any states a fact."""
     found: set[str] = set()
     qualifiers = 0
@@ -222,14 +246,28 @@ def _unit(reply: int, order: int, chain: Sequence[str]) -> list[_Unit]:
     if not texts or not (found or qualifiers):
         return []
     return [_Unit(reply, order, " ".join(texts), frozenset(found), qualifiers,
-                  any(_CORRECTION.search(sentence) for sentence in chain))]
+                  any(_CORRECTION.search(sentence) for sentence in chain), item, term)]
 
 
 def _line(label: str, topic: str | None, chosen: Sequence[_Unit]) -> str:
+    """One reply's line: its label, its subject unless the first sentence names it, and
+    the kept sentences in reply order, each entry's opened with the entry's term unless
+    the sentence opens with it."""
+    parts = []
+    item = None
+    for unit in chosen:
+        text = unit.text
+        if unit.item != item:
+            item = unit.item
+            term = unit.term
+            if (term and not text.lower().startswith(term.lower())
+                    and not (topic and term.lower() == topic.lower())):
+                text = f"{term}: {text}"
+        parts.append(text)
     head = f"{label}) "
-    if topic and topic.lower() not in chosen[0].text.lower():
+    if topic and topic.lower() not in parts[0].lower():
         head += f"{topic}: "
-    return head + " ".join(u.text for u in chosen)
+    return head + " ".join(parts)
 
 
 def _ended(text: str) -> str:

@@ -30,6 +30,7 @@ from pycompactor.summarizers.extractive3 import (
     DEFAULT_TARGET,
     EXTRACTIVE3_MODEL,
     Extractive3Summarizer,
+    entry_term,
     subject,
     summarize_replies,
     telegraph,
@@ -209,6 +210,27 @@ def test_a_reference_entry_s_default_reads_under_its_option() -> None:
     assert summary.splitlines()[0] == "a) UMask=: Defaults to 0022 for system units."
 
 
+def test_every_entry_s_figure_is_written_under_its_term() -> None:
+    """A reply listing entries ("- vacuum_cost_page_miss (integer): … The default value is
+    2.") gets each kept sentence under its entry's term, not four bare "Default value is
+    N." lines under the chapter's name."""
+    names = {"page_hit": "1", "page_miss": "2", "page_dirty": "20", "limit": "200"}
+    reply = "Resource Consumption:\n\n" + "\n\n".join(
+        f"- vacuum_cost_{name} (integer): The estimated cost charged for {name}. "
+        f"The default value is {value}." for name, value in names.items())
+    summary = summarize_replies([reply], 0.5)
+    assert summary == ("a) Resource Consumption: " + " ".join(
+        f"vacuum_cost_{name}: Default value is {value}." for name, value in names.items()))
+    assert fidelity.attribution([reply], summary) == fidelity.Score(len(names), len(names))
+    assert entry_term("vacuum_cost_limit (integer): The cost.") == "vacuum_cost_limit"
+    assert entry_term("Understood: a 10-year horizon.") is None
+
+
+def test_telegraph_restores_spacing_a_dropped_article_leaves() -> None:
+    assert telegraph("-1 (the default) means no limit.") == "-1 (default) means no limit."
+    assert telegraph("a “just in time” policy") == "“just in time” policy"
+
+
 def test_telegraph_drops_articles_and_keeps_every_qualifier_and_figure() -> None:
     assert telegraph("- However, the NAV is not the current one: 10.37 as of 2026-10-09.") \
         == "NAV is not current one: 10.37 as of 2026-10-09."
@@ -240,16 +262,24 @@ _replies = st.lists(st.one_of(_reply, _any_text), min_size=10, max_size=10)
 def from_one_sentence(replies: list[str], summary: str) -> None:
     """Every summary sentence's words, in order, are words of one sentence of the reply
     its line names (a sentence broken across lines read as one), after that reply's
-    carried subject."""
+    carried subject or the term of the reply's entry it comes from."""
     for label, text in lines_by_label(summary).items():
         reply = replies["abcdefghij".index(label)]
         topic = subject(reply)
         if topic and text.startswith(f"{topic}: "):
             text = text[len(topic) + 2:]
         sources = [_WORDS.findall(s.lower()) for s in sentences(unwrap(reply))]
+        terms = {entry_term(said[0]) for line in unwrap(reply).splitlines()
+                 if (said := sentences(_MARKER.sub("", line.strip())))}
         for piece in sentences(text):
+            term = next((t for t in terms if t and piece.startswith(f"{t}: ")), None)
+            if term:
+                piece = piece[len(term) + 2:]
             words = _WORDS.findall(piece.lower())
             assert any(is_subsequence(words, source) for source in sources), piece
+
+
+_MARKER = re.compile(r"^(?:[-*•]\s+|・\s*)")
 
 
 def is_subsequence(words: list[str], source: list[str]) -> bool:

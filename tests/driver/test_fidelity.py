@@ -144,6 +144,29 @@ def test_questions_the_replies_cannot_answer_are_left_out() -> None:
     assert found[0].question == f"Harbor Bond Index charges {MASK}% a year."
 
 
+#: One reply listing four entries, each stating its default in a sentence of its own that
+#: does not name the entry (the PostgreSQL documentation's shape).
+ENTRIES: dict[str, str] = {"page_hit": "1", "page_miss": "2", "page_dirty": "20",
+                           "limit": "200"}
+ENTRY_REPLY = "Resource Consumption:\n\n" + "\n\n".join(
+    f"- vacuum_cost_{name} (integer): The estimated cost charged for {name}. "
+    f"The default value is {value}." for name, value in ENTRIES.items())
+
+
+def test_an_entry_s_sentence_is_asked_under_the_entry_s_term() -> None:
+    """"The default value is 2." is a statement about vacuum_cost_page_miss: four entries'
+    defaults are four questions, and lines that drop the term answer none of them."""
+    found = [q for q in questions([ENTRY_REPLY], ENTRY_REPLY) if q.kind == "figure"]
+    assert sorted(q.expected for q in found) == sorted(ENTRIES.values())
+    assert all(q.kept for q in found)
+    bare = "\n".join(f"Default value is {value}." for value in ENTRIES.values())
+    assert attribution([ENTRY_REPLY], bare) == Score(0, len(ENTRIES))
+    # A summary line carries one entry after another, each opened by its term.
+    named = "b) Resource Consumption: " + " ".join(
+        f"vacuum_cost_{name}: default {value}." for name, value in ENTRIES.items())
+    assert attribution([ENTRY_REPLY], named) == Score(len(ENTRIES), len(ENTRIES))
+
+
 # --------------------------------------------------------------------------- qualifier scope
 
 
