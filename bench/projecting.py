@@ -7,7 +7,7 @@ application must do: walk the conversation's messages newest first (the
 statement. The per-statement breakdown and `indexed_pairs` alone show where the rest goes.
 
 Each cell also times the engine statements of that projection alone (as project_history
-sent them: since revision 0029 usually the one compaction.projection_read, the frame and
+sent them: usually the one compaction.projection_read, the frame and
 the texts; replayed as plain autocommit statements with their rows fetched: no planning
 or rendering in Python). That is the floor of a projection that plans from metadata and
 reads only the texts it includes.
