@@ -174,7 +174,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
 def _measure_from_the_views(conn: Conn, conversation: str, pairs: int,
                             sizes: Sizes) -> dict[str, Any]:
     """project_history at 64 KiB with the derived state out of use (a tracking trigger
-    disabled, as before an install's rebuild has finished, and always on Citus): every
+    disabled, as before an install's rebuild has finished): every
     call judges the conversation from the views and hashes each summarized range. The
     trigger is enabled again and the derived state rebuilt afterwards."""
     budget = 64 * 1024

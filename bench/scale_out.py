@@ -230,10 +230,9 @@ def _p50_ms(conn: psycopg.Connection[Any], query: LiteralString, calls: int,
 #: What a drained range costs, call by call: a worker pass reads its conversation's targets
 #: (worker_targets), claims (which judges the range with current_range), reads the replies
 #: (range_replies: by the claimed job's ids, measured after the drain claimed that range),
-#: and completes; claim and complete
-#: each write an admission slot, a row of a reference table. Each judging call reads the
-#: conversation from the views when the derived state is not in use (always on Citus), and
-#: judge_runs is the eligibility they all start from.
+#: and completes; claim and complete each write an admission slot, a row of a reference
+#: table. Each judging call reads the conversation from the views when the derived state
+#: is not in use, and judge_runs is the eligibility they all start from.
 RANGE_CALLS: dict[str, LiteralString] = {
     "judge_runs": "SELECT count(*) FROM compaction.judge_runs(%(c)s)",
     "current_range": "SELECT * FROM compaction.current_range(%(c)s, 0)",
