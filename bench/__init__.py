@@ -1,1 +1,1 @@
-"""Benchmarks of issue 6: pycompactor's guarantees as ratios against plain SQL (`make bench`)."""
+"""The benchmarks of `make bench`: the cost of pycompactor's guarantees against plain SQL."""

@@ -8,27 +8,27 @@ INSERT a result row (one statement, one commit). Same connections, same number o
 statements and commits, so the ratio is the server-side cost of the checks, the locks
 and the audit trail.
 
-A third cycle measures the floor the design sets: the rows a claim and a completion
-must write (a job with its 20 ids, an attempt and its transition, which record the two
-audit events since revision 0027, an admission slot taken and given back by number since
-0026, a summary, its verdict), read against the range's current ids and hash, each call
-one plain statement of writable CTEs into copies of the engine's tables (their keys,
-indexes and CHECKs; no foreign keys, triggers, refusal paths, fencing or timeouts). No
-implementation of this design writes less, so its ratio to the baseline bounds what the
-claim cycle can reach here.
+A third cycle measures the floor the design sets: the rows a claim and a completion must
+write (a job with its 20 ids, an attempt and its transition, which record the two audit
+events, an admission slot taken and given back by number, a summary, its verdict), read
+against the range's current ids and hash, each call one plain statement of writable CTEs
+into copies of the engine's tables (their keys, indexes and CHECKs; no foreign keys,
+triggers, refusal paths, fencing or timeouts). No implementation of this design writes
+less, so its ratio to the baseline bounds what the claim cycle can reach here.
 
-A fourth cycle measures the floor of a far leaner design (issue 32: "a floor that a
-design sets can be moved by the design"), the leanest we found room for: one row per
-attempt, which carries its job's identity (the 20 ids and the hash) and its admission
-slot (unique among running attempts, so no slot table), inserted by the claim; the
-completion updates it with the summary. No job row, no summary row, no verdict: two row
-writes a cycle, where the plain SQL cycle writes three. Its keys are the engine's
-(identity, one running attempt per identity, one completed per identity) and the copied
-attempt table's CHECK. A design of that shape would still pay its checks (fencing,
-ownership, eligibility, source, versions, admission) on top of this.
+A fourth cycle measures the floor of a far leaner design (a floor that a design sets can
+be moved by the design, so the claim goals are weighed against it too), the leanest we
+found room for: one row per attempt, which carries its job's identity (the 20 ids and
+the hash) and its admission slot (unique among running attempts, so no slot table),
+inserted by the claim; the completion updates it with the summary. No job row, no
+summary row, no verdict: two row writes a cycle, where the plain SQL cycle writes three.
+Its keys are the engine's (identity, one running attempt per identity, one completed per
+identity) and the copied attempt table's CHECK. A design of that shape would still pay
+its checks (fencing, ownership, eligibility, source, versions, admission) on top of
+this.
 
 A fifth cycle measures what those checks cost at the least: a sketch of an engine on the
-lean design's row (issue 32). Its claim and completion are PL/pgSQL functions with the
+lean design's row. Its claim and completion are PL/pgSQL functions with the
 contract's signatures, each one statement that reads what the checks read (the prompt
 version, the settings, the range and the conversation's pair count, the identity's earlier
 attempts) and writes only when they hold, answering with the contract's reason when they
@@ -40,8 +40,8 @@ upper bound for any engine of that shape.
 
 Each K also counts the MultiXact ids pycompactor's cycles spend: a row that two
 transactions lock at once takes one, and the ids are spent for good (running low forces
-aggressive vacuums of every table). Until revision 0046 every claim locked its prompt
-version's row, so concurrent claims spent one most of the time.
+aggressive vacuums of every table). A claim does not lock its prompt version's row (a
+foreign key's check would), so that concurrent claims do not spend one most of the time.
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ CREATE TABLE bench.plain_results (
 );
 """
 # The contract's rows (see the module docstring), in copies of the engine's tables.
-# Since revision 0027 the attempt row records its events (its claim_* columns take their
-# defaults, the completion stamps finish_*): no event row.
+# The attempt row records its events (its claim_* columns take their defaults, the
+# completion stamps finish_*): no event row.
 _FLOOR_TABLES = ("jobs", "attempts", "admission", "job_summaries", "summary_verdicts")
 _FLOOR_DDL = "".join(
     f"CREATE TABLE bench.floor_{t} (LIKE compaction.{t} INCLUDING ALL);\n"

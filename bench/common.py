@@ -232,7 +232,7 @@ def drain_queue(conn: Conn) -> int:
     for scope in scopes:
         while True:
             row = conn.execute(
-                # the most one dequeue takes (revision 0018)
+                # the most one dequeue takes
                 "SELECT count(*) FROM compaction.dequeue(%s::text, 1000) AS d,"
                 " LATERAL compaction.ack(d.conversation_id, d.scope, d.lease_token) AS a",
                 (scope,)).fetchone()

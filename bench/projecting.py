@@ -7,7 +7,7 @@ application must do: walk the conversation's messages newest first (the
 statement. The per-statement breakdown and `indexed_pairs` alone show where the rest goes.
 
 Each cell also times the engine statements of that projection alone (as project_history
-sent them: since revision 0029 usually the one compaction.projection_read, the frame and
+sent them: usually the one compaction.projection_read, the frame and
 the texts; replayed as plain autocommit statements with their rows fetched: no planning
 or rendering in Python). That is the floor of a projection that plans from metadata and
 reads only the texts it includes.
@@ -174,7 +174,7 @@ def run(dsn: str, sizes: Sizes) -> dict[str, Any]:
 def _measure_from_the_views(conn: Conn, conversation: str, pairs: int,
                             sizes: Sizes) -> dict[str, Any]:
     """project_history at 64 KiB with the derived state out of use (a tracking trigger
-    disabled, as before an install's rebuild has finished, and always on Citus): every
+    disabled, as before an install's rebuild has finished): every
     call judges the conversation from the views and hashes each summarized range. The
     trigger is enabled again and the derived state rebuilt afterwards."""
     budget = 64 * 1024

@@ -1,4 +1,4 @@
-"""Benchmark 7: what a summary buys and loses, on the evaluation corpus (issue 28).
+"""Benchmark 7: what a summary buys and loses, on the evaluation corpus (the summary-quality goals).
 
 Every offline summarizer summarizes every target range of the corpus (the window policy's
 ranges, as the worker would) and is measured by `pycompactor.evaluation`, the code
@@ -12,13 +12,13 @@ ranges, as the worker would) and is measured by `pycompactor.evaluation`, the co
 - reach at 8, 16, 32 and 64 KiB: pairs the next Run sees with the summaries over pairs
   the raw-only projection (newest pairs only) sees, pooled over conversations;
 - wall-clock milliseconds per range (p50, p95, max);
-- attribution, qualifier scope and invented figures (pycompactor.quality.fidelity, issue 61);
+- attribution, qualifier scope and invented figures (pycompactor.quality.fidelity);
 - what keeping every caveat would take: the share of the bytes the sentences holding a
   figure or a caveat take, and extractive-3 with the 6,000-character cap lifted;
 - held-out text (bench.held_out: man pages, standard-library docstrings) the summarizers
   were not built on: the model beside naive selection at the model's own bytes.
 
-Then the frontier (issue 61): one model (`FRONTIER_MODEL` unless `run` is given
+Then the frontier: one model (`FRONTIER_MODEL` unless `run` is given
 another) at each target of `TARGETS`, beside naive whole-sentence selection
 (pycompactor.summarizers.baseline, plain and caveats first) at the same targets, in the same run:
 median compression, attribution, qualifier scope, figure retention, invented figures,
@@ -228,7 +228,7 @@ UNCAPPED_TARGETS = (0.4, 0.5)
 
 
 def beyond_the_cap(report: Report) -> dict[str, Any]:
-    """What keeping every caveat would take (issue 61), on the report's ranges: the
+    """What keeping every caveat would take, on the report's ranges: the
     median share of the replies' bytes that the sentences holding a figure or a caveat
     take as extractive-3 writes them (and those holding a figure alone), and extractive-3
     at `UNCAPPED_TARGETS` with the 6,000-character cap of contract §6 lifted: not valid
@@ -279,9 +279,10 @@ def held_out(model: str = FRONTIER_MODEL) -> dict[str, Any] | None:
 
 
 def run(sizes: Sizes, model: str = FRONTIER_MODEL) -> dict[str, Any]:
-    """The offline summarizers at their default targets (issue 28's measures, with
-    issue 61's), then `model`'s frontier against the naive baseline, what keeping every
-    caveat would take, and the same on held-out text."""
+    """The offline summarizers at their default targets (the summary-quality measures,
+    with attribution, qualifier scope and invented figures), then `model`'s frontier
+    against the naive baseline, what keeping every caveat would take, and the same on
+    held-out text."""
     conversations = read_corpus(seed=0, conversations=sizes.quality_conversations)
     models = [measure(conversations, m) for m in dict.fromkeys((*MODELS, model))]
     report = evaluate(conversations, make_summarizer(model), source="corpus",

@@ -1,4 +1,5 @@
-"""The targets of issue 6 checked against a run's results, and the markdown table."""
+"""The goals of `make bench` (the engine's against plain SQL, the summary quality's)
+checked against a run's results, and the markdown table."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One entry per target of the issue that this run measured: measured, target, met."""
+    """One entry per goal that this run measured: measured, target, met."""
     found: list[dict[str, Any]] = []
     if "claim_cycle" in results:
         runs = results["claim_cycle"]["runs"]
-        # Issue 32's goals: at least 0.6x plain SQL on one connection, 0.40x on the most.
+        # The claim cycle's goals: at least 0.6x plain SQL on one connection, 0.40x on the most.
         single = min(runs, key=lambda r: r["connections"])
         widest = max(runs, key=lambda r: r["connections"])
         for run, goal in ((single, 0.6), (widest, 0.40)):
@@ -107,7 +108,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-#: Issue 28's goals for extractive-2 on the corpus.
+#: The summary-quality goals for extractive-2 on the corpus.
 QUALITY_GOALS = {
     "compression_median": 0.35, "figure_retention": 0.98, "qualifier_retention": 0.9,
     "density_ratio": 2.5, "reach_64k_ratio": 1.8, "ms_per_range_p95": 50.0,
@@ -140,7 +141,7 @@ def _quality_targets(quality: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-#: Issue 61's goals for the frontier model at its default target, on the corpus.
+#: The fidelity goals for the frontier model at its default target, on the corpus.
 FIDELITY_GOALS = {
     "compression_median": 0.40, "attribution": 0.95, "qualifier_scope": 0.90,
     "figure_retention": 0.98, "invented_figures": 0, "ms_per_range_p95": 50.0,
@@ -187,7 +188,7 @@ def _pct(value: float | None) -> str:
 
 
 def _quality_lines(quality: dict[str, Any]) -> list[str]:
-    """Issue 28's quality table: every offline summarizer on the corpus, side by side."""
+    """The quality table: every offline summarizer on the corpus, side by side."""
     models = quality["models"]
     first = models[0]
     lines = ["", f"Summary quality on the evaluation corpus (seed {quality['seed']}:"
@@ -262,7 +263,7 @@ def _held_out_lines(held: dict[str, Any]) -> list[str]:
 
 
 def _frontier_lines(frontier: dict[str, Any]) -> list[str]:
-    """Issue 61's frontier: the model and naive whole-sentence selection at each target."""
+    """The frontier: the model and naive whole-sentence selection at each target."""
     lines = ["", f"The frontier on the same ranges: {frontier['model']} against naive"
              " whole-sentence selection (pycompactor.summarizers.baseline) at each target:", "",
              "| summarizer | target | median compression | attribution | qualifier scope |"

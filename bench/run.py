@@ -1,8 +1,8 @@
 """`make bench`: the cost of pycompactor's guarantees, as ratios against plain SQL.
 
 Starts a throwaway durable PostgreSQL (fsync, synchronous_commit and full_page_writes on),
-migrates a template, runs the benchmarks (issue 6's, the derived state's writes, and
-issue 13's SDK recipe against the reference tables) each in its own database (a
+migrates a template, runs the benchmarks (the engine's goals against plain SQL, the derived state's
+writes, and the SDK recipe against the reference tables) each in its own database (a
 fixed number of operations after a warm-up, 3 repetitions, medians), measures what the
 offline summarizers buy and lose on the evaluation corpus (bench/quality.py), then profiles the
 operations whose goals are ratios statement by statement in a second cluster with

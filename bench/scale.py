@@ -1,4 +1,4 @@
-"""`make bench-scale`: installing onto a large live database, step by step (issue 31).
+"""`make bench-scale`: installing onto a large live database, step by step.
 
 For each size: a host database shaped as docs/integrating.md's worked example (threads of
 50 turns, a human and an ai message each) holding that many messages, analyzed and
@@ -14,7 +14,7 @@ state, and bytes of derived state per message.
     python -m bench.scale                                    # 500,000 and 2,000,000 messages
     python -m bench.scale --messages 50000 --out /tmp/scale  # one small size
 
-Goals (issue 31): longest application stall <= 100 ms in every install step, p99 <= 3x
+Goals (the online install's): longest application stall <= 100 ms in every install step, p99 <= 3x
 the baseline's; the rebuild of 2M messages <= 120 s, its time per million at 2M within
 1.3x of that at 0.5M; derived state <= 20% of the host's tables. Not part of `make test`.
 """

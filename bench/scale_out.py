@@ -1,4 +1,4 @@
-"""`make bench-citus`: the same drain and projection on one node and on Citus (issue 29).
+"""`make bench-citus`: the same drain and projection on one node and on Citus.
 
 Two setups from one PostgreSQL installation (the one whose pg_config is given, with Citus
 installed), both durable (fsync, synchronous_commit and full_page_writes on), in one run:
@@ -22,7 +22,7 @@ password). On each:
 - the price of exactness: a read by key against a read of every shard of an empty table
   co-located with the history (and of one with a shard per worker); what each call of a
   drained range costs; contract §3's one question across conversations, as every read of
-  a conversation asks it first since issue 64 (the record of foreign messages,
+  a conversation asks it first (the record of foreign messages,
   compaction.foreign_messages, read whole: every shard on Citus); what a trigger on a
   shard may do.
 
@@ -30,12 +30,12 @@ password). On each:
     python -m bench.scale_out --pg-config ... --smoke     # tiny sizes: checks it runs
     python -m bench.scale_out --pg-config ... --shard-count 8   # fewer shards than 32
 
-Goals (issue 64): the drain on Citus <= 3x the single node's time; projection at 10,000
-pairs on Citus <= 3x the single node's, and its p50 at 10,000 pairs <= 1.5x its own p50
-at 100 pairs; a tracked append on Citus <= 2x an untracked one there; audit_stale_summaries
-on Citus <= 3x the single node's. Results go to bench/results/scale_out.json and
-scale_out.md (ignored by git; docs/benchmarks.md names the run it quotes). Not part of
-`make test` nor `make bench`.
+Goals (Citus with the derived state kept): the drain on Citus <= 3x the single node's
+time; projection at 10,000 pairs on Citus <= 3x the single node's, and its p50 at 10,000
+pairs <= 1.5x its own p50 at 100 pairs; a tracked append on Citus <= 2x an untracked one
+there; audit_stale_summaries on Citus <= 3x the single node's. Results go to
+bench/results/scale_out.json and scale_out.md (ignored by git; docs/benchmarks.md names
+the run it quotes). Not part of `make test` nor `make bench`.
 """
 
 from __future__ import annotations
@@ -229,11 +229,10 @@ def _p50_ms(conn: psycopg.Connection[Any], query: LiteralString, calls: int,
 
 #: What a drained range costs, call by call: a worker pass reads its conversation's targets
 #: (worker_targets), claims (which judges the range with current_range), reads the replies
-#: (range_replies: by the claimed job's ids since revision 0037, measured after the drain
-#: claimed that range; it judged the range again before), and completes; claim and complete
-#: each write an admission slot, a row of a reference table. Each judging call reads the
-#: conversation from the views when the derived state is not in use (always on Citus), and
-#: judge_runs is the eligibility they all start from.
+#: (range_replies: by the claimed job's ids, measured after the drain claimed that range),
+#: and completes; claim and complete each write an admission slot, a row of a reference
+#: table. Each judging call reads the conversation from the views when the derived state
+#: is not in use, and judge_runs is the eligibility they all start from.
 RANGE_CALLS: dict[str, LiteralString] = {
     "judge_runs": "SELECT count(*) FROM compaction.judge_runs(%(c)s)",
     "current_range": "SELECT * FROM compaction.current_range(%(c)s, 0)",
@@ -247,7 +246,7 @@ RANGE_CALLS: dict[str, LiteralString] = {
 
 
 #: §3's one question that crosses conversations, as every read of a conversation asks it
-#: first since issue 64 (compaction.derived_state_serves): is a run of this conversation
+#: first (compaction.derived_state_serves): is a run of this conversation
 #: named by a message filed under a conversation without that run? The tracking keeps the
 #: answer per conversation, co-located with it (compaction.foreign_messages: the run ids
 #: each conversation's foreign messages name, rows only while a message waits for its Run

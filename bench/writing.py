@@ -10,8 +10,8 @@ triggers, in the same database and run:
   the order of docs/integrating.md's application, which writes a Run settled: the run as
   completed, then its two messages in one statement. The
   long conversations sit among many short ones (2,000 of 5 pairs), as in a real
-  database: the engine's generic plans are priced for the average conversation, and
-  before revision 0035 that made each append read every run and pair of the long one;
+  database: the engine's generic plans are priced for the average conversation, and a
+  plan that made each append read every run and pair of the long one would show here;
 * a bulk load: 10,000 pairs of one conversation in two statements (runs, then messages);
 * for reference, a Run inserted before all others of that conversation (everything
   after it is numbered and hashed again), and the conversation re-derived whole
@@ -41,7 +41,7 @@ def _make_plain(conn: Conn) -> None:
                  " (LIKE compaction_source.conversations INCLUDING ALL)")
     conn.execute("CREATE TABLE bench_plain.runs (LIKE compaction_source.runs INCLUDING ALL,"
                  " FOREIGN KEY (conversation_id) REFERENCES bench_plain.conversations)")
-    # messages has no foreign key to runs since revision 0013 (sql/10_source.sql)
+    # messages has no foreign key to runs (sql/10_source.sql)
     conn.execute("CREATE TABLE bench_plain.messages (LIKE compaction_source.messages"
                  " INCLUDING ALL)")
 
