@@ -102,9 +102,10 @@ _CORRECTION: Final = re.compile(
     re.IGNORECASE,
 )
 # A sentence that opens by pointing back ("it is not the current NAV", "These errors could
-# …", "该参数…") states nothing without the sentence before it.
+# …", "(This consideration does not apply …)", "该参数…") states nothing without the
+# sentence before it.
 _ANAPHOR: Final = re.compile(
-    r"^(?:(?:it|its|this|that|these|those|they|such)\b|.{0,4}?(?:这|此|该|其|它))"
+    r"^\(?(?:(?:it|its|this|that|these|those|they|such)\b|.{0,4}?(?:这|此|该|其|它))"
     # … or whose opening words make a pointer its subject ("Over a 5-year horizon that is
     # about 1.25% in total": the 1.25% of the fee the sentence before states).
     r"|^[^,;:.]{0,40}?\b(?:that|this|it)\s+(?:is|was|means|comes\s+to|amounts\s+to)\b",

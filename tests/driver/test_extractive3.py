@@ -141,6 +141,19 @@ def test_a_figure_that_points_back_is_kept_with_the_fee_it_restates() -> None:
                 assert "ongoing fee of 0.2" in line, (target, line)
 
 
+def test_a_parenthesis_that_points_back_is_kept_with_what_it_governs() -> None:
+    """"(This consideration does not apply to non-B-tree indexes.)" alone denies what the
+    reply never said: it limits the sentence before it."""
+    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
+    first = "B-tree index pages that have become completely empty are reclaimed for re-use. "
+    second = "(This consideration does not apply to non-B-tree indexes.)"
+    replies = [filler + first + second] + [filler] * 9
+    for target in (0.005, 0.02, 0.1, 0.4):
+        summary = summarize_replies(replies, target)
+        assert ("does not apply" in summary) == ("completely empty" in summary), (target, summary)
+    assert "does not apply" in summarize_replies(replies, 0.4)
+
+
 @pytest.mark.parametrize("second", [
     "but if the freed memory had been reused, the likely result would be garbage.",
     "see Section 9.6 for the 2 rules.",
