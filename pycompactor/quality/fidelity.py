@@ -83,10 +83,15 @@ _TOKEN: Final = re.compile(
 )
 _CLAUSE_END: Final = re.compile(r",(?=\s)|[;，；、]")
 _LINES: Final = re.compile(r"[\n\r]+")
-# An entry's lead: a list marker or a summary's reply label, then a term of at most four
-# words and a colon (a sentence's first colon after longer text is no lead).
-_LEAD: Final = re.compile(
-    r"^(?:[-*•]\s+|・\s*|[a-j]\)\s+)?([^\s:：]{1,60}(?: [^\s:：]{1,30}){0,3})[:：]\s")
+# A sentence's lead: after a list marker or a summary's reply label, one or more terms of
+# at most four words, each followed by a colon ("- vacuum_cost_page_miss (integer): …",
+# "d) Connections and Authentication: ssl_ciphers: …"). A term names an entry when it looks
+# like a name (a letter, and a mark or an inner capital), so "Understood: a 10-year
+# horizon", "Valid values are currently: …", "Step 1:" and a date name nothing.
+_MARKER: Final = re.compile(r"(?:[-*•]\s+|・\s*|[a-j]\)\s+)?")
+_TERM: Final = re.compile(r"([^\s:：]{1,60}(?: [^\s:：]{1,30}){0,3})[:：]\s")
+_NAME_LIKE: Final = re.compile(r"[=._/()\[\]<>\-]|[a-z][A-Z]")
+_LETTER: Final = re.compile(r"[^\W\d_]")
 _LABEL: Final = re.compile(r"\[([^\[\]]*)\]")
 _LABEL_SEP: Final = re.compile(r"\s*,\s*")
 # Scores within this of the best tie: sums of the same floats in another order.
@@ -150,7 +155,7 @@ class _Sentence:
     words: frozenset[str]
     figures: frozenset[str]
     qualifiers: frozenset[str]
-    #: The words of the term its line's entry opened with, when it did not (`_subjects`).
+    #: The words of the term its line's entry opened with (`_subjects`).
     context: frozenset[str]
 
 
@@ -159,23 +164,37 @@ def _sentence(text: str, context: frozenset[str] = frozenset()) -> _Sentence:
     own = frozenset(t.text for t in tokens)
     return _Sentence(text, tokens, own | context,
                      frozenset(t.text for t in tokens if t.figure),
-                     frozenset(q for _, _, q in qualifier_spans(text)), context - own)
+                     frozenset(q for _, _, q in qualifier_spans(text)), context)
 
 
 def _subjects(text: str) -> Iterator[_Sentence]:
     """The sentences of a text, each with the term of the entry it belongs to: a
-    sentence that opens with a term and a colon ("- vacuum_cost_page_miss (integer): The
-    estimated cost …", "UMask=: …", "b) Resource Consumption: …") names what the
-    sentences after it on its line are about, so "The default value is 2." is read as a
+    sentence that opens with a term that looks like a name and a colon ("-
+    vacuum_cost_page_miss (integer): The estimated cost …", "UMask=: …", "b) Resource
+    Consumption: ssl_ciphers: …") names what the sentences after it on its line are
+    about, until the next such sentence, so "The default value is 2." is read as a
     statement about vacuum_cost_page_miss, as a reader of the line reads it, and five
     "default value" sentences of five entries are five different questions."""
     for line in _LINES.split(text):
         context: frozenset[str] = frozenset()
         for s in sentences(line):
-            lead = _LEAD.match(s)
-            if lead:
-                context = words(lead.group(1))
+            named = lead_terms(s)
+            if named:
+                context = frozenset().union(*map(words, named))
             yield _sentence(s, context)
+
+
+def lead_terms(sentence: str) -> tuple[str, ...]:
+    """The terms a sentence opens with that name an entry, in order: "ssl_ciphers" of
+    "d) Connections and Authentication: ssl_ciphers: Only …" (see `_subjects`)."""
+    marker = _MARKER.match(sentence)
+    at = marker.end() if marker else 0
+    found = []
+    while (term := _TERM.match(sentence, at)) is not None:
+        if _NAME_LIKE.search(term.group(1)) and _LETTER.search(term.group(1)):
+            found.append(term.group(1))
+        at = term.end()
+    return tuple(found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +228,9 @@ def _weights(source: _Candidates) -> dict[str, float]:
 class _Question:
     words: frozenset[str]
     weight: float
+    #: The words of its sentence's subject that the sentence does not hold itself: a
+    #: sentence that answers it must hold one of them (a fact is found with its subject).
+    subject: frozenset[str] = frozenset()
 
 
 def _best(question: _Question, candidates: _Candidates, weights: Mapping[str, float],
@@ -219,7 +241,9 @@ def _best(question: _Question, candidates: _Candidates, weights: Mapping[str, fl
     for w in sorted(question.words):
         for i in candidates.by_word.get(w, ()):
             scores[i] = scores.get(i, 0.0) + weights[w]
-    scored = [(i, v) for i, v in scores.items() if keep(candidates.sentences[i])]
+    subject = question.subject
+    scored = [(i, v) for i, v in scores.items() if keep(candidates.sentences[i])
+              and (not subject or not subject.isdisjoint(candidates.sentences[i].words))]
     if question.weight <= 0 or not scored:
         return []
     top = max(v for _, v in scored)
@@ -320,9 +344,10 @@ def _masked(text: str, spans: Iterable[tuple[int, int]]) -> str:
     return "".join(out)
 
 
-def _question(words_: Iterable[str], weights: Mapping[str, float]) -> _Question:
+def _question(words_: Iterable[str], weights: Mapping[str, float],
+              subject: frozenset[str] = frozenset()) -> _Question:
     ws = frozenset(words_)
-    return _Question(ws, sum(weights[w] for w in sorted(ws)))
+    return _Question(ws, sum(weights[w] for w in sorted(ws)), subject & ws)
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +367,7 @@ def _figures_asked(source: _Candidates, weights: Mapping[str, float]) -> Iterato
         if len(s.tokens) > MAX_QUESTION_WORDS:
             continue
         for f in sorted(s.figures):
-            question = _question((w for w in s.words if w != f), weights)
+            question = _question((w for w in s.words if w != f), weights, s.context)
             if (question.words, f) in seen:
                 continue
             seen.add((question.words, f))
@@ -370,7 +395,7 @@ def _qualifiers_asked(source: _Candidates, weights: Mapping[str, float]) -> Iter
         for q in sorted(s.qualifiers):
             masked = _masked(s.text, [(a, b) for a, b, q2 in spans if q2 == q])
             question = _question((w for w in words(masked.replace(MASK, " ")) | s.context
-                                  if w in weights), weights)
+                                  if w in weights), weights, s.context)
             if (question.words, q) in seen:
                 continue
             seen.add((question.words, q))

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from pycompactor.models import AssistantReply
+from pycompactor.quality.fidelity import lead_terms
 from pycompactor.quality.figures import FIGURE
 from pycompactor.quality.qualifiers import scope_qualifiers, unwrap
 from pycompactor.quality.qualifiers import sentences as measure_sentences
@@ -111,6 +112,10 @@ _ANAPHOR: Final = re.compile(
     r"|^[^,;:.]{0,40}?\b(?:that|this|it)\s+(?:is|was|means|comes\s+to|amounts\s+to)\b",
     re.IGNORECASE,
 )
+# … except one that points at the entry it belongs to ("This parameter can only be set
+# at server start."): its line names the entry's term, which says what it is about.
+_THE_ENTRY: Final = re.compile(r"^(?:this|that) (?:parameter|setting|option|variable)\b",
+                               re.IGNORECASE)
 # A clause after a semicolon that opens with a connective ("…no visible ill effect; but
 # if the freed memory had been reused, …") is the second half of one statement: the first
 # half alone states the opposite of the reply.
@@ -124,13 +129,6 @@ _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
 _ZH_ABOUT: Final = re.compile(r"^关于\s*(.{1,60}?)[，,]")
 _PROPER: Final = re.compile(r"\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*)+")
-# A reference entry's lead: the term it defines, then a colon ("WorkingDirectory=: Takes
-# …", "os.path.join: Join …", "-z, --gzip: Filter …"). The term must look like a name
-# (a letter, and a mark or an inner capital), so "Understood: a 10-year horizon", "Step 1:"
-# and a date ("2026-10-09: …", whose reply may state other dates' figures) name nothing.
-_TERM_LEAD: Final = re.compile(r"^([^\s:：]{1,60}(?: [^\s:：]{1,30}){0,3})[:：]\s")
-_NAME_LIKE: Final = re.compile(r"[=._/()\[\]<>\-]|[a-z][A-Z]")
-_LETTER: Final = re.compile(r"[^\W\d_]")
 # A type or unit note after an entry's term ("bgwriter_delay (integer)"): the line names
 # the term without it.
 _TYPE_NOTE: Final = re.compile(r"\s*\([^()]*\)$")
@@ -159,10 +157,10 @@ class _Unit:
 def entry_term(lead: str) -> str | None:
     """The term a reference entry's lead defines ("vacuum_cost_page_miss (integer): …"
     -> "vacuum_cost_page_miss"), None when it names none (module docstring, step 3)."""
-    match = _TERM_LEAD.match(lead)
-    if not (match and _NAME_LIKE.search(match.group(1)) and _LETTER.search(match.group(1))):
+    named = lead_terms(lead)
+    if not named:
         return None
-    return _TYPE_NOTE.sub("", match.group(1)) or match.group(1)
+    return _TYPE_NOTE.sub("", named[0]) or named[0]
 
 
 def subject(reply: str) -> str | None:
@@ -175,9 +173,9 @@ def subject(reply: str) -> str | None:
         match = pattern.search(lead)
         if match:
             return match.group(1).strip(" ,;:")
-    term = _TERM_LEAD.match(lead)
-    if term and _NAME_LIKE.search(term.group(1)) and _LETTER.search(term.group(1)):
-        return term.group(1)
+    term = entry_term(lead)
+    if term:
+        return term
     first = measure_sentences(lead)
     match = _PROPER.search(first[0]) if first else None
     return match.group(0) if match else None
@@ -219,7 +217,8 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
             # default value is 2." of vacuum_cost_page_miss).
             term = entry_term(said[0]) if said else None
             for sentence in said:
-                if chain and not (_ANAPHOR.match(sentence)
+                if chain and not ((_ANAPHOR.match(sentence)
+                                   and not (term and _THE_ENTRY.match(sentence)))
                                   or _CONTINUATION.match(sentence)):
                     units.extend(_unit(r, order, chain, item, term))
                     order += len(chain)

@@ -239,6 +239,19 @@ def test_every_entry_s_figure_is_written_under_its_term() -> None:
     assert entry_term("Understood: a 10-year horizon.") is None
 
 
+def test_a_caveat_about_the_entry_is_kept_under_its_term_on_its_own() -> None:
+    """"This parameter can only be set at server start." is about the entry its line
+    names, not about the sentence before it: kept alone, it is written under the term."""
+    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
+    entry = ("- opt_x (integer): Sets the thing. Default is 5 units for most of the servers"
+             " in any ordinary install of today. This parameter can only be set at server"
+             " start.")
+    replies = [entry] + [filler] * 9
+    # Room for the caveat's line, not for the default's sentence with it.
+    summary = summarize_replies(replies, 60 / sum(len(r) for r in replies))
+    assert summary == "a) opt_x: This parameter can only be set at server start."
+
+
 def test_telegraph_restores_spacing_a_dropped_article_leaves() -> None:
     assert telegraph("-1 (the default) means no limit.") == "-1 (default) means no limit."
     assert telegraph("a “just in time” policy") == "“just in time” policy"

@@ -19,6 +19,7 @@ from pycompactor.quality.fidelity import (
     Score,
     attribution,
     invented,
+    lead_terms,
     qualifier_scope,
     questions,
     scores,
@@ -165,6 +166,30 @@ def test_an_entry_s_sentence_is_asked_under_the_entry_s_term() -> None:
     named = "b) Resource Consumption: " + " ".join(
         f"vacuum_cost_{name}: default {value}." for name, value in ENTRIES.items())
     assert attribution([ENTRY_REPLY], named) == Score(len(ENTRIES), len(ENTRIES))
+
+
+def test_a_statement_is_found_only_with_its_subject() -> None:
+    """The same caveat stated of two entries is two facts: written under one entry, it
+    says nothing of the other."""
+    replies = ["- shared_buffers (integer): Sets the memory. This parameter can only be "
+               "set at server start.\n- wal_level (enum): Sets the WAL detail. This "
+               "parameter can only be set at server start."]
+    assert qualifier_scope(replies, replies[0]) == Score(2, 2)
+    one = "a) shared_buffers: This parameter can only be set at server start."
+    assert qualifier_scope(replies, one) == Score(1, 2)
+    both = one + " wal_level: This parameter can only be set at server start."
+    assert qualifier_scope(replies, both) == Score(2, 2)
+
+
+def test_a_lead_names_an_entry_when_it_looks_like_a_name() -> None:
+    assert lead_terms("d) Connections and Authentication: ssl_ciphers: Only TLS 1.2.") \
+        == ("ssl_ciphers",)
+    assert lead_terms("- bgwriter_delay (integer): Specifies the delay.") == \
+        ("bgwriter_delay (integer)",)
+    assert lead_terms("UMask=: Controls the mask.") == ("UMask=",)
+    for nothing in ("Valid values are currently: TLSv1, TLSv1.1.", "Understood: a horizon.",
+                    "Step 1: install it.", "2026-10-09: the NAV was 10.37 USD."):
+        assert lead_terms(nothing) == (), nothing
 
 
 # --------------------------------------------------------------------------- qualifier scope
