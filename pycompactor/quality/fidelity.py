@@ -92,6 +92,7 @@ _MARKER: Final = re.compile(r"(?:[-*•]\s+|・\s*|[a-j]\)\s+)?")
 _TERM: Final = re.compile(r"([^\s:：]{1,60}(?: [^\s:：]{1,30}){0,3})[:：]\s")
 _NAME_LIKE: Final = re.compile(r"[=._/()\[\]<>\-]|[a-z][A-Z]")
 _LETTER: Final = re.compile(r"[^\W\d_]")
+_NOTE: Final = re.compile(r"\([^()]*\)")
 _LABEL: Final = re.compile(r"\[([^\[\]]*)\]")
 _LABEL_SEP: Final = re.compile(r"\s*,\s*")
 # Scores within this of the best tie: sums of the same floats in another order.
@@ -159,11 +160,17 @@ class _Sentence:
     context: frozenset[str]
 
 
-def _sentence(text: str, context: frozenset[str] = frozenset()) -> _Sentence:
+def _sentence(text: str, context: frozenset[str] = frozenset(), lead_end: int = 0) -> _Sentence:
+    """A sentence read under `context`. A figure of its lead (before `lead_end`) is part
+    of a name ("d) PostgreSQL 15.2: Fix build on Visual Studio 2013.", "IPv6SendRA=: …")
+    and answers no question, though it stays a word; one in a parenthesis of the lead
+    ("gid=gid (since Linux 3.3): …") is a fact like any other."""
     tokens = tuple(_tokens(text))
     own = frozenset(t.text for t in tokens)
+    noted = [m.span() for m in _NOTE.finditer(text, 0, lead_end)] if lead_end else []
     return _Sentence(text, tokens, own | context,
-                     frozenset(t.text for t in tokens if t.figure),
+                     frozenset(t.text for t in tokens if t.figure and (
+                         t.start >= lead_end or any(a < t.start < b for a, b in noted))),
                      frozenset(q for _, _, q in qualifier_spans(text)), context)
 
 
@@ -178,23 +185,29 @@ def _subjects(text: str) -> Iterator[_Sentence]:
     for line in _LINES.split(text):
         context: frozenset[str] = frozenset()
         for s in sentences(line):
-            named = lead_terms(s)
+            named, lead_end = _lead(s)
             if named:
                 context = frozenset().union(*map(words, named))
-            yield _sentence(s, context)
+            yield _sentence(s, context, lead_end)
 
 
 def lead_terms(sentence: str) -> tuple[str, ...]:
     """The terms a sentence opens with that name an entry, in order: "ssl_ciphers" of
     "d) Connections and Authentication: ssl_ciphers: Only …" (see `_subjects`)."""
+    return _lead(sentence)[0]
+
+
+def _lead(sentence: str) -> tuple[tuple[str, ...], int]:
+    """lead_terms, and where the last of them ends (0 without one)."""
     marker = _MARKER.match(sentence)
     at = marker.end() if marker else 0
-    found = []
+    found, end = [], 0
     while (term := _TERM.match(sentence, at)) is not None:
         if _NAME_LIKE.search(term.group(1)) and _LETTER.search(term.group(1)):
             found.append(term.group(1))
+            end = term.end(1)
         at = term.end()
-    return tuple(found)
+    return tuple(found), end
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,6 +181,23 @@ def test_a_statement_is_found_only_with_its_subject() -> None:
     assert qualifier_scope(replies, both) == Score(2, 2)
 
 
+def test_a_figure_of_a_name_answers_no_question() -> None:
+    """"PostgreSQL 15.2" in a line's lead names what the line is about: the figure it
+    answers is the one its statement gives (2013), and "IPv6SendRA=" asks nothing about
+    6, while a note in the lead ("since Linux 3.3") is a fact."""
+    replies = ["PostgreSQL 15.2 was released on 2023-02-09; relevant entries:\n"
+               "- Fix build on Microsoft Visual Studio 2013.\n"
+               "- Allow libpq to accept messages exceeding 30000 bytes.",
+               "IPv6SendRA=: Whether to send Router Advertisements on a link.\n"
+               "gid=gid (since Linux 3.3): Specifies the group that may read it."]
+    summary = ("a) PostgreSQL 15.2: Fix build on Microsoft Visual Studio 2013. Allow libpq "
+               "to accept messages exceeding 30000 bytes.\nb) gid=gid (since Linux 3.3): "
+               "Specifies group that may read it.")
+    found = {q.expected: q.answer for q in questions(replies, summary) if q.kind == "figure"}
+    assert found == {"15.2": None, "2023-02-09": None, "2013": "2013", "30000": "30000",
+                     "3.3": "3.3"}
+
+
 def test_a_lead_names_an_entry_when_it_looks_like_a_name() -> None:
     assert lead_terms("d) Connections and Authentication: ssl_ciphers: Only TLS 1.2.") \
         == ("ssl_ciphers",)
@@ -265,7 +282,7 @@ def test_labels_equal_to_reply_ids_are_not_invented_figures() -> None:
     assert invented(FEES_EN, "Lotus Asia Growth 0.30% [a3]", labels) == {"0.30"}
     assert invented(FEES_EN, "\n".join(FEES_EN), labels) == frozenset()
     # The reader reads a label as no words: "[a2]" beside a fund is not its figure 2.
-    labelled = "\n".join(f"[a{i}] {fund}: ongoing fee {fee}% a year"
+    labelled = "\n".join(f"[a{i}] {fund} ongoing fee {fee}% a year"
                          for i, (fund, fee) in enumerate(FUNDS.items()))
     assert attribution(FEES_EN, labelled, labels) == Score(len(FUNDS), len(FUNDS))
     assert attribution(FEES_EN, labelled).kept < len(FUNDS)
