@@ -12,9 +12,10 @@ would, and check the answer (docs/evaluate.md defines them in prose):
   few English stopwords, and for Chinese text every character and every pair of adjacent
   characters (a reader matches Chinese without word boundaries); plus the words of its
   **subject**, the term the entry it belongs to opens with: a sentence that opens with a
-  term of at most four words and a colon ("- vacuum_cost_page_miss (integer): …",
-  "b) Resource Consumption: …") names what the sentences after it on its line are about,
-  so "The default value is 2." there asks about vacuum_cost_page_miss's default;
+  term that looks like a name and a colon ("- vacuum_cost_page_miss (integer): …",
+  "b) Resource Consumption: ssl_ciphers: …") names what the sentences after it on its
+  line are about, so "The default value is 2." there asks about vacuum_cost_page_miss's
+  default, and only a sentence holding a word of that subject answers it;
 * a **question** is a reply sentence with one thing masked: a figure (attribution) or a
   qualifier of the scope set (qualifier scope). Each of its words weighs its rarity among
   the reply sentences, `ln(1 + N / df)`, so "Northwind" decides and "fee" barely counts;
@@ -241,8 +242,8 @@ def _weights(source: _Candidates) -> dict[str, float]:
 class _Question:
     words: frozenset[str]
     weight: float
-    #: The words of its sentence's subject that the sentence does not hold itself: a
-    #: sentence that answers it must hold one of them (a fact is found with its subject).
+    #: The words of its sentence's subject: a sentence that answers it must hold one of
+    #: them (a fact is found with its subject).
     subject: frozenset[str] = frozenset()
 
 
