@@ -220,7 +220,7 @@ def assert_matches(conn: psycopg.Connection[Any], raw: Raw,
         probes = hash_probes(len(pairs))
         assert engine_hashes(conn, cid, probes) == [(f, hash_at(pairs, f)) for f in probes], (
             f"source_hash({cid!r}, ...)")
-        # explain_runs (which reads the derived state while it is current, 0012): its
+        # explain_runs (which reads the derived state while it is current): its
         # eligible runs are the recomputed pairs' runs, and every verdict is the one
         # judging the runs from the views gives.
         explained = conn.execute("SELECT run_id, run_status, eligible, reason"

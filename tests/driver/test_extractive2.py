@@ -1,6 +1,7 @@
 """`pycompactor/extractive-2`: offline, deterministic, compressed to a target, plain text.
 
-Properties over any input the source can hold, then the issue's goals measured on the
+Properties over any input the source can hold, then its quality goals (compression,
+figures and qualified facts kept, time per range, history reach) measured on the
 evaluation corpus (docs/corpus.md), then one real worker pass against the test cluster.
 """
 
@@ -263,7 +264,7 @@ def test_summarizer_returns_a_normal_stop(conn: Conn) -> None:
         Extractive2Summarizer().summarize(pairs_of(["x"] * 9))
 
 
-# --- the issue's goals, on the evaluation corpus ---------------------------------------
+# --- the quality goals, on the evaluation corpus ---------------------------------------
 
 
 @pytest.fixture(scope="module")

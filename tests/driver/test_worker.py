@@ -497,8 +497,8 @@ def test_process_local_concurrency_bound(conn: Conn, dsn: str) -> None:
 def test_targets_are_claimed_in_one_call_for_the_free_model_calls(
         conn: Conn, dsn: str) -> None:
     """With four model calls free, a conversation's eight targets are claimed four in the
-    call that looks at it (revision 0040: one judgement of the conversation), then in
-    claim_targets batches (revision 0038) as calls free up."""
+    call that looks at it (one judgement of the conversation), then in claim_targets
+    batches as calls free up."""
     seed(conn, "conv-8", 100)
     gate = threading.Event()
 
@@ -572,8 +572,8 @@ def test_database_error_mid_pass_loses_no_queued_conversation(
 
 def test_a_batch_above_the_dequeue_limit_is_taken_in_the_limit(conn: Conn, dsn: str,
                                                                one_range: str) -> None:
-    """dequeue leases at most db.DEQUEUE_LIMIT entries a call (revision 0018, CP020
-    above it): a worker configured for more asks for the limit."""
+    """dequeue leases at most db.DEQUEUE_LIMIT entries a call (CP020 above it): a worker
+    configured for more asks for the limit."""
     from pycompactor.summarizers.extractive import ExtractiveSummarizer
 
     report = make_worker(dsn, ExtractiveSummarizer(), StringLog(),

@@ -1,7 +1,7 @@
-"""The fields a model's answer gives the worker are shaped before `complete` sees them
-(issue 62 item 6): a finish reason is a code, a response id an id of at most 200 bytes,
-so neither free text nor megabytes reach the auditor, and a server's odd value never
-turns a summary into an error."""
+"""The fields a model's answer gives the worker are shaped before `complete` sees them:
+a finish reason is a code, a response id an id of at most 200 bytes, so neither free text
+nor megabytes reach the auditor, and a server's odd value never turns a summary into an
+error."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_the_shapes_are_the_databases() -> None:
     assert not FINISH_REASON_SHAPE.fullmatch("ｓｔｏｐ")
 
 
-# --- ids in the worker's log (issue 62 item 8) -------------------------------------------
+# --- ids in the worker's log ------------------------------------------------------------
 
 HOSTILE_ID = "conv\x1b]0;owned\x07\x1b[2J\u009b31m\u202egpj.exe"
 
@@ -106,7 +106,7 @@ def test_worker_config_bounds_concurrency() -> None:
     assert WorkerConfig(model="m", concurrency=10_000).concurrency == 10_000
 
 
-# --- a worker whose retries give up ends what it holds (issue 62 item 7) -----------------
+# --- a worker whose retries give up ends what it holds ----------------------------------
 
 
 def conflict() -> Exception:
@@ -146,9 +146,9 @@ class Scripted:
 
 def test_a_gate_whose_database_question_gives_up_still_ends_the_attempt(
         conn: Any, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """reply_problem kept failing with serialization failures past every retry: the
-    attempt used to be left running (job_error) until its lease ran out; now it fails
-    with the gate's reason."""
+    """reply_problem keeps failing with serialization failures past every retry: the
+    attempt is not left running (job_error) until its lease runs out, it fails with the
+    gate's reason."""
     from pycompactor import db
     from tests.workerkit import attempts, seed
 
@@ -184,9 +184,9 @@ def test_a_job_whose_thread_raises_is_failed_not_left_running(
 
 def test_recording_retries_conflicts_until_it_is_recorded(
         conn: Any, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """complete refused by conflicts, which once counted as no transient trouble (a result
-    lost, the attempt left running for its lease): the result is retried and
-    recorded (a conflict changed nothing)."""
+    """complete refused by conflicts is transient trouble, not a lost result with the
+    attempt left running for its lease: the result is retried and recorded (a conflict
+    changed nothing)."""
     from pycompactor import db
     from tests.workerkit import attempts, seed
 

@@ -48,8 +48,8 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
         assert run["lean_floor_median"] > 0
         assert len(run["sketch_cycles_per_s"]) == 3
         assert run["sketch_median"] > 0
-        # Revision 0046: no claim locks a row another claim locks too (the prompt
-        # version's row did, and each overlap spent a MultiXact id).
+        # No claim locks a row another claim locks too: a row every claim shared (the
+        # prompt version's) would spend a MultiXact id at each overlap.
         assert run["multixacts_per_1000_cycles"] == 0
     assert data["writing"]["verify_problems"] == 0
     assert data["writing"]["crowd"] > 0
@@ -62,7 +62,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert all(c["used_bytes"] <= c["budget_bytes"] for c in cells)
     assert {"pycompactor_p50_ms", "pycompactor_p95_ms", "bare_p50_ms", "ratio_p50",
             "statements_alone_p50_ms", "statements_alone_ratio_p50"} <= set(cells[0])
-    # The replayed statements: the one projection_read (revision 0029) serves each cell.
+    # The replayed statements: one projection_read call serves each cell.
     assert all(c["engine_statements"] == 1 for c in cells)
     assert {"idle", "busy", "after_busy"} <= set(data["finding_work"])
     assert {"python", "python_ascii", "sql"} <= set(data["hashing"])
@@ -87,7 +87,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
         assert {"total", "kept", "ratio"} <= set(model["qualifier_scope"])
         assert model["invented_figures"] == 0  # the offline summarizers never invent one
     assert sum(t["name"].startswith("extractive-2 on the corpus") for t in data["targets"]) == 6
-    # Issue 61's frontier: the model and naive whole-sentence selection at every target,
+    # The frontier: the model and naive whole-sentence selection at every target,
     # in the same run, on the same ranges.
     frontier = quality["frontier"]
     assert frontier["model"] == "pycompactor/extractive-3"
@@ -124,7 +124,7 @@ def test_bench_smoke_runs_and_writes_json(tmp_path: Path) -> None:
     assert counts["pycompactor"] > counts["floor"] > counts["plain"] > 0
     wal = data["instructions"]["wal_bytes_per_cycle"]
     assert wal["pycompactor"] > wal["plain"] > 0
-    # Fifteen engine targets, six quality goals (issue 28), eight fidelity goals (issue 61).
+    # Fifteen engine targets, six quality goals, eight fidelity goals.
     assert len(data["targets"]) == 29
     assert all({"name", "measured", "target", "met"} <= set(t) for t in data["targets"])
 

@@ -1,7 +1,7 @@
-"""`pycompactor check-source` on the worked example as a DBA built it before issue 31
-(no run id index, no ANALYZE): the problems and the statements that fix them on the
-command line, and `--fix` printing only those statements, which psql-style runs make
-clean."""
+"""`pycompactor check-source` on the worked example with no index on the run id
+(agent.turns.turn_id) and agent.chat_messages never analyzed: the problems and the
+statements that fix them on the command line, and `--fix` printing only those statements,
+which psql-style runs make clean."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def repoint_runs_at(conn: Conn, schema: str, table: str) -> str:
 
 
 def test_advice_pasted_into_psql_drops_no_table(conn: Conn, dsn: str) -> None:
-    """Issue 62: a table named `x; DROP TABLE public.pwn; --` was printed bare
-    (`ANALYZE h.x; DROP TABLE public.pwn; --`). Every name check-source prints is quoted
+    """A table named `x; DROP TABLE public.pwn; --`, printed bare, would make the advice
+    `ANALYZE h.x; DROP TABLE public.pwn; --`. Every name check-source prints is quoted
     as SQL needs it, in the advice and in --fix; run as psql would run them, the
     statements build the index and public.pwn survives."""
     conn.execute("CREATE TABLE public.pwn (k int)")

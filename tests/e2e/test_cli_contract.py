@@ -131,8 +131,8 @@ BAD_ARGUMENTS = [
      "argument --temperature: expected a temperature from 0 to 2, got 3"),
     ("worker", ["--model", OFFLINE_MODEL, "--max-output-tokens", "-1"],
      "argument --max-output-tokens: expected a number of at least 0, got -1"),
-    # Issue 62: values that passed the parser and failed after it (exit 1, a ValueError),
-    # or that no part of the system could use.
+    # Values the parser must refuse itself (exit 2), not pass on to fail after it (exit 1,
+    # a ValueError) or to reach a part of the system that cannot use them.
     ("worker", ["--model", OFFLINE_MODEL, "--statement-timeout-seconds", "1e-9"],
      "argument --statement-timeout-seconds: expected 0.001 to 2.14748e+06 seconds"),
     ("worker", ["--model", OFFLINE_MODEL, "--lock-timeout-seconds", "0.0004"],

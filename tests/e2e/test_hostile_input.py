@@ -46,8 +46,8 @@ Conn = psycopg.Connection[Any]
 
 
 def _kilobyte(seed: str) -> str:
-    """1,024 UTF-8 bytes (the longest conversation id and scope the engine takes, since
-    revision 0018) of quotes, %, ;, backslashes and multi-byte characters."""
+    """1,024 UTF-8 bytes (the longest conversation id and scope the engine takes) of
+    quotes, %, ;, backslashes and multi-byte characters."""
     piece = f"{seed}'\"%s%(x)s;\\ü会🚀"
     text = ""
     i = 0

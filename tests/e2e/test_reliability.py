@@ -261,7 +261,7 @@ def test_backend_terminated_while_complete_waits(
         assert model_server.hanging.wait(30), proc.stderr
         holder.execute("SELECT compaction.lock_conversation('conv-1')")
         model_server.release()
-        # a row lock since revision 0018: the waiter waits for the holder's transaction
+        # lock_conversation takes a row lock: the waiter waits for the holder's transaction
         pid = _pid_when_waiting(conn, conn.info.dbname, "transactionid",
                                 "%compaction.complete(%")
         assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)

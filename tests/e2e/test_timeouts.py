@@ -61,8 +61,8 @@ def test_worker_gives_up_a_locked_conversation_and_moves_on(
     elapsed = time.monotonic() - started
     assert code == 0, stderr
     [skipped] = events_named(events, "target_skipped")
-    # The look and the claim are one call (revision 0040): the conversation is skipped
-    # whole, no range named.
+    # The look and the claim are one call: the conversation is skipped whole, no range
+    # named.
     assert (skipped["conversation_id"], skipped.get("from_pair"), skipped["outcome"],
             skipped["reason"]) == ("conv-locked", None, "skipped", "lock_timeout")
     assert "lock" in skipped["error"]

@@ -1,4 +1,4 @@
-"""The worker says why it found nothing: targets that nothing queued (issue 13).
+"""The worker says why it found nothing: targets that nothing queued.
 
 A host that re-points the views and never calls `compaction.enqueue` leaves a queue
 worker idle while targets wait. Here the reference tables' own queue entries are

@@ -1,5 +1,5 @@
-"""The first hour at the command line (issue 30, items 6-12): what a new user mistypes or
-misconfigures is said plainly, names the database, and points at the fix."""
+"""What a new user mistypes or misconfigures at the command line is said plainly, names the
+database, and points at the fix."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def where(dsn: str) -> tuple[str, str, str]:
     return str(info["dbname"]), str(info["host"]), str(info["port"])
 
 
-# --- item 6: a mistyped conversation id -------------------------------------------------
+# --- a mistyped conversation id ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
@@ -74,7 +74,7 @@ def test_unknown_conversation_is_said_on_stderr_and_exits_0(
             assert (result.returncode, result.stderr) == (0, ""), args
 
 
-# --- item 7: every error about a database names which one -----------------------------
+# --- every error about a database names which one ---------------------------------------
 
 
 def test_errors_name_the_database_from_dsn_or_pg_variables(new_database: Any) -> None:
@@ -117,7 +117,7 @@ def test_unreachable_database_is_named_even_on_the_default_socket() -> None:
             " one)\n"), bare.stderr
 
 
-# --- item 8: unmigrated databases, migrate's wording, a bad DSN -------------------------
+# --- unmigrated databases, migrate's wording, a bad DSN ---------------------------------
 
 
 def test_audit_and_check_source_on_an_unmigrated_database_say_migrate(
@@ -152,7 +152,7 @@ def test_a_malformed_dsn_is_said_with_the_fix(command: list[str]) -> None:
         " (postgresql://user@db/agent) in --dsn or PYCOMPACTOR_DSN\n")
 
 
-# --- item 9: the budget's real bound ----------------------------------------------------
+# --- the budget's real bound ------------------------------------------------------------
 
 
 def test_a_huge_budget_projects_and_one_past_the_bound_is_a_usage_error(
@@ -171,7 +171,7 @@ def test_a_huge_budget_projects_and_one_past_the_bound_is_a_usage_error(
         f" {2 ** 63 - 1} bytes, got {2 ** 63}")
 
 
-# --- item 10: a closed pipe, and times in the text log ---------------------------------
+# --- a closed pipe, and times in the text log -------------------------------------------
 
 
 @pytest.mark.parametrize("args", [["check-source"], ["plan", "conv-p"], ["audit", "--json"]])
@@ -195,7 +195,7 @@ def test_text_log_quotes_a_time_once() -> None:
     assert line.endswith(' reason="a b"\n')
 
 
-# --- item 11: the plan shows each target's state ----------------------------------------
+# --- the plan shows each target's state -------------------------------------------------
 
 
 @pytest.fixture
@@ -259,7 +259,7 @@ def test_plan_as_a_reader_shows_what_a_reader_may_read(
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
 
 
-# --- item 12: the Agents SDK's tables without the recipe --------------------------------
+# --- the Agents SDK's tables without the recipe -----------------------------------------
 
 
 def test_sdk_tables_without_the_recipe_are_named(conn: Conn, dsn: str) -> None:

@@ -1,4 +1,5 @@
-"""Where a command used to say nothing, it warns on stderr (and, for evaluate --json, in
+"""Where a command's result alone would hide a likely mistake (a conversation the source does
+not hold, a budget that omits every pair), it warns on stderr (and, for evaluate --json, in
 the report's `warnings`); and evaluate on an unmigrated database says what every other
 command says."""
 
