@@ -67,7 +67,13 @@ COMMENT ON FUNCTION compaction.claim_settled(text, text, int, text, text, text, 
 -- makes it a target now; p_target_ids and p_target_hash: its current ids and hash), under
 -- the conversation's lock, which the caller holds: the checks from not_eligible on, in the
 -- contract's order, and the writes. compaction.claim judges one range, claim_targets a
--- batch of one conversation's ranges at once; both answer through here.
+-- batch of one conversation's ranges at once; both answer through here. p_matched: the
+-- caller has already found, from these very arguments, that the range is a target and
+-- its ids and hash the given ones, the hash well-formed (claim does before its lock, and
+-- passes it when nothing made it judge again under the lock), so the checks of
+-- not_eligible and source_mismatch are not made twice: made again, with
+-- valid_source_hash's second call, they were 0.9% of a claim -> complete cycle's
+-- instructions.
 CREATE FUNCTION compaction.claim_range(
     p_conversation_id    text,
     p_scope              text,
@@ -82,6 +88,7 @@ CREATE FUNCTION compaction.claim_range(
     p_is_target          boolean,
     p_target_ids         text[],
     p_target_hash        text,
+    p_matched            boolean DEFAULT false,
     OUT claimed          boolean,
     OUT reason           text,
     OUT job_id           bigint,
@@ -107,17 +114,19 @@ DECLARE
     v_room        boolean := true;
     v_expired     compaction.attempts;
 BEGIN
-    IF p_is_target IS NOT TRUE THEN
-        claimed := false;
-        reason := 'not_eligible';
-        RETURN;
-    END IF;
-    IF NOT compaction.valid_source_hash(p_source_hash)
-       OR p_target_hash IS DISTINCT FROM p_source_hash
-       OR p_target_ids IS DISTINCT FROM p_source_message_ids THEN
-        claimed := false;
-        reason := 'source_mismatch';
-        RETURN;
+    IF p_matched IS NOT TRUE THEN
+        IF p_is_target IS NOT TRUE THEN
+            claimed := false;
+            reason := 'not_eligible';
+            RETURN;
+        END IF;
+        IF NOT compaction.valid_source_hash(p_source_hash)
+           OR p_target_hash IS DISTINCT FROM p_source_hash
+           OR p_target_ids IS DISTINCT FROM p_source_message_ids THEN
+            claimed := false;
+            reason := 'source_mismatch';
+            RETURN;
+        END IF;
     END IF;
 
     -- The job id alone, here and from the inserts below: at every run a statement's plan
@@ -259,7 +268,7 @@ BEGIN
     lease_expires_at := p_lease_expires_at;
 END
 $$;
-COMMENT ON FUNCTION compaction.claim_range(text, text, int, text[], text, text, text, text, timestamptz, timestamptz, boolean, text[], text) IS
+COMMENT ON FUNCTION compaction.claim_range(text, text, int, text[], text, text, text, text, timestamptz, timestamptz, boolean, text[], text, boolean) IS
     'Internal: the checks of a claim from not_eligible on, and its writes, for a range already judged, under the conversation''s lock its caller (claim, claim_targets) holds';
 
 CREATE FUNCTION compaction.claim(
@@ -308,6 +317,7 @@ DECLARE
     v_answer      record;
     v_settled     record;
     v_job_id      bigint;
+    v_matched     boolean := true;  -- as judged before the lock (claim_range's p_matched)
     v_oversized   text;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
@@ -420,6 +430,7 @@ BEGIN
         INTO v_pairs, v_target_ids, v_target_hash
         FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
         v_is_target := compaction.is_target(p_from_pair, v_pairs);
+        v_matched := false;
     END IF;
     -- An assignment, not a query: a claim -> complete cycle costs 1.0% more
     -- instructions than with the checks written out in claim (a query over the call,
@@ -427,7 +438,8 @@ BEGIN
     v_answer := compaction.claim_range(p_conversation_id, p_scope, p_from_pair,
                                        p_source_message_ids, p_source_hash, p_model,
                                        p_prompt_version, p_worker, v_now, v_lease,
-                                       v_is_target, v_target_ids, v_target_hash);
+                                       v_is_target, v_target_ids, v_target_hash,
+                                       v_matched);
     claimed := v_answer.claimed;
     reason := v_answer.reason;
     job_id := v_answer.job_id;
