@@ -67,7 +67,13 @@ COMMENT ON FUNCTION compaction.claim_settled(text, text, int, text, text, text, 
 -- makes it a target now; p_target_ids and p_target_hash: its current ids and hash), under
 -- the conversation's lock, which the caller holds: the checks from not_eligible on, in the
 -- contract's order, and the writes. compaction.claim judges one range, claim_targets a
--- batch of one conversation's ranges at once; both answer through here.
+-- batch of one conversation's ranges at once; both answer through here. p_matched: the
+-- caller has already found, from these very arguments, that the range is a target and
+-- its ids and hash the given ones, the hash well-formed (claim does before its lock, and
+-- passes it when nothing made it judge again under the lock), so the checks of
+-- not_eligible and source_mismatch are not made twice: made again, with
+-- valid_source_hash's second call, they were 0.9% of a claim -> complete cycle's
+-- instructions.
 CREATE FUNCTION compaction.claim_range(
     p_conversation_id    text,
     p_scope              text,
@@ -82,6 +88,7 @@ CREATE FUNCTION compaction.claim_range(
     p_is_target          boolean,
     p_target_ids         text[],
     p_target_hash        text,
+    p_matched            boolean DEFAULT false,
     OUT claimed          boolean,
     OUT reason           text,
     OUT job_id           bigint,
@@ -97,9 +104,7 @@ VOLATILE
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_job         compaction.jobs;
     v_job_id      bigint;
-    v_attempt_row compaction.attempts;
     v_failed      int;
     v_attempt     int;
     v_max_running int;
@@ -109,25 +114,30 @@ DECLARE
     v_room        boolean := true;
     v_expired     compaction.attempts;
 BEGIN
-    IF p_is_target IS NOT TRUE THEN
-        claimed := false;
-        reason := 'not_eligible';
-        RETURN;
-    END IF;
-    IF NOT compaction.valid_source_hash(p_source_hash)
-       OR p_target_hash IS DISTINCT FROM p_source_hash
-       OR p_target_ids IS DISTINCT FROM p_source_message_ids THEN
-        claimed := false;
-        reason := 'source_mismatch';
-        RETURN;
+    IF p_matched IS NOT TRUE THEN
+        IF p_is_target IS NOT TRUE THEN
+            claimed := false;
+            reason := 'not_eligible';
+            RETURN;
+        END IF;
+        IF NOT compaction.valid_source_hash(p_source_hash)
+           OR p_target_hash IS DISTINCT FROM p_source_hash
+           OR p_target_ids IS DISTINCT FROM p_source_message_ids THEN
+            claimed := false;
+            reason := 'source_mismatch';
+            RETURN;
+        END IF;
     END IF;
 
-    SELECT j.* INTO v_job
+    -- The job id alone, here and from the inserts below: at every run a statement's plan
+    -- describes each column it returns (a type lookup apiece), and these read or
+    -- returned whole rows for one column (1.1% of a claim -> complete cycle's
+    -- instructions).
+    SELECT j.job_id INTO v_job_id
     FROM compaction.jobs AS j
     WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
       AND j.from_pair = p_from_pair AND j.source_hash = p_source_hash
       AND j.model = p_model AND j.prompt_version = p_prompt_version;
-    v_job_id := v_job.job_id;
 
     IF v_job_id IS NULL THEN
         v_attempt := 1;
@@ -224,14 +234,13 @@ BEGIN
     -- conflict with a winner this snapshot cannot see is a serialization failure (ON
     -- CONFLICT's rule), never a second running attempt. No subtransaction needed.
     IF v_job_id IS NULL THEN
-        INSERT INTO compaction.jobs
+        INSERT INTO compaction.jobs AS j
             (conversation_id, scope, from_pair, to_pair, source_message_ids, source_hash,
              model, prompt_version, created_at)
         VALUES (p_conversation_id, p_scope, p_from_pair, p_from_pair + 9,
                 p_source_message_ids, p_source_hash, p_model, p_prompt_version, p_now)
         ON CONFLICT DO NOTHING
-        RETURNING * INTO v_job;
-        v_job_id := v_job.job_id;
+        RETURNING j.job_id INTO v_job_id;
     END IF;
     IF v_job_id IS NOT NULL THEN
         -- The attempt belongs to this login from now on (the fence compares).
@@ -240,8 +249,7 @@ BEGIN
              claimed_by, slot)
         VALUES (p_conversation_id, v_job_id, v_attempt, 'running', p_worker, p_now, p_lease_expires_at,
                 session_user, v_slot)
-        ON CONFLICT DO NOTHING
-        RETURNING * INTO v_attempt_row;
+        ON CONFLICT DO NOTHING;
     END IF;
     IF v_job_id IS NULL OR NOT FOUND THEN
         claimed := false;
@@ -260,7 +268,7 @@ BEGIN
     lease_expires_at := p_lease_expires_at;
 END
 $$;
-COMMENT ON FUNCTION compaction.claim_range(text, text, int, text[], text, text, text, text, timestamptz, timestamptz, boolean, text[], text) IS
+COMMENT ON FUNCTION compaction.claim_range(text, text, int, text[], text, text, text, text, timestamptz, timestamptz, boolean, text[], text, boolean) IS
     'Internal: the checks of a claim from not_eligible on, and its writes, for a range already judged, under the conversation''s lock its caller (claim, claim_targets) holds';
 
 CREATE FUNCTION compaction.claim(
@@ -308,6 +316,8 @@ DECLARE
     v_is_target   boolean;
     v_answer      record;
     v_settled     record;
+    v_job_id      bigint;
+    v_matched     boolean := true;  -- as judged before the lock (claim_range's p_matched)
     v_oversized   text;
 BEGIN
     IF p_conversation_id IS NULL OR p_scope IS NULL OR p_scope = '' OR p_model IS NULL
@@ -346,11 +356,20 @@ BEGIN
     -- for. With the derived state in use, current_range's read is made here (as
     -- range_replies does): the call of a set-returning definer function cost
     -- more than its one statement.
+    -- The identity's job is read in the same statement, with the same snapshot, and
+    -- claim_settled asked only when there is one: the usual claim, an identity's first,
+    -- has none, and claim_settled's call and its own read of the job were 0.7% of a
+    -- claim -> complete cycle's instructions. A subquery, not a join: a join's node cost
+    -- more than the statement it saved.
     IF compaction.derived_state_serves(p_conversation_id) THEN
         SELECT coalesce((SELECT cs.pair_count::bigint FROM compaction.conversation_state AS cs
                          WHERE cs.conversation_id = p_conversation_id), 0),
-               r.source_message_ids, r.source_hash
-        INTO v_pairs, v_target_ids, v_target_hash
+               r.source_message_ids, r.source_hash,
+               (SELECT j.job_id FROM compaction.jobs AS j
+                WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
+                  AND j.from_pair = p_from_pair AND j.source_hash = p_source_hash
+                  AND j.model = p_model AND j.prompt_version = p_prompt_version)
+        INTO v_pairs, v_target_ids, v_target_hash, v_job_id
         FROM (SELECT 1) AS one
         LEFT JOIN compaction.ranges AS r
           ON r.conversation_id = p_conversation_id AND r.from_pair = p_from_pair;
@@ -358,6 +377,13 @@ BEGIN
         SELECT r.pair_count, r.source_message_ids, r.source_hash
         INTO v_pairs, v_target_ids, v_target_hash
         FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
+        -- A statement of its own: under Citus a read of the shards cannot call an engine
+        -- reader (current_range).
+        SELECT j.job_id INTO v_job_id
+        FROM compaction.jobs AS j
+        WHERE j.conversation_id = p_conversation_id AND j.scope = p_scope
+          AND j.from_pair = p_from_pair AND j.source_hash = p_source_hash
+          AND j.model = p_model AND j.prompt_version = p_prompt_version;
     END IF;
     v_is_target := compaction.is_target(p_from_pair, v_pairs);
 
@@ -376,12 +402,14 @@ BEGIN
                             NULL::timestamptz;
         RETURN;
     END IF;
-    v_settled := compaction.claim_settled(p_conversation_id, p_scope, p_from_pair,
-                                          p_source_hash, p_model, p_prompt_version, v_now);
-    IF v_settled.reason IS NOT NULL THEN
-        RETURN QUERY SELECT false, v_settled.reason, v_settled.job_id, NULL::int,
-                            NULL::timestamptz;
-        RETURN;
+    IF v_job_id IS NOT NULL THEN
+        v_settled := compaction.claim_settled(p_conversation_id, p_scope, p_from_pair,
+                                              p_source_hash, p_model, p_prompt_version, v_now);
+        IF v_settled.reason IS NOT NULL THEN
+            RETURN QUERY SELECT false, v_settled.reason, v_settled.job_id, NULL::int,
+                                NULL::timestamptz;
+            RETURN;
+        END IF;
     END IF;
 
     -- From here on the conversation's engine rows are ours until commit: the statement of
@@ -402,6 +430,7 @@ BEGIN
         INTO v_pairs, v_target_ids, v_target_hash
         FROM compaction.current_range(p_conversation_id, p_from_pair) AS r;
         v_is_target := compaction.is_target(p_from_pair, v_pairs);
+        v_matched := false;
     END IF;
     -- An assignment, not a query: a claim -> complete cycle costs 1.0% more
     -- instructions than with the checks written out in claim (a query over the call,
@@ -409,7 +438,8 @@ BEGIN
     v_answer := compaction.claim_range(p_conversation_id, p_scope, p_from_pair,
                                        p_source_message_ids, p_source_hash, p_model,
                                        p_prompt_version, p_worker, v_now, v_lease,
-                                       v_is_target, v_target_ids, v_target_hash);
+                                       v_is_target, v_target_ids, v_target_hash,
+                                       v_matched);
     claimed := v_answer.claimed;
     reason := v_answer.reason;
     job_id := v_answer.job_id;
