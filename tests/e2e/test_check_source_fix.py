@@ -13,7 +13,7 @@ import psycopg.sql
 import pytest
 
 from tests.e2e.cli import run_cli
-from tests.sql.test_host_schema import INDEXES_BEFORE_0019, load_history, run_example
+from tests.sql.test_host_schema import INDEXES_WITHOUT_RUN_ID_INDEX, load_history, run_example
 
 Conn = psycopg.Connection[Any]
 FIXES = ["CREATE INDEX CONCURRENTLY ON agent.turns (((turn_id)::text));",
@@ -23,7 +23,7 @@ FIXES = ["CREATE INDEX CONCURRENTLY ON agent.turns (((turn_id)::text));",
 def test_check_source_fix_prints_the_statements(conn: Conn, dsn: str) -> None:
     run_example(conn, "host-schema")
     load_history(conn, threads=200, turns=10)
-    conn.execute(INDEXES_BEFORE_0019)
+    conn.execute(INDEXES_WITHOUT_RUN_ID_INDEX)
     run_example(conn, "repoint")
 
     table = run_cli("check-source", "--dsn", dsn)

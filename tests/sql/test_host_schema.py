@@ -47,7 +47,7 @@ def host(conn: Conn) -> Conn:
 #: How the worked example read before revision 0019: no index on the run id the
 #: tracking triggers look runs up by, indexes that block writes while they build, and no
 #: ANALYZE (so no statistics on the fresh expression indexes).
-INDEXES_BEFORE_0019 = """
+INDEXES_WITHOUT_RUN_ID_INDEX = """
 GRANT USAGE ON SCHEMA agent TO compaction_owner;
 GRANT SELECT ON agent.turns, agent.chat_messages TO compaction_owner;
 CREATE INDEX turns_thread_text_idx ON agent.turns ((thread_id::text));
@@ -110,7 +110,7 @@ def test_check_source_names_the_missing_run_index_and_statistics(conn: Conn) -> 
     statement that fixes it; those statements (`check-source --fix`) make it clean."""
     run_example(conn, "host-schema")
     load_history(conn, threads=200, turns=10)
-    conn.execute(INDEXES_BEFORE_0019)
+    conn.execute(INDEXES_WITHOUT_RUN_ID_INDEX)
     run_example(conn, "repoint")
     report = check_source(conn)
     assert report.derived_state == "untracked"
