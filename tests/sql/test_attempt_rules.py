@@ -1,9 +1,10 @@
-"""The rules of an attempt row: one CHECK (revision 0021), each rule reported by its name.
+"""The rules of an attempt row: one CHECK, each rule reported by its name.
 
 PostgreSQL rebuilds a table's CHECK expressions in every statement that writes it, and a
-claim -> complete cycle writes attempts twice: the seven CHECKs became one call that
-names the broken rule in the check_violation, as the seven did. Direct writes by the
-owner are what these rules stand against; the engine's functions never break them.
+claim -> complete cycle writes attempts twice: so the seven rules are one CHECK, one call
+that names the broken rule in the check_violation, as seven CHECKs' names would. Direct
+writes by the owner are what these rules stand against; the engine's functions never
+break them.
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ def test_attempts_carry_one_check(conn: Conn) -> None:
 
 def test_a_cycle_calls_no_sql_function_it_could_inline(dsn: str) -> None:
     """A LANGUAGE sql function the planner inlines never shows in the function statistics;
-    one that shows was parsed and planned again in that transaction (oversized_identifier
-    was, in every claim, until revision 0021)."""
+    one that shows was parsed and planned again in that transaction (an SQL function
+    such as oversized_identifier in the attempts' CHECKs would be, in every claim)."""
     calls = function_calls(dsn, "c1", 30)
     assert calls["compaction.claim"] == 1
     with psycopg.connect(dsn) as conn:

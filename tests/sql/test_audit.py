@@ -99,8 +99,8 @@ def test_audit_views(conn: Conn) -> None:
 
 
 def test_every_event_carries_its_job_attempt_and_summary(conn: Conn) -> None:
-    """Each writer of an attempt's change records its event from the rows it holds
-    (revision 0017): claim, complete (a summary, and a refused reply), fail, a fenced
+    """Each writer of an attempt's change records its event from the rows it holds:
+    claim, complete (a summary, and a refused reply), fail, a fenced
     call that finds the lease expired, claim reaping the identity it touches, and reap.
     Every event carries its job's identity, its attempt's worker, reason and time, and a
     completion its summary; each is checked against the jobs, attempts and summaries."""

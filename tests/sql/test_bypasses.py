@@ -201,8 +201,8 @@ def test_worker_cannot_reap_at_infinity(conn: Conn, running: Running) -> None:
 
 def test_audit_views_read_rows_from_before_the_time_checks(conn: Conn,
                                                           running: Running) -> None:
-    """Attempts are append-only history: rows stored before 0007 with an infinite finish
-    time stay (the checks are NOT VALID), and no audit view may fail on them."""
+    """Attempts are append-only history: rows stored before the time checks with an infinite
+    finish time stay (the checks are NOT VALID), and no audit view may fail on them."""
     conn.execute("ALTER TABLE compaction.attempts DROP CONSTRAINT attempts_rules")
     conn.execute("ALTER TABLE compaction.event_log DROP CONSTRAINT audit_events_times_finite")
     conn.execute("UPDATE compaction.attempts SET state = 'failed', reason = 'lease_expired',"
@@ -382,7 +382,7 @@ def test_lowering_max_running_keeps_the_running_and_counts_them(conn: Conn) -> N
     assert db.fail(conn, claimed[2].job_id, 1, "timeout", conversation_id="c2").ok
     assert claim(conn, "c9", t, now=None).claimed
     assert scalar(conn, held) == 1
-    # Raising it admits at once: the slots 1..10000 always exist (revision 0013).
+    # Raising it admits at once: the slots 1..10000 always exist.
     conn.execute("UPDATE compaction.settings SET max_running = 4")
     more = [claim(conn, f"d{i}", target(conn, f"d{i}"), now=None) for i in range(4)]
     assert [m.reason for m in more] == ["claimed"] * 3 + ["admission_full"]
@@ -396,7 +396,7 @@ HIGH_WATER = "SELECT admission_high_water FROM compaction.settings"
 
 
 def test_the_high_water_falls_only_once_the_slots_above_are_free(conn: Conn) -> None:
-    """Revision 0026: the slots above a lowered max_running are looked at until a claim
+    """The slots above a lowered max_running are looked at until a claim
     finds them free, and nobody but that claim lowers the mark by hand."""
     assert scalar(conn, HIGH_WATER) == 8
     conn.execute("UPDATE compaction.settings SET max_running = 3")
@@ -444,7 +444,7 @@ def test_a_slot_being_taken_above_keeps_the_high_water(conn: Conn, dsn: str) -> 
 
 
 def test_taking_renewing_and_freeing_a_slot_write_no_index_entry(conn: Conn) -> None:
-    """Revision 0026: the admission slots' only index is on slot, which no update changes,
+    """The admission slots' only index is on slot, which no update changes,
     so a claim's, a heartbeat's and a completion's slot updates are all HOT."""
     relid = scalar(conn, "SELECT 'compaction.admission'::regclass::oid")
     t = target(conn, "c1")

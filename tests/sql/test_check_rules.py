@@ -3,7 +3,7 @@
 PostgreSQL prepares a table's CHECK expressions again in every statement that writes the
 table: it reads each one's stored form and plans it, and a LANGUAGE sql function it calls
 is inlined there, its body parsed anew each time. So the rules a CHECK calls are PL/pgSQL
-(compiled once per session; revision 0032), and the cheaper form of valid_source_hash
+(compiled once per session), and the cheaper form of valid_source_hash
 must answer exactly what its regular expression did.
 """
 
@@ -33,8 +33,8 @@ ORDER BY 1, 2, 3
 
 def test_no_check_constraint_calls_an_sql_function(conn: Conn) -> None:
     """An SQL function in a CHECK is parsed again by every statement that writes the
-    table (summary_problem and valid_source_hash were 6.1% of a claim -> complete
-    cycle's instructions before revision 0032)."""
+    table (summary_problem and valid_source_hash as SQL functions were 6.1% of a claim ->
+    complete cycle's instructions)."""
     calls = conn.execute(CHECK_FUNCTIONS).fetchall()
     # The rules are there to be found: the catalog query sees the calls it judges.
     assert ("compaction.jobs", "jobs_rules",

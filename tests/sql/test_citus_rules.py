@@ -36,13 +36,13 @@ FAN_OUT = {
     "compaction.stale_summaries",  # audit: source_hash per range, on the coordinator
     "compaction.distribute_on_citus",  # the placement itself (DDL)
     "compaction.place_audit_views",    # the audit views' form (DDL)
-    # audit: a view's rows with the owner's rights, on the coordinator (revision 0022)
+    # audit: a view's rows with the owner's rights, on the coordinator
     "compaction.read_audit_jobs",
     "compaction.read_audit_exhausted",
     "compaction.read_audit_queue",
-    "compaction.read_audit_events",   # revision 0027
+    "compaction.read_audit_events",
     # the owner's model preference: re-judges each conversation that has a verdict by
-    # rederive_summary_verdicts, one conversation per statement (revision 0048)
+    # rederive_summary_verdicts, one conversation per statement
     "compaction.set_projection_models",
 }
 
@@ -236,7 +236,7 @@ def row_locks_across_conversations(catalog: Catalog) -> list[str]:
     return [f.signature for f in functions for statement in statements(f.body)
             if ROW_LOCK.search(statement)
             and any(mentions(statement, r) for r in shards)
-            # the operator spelled out, as SET-less functions do (revision 0016)
+            # the operator spelled out, as SET-less functions do
             and not re.search(r"conversation_id\s*(=|OPERATOR\(pg_catalog\.=\))",
                               statement)]
 

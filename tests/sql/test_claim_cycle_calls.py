@@ -1,11 +1,11 @@
-"""What a claim -> complete cycle calls and checks (revision 0045, issue 32).
+"""What a claim -> complete cycle calls and checks.
 
 The usual cycle (no p_now, the default lease, no p_stats, the first summary of its range)
 runs claim and complete and nothing they can do without: complete writes the new
 summary's verdict and frees its slot itself, and claim reads the range itself. The
 verdicts it writes are the ones judge_summaries gives, in the common case and when the
 range already has a summary. The CHECKs of compaction.jobs are one call that names the
-broken rule, as the five constraints it replaced did.
+broken rule, as five separate constraints would by their names.
 """
 
 from __future__ import annotations

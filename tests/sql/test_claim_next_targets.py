@@ -1,4 +1,4 @@
-"""compaction.claim_next_targets (revision 0040): a worker's look at a conversation and its
+"""compaction.claim_next_targets: a worker's look at a conversation and its
 first claims in one call, under one judgement of the conversation. The look is what
 worker_targets answers; the claims are what claim_targets answers for the first p_limit
 targets without a summary, from the same state.

@@ -1,4 +1,4 @@
-"""compaction.claim_targets (revision 0038): a worker's claims of one conversation in one
+"""compaction.claim_targets: a worker's claims of one conversation in one
 call, under one lock and one judgement of the conversation, each range answered exactly
 as compaction.claim would answer it had the ranges been claimed one after another.
 """
@@ -227,10 +227,10 @@ def test_concurrent_batches_claim_each_range_once_within_admission(conn: Conn) -
 @pytest.mark.parametrize("call", ["claim", "claim_targets", "claim_next_targets"])
 def test_a_claim_judges_the_range_before_it_waits_for_the_conversation(
         conn: Conn, dsn: str, call: str) -> None:
-    """Revision 0038: the conversation's lock orders its engine writers, none of which
+    """The conversation's lock orders its engine writers, none of which
     changes its history, so a claim judges the range first and then waits for the lock
     (judged from the views, the judgement is most of a claim's time, and the
-    conversation's other writers waited for it). A text edited while the claim waits is
+    conversation's other writers would wait for it). A text edited while the claim waits is
     not seen by it: it binds the range it judged, and the worker's read of the replies
     then finds the hash moved (tests/sql/test_worker_reads.py)."""
     History(conn).pairs("c", 30)

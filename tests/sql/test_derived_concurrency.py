@@ -350,7 +350,7 @@ def _messages_of_late(conn: Conn) -> None:
 def test_a_settled_run_and_its_messages_from_two_writers_pair(
     conn: Conn, dsn: str, run_first: bool
 ) -> None:
-    """Revision 0047: a settled Run with no user message changes nothing derived, so its
+    """A settled Run with no user message changes nothing derived, so its
     statement is not judged. Whichever writer holds the conversation first, the second
     waits for it and then decides on a snapshot that holds its commit: the Run's pair is
     there once both committed. (Messages first: the Run's writer must see them, or it
@@ -379,7 +379,7 @@ def _run_of_stray(c: Conn) -> None:
 def test_a_message_and_its_run_from_two_writers_leave_it_belonging(
     conn: Conn, dsn: str, run_first: bool
 ) -> None:
-    """Revision 0048: the record of foreign messages is kept under the conversation's
+    """The record of foreign messages is kept under the conversation's
     row too. A message naming run 'shared' and that run, written to conversation e by two
     writers at once: whichever commits second judges on a snapshot holding the other's
     row, so the message ends up belonging to e's run, never recorded as foreign, and

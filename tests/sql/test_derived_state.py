@@ -737,7 +737,7 @@ def test_untracked_host_source_is_judged_exactly_from_the_views(
 
 
 # ---------------------------------------------------------------------------------------
-# Summary verdicts (revision 0014), recomputed independently
+# Summary verdicts, recomputed independently
 # ---------------------------------------------------------------------------------------
 
 PROJECTABLE = {"conversation-compaction@1": False, "conversation-compaction@2": True,
@@ -799,7 +799,7 @@ def assert_verdicts(conn: Conn, raw: Raw, conversations: Sequence[str], tracked:
             " WHERE conversation_id = %s", (cid,)).fetchall()
         expected = expected_verdicts(pairs_of(raw, cid), summaries)
         if tracked:
-            # Kept against the ranges the conversation's own rows make (revision 0048: a
+            # Kept against the ranges the conversation's own rows make (a
             # foreign message's effect is applied by the reads, which then judge from
             # the views).
             stored = {r[0]: (r[1], r[2], r[3]) for r in conn.execute(

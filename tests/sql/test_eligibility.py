@@ -119,7 +119,7 @@ def test_user_message_filed_elsewhere_also_breaks_the_run(conn: Conn) -> None:
 def test_a_reply_filed_elsewhere_is_found_in_a_conversation_of_any_size(
         conn: Conn, runs: int) -> None:
     """judge_runs asks the question across conversations with a whole conversation's runs
-    as a value up to 256 runs, and by subquery above (revision 0036): both forms."""
+    as a value up to 256 runs, and by subquery above: both forms."""
     h = History(conn)
     pairs = h.pairs("c", runs)
     h.conversation("other")
@@ -134,7 +134,7 @@ def test_a_reply_filed_elsewhere_is_found_in_a_conversation_of_any_size(
 @pytest.mark.parametrize("runs", [256, 257])
 def test_a_message_of_another_conversations_own_run_of_that_id_breaks_nothing(
         conn: Conn, runs: int) -> None:
-    """Revision 0048 (contract §3): a message whose own conversation has a run of that id
+    """Contract §3: a message whose own conversation has a run of that id
     belongs to that run; only a foreign one (its conversation has no such run) breaks the
     run elsewhere. Both forms of judge_runs' question (a value, a subquery)."""
     h = History(conn)

@@ -44,8 +44,8 @@ def host(conn: Conn) -> Conn:
     return conn
 
 
-#: How the worked example read before revision 0019: no index on the run id the
-#: tracking triggers look runs up by, indexes that block writes while they build, and no
+#: The worked example's indexes as a DBA built them from the old page: no index on the
+#: run id the tracking triggers look runs up by, indexes that block writes while they build, and no
 #: ANALYZE (so no statistics on the fresh expression indexes).
 INDEXES_WITHOUT_RUN_ID_INDEX = """
 GRANT USAGE ON SCHEMA agent TO compaction_owner;
@@ -104,7 +104,7 @@ def test_repointed_views_keep_the_contract(host: Conn) -> None:
 
 
 def test_check_source_names_the_missing_run_index_and_statistics(conn: Conn) -> None:
-    """Issue 31: the worked example as a DBA built it (existing history, the indexes of
+    """The worked example as a DBA built it (existing history, the indexes of
     the old page, no ANALYZE), before tracking is attached: check-source names the index
     the tracking triggers need (runs by run id) and the missing statistics, each with the
     statement that fixes it; those statements (`check-source --fix`) make it clean."""
@@ -160,7 +160,7 @@ def test_the_worked_example_on_existing_history_checks_clean(conn: Conn) -> None
 
 
 def test_writes_between_attaching_and_the_rebuild_are_left_to_it(conn: Conn) -> None:
-    """Revision 0030: once the tracking is attached and before the rebuild starts, a write
+    """Once the tracking is attached and before the rebuild starts, a write
     derives nothing (a pair derived then would sit ahead of the rebuild in pairs'
     indexes, and every page the rebuild filled before it would split in halves); the
     rebuild derives it with the rest."""

@@ -16,12 +16,12 @@ Conn = psycopg.Connection[Any]
 
 ENGINE_TABLES = ["jobs", "attempts", "job_summaries", "event_log", "admission", "queue",
                  "settings", "prompt_versions"]
-# Revision 0027: the event log is a view over the attempts and event_log.
+# The event log is a view over the attempts and event_log.
 LOG_VIEW = "audit_events"
 # The derived state (a cache of the source) is guarded against TRUNCATE as well.
 DERIVED_TABLES = ["conversation_state", "pairs", "ranges", "summary_verdicts", "source_tracking",
                   "foreign_messages"]
-# And the conversations' lock rows (revision 0018): emptied, reap would pass them over.
+# And the conversations' lock rows: emptied, reap would pass them over.
 LOCK_TABLES = ["conversation_locks"]
 
 
@@ -85,8 +85,8 @@ def test_completed_summary_and_identity_never_change(actor: Conn) -> None:
         "DELETE FROM compaction.jobs WHERE conversation_id = 'c1'",
     ]:
         refused(conn, statement, IMMUTABLE)
-    # identities without a summary never change either (revision 0013: the guard reads
-    # only its own row, so it no longer tells the two apart)
+    # identities without a summary never change either (the guard reads only
+    # its own row, so it does not tell the two apart)
     refused(conn, "UPDATE compaction.jobs SET model = 'other' WHERE conversation_id = 'c2'",
             IMMUTABLE)
     refused(conn, "DELETE FROM compaction.jobs WHERE conversation_id = 'c3'", IMMUTABLE)
@@ -113,7 +113,7 @@ def test_attempt_log_is_append_only(actor: Conn) -> None:
         "DELETE FROM compaction.attempts WHERE conversation_id = 'c2'",
         # a running attempt can only finish (or renew its lease), nothing else
         "UPDATE compaction.attempts SET worker = 'intruder' WHERE conversation_id = 'c3'",
-        # the login it belongs to (revision 0018) is not handed to another
+        # the login that claimed it is not handed to another
         "UPDATE compaction.attempts SET claimed_by = 'intruder' WHERE conversation_id = 'c3'",
         "UPDATE compaction.attempts SET attempt = 2 WHERE conversation_id = 'c3'",
         "DELETE FROM compaction.attempts WHERE conversation_id = 'c3'",
@@ -124,8 +124,8 @@ def test_attempt_log_is_append_only(actor: Conn) -> None:
 
 def test_event_log_rows_never_change(actor: Conn) -> None:
     conn = actor
-    # event_log holds what no attempt row records (and every event from before revision
-    # 0027); two rows written directly stand for those
+    # event_log holds what no attempt row records (and every event recorded before
+    # attempt rows held their own); two rows written directly stand for those
     conn.execute("INSERT INTO compaction.event_log (conversation_id, kind, occurred_at)"
                  " VALUES ('c9', 'claim', now()), ('c9', 'failure', now())")
     before = snapshot(conn)
@@ -141,7 +141,7 @@ def test_event_log_rows_never_change(actor: Conn) -> None:
         refused(conn, statement, NOT_UPDATABLE)
         # the table behind it, with what the view's rows are made of: its guard
         refused(conn, statement.replace("audit_events", "event_log"), APPEND_ONLY)
-    # revision 0027: the events an attempt row records are set once (the claim's with the
+    # the events an attempt row records are set once (the claim's with the
     # row, the end's by the guard): the attempt log's own rules refuse changing them
     for statement in [
         "UPDATE compaction.attempts SET claim_recorded_at = now() WHERE conversation_id = 'c3'",

@@ -140,7 +140,7 @@ def test_heartbeat_and_reaper_serialise(conn: Conn, dsn: str) -> None:
 # --- lock footprint and statement bound --------------------------------------------------
 
 def holds_conversation(observer: Conn, conversation_id: str) -> bool:
-    """Whether another transaction holds the conversation's lock (revision 0018: a row
+    """Whether another transaction holds the conversation's lock (a row
     lock, which pg_locks does not list while nobody waits for it; the first claim's
     row is not even visible yet): the engine's own lock call, given up at once."""
     try:
@@ -160,7 +160,7 @@ def locks_of(conn: Conn, pid: int) -> list[tuple[str, str | None, int | None, in
 
 def assert_narrow(locks: list[tuple[str, str | None, int | None, int | None, str]]) -> None:
     for locktype, relation, _classid, _objid, mode in locks:
-        # No advisory lock (revision 0018): any login could take the same key.
+        # No advisory lock: any login could take the same key.
         assert locktype != "advisory", (locktype, _classid, _objid)
         if locktype == "relation":
             # row-level work only (RowShareLock: foreign-key checks lock referenced rows

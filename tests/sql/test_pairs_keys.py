@@ -1,4 +1,4 @@
-"""compaction.pairs' keys (revisions 0033 and 0044): a Run's pair is found by a 4-byte
+"""compaction.pairs' keys: a Run's pair is found by a 4-byte
 hash of its run id, so no index of pairs holds run ids and the run index holds no
 conversation id either (the derived state costs less where ids are long:
 docs/operations.md, "Space to plan"), and every lookup by run id plans on that index
@@ -65,8 +65,8 @@ def test_no_index_of_pairs_holds_run_ids(conn: Conn) -> None:
     assert count == CONVERSATIONS * PAIRS
     per_pair = {name: size / count for name, size in sizes.items()}
     # Inserted here in random run id order within each conversation, as a host's uuids
-    # come: the B-tree on (conversation_id, run_id) took 109 bytes a pair, the one on
-    # (conversation_id, hashtext(run_id)) of revisions 0033-0043 92 (entries of 60
+    # come: a B-tree on (conversation_id, run_id) takes 109 bytes a pair, one on
+    # (conversation_id, hashtext(run_id)) 92 (entries of 60
     # bytes); this one 43 (entries of 16 bytes, in pages split as the keys came).
     assert per_pair["pairs_run_hash_idx"] < 50, per_pair
 

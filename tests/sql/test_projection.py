@@ -267,8 +267,8 @@ def judge_from_the_views(conn: Conn) -> None:
 @pytest.mark.parametrize("judged", [False, True], ids=["derived", "from-the-views"])
 def test_source_current_equals_the_python_judgement(conn: Conn, judged: bool) -> None:
     """projection_summaries.source_current: the range exists now with exactly the stored
-    ids and hash (read from derived state, or judged from the views: revision 0023 judges
-    once for every range), the Python recomputation's verdict."""
+    ids and hash (read from derived state, or judged from the views: one judgement
+    for every range), the Python recomputation's verdict."""
     pairs = History(conn).pairs("h", 35, text="ß\u3000净")
     if judged:
         judge_from_the_views(conn)
@@ -310,9 +310,9 @@ def calls_in_this_transaction(conn: Conn, functions: Sequence[str]) -> dict[str,
 def test_judged_from_the_views_a_projection_judges_the_conversation_once(conn: Conn) -> None:
     """Without the derived state, the summaries' verdicts (and the audit of stale
     summaries, and the targets) judge the conversation once and hash every summarized
-    range in one statement, however many ranges are summarized (revision 0023: once per
-    summarized range before, quadratic in the history's length; 81 s a projection at
-    10,000 pairs, docs/benchmarks.md); a projection judges once in all (revision 0041).
+    range in one statement, however many ranges are summarized (once per summarized
+    range would be quadratic in the history's length: 81 s a projection at 10,000 pairs,
+    docs/benchmarks.md); a projection judges once in all.
     Counted, not timed: each function's calls in one transaction."""
     pairs = History(conn).pairs("once", 75)
     for start in range(0, 50, 10):
@@ -344,7 +344,7 @@ def test_judged_from_the_views_a_projection_judges_the_conversation_once(conn: C
         assert stale == [(0,)]
         assert [t.from_pair for t in db.plan_targets(conn, "once")] == [0, 10, 20, 30, 40]
         # project_history: the pairs and the summaries' verdicts from one judgement
-        # (revision 0041: the pairs' metadata, then the verdicts, judged twice before)
+        # (not the pairs' metadata, then the verdicts, which would judge twice)
         projection: list[Projection] = []
         assert calls(lambda: projection.append(
             project_history(conn, "once", budget_bytes=BIG))) == {
@@ -355,7 +355,7 @@ def test_judged_from_the_views_a_projection_judges_the_conversation_once(conn: C
 @pytest.mark.parametrize("scope", ["default", "other"])
 def test_judged_from_the_views_the_projection_is_the_derived_states(conn: Conn,
                                                                      scope: str) -> None:
-    """Revision 0041: judged from the views, projection_frame gives every pair and every
+    """Judged from the views, projection_frame gives every pair and every
     summary's verdict from one judgement (judged_frame), and a projection is the one
     statement it is with the derived state. Same state, same projection, at every
     budget: current, superseded (by version and by completed_at), not projectable, stale
@@ -651,8 +651,8 @@ def test_the_statement_reads_back_to_the_first_pair_under_the_largest_budget(
 
 def test_the_statement_reads_its_texts_itself(conn: Conn) -> None:
     """projection_read reads the texts its walk includes in its own statement, calling no
-    function for them (through projection_texts' statement each text row was stored twice
-    more: revision 0043). Counted with track_functions = 'all', which counts the calls of
+    function for them (through projection_texts' statement each text row would be stored twice
+    more). Counted with track_functions = 'all', which counts the calls of
     SQL and PL/pgSQL functions alike."""
     pairs = History(conn).pairs("inline", 40)
     summary_id = import_summary(conn, "inline", pairs, 0)

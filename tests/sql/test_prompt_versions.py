@@ -1,11 +1,9 @@
-"""A job's prompt version is held to the known versions without a lock (revision 0046,
-issue 32).
+"""A job's prompt version is held to the known versions without a lock.
 
-Until 0046 the foreign key jobs_prompt_version_fkey locked the version's row of
-compaction.prompt_versions FOR KEY SHARE at every claim: every concurrent claim locked
-the same row, and each overlap made a MultiXact. The CHECK jobs_rules now holds the
-version to the versions job_rules_hold writes out, and raises that key's error for any
-other.
+A foreign key to compaction.prompt_versions would lock the version's row FOR KEY SHARE
+at every claim: every concurrent claim would lock the same row, each overlap making a
+MultiXact. So the CHECK jobs_rules holds the version to the versions job_rules_hold
+writes out, and raises the foreign key's error (jobs_prompt_version_fkey) for any other.
 """
 
 from __future__ import annotations
@@ -50,7 +48,7 @@ def test_the_rules_accept_exactly_the_table_s_versions(conn: Conn) -> None:
 @pytest.mark.parametrize("replication_role", ["origin", "replica"])
 def test_a_job_of_an_unknown_version_is_the_foreign_key_violation_it_was(
         conn: Conn, replication_role: str) -> None:
-    """The error a direct write saw from the foreign key, name and SQLSTATE; and unlike a
+    """The error a direct write gets is a foreign key's, name and SQLSTATE; and unlike a
     foreign key, whose triggers a replica session skips, the CHECK holds there too."""
     conn.execute("SELECT pg_catalog.set_config('session_replication_role', %s, false)",
                  (replication_role,))
@@ -81,7 +79,7 @@ def test_a_job_of_an_unknown_version_is_the_foreign_key_violation_it_was(
 
 def test_concurrent_claims_leave_the_version_row_unlocked(dsn: str) -> None:
     """Eight claims held open at once, each on its own conversation: each is admitted, and
-    the version's row carries no locker (on 0045 its xmax named a MultiXact of them)."""
+    the version's row carries no locker (under a foreign key its xmax names a MultiXact of them)."""
     n = 8
     with psycopg.connect(dsn, autocommit=True) as setup:
         setup.execute("UPDATE compaction.settings SET max_running = %s", (n,))

@@ -79,7 +79,7 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def function_statement(conn: Conn, function: str, statement: str) -> str:
     """One statement of a PL/pgSQL function's body, its INTO clause taken out.
 
-    judge_runs has these (revision 0036): "runs" (a whole conversation's runs, to tell a
+    judge_runs has these: "runs" (a whole conversation's runs, to tell a
     small conversation from a large one), the question whether a run's
     messages were filed under another conversation, as "foreign" (the runs as a value)
     or "foreign_many" (by subquery, a conversation of more than 256 runs), "named" (the
@@ -157,7 +157,7 @@ def test_judging_runs_uses_indexes_and_reads_one_conversation(crowded: Conn) -> 
 def test_judging_named_runs_reads_only_those_runs(crowded: Conn) -> None:
     """What a tracking trigger pays per appended Run: the runs named, by index."""
     runs = f"ARRAY['{BIG}/r17', '{BIG}/r9000']"
-    # The runs named, by run id (revision 0036: in a statement of their own).
+    # The runs named, by run id, in a statement of their own.
     plan = explain_body(crowded, "compaction.judge_runs(text, text[], boolean)", BIG, run_ids=runs,
                         statement="named")
     scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in plan
@@ -178,7 +178,7 @@ def test_judging_named_runs_reads_only_those_runs(crowded: Conn) -> None:
                         statement="foreign", values={"v_runs": runs})
     assert not [n for n in plan if n["Node Type"] == "Seq Scan"], plan
     scanned = sum(n["Actual Rows"] * n["Actual Loops"] for n in plan if "Relation Name" in n)
-    # No run is read (revision 0034: the runs named are asked about as named), and no
+    # No run is read (the runs named are asked about as named), and no
     # message of the two is filed elsewhere.
     assert scanned == 0
 
@@ -187,7 +187,7 @@ def test_judging_named_runs_of_a_large_conversation_reads_no_other_run(conn: Con
     """judge_runs keeps one generic plan. Where conversations are small on average, its
     question across conversations found the named runs among the conversation's runs on
     the prefix of the runs' key, reading every run of a large conversation at each
-    tracked write; revision 0034 asks about the runs as named."""
+    tracked write; it asks about the runs as named."""
     with conn.transaction():
         for k in range(300):
             seed_plain(conn, f"small{k}", 5)
@@ -245,7 +245,7 @@ def seq_scans(reader: Conn, worker: Conn) -> dict[str, int]:
 
 
 def test_a_long_lived_worker_connection_keeps_index_plans(conn: Conn, dsn: str) -> None:
-    """Revision 0017: the worker's write calls plan every lookup on an index, so plans a
+    """The worker's write calls plan every lookup on an index, so plans a
     connection caches while the engine's tables are still small (analyzed while nearly
     empty, as autovacuum does early) never scan them later, as they grow. Counted, not
     timed: after the first cycles have planned everything, further cycles on the same
@@ -270,8 +270,8 @@ def test_a_long_lived_worker_connection_keeps_index_plans(conn: Conn, dsn: str) 
     assert {t: after[t] - before[t] for t in CYCLE_TABLES} == dict.fromkeys(CYCLE_TABLES, 0)
 
 
-#: The tables a tracked append looks rows up in by key (revision 0030 added
-#: source_tracking, read by the question whether a rebuild may take the write over).
+#: The tables a tracked append looks rows up in by key (source_tracking among them,
+#: read by the question whether a rebuild may take the write over).
 TRACKED_TABLES = ("compaction_source.runs", "compaction_source.messages",
                   "compaction.conversation_state", "compaction.pairs", "compaction.ranges",
                   "compaction.source_tracking")
@@ -323,7 +323,7 @@ def test_tracked_writes_to_a_large_conversation_read_only_their_keys(conn: Conn,
     as a hash join over it), so every tracked write to a large conversation read all its
     runs and pairs, three times an append, every range it completed read all its
     messages, and, on a queue without statistics, each statement read every queue entry.
-    Revision 0035 looks each key up on its own. Counted, not timed: index entries read
+    It looks each key up on its own. Counted, not timed: index entries read
     per write, on a writer connection past the first plans (custom ones, then generic),
     the source tables and the derived state analyzed, the queue never (as after an
     install)."""
@@ -371,7 +371,7 @@ def test_tracked_writes_to_a_large_conversation_read_only_their_keys(conn: Conn,
                            " WHERE conversation_id = %s AND message_id = %s",
                            (BIG, appended[k].assistant_message_id))
         edits = since(before, entries(writer))
-    # Each table's entries a write, counted on revision 0035 (and on 0034): an append
+    # Each table's entries a write, each key looked up on its own: an append
     # reads 9 of the runs (9,000), 8 of the messages (600: a range completed every ten
     # appends read all 6,000), 5 of the pairs (9,000) and 4 of the queue (1,800); an edit,
     # which re-hashes its range, reads 3 of the runs (3,000), 26 of the messages (4,800),

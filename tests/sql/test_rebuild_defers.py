@@ -1,4 +1,4 @@
-"""Revision 0030: while a rebuild runs and the derived state is not in use, a tracked write
+"""While a rebuild runs and the derived state is not in use, a tracked write
 to a conversation the rebuild has not reached is left to the rebuild, which derives it
 from a snapshot holding the write; and a TRUNCATE clears the rebuild's resume point."""
 
@@ -128,7 +128,7 @@ def test_writes_are_derived_at_once_while_the_derived_state_is_in_use(conn: Conn
 
 def test_a_repeatable_read_writer_derives_at_once(dsn: str, conn: Conn) -> None:
     """Its snapshot may predate the resume point it would read under the lock (which would
-    fail it): it derives, as before revision 0030."""
+    fail it): it derives at once, as it would with no rebuild running."""
     history = History(conn)
     for k in range(3):
         history.pairs(f"c{k}", 3)

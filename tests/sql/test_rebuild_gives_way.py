@@ -1,8 +1,9 @@
-"""Revision 0031: the rebuild never waits for a writer long while it holds a batch, so an
+"""The rebuild never waits for a writer long while it holds a batch, so an
 application transaction never deadlocks with it; and two rebuilds may run at once.
 
 Each test builds its interleaving with real connections and the lock waits they show in
-pg_locks (the barrier); under revision 0030 each of them ends in a deadlock or a CP021.
+pg_locks (the barrier); a rebuild that waited for the writer while holding its batch would
+end each of them in a deadlock or a CP021.
 """
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ def test_check_source_names_the_missing_index(sdk: Conn) -> None:
     assert "an index on public.agent_messages (((id)::text))" in slow.advice, slow.advice
 
 
-# --- tracking by message id (revision 0010): random writes stay exact -------------------
+# --- tracking by message id: random writes stay exact -----------------------------------
 
 ITEMS = {"user": user("Q 基金？"), "said": said("A: 净值 1.5"), "call": CALL,
          "output": OUTPUT, "reasoning": REASONING, "interim": said("working on it")}
@@ -315,7 +315,7 @@ def test_an_item_inserted_inside_a_run_rederives_the_run_it_cut(sdk: Conn) -> No
     assert sdk.execute("SELECT compaction.derived_state_status()").fetchone() == ("in_use",)
 
 
-# --- installing onto a live table (issue 31) ---------------------------------------------
+# --- installing onto a live table -------------------------------------------------------
 
 
 def test_install_lets_the_applications_writes_through(dsn: str, conn: Conn) -> None:
@@ -404,10 +404,10 @@ def seed_sessions(conn: Conn, first: int, count: int) -> None:
 
 
 def test_the_rebuild_reads_the_messages_linearly(conn: Conn, dsn: str) -> None:
-    """Revision 0028: the rebuild steps to the next conversation by an ordered read of one
-    row. Over this recipe's views (a run is its user message, among all messages) its
-    min() read every message after the resume point at each step: twice the sessions
-    took four times the reads. Counted in rows read, not timed."""
+    """The rebuild steps to the next conversation by an ordered read of one
+    row. Over this recipe's views (a run is its user message, among all messages) a
+    min() would read every message after the resume point at each step: twice the
+    sessions, four times the reads. Counted in rows read, not timed."""
     conn.execute(SDK_TABLES_DDL)
     seed_sessions(conn, 0, 150)
     install_agents_sqlalchemy(conn, rebuild=False)
@@ -582,9 +582,9 @@ def test_an_append_works_out_the_runs_of_a_few_items_however_long_the_session(
 
 def test_an_append_reads_as_many_index_entries_however_long_the_session(
         conn: Conn, dsn: str) -> None:
-    """Revision 0039: the tracking looks each new item up by its id on its own. Asked as
-    "these ids of this session" under its generic plan, it read the session's prefix of
-    an index (every item of the session, twice an insert) wherever sessions are short on
+    """The tracking looks each new item up by its id on its own. Asked as
+    "these ids of this session" under its generic plan, it would read the session's prefix
+    of an index (every item of the session, twice an insert) wherever sessions are short on
     average. Counted, not timed."""
     entries = per_append(conn, dsn, index_entries_read)
     assert entries["long"] <= entries["short"] + 10, entries

@@ -84,7 +84,7 @@ def test_reader_reads_summaries_and_versions_only(conn: Conn, login_role: LoginR
 def test_reader_and_worker_read_their_views(conn: Conn, login_role: LoginRole) -> None:
     """The reader reads compaction.summaries and the source views, the worker the source
     views, filtered by conversation as they are read; on Citus through SELECT on what the
-    views read (revision 0024: Citus runs a view's shard queries with the caller's
+    views read (Citus runs a view's shard queries with the caller's
     rights), on one node through the views alone."""
     t = target(conn, "c1")
     c = claim(conn, "c1", t)
@@ -181,7 +181,7 @@ def test_auditor_sees_metadata_only(conn: Conn, login_role: LoginRole) -> None:
                                   "compaction.explain_runs(text)",
                                   "compaction.verify_conversation(text)",
                                   "compaction.derived_state_status()",
-                                  # model names only (revision 0048)
+                                  # model names only
                                   "compaction.projection_models()"}
 
 
@@ -202,7 +202,7 @@ def test_no_function_is_executable_by_public_and_writers_are_definers(conn: Conn
     for name, definer, config, owner in rows:
         assert definer, name
         # A fixed search_path; besides it only the planner settings of the worker's write
-        # calls (revision 0017: index plans whatever the tables' size when first planned).
+        # calls (index plans whatever the tables' size when first planned).
         assert config[0] == "search_path=pg_catalog, pg_temp", name
         assert set(config[1:]) <= {"jit=off", "enable_seqscan=off"}, name
         assert owner == "compaction_owner", name
@@ -227,7 +227,7 @@ def test_search_path_hijack_is_ignored(conn: Conn, login_role: LoginRole) -> Non
         "CREATE FUNCTION public.textne(text, text) RETURNS boolean LANGUAGE sql"
         " AS $$ SELECT false $$",
         "CREATE OPERATOR public.<> (LEFTARG = text, RIGHTARG = text, FUNCTION = public.textne)",
-        # Revision 0016 inlines the small rules into the caller's statement, parsed under
+        # The small rules are inlined into the caller's statement, parsed under
         # the caller's search_path: only their qualified names keep these out.
         "CREATE FUNCTION public.texteq(text, text) RETURNS boolean LANGUAGE sql"
         " AS $$ SELECT true $$",

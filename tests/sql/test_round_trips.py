@@ -235,7 +235,7 @@ def projected_on_the_wire(dsn: str,
 
 
 def test_a_projection_is_one_statement_in_one_round_trip(conn: Conn, dsn: str) -> None:
-    """project_history on an autocommit connection (revision 0029): one statement,
+    """project_history on an autocommit connection: one statement,
     compaction.projection_read, with no BEGIN or COMMIT: the statement's own snapshot
     holds the frame and the texts."""
     History(conn).pairs("c", 40)
@@ -244,9 +244,9 @@ def test_a_projection_is_one_statement_in_one_round_trip(conn: Conn, dsn: str) -
 
 def test_judged_from_the_views_a_projection_is_one_statement_too(conn: Conn, dsn: str) -> None:
     """With the derived state out of use the same one statement judges the conversation
-    from the views (revision 0041: its frame holds every pair and verdict), still in one
-    round trip; before, the driver read the pairs, then the summaries, then the texts in
-    a snapshot of its own."""
+    from the views (its frame holds every pair and verdict), still in one round trip, not
+    the pairs, then the summaries, then the texts read in a snapshot of the driver's
+    own."""
     History(conn).pairs("c", 40)
     conn.execute("ALTER TABLE compaction_source.runs DISABLE TRIGGER runs_track_insert")
     assert conn.execute("SELECT compaction.derived_state_current()").fetchone() == (False,)

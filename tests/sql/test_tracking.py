@@ -87,7 +87,7 @@ def test_rebuild_reports_progress_with_a_rate(conn: Conn) -> None:
 def test_the_rebuild_writes_its_progress_with_jit_off(conn: Conn) -> None:
     """Each of the rebuild's transactions prices sequential scans out, so its one-row
     writes cost above jit_above_cost: with JIT on they compiled at every commit (60% of a
-    rebuild's time, revision 0020). A probe trigger on the progress row records the
+    rebuild's time). A probe trigger on the progress row records the
     settings every write of it ran under."""
     history = History(conn)
     for k in range(5):
@@ -119,7 +119,7 @@ def generations(conn: Conn) -> dict[str, int]:
 
 
 def test_a_cancelled_rebuild_resumes_after_its_last_commit(dsn: str, conn: Conn) -> None:
-    """Revision 0019: the rebuild keeps its resume point in the database. Cancelled while
+    """The rebuild keeps its resume point in the database. Cancelled while
     it waits for conversation c3 (another connection holds that row), it has committed
     c0-c2; the next CALL derives c3-c5 only (a re-derivation bumps the conversation's
     generation, so the generations say which conversations each run touched)."""
@@ -299,7 +299,7 @@ def test_roles_reach_only_what_they_need(conn: Conn, login_role: LoginRole) -> N
 
 
 def test_source_views_may_read_views(conn: Conn) -> None:
-    """Revision 0011: a source view reading a view of the host's is tracked when the
+    """A source view reading a view of the host's is tracked when the
     tables behind both are; the inner view's rule is part of the stamp, so replacing it
     takes the derived state out of use until a rebuild. A materialized view behind the
     source is not tracked (REFRESH fires no trigger)."""

@@ -117,7 +117,8 @@ def test_the_owner_and_superusers_may_finish_any_attempt(
 
 def test_an_attempt_from_before_logins_were_recorded_is_the_owners(
         conn: Conn, login_role: LoginRole, two_workers: TwoWorkers) -> None:
-    """Revision 0018 cannot know who claimed the attempts running when it was applied."""
+    """An attempt with no claiming login recorded (claimed_by NULL, as for one running
+    before logins were recorded) is the owner's: a worker's heartbeat is refused."""
     # The claiming login never changes: only with its guard disabled.
     with pytest.raises(errors.AppendOnly), errors.wrap_exceptions():
         conn.execute("UPDATE compaction.attempts SET claimed_by = NULL")
@@ -129,7 +130,7 @@ def test_an_attempt_from_before_logins_were_recorded_is_the_owners(
 
 
 def outsider_holds_the_old_key(outsider: Conn, conversation_id: str) -> None:
-    """The advisory key the engine serialised a conversation on until revision 0018:
+    """An advisory key the engine could serialise a conversation on:
     anyone can compute it, and pg_advisory_xact_lock needs no grant."""
     outsider.execute(
         "SELECT pg_advisory_xact_lock(%s, CASE WHEN hashtext(%s) BETWEEN 0 AND 15"

@@ -1,5 +1,5 @@
-"""The worker surface, second pass (issue 62): each hole found by trying the documented
-roles as an attacker would, with the hostile inputs named there, refused.
+"""The worker surface against a hostile caller: each hole found by trying the documented
+roles as an attacker would, with the hostile inputs that found it, refused.
 
 Every call goes through a LOGIN member of `compaction_worker`, by raw SQL where the
 driver would refuse the input itself.
@@ -82,7 +82,7 @@ def claim_sql(w: Conn, t: Target, lease: str) -> str | None:
 @pytest.mark.parametrize("lease", HOSTILE_LEASES)
 def test_no_function_grants_a_lease_that_ends_past_a_day(conn: Conn, worker: Worker,
                                                          lease: str) -> None:
-    """The issue's lease ended in 2170 and reap returned 0: each function that takes a
+    """A lease that ends in 2170 would never be reaped: each function that takes a
     lease refuses it with CP023 (dequeue: CP020), whatever its interval compares as."""
     t2 = target(conn, "c2")
     db.enqueue(conn, "c2")
@@ -156,14 +156,14 @@ def complete_sql(w: Conn, job_id: int, finish_reason: str | None, tool_call_coun
 
 
 @pytest.mark.parametrize(("finish_reason", "tool_call_count", "response_id"), [
-    ("stop", 0, "r" * 10_000_000),                      # the issue's 10 MB response id
+    ("stop", 0, "r" * 10_000_000),                      # a 10 MB response id
     ("stop", 0, "chatcmpl-1 <script>alert(1)</script>"),
     ("stop", 0, ""),
     ("stop", 0, "r" * 201),
     ("the user said: my SSN is 078-05-1120", 0, None),  # free text as a finish reason
     ("Stop", 0, None),
     ("s" * 65, 0, None),
-    ("stop", -1, None),                                 # the issue's negative count
+    ("stop", -1, None),                                 # a negative count
 ])
 def test_complete_refuses_unshaped_fields_and_changes_nothing(
         conn: Conn, worker: Worker, finish_reason: str, tool_call_count: int,
@@ -248,7 +248,7 @@ def other(login_role: LoginRole) -> Iterator[Conn]:
 ])
 def test_a_call_refused_for_another_login_stalls_nothing(
         conn: Conn, worker: Worker, other: Conn, call: str) -> None:
-    """The issue's w2 calls heartbeat/fail on w1's job inside its own transaction and
+    """A second worker login w2 calls heartbeat/fail on w1's job inside its own transaction and
     keeps it open: it is refused (lease_lost) and holds no lock, so w1 renews and
     completes at once and reap reaches the conversation."""
     other.execute("BEGIN")
@@ -364,7 +364,7 @@ def test_a_callers_connection_in_another_encoding_is_refused_by_name(
         conn: Conn, dsn: str, encoding: str) -> None:
     """A connection the caller opened under another client encoding is refused before
     anything is sent, by both call forms and the projection, with an error that names
-    the encoding (JOHAB's was 'cannot reach the database')."""
+    the encoding (not, as JOHAB's could be, 'cannot reach the database')."""
     t = target(conn, "c1")
     with psycopg.connect(dsn, autocommit=True, client_encoding=encoding) as other:
         calls: list[Callable[[], object]] = [
@@ -405,9 +405,9 @@ def test_a_lone_surrogate_is_a_package_error_naming_it(conn: Conn, worker: Worke
 
 
 def test_a_tracking_trigger_on_a_scratch_table_changes_nothing(conn: Conn) -> None:
-    """The issue's table owner attached track_source_changes() to a scratch table and
-    truncated it: derived_state_status() went to not_rebuilt for the whole database.
-    Now the trigger acts only on a table the source views read."""
+    """A table owner attaches track_source_changes() to a scratch table and truncates
+    it: derived_state_status() must not go to not_rebuilt for the whole database. The
+    trigger acts only on a table the source views read."""
     target(conn, "c1")
     assert scalar(conn, "SELECT compaction.derived_state_status()") == "in_use"
     generation = "SELECT generation FROM compaction.conversation_state" \
@@ -437,7 +437,7 @@ def test_a_tracking_trigger_on_a_scratch_table_changes_nothing(conn: Conn) -> No
 
 def test_security_md_says_a_worker_reads_any_summary_and_it_does(
         conn: Conn, worker: Worker, other: Conn) -> None:
-    """docs/security.md now says that a worker login reads every completed summary
+    """docs/security.md says that a worker login reads every completed summary
     through projection_texts, not only those of ranges it claimed; the behaviour is the
     one the page describes."""
     from pathlib import Path

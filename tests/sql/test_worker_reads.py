@@ -1,7 +1,7 @@
 """What a worker reads after its claim (sql/35_worker_reads.sql): the claimed range's ten
 replies, and only while their texts are the ones the claimed hash covers.
 
-Revision 0037: when the derived state is not in use (always on Citus, and on a source
+When the derived state is not in use (always on Citus, and on a source
 without tracking triggers), `range_replies` reads the replies by the ids of the job the
 claim bound, with the hash of those ids' texts as they are now, instead of judging the
 whole conversation again (the claim had just judged it).
@@ -57,8 +57,8 @@ def test_replies_judged_from_the_views_come_from_the_claim_without_a_judgment(
             "SELECT funcname, calls::int FROM pg_stat_xact_user_functions"
             " WHERE schemaname = 'compaction'").fetchall())
     assert got == expected(pairs, 10)
-    # Neither the eligibility of the conversation's runs nor the current range: on 0036
-    # this read judged all 40 runs again.
+    # Neither the eligibility of the conversation's runs nor the current range: judging
+    # them would read all 40 runs again.
     assert "judge_runs" not in calls, calls
     assert "current_range" not in calls, calls
 

@@ -124,7 +124,7 @@ def test_later_statements_of_a_transaction_enqueue_once(conn: Conn) -> None:
 
 @pytest.mark.parametrize("one_transaction", [True, False])
 def test_a_run_written_settled_before_its_messages(conn: Conn, one_transaction: bool) -> None:
-    """Revision 0047: the Run's own statement changes nothing derived (no user message
+    """The Run's own statement changes nothing derived (no user message
     yet: it cannot pair), a lone assistant message neither; the user message makes the
     pair, numbered next with its range hashed, in one transaction or in three."""
     history = History(conn)
