@@ -22,7 +22,7 @@ def test_tables_are_placed_as_citus_tables_says(conn: Conn) -> None:
     wanted = dict(conn.execute(
         "SELECT table_name, placement FROM compaction.citus_tables()").fetchall())
     assert placed == wanted
-    # The conversation group and the queue's own (revision 0022), as citus_tables() says.
+    # The conversation group and the queue's own, as citus_tables() says.
     groups = conn.execute(
         "SELECT ct.colocation, count(DISTINCT p.colocationid), count(*)"
         " FROM pg_dist_partition AS p"
@@ -107,12 +107,12 @@ from tests.sql.test_audit import (  # noqa: E402, F401
     test_docs_audit_queries_run,
 )
 
-# A worker's look with its first claims (revision 0040), raced.
+# A worker's look with its first claims, raced.
 from tests.sql.test_claim_next_targets import (  # noqa: E402, F401
     test_concurrent_looks_claim_each_range_once_within_admission,
 )
 
-# A worker's batches of claims (revision 0038), raced. (The test that compares a batch
+# A worker's batches of claims, raced. (The test that compares a batch
 # with claims one by one rolls each back in one transaction, which Citus refuses when
 # the superuser reads placements the owner's functions wrote in it.)
 from tests.sql.test_claim_targets import (  # noqa: E402, F401
@@ -145,7 +145,8 @@ from tests.sql.test_projection import (  # noqa: E402, F401
     test_versions_one_never_two_used_three_wins,
 )
 
-# The reader's and the worker's views (revision 0024):
+# The reader's and the worker's views (Citus runs a view's shard queries with the
+# caller's rights):
 from tests.sql.test_roles import (  # noqa: E402, F401
     test_reader_and_worker_read_their_views,
     test_reader_reads_summaries_and_versions_only,
@@ -182,7 +183,7 @@ def test_erasure_outside_a_transaction_block_is_refused_and_changes_nothing(
 
 def test_check_source_says_the_derived_state_is_in_use_on_citus(
         conn: Conn, dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 64: the tracking triggers stay attached on Citus, so the derived state is in
+    """The tracking triggers stay attached on Citus, so the derived state is in
     use there; with one detached, check-source names the table to attach them to."""
     from pycompactor import cli
     from tests.sql.test_import_erase import populate
@@ -272,10 +273,10 @@ def _remote_commands(conn: Conn, query: str) -> tuple[list[Any], list[str]]:
 def test_judging_a_conversation_sends_no_intermediate_result_and_no_read_by_run_id(
         conn: Conn) -> None:
     """Every call that judges a conversation from the views (always on Citus) starts from
-    judge_runs. Revision 0036: its verdicts are one query of one conversation, sent whole
+    judge_runs. Its verdicts are one query of one conversation, sent whole
     to the node that holds it, and a conversation of up to 256 runs asks the question
-    across conversations (contract §3) with its runs as a value. Before, Citus read every
-    shard of the runs by run id for the named-runs branch, and sent the conversation's
+    across conversations (contract §3) with its runs as a value. Otherwise Citus reads every
+    shard of the runs by run id for the named-runs branch, and sends the conversation's
     runs to every worker as an intermediate result first: 81 commands for 100 runs."""
     conn.execute(_history_sql("judged", runs=100))
     conn.execute(_history_sql("judged-large", runs=300))
@@ -305,9 +306,9 @@ def test_judging_a_conversation_sends_no_intermediate_result_and_no_read_by_run_
 
 
 def test_the_replies_of_a_claimed_range_are_two_queries_to_its_node(conn: Conn) -> None:
-    """Revision 0037: after a claim, range_replies reads the replies by the ids of the
+    """After a claim, range_replies reads the replies by the ids of the
     claimed job, with the hash of their texts, in two queries to the node that holds the
-    conversation (the job's ids, then the texts and their hash), where it judged the whole
+    conversation (the job's ids, then the texts and their hash), not judging the whole
     conversation again (a query on every shard of the messages among them). A text edited
     since the claim still withholds every reply."""
     from pycompactor import db
@@ -324,7 +325,7 @@ def test_the_replies_of_a_claimed_range_are_two_queries_to_its_node(conn: Conn) 
     assert [r[1] for r in rows] == target.source_message_ids[1::2]
     assert [r[0] for r in rows] == list(range(target.from_pair, target.from_pair + 10))
     # Besides the record of foreign messages, read whole once (every shard), as every
-    # read of the derived state asks it first (issue 64).
+    # read of the derived state asks it first.
     queries = [c for c in issued if c.startswith(("issuing SELECT", "issuing WITH"))
                and "FROM compaction.foreign_messages_" not in c]
     assert len(queries) == 2, issued
@@ -355,13 +356,13 @@ def message_shards(conn: Conn) -> int:
 def every_shard(issued: list[str]) -> int:
     """How often the cross-conversation question went out, one command per shard: judged
     from the views, of the messages of these runs filed under another conversation; with
-    the derived state in use (issue 64), of the record of foreign messages, read whole."""
+    the derived state in use, of the record of foreign messages, read whole."""
     return sum(1 for c in issued if "(conversation_id IS DISTINCT FROM" in c
                or "FROM compaction.foreign_messages_" in c)
 
 
 def test_a_batch_of_claims_asks_every_shard_once(conn: Conn) -> None:
-    """Revision 0038: four claims of one conversation, one by one, judge it four times
+    """Four claims of one conversation, one by one, judge it four times
     from the views, each judgement with a question to every shard of the messages; the
     same four ranges in one claim_targets call ask it once."""
     from pycompactor import db
@@ -391,7 +392,7 @@ def test_a_batch_of_claims_asks_every_shard_once(conn: Conn) -> None:
 
 
 def test_a_look_and_its_claims_ask_every_shard_once(conn: Conn) -> None:
-    """Revision 0040: worker_targets and then claim_targets judge a conversation twice, each
+    """worker_targets and then claim_targets judge a conversation twice, each
     judgement with a question to every shard of the messages; claim_next_targets, which
     looks and claims the same four ranges, asks it once."""
     from pycompactor import db
@@ -452,7 +453,7 @@ def test_a_projection_on_citus_is_one_statement_planned_with_its_values(conn: Co
     conn.execute("SELECT compaction.import_summary('framed', 'default', 0, %s, %s, 'm',"
                  " 'conversation-compaction@3', 'summary of 0', now())",
                  (target.source_message_ids, target.source_hash))
-    # Issue 64: read from the derived state (projection_frame planned with its values
+    # Read from the derived state (projection_frame planned with its values
     # too), then judged from the views once the tracking is disabled.
     assert function_settings(conn, "compaction.projection_frame(text, text, int)",
                              "plan_cache_mode") == ["plan_cache_mode=force_custom_plan"]
@@ -472,8 +473,8 @@ def test_a_projection_on_citus_is_one_statement_planned_with_its_values(conn: Co
 
 
 def test_tracking_attaches_to_a_distributed_host_table(conn: Conn) -> None:
-    """Issue 64: attach_source_tracking works on Citus (it refused there since revision
-    0042): the triggers reach the shards and the table's writes go on."""
+    """attach_source_tracking works on Citus: the triggers reach the shards and the
+    table's writes go on."""
     conn.execute("CREATE TABLE public.turns (thread_id text, turn_id text, status text,"
                  " PRIMARY KEY (thread_id, turn_id))")
     conn.execute("SELECT create_distributed_table('public.turns', 'thread_id',"
@@ -491,8 +492,8 @@ def test_tracking_attaches_to_a_distributed_host_table(conn: Conn) -> None:
 def test_a_table_tracked_on_one_node_keeps_its_triggers_when_the_engine_is_distributed(
         citus_nodes: dict[str, Any]) -> None:
     """A host that ran on one node tracked its own tables (docs/integrating.md).
-    distribute_on_citus keeps the tracking triggers (issue 64; revision 0042 detached
-    them) and detaches only the queue's, and the host's table, distributed afterwards as
+    distribute_on_citus keeps the tracking triggers (the derived state
+    stays in use) and detaches only the queue's, and the host's table, distributed afterwards as
     documented, takes writes with them."""
     from tests.citus.conftest import create_distributed_database, drop_distributed_database
 
@@ -554,7 +555,7 @@ def test_check_source_names_queue_triggers_on_a_distributed_table(
 
 
 def test_completions_write_their_verdicts_on_citus(conn: Conn) -> None:
-    """Issue 64: the derived state is kept on Citus, so a completed or imported summary
+    """The derived state is kept on Citus, so a completed or imported summary
     gets its verdict row there as on one node, and verify_conversation is clean."""
     from tests.sql.test_import_erase import populate
 
@@ -578,7 +579,7 @@ def _verify_all(conn: Conn) -> dict[str, list[Any]]:
 
 def test_tracking_on_citus_stays_exact_through_a_drain_an_erasure_and_a_repair(
         conn: Conn, dsn: str) -> None:
-    """Issue 64: with the tracking attached on Citus, a worker's drain leaves every
+    """With the tracking attached on Citus, a worker's drain leaves every
     conversation verified clean, with every summary used; an edit makes a summary stale at
     once (Case B); an erasure leaves the other conversations clean; the repair path
     (rederive_conversation) and a whole rebuild run there."""
@@ -738,7 +739,7 @@ def test_the_runbook_on_nodes_that_ask_every_login_for_a_password(pg_workdir: An
 
 def test_a_worker_killed_mid_call_leaves_the_derived_state_exact(
         conn: Conn, dsn: str, model_server: Any) -> None:
-    """Issue 64: acceptance 4 (a worker killed with SIGKILL while its model call hangs,
+    """A crashed worker (killed with SIGKILL while its model call hangs,
     recovered by another) with the tracking attached on Citus, then every conversation
     verified clean and every summary used."""
     test_crashed_worker_is_recovered_by_another(conn, dsn, model_server)
