@@ -46,7 +46,7 @@ def test_the_rules_accept_exactly_the_table_s_versions(conn: Conn) -> None:
 
 
 @pytest.mark.parametrize("replication_role", ["origin", "replica"])
-def test_a_job_of_an_unknown_version_is_the_foreign_key_violation_it_was(
+def test_a_job_of_an_unknown_version_is_a_foreign_key_violation(
         conn: Conn, replication_role: str) -> None:
     """The error a direct write gets is a foreign key's, name and SQLSTATE; and unlike a
     foreign key, whose triggers a replica session skips, the CHECK holds there too."""

@@ -125,7 +125,7 @@ def test_a_lease_that_ends_within_a_day_is_granted_as_given(conn: Conn, worker: 
     assert until == asked
 
 
-def test_the_centuries_lease_from_the_issue_ends_in_a_day_at_most(conn: Conn,
+def test_a_lease_of_centuries_ends_in_a_day_at_most(conn: Conn,
                                                                   worker: Worker) -> None:
     """Whatever a worker login asks for, no running attempt nor slot outlives a day, so
     reap takes back every admission slot within one."""
