@@ -65,47 +65,6 @@ DECLARE
     v_gone    text[];
     v_run     text;
 BEGIN
-    IF p_run_ids IS NOT NULL
-       AND pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        -- Citus: the runs judged in one statement it keeps on the conversation's shard,
-        -- then a write only where the record changes (the common answer: nowhere), each
-        -- by key. The one-statement form below is an INSERT ... SELECT whose rows Citus
-        -- cannot place by the statement's text: it collects them and sends an INSERT to
-        -- every shard of the record, on every tracked write.
-        SELECT pg_catalog.array_agg(j.run_id) FILTER (WHERE j.is_foreign AND NOT j.recorded),
-               pg_catalog.array_agg(j.run_id) FILTER (WHERE j.recorded AND NOT j.is_foreign)
-        INTO v_foreign, v_gone
-        FROM (SELECT k.run_id, r.held IS NULL AND coalesce(m.found, false) AS is_foreign,
-                     coalesce(f.recorded, false) AS recorded
-              FROM (SELECT DISTINCT u.run_id FROM pg_catalog.unnest(p_run_ids) AS u (run_id)
-                    WHERE u.run_id IS NOT NULL) AS k
-              LEFT JOIN LATERAL (
-                  SELECT true AS held FROM compaction.source_runs AS sr
-                  WHERE sr.run_id = k.run_id AND sr.conversation_id = p_conversation_id
-                  OFFSET 0) AS r ON true
-              LEFT JOIN LATERAL (
-                  SELECT pg_catalog.bool_or(true) AS found
-                  FROM (SELECT 1 FROM compaction.source_messages AS sm
-                        WHERE r.held IS NULL
-                          AND sm.run_id = k.run_id
-                          AND sm.conversation_id = p_conversation_id
-                          AND sm.role IN ('user', 'assistant')
-                        OFFSET 0) AS x) AS m ON true
-              LEFT JOIN LATERAL (
-                  SELECT true AS recorded FROM compaction.foreign_messages AS fm
-                  WHERE fm.conversation_id = p_conversation_id AND fm.run_id = k.run_id
-                  OFFSET 0) AS f ON true) AS j;
-        IF v_gone IS NOT NULL THEN
-            DELETE FROM compaction.foreign_messages AS f
-            WHERE f.conversation_id = p_conversation_id AND f.run_id = ANY (v_gone);
-        END IF;
-        FOREACH v_run IN ARRAY coalesce(v_foreign, '{}') LOOP
-            INSERT INTO compaction.foreign_messages (conversation_id, run_id)
-            VALUES (p_conversation_id, v_run)
-            ON CONFLICT (conversation_id, run_id) DO NOTHING;
-        END LOOP;
-        RETURN;
-    END IF;
     IF p_run_ids IS NULL THEN
         DELETE FROM compaction.foreign_messages AS f
         WHERE f.conversation_id = p_conversation_id;
@@ -120,35 +79,46 @@ BEGIN
                             AND sr.run_id = sm.run_id);
         RETURN;
     END IF;
-    -- Each run named looked up on its own, by key (a lateral subquery per run, kept apart
-    -- by OFFSET 0, as in rederive); its messages only when the conversation
-    -- has no such run (the common answer: it has). As EXISTS tests, the generic plan may
-    -- hash a subquery instead, reading every run of the conversation once per write.
-    WITH judged AS (
-        SELECT k.run_id, r.held IS NULL AND coalesce(m.found, false) AS is_foreign
-        FROM (SELECT DISTINCT u.run_id FROM pg_catalog.unnest(p_run_ids) AS u (run_id)
-              WHERE u.run_id IS NOT NULL) AS k
-        LEFT JOIN LATERAL (
-            SELECT true AS held FROM compaction.source_runs AS sr
-            WHERE sr.run_id = k.run_id AND sr.conversation_id = p_conversation_id
-            OFFSET 0) AS r ON true
-        LEFT JOIN LATERAL (
-            SELECT pg_catalog.bool_or(true) AS found
-            FROM (SELECT 1 FROM compaction.source_messages AS sm
-                  WHERE r.held IS NULL
-                    AND sm.run_id = k.run_id
-                    AND sm.conversation_id = p_conversation_id
-                    AND sm.role IN ('user', 'assistant')
-                  OFFSET 0) AS x) AS m ON true
-    ), gone AS (
+    -- The runs named judged in one statement, then a write only where the record changes
+    -- (the common answer: nowhere), each by key. Each run is looked up on its own, by key
+    -- (a lateral subquery per run, kept apart by OFFSET 0, as in rederive); its messages
+    -- only when the conversation has no such run (the common answer: it has). As EXISTS
+    -- tests, the generic plan may hash a subquery instead, reading every run of the
+    -- conversation once per write. Not one INSERT ... SELECT with the deletion as a CTE:
+    -- Citus cannot place such rows by the statement's text, collects them and sends an
+    -- INSERT to every shard of the record, on every tracked write.
+    SELECT pg_catalog.array_agg(j.run_id) FILTER (WHERE j.is_foreign AND NOT j.recorded),
+           pg_catalog.array_agg(j.run_id) FILTER (WHERE j.recorded AND NOT j.is_foreign)
+    INTO v_foreign, v_gone
+    FROM (SELECT k.run_id, r.held IS NULL AND coalesce(m.found, false) AS is_foreign,
+                 coalesce(f.recorded, false) AS recorded
+          FROM (SELECT DISTINCT u.run_id FROM pg_catalog.unnest(p_run_ids) AS u (run_id)
+                WHERE u.run_id IS NOT NULL) AS k
+          LEFT JOIN LATERAL (
+              SELECT true AS held FROM compaction.source_runs AS sr
+              WHERE sr.run_id = k.run_id AND sr.conversation_id = p_conversation_id
+              OFFSET 0) AS r ON true
+          LEFT JOIN LATERAL (
+              SELECT pg_catalog.bool_or(true) AS found
+              FROM (SELECT 1 FROM compaction.source_messages AS sm
+                    WHERE r.held IS NULL
+                      AND sm.run_id = k.run_id
+                      AND sm.conversation_id = p_conversation_id
+                      AND sm.role IN ('user', 'assistant')
+                    OFFSET 0) AS x) AS m ON true
+          LEFT JOIN LATERAL (
+              SELECT true AS recorded FROM compaction.foreign_messages AS fm
+              WHERE fm.conversation_id = p_conversation_id AND fm.run_id = k.run_id
+              OFFSET 0) AS f ON true) AS j;
+    IF v_gone IS NOT NULL THEN
         DELETE FROM compaction.foreign_messages AS f
-        USING judged AS j
-        WHERE f.conversation_id = p_conversation_id AND f.run_id = j.run_id
-          AND NOT j.is_foreign
-    )
-    INSERT INTO compaction.foreign_messages (conversation_id, run_id)
-    SELECT p_conversation_id, j.run_id FROM judged AS j WHERE j.is_foreign
-    ON CONFLICT (conversation_id, run_id) DO NOTHING;
+        WHERE f.conversation_id = p_conversation_id AND f.run_id = ANY (v_gone);
+    END IF;
+    FOREACH v_run IN ARRAY coalesce(v_foreign, '{}') LOOP
+        INSERT INTO compaction.foreign_messages (conversation_id, run_id)
+        VALUES (p_conversation_id, v_run)
+        ON CONFLICT (conversation_id, run_id) DO NOTHING;
+    END LOOP;
 END
 $$;
 COMMENT ON FUNCTION compaction.refresh_foreign_messages(text, text[]) IS
