@@ -47,6 +47,7 @@ DECLARE
     v_run_ids             text[];
     v_count               int;
     v_unchanged           boolean;
+    v_record_kept         boolean;
     v_touched             record;
     v_message_ids         text[];
     v_first_seq           bigint;
@@ -215,19 +216,12 @@ BEGIN
             v_run_ids := ARRAY(SELECT DISTINCT r.run_id
                                FROM pg_catalog.unnest(v_run_ids) AS r (run_id));
         END IF;
-        -- On a Citus shard, rederive directly: it never leaves a conversation to a
-        -- rebuild there (that waits on a row of a reference table, on every node, which a
-        -- trigger on a shard may not ask for), and its lookups name the conversation as
-        -- Citus needs to keep them on this node.
-        IF v_on_shard THEN
-            PERFORM compaction.rederive(v_conversation, v_run_ids, NULL);
-            RETURN NULL;
-        END IF;
         -- For a later statement of a transaction that already holds this conversation's
-        -- conversation_state row (see rederive): rederive's no-change question and the
-        -- pair count, in one statement: its snapshot is taken after the lock was, so it
-        -- sees what rederive would see. An agent's second and third statements per Run
-        -- end here.
+        -- conversation_state row (see rederive): rederive's no-change question, whether
+        -- the record of foreign messages may change, and the pair count, in one
+        -- statement: its snapshot is taken after the lock was, so it sees what rederive
+        -- would see. An agent's second and third statements per Run end here. On a Citus
+        -- shard too: every statement there is planned by Citus, so each one saved counts.
         SELECT cs.pair_count,
                CASE WHEN cs.pair_count IS NOT NULL THEN
                    -- rederive's no-change test, word for word
@@ -248,28 +242,61 @@ BEGIN
                                    FROM pg_catalog.unnest(v_run_ids) AS k (run_id)
                                    CROSS JOIN LATERAL (
                                        -- the conversation as a filter: see rederive
-
                                        SELECT 1 FROM compaction.pairs AS p
-                                       WHERE pg_catalog.hashtext(p.run_id)
+                                       WHERE NOT v_on_shard
+                                         AND pg_catalog.hashtext(p.run_id)
                                              = pg_catalog.hashtext(k.run_id)
                                          AND p.run_id = k.run_id
                                          AND (p.conversation_id = v_conversation) IS TRUE
                                        OFFSET 0) AS q)
+                   AND NOT EXISTS (SELECT 1
+                                   FROM pg_catalog.unnest(v_run_ids) AS k (run_id)
+                                   CROSS JOIN LATERAL (
+                                       SELECT 1 FROM compaction.pairs AS p
+                                       WHERE v_on_shard
+                                         AND p.conversation_id = v_conversation
+                                         AND pg_catalog.hashtext(p.run_id)
+                                             = pg_catalog.hashtext(k.run_id)
+                                         AND p.run_id = k.run_id
+                                       OFFSET 0) AS q)
+               END,
+               -- rederive's test of the record, word for word
+               CASE WHEN cs.pair_count IS NOT NULL THEN
+                   NOT EXISTS (SELECT 1
+                               FROM pg_catalog.unnest(v_run_ids) AS k (run_id)
+                               LEFT JOIN LATERAL (
+                                   SELECT true AS held FROM compaction.source_runs AS sr
+                                   WHERE sr.run_id = k.run_id
+                                     AND sr.conversation_id = v_conversation
+                                   OFFSET 0) AS r ON true
+                               LEFT JOIN LATERAL (
+                                   SELECT true AS recorded
+                                   FROM compaction.foreign_messages AS fm
+                                   WHERE fm.conversation_id = v_conversation
+                                     AND fm.run_id = k.run_id
+                                   OFFSET 0) AS f ON true
+                               WHERE r.held IS NULL OR f.recorded)
                END
-        INTO v_count, v_unchanged
+        INTO v_count, v_unchanged, v_record_kept
         FROM (SELECT) AS one
         LEFT JOIN compaction.conversation_state AS cs
           ON cs.conversation_id = v_conversation
          AND cs.xmin = pg_catalog.pg_current_xact_id()::xid;
         IF v_count IS NULL THEN
-            PERFORM compaction.rederive(v_conversation, v_run_ids, TG_RELID);
+            PERFORM compaction.rederive(v_conversation, v_run_ids, v_table);
             RETURN NULL;
         END IF;
         -- The row is held: the record of foreign messages first, as rederive does (also
         -- for a conversation left to a rebuild below, which derives it again whole).
-        PERFORM compaction.refresh_foreign_messages(v_conversation, v_run_ids);
+        IF NOT v_record_kept THEN
+            PERFORM compaction.refresh_foreign_messages(v_conversation, v_run_ids);
+        END IF;
         IF v_unchanged THEN
             NULL;
+        ELSIF v_on_shard THEN
+            -- Never left to a rebuild on a shard: that waits on a row of a reference
+            -- table, on every node, which a trigger on a shard may not ask for.
+            PERFORM compaction.rederive_runs(v_conversation, v_run_ids, v_count);
         ELSIF EXISTS (SELECT 1 FROM compaction.source_tracking AS st
                       WHERE st.singleton
                         AND (st.rebuild_after < v_conversation

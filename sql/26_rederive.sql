@@ -65,47 +65,6 @@ DECLARE
     v_gone    text[];
     v_run     text;
 BEGIN
-    IF p_run_ids IS NOT NULL
-       AND pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-        -- Citus: the runs judged in one statement it keeps on the conversation's shard,
-        -- then a write only where the record changes (the common answer: nowhere), each
-        -- by key. The one-statement form below is an INSERT ... SELECT whose rows Citus
-        -- cannot place by the statement's text: it collects them and sends an INSERT to
-        -- every shard of the record, on every tracked write.
-        SELECT pg_catalog.array_agg(j.run_id) FILTER (WHERE j.is_foreign AND NOT j.recorded),
-               pg_catalog.array_agg(j.run_id) FILTER (WHERE j.recorded AND NOT j.is_foreign)
-        INTO v_foreign, v_gone
-        FROM (SELECT k.run_id, r.held IS NULL AND coalesce(m.found, false) AS is_foreign,
-                     coalesce(f.recorded, false) AS recorded
-              FROM (SELECT DISTINCT u.run_id FROM pg_catalog.unnest(p_run_ids) AS u (run_id)
-                    WHERE u.run_id IS NOT NULL) AS k
-              LEFT JOIN LATERAL (
-                  SELECT true AS held FROM compaction.source_runs AS sr
-                  WHERE sr.run_id = k.run_id AND sr.conversation_id = p_conversation_id
-                  OFFSET 0) AS r ON true
-              LEFT JOIN LATERAL (
-                  SELECT pg_catalog.bool_or(true) AS found
-                  FROM (SELECT 1 FROM compaction.source_messages AS sm
-                        WHERE r.held IS NULL
-                          AND sm.run_id = k.run_id
-                          AND sm.conversation_id = p_conversation_id
-                          AND sm.role IN ('user', 'assistant')
-                        OFFSET 0) AS x) AS m ON true
-              LEFT JOIN LATERAL (
-                  SELECT true AS recorded FROM compaction.foreign_messages AS fm
-                  WHERE fm.conversation_id = p_conversation_id AND fm.run_id = k.run_id
-                  OFFSET 0) AS f ON true) AS j;
-        IF v_gone IS NOT NULL THEN
-            DELETE FROM compaction.foreign_messages AS f
-            WHERE f.conversation_id = p_conversation_id AND f.run_id = ANY (v_gone);
-        END IF;
-        FOREACH v_run IN ARRAY coalesce(v_foreign, '{}') LOOP
-            INSERT INTO compaction.foreign_messages (conversation_id, run_id)
-            VALUES (p_conversation_id, v_run)
-            ON CONFLICT (conversation_id, run_id) DO NOTHING;
-        END LOOP;
-        RETURN;
-    END IF;
     IF p_run_ids IS NULL THEN
         DELETE FROM compaction.foreign_messages AS f
         WHERE f.conversation_id = p_conversation_id;
@@ -120,35 +79,46 @@ BEGIN
                             AND sr.run_id = sm.run_id);
         RETURN;
     END IF;
-    -- Each run named looked up on its own, by key (a lateral subquery per run, kept apart
-    -- by OFFSET 0, as in rederive); its messages only when the conversation
-    -- has no such run (the common answer: it has). As EXISTS tests, the generic plan may
-    -- hash a subquery instead, reading every run of the conversation once per write.
-    WITH judged AS (
-        SELECT k.run_id, r.held IS NULL AND coalesce(m.found, false) AS is_foreign
-        FROM (SELECT DISTINCT u.run_id FROM pg_catalog.unnest(p_run_ids) AS u (run_id)
-              WHERE u.run_id IS NOT NULL) AS k
-        LEFT JOIN LATERAL (
-            SELECT true AS held FROM compaction.source_runs AS sr
-            WHERE sr.run_id = k.run_id AND sr.conversation_id = p_conversation_id
-            OFFSET 0) AS r ON true
-        LEFT JOIN LATERAL (
-            SELECT pg_catalog.bool_or(true) AS found
-            FROM (SELECT 1 FROM compaction.source_messages AS sm
-                  WHERE r.held IS NULL
-                    AND sm.run_id = k.run_id
-                    AND sm.conversation_id = p_conversation_id
-                    AND sm.role IN ('user', 'assistant')
-                  OFFSET 0) AS x) AS m ON true
-    ), gone AS (
+    -- The runs named judged in one statement, then a write only where the record changes
+    -- (the common answer: nowhere), each by key. Each run is looked up on its own, by key
+    -- (a lateral subquery per run, kept apart by OFFSET 0, as in rederive); its messages
+    -- only when the conversation has no such run (the common answer: it has). As EXISTS
+    -- tests, the generic plan may hash a subquery instead, reading every run of the
+    -- conversation once per write. Not one INSERT ... SELECT with the deletion as a CTE:
+    -- Citus cannot place such rows by the statement's text, collects them and sends an
+    -- INSERT to every shard of the record, on every tracked write.
+    SELECT pg_catalog.array_agg(j.run_id) FILTER (WHERE j.is_foreign AND NOT j.recorded),
+           pg_catalog.array_agg(j.run_id) FILTER (WHERE j.recorded AND NOT j.is_foreign)
+    INTO v_foreign, v_gone
+    FROM (SELECT k.run_id, r.held IS NULL AND coalesce(m.found, false) AS is_foreign,
+                 coalesce(f.recorded, false) AS recorded
+          FROM (SELECT DISTINCT u.run_id FROM pg_catalog.unnest(p_run_ids) AS u (run_id)
+                WHERE u.run_id IS NOT NULL) AS k
+          LEFT JOIN LATERAL (
+              SELECT true AS held FROM compaction.source_runs AS sr
+              WHERE sr.run_id = k.run_id AND sr.conversation_id = p_conversation_id
+              OFFSET 0) AS r ON true
+          LEFT JOIN LATERAL (
+              SELECT pg_catalog.bool_or(true) AS found
+              FROM (SELECT 1 FROM compaction.source_messages AS sm
+                    WHERE r.held IS NULL
+                      AND sm.run_id = k.run_id
+                      AND sm.conversation_id = p_conversation_id
+                      AND sm.role IN ('user', 'assistant')
+                    OFFSET 0) AS x) AS m ON true
+          LEFT JOIN LATERAL (
+              SELECT true AS recorded FROM compaction.foreign_messages AS fm
+              WHERE fm.conversation_id = p_conversation_id AND fm.run_id = k.run_id
+              OFFSET 0) AS f ON true) AS j;
+    IF v_gone IS NOT NULL THEN
         DELETE FROM compaction.foreign_messages AS f
-        USING judged AS j
-        WHERE f.conversation_id = p_conversation_id AND f.run_id = j.run_id
-          AND NOT j.is_foreign
-    )
-    INSERT INTO compaction.foreign_messages (conversation_id, run_id)
-    SELECT p_conversation_id, j.run_id FROM judged AS j WHERE j.is_foreign
-    ON CONFLICT (conversation_id, run_id) DO NOTHING;
+        WHERE f.conversation_id = p_conversation_id AND f.run_id = ANY (v_gone);
+    END IF;
+    FOREACH v_run IN ARRAY coalesce(v_foreign, '{}') LOOP
+        INSERT INTO compaction.foreign_messages (conversation_id, run_id)
+        VALUES (p_conversation_id, v_run)
+        ON CONFLICT (conversation_id, run_id) DO NOTHING;
+    END LOOP;
 END
 $$;
 COMMENT ON FUNCTION compaction.refresh_foreign_messages(text, text[]) IS
@@ -184,8 +154,10 @@ VOLATILE
 -- schema-qualified all the same.
 AS $$
 DECLARE
-    v_runs  text[] := p_run_ids;
-    v_count int;
+    v_runs         text[] := p_run_ids;
+    v_count        int;
+    v_unchanged    boolean;
+    v_record_kept  boolean;
     -- Citus installed: lookups of pairs name the conversation as an equality, which Citus
     -- prunes to the conversation's shard (as the filter below, every shard is read, which
     -- a trigger on a shard may not do: contract §11).
@@ -219,76 +191,105 @@ BEGIN
     -- is one the derived state was stamped under (its tracking was attached since); then
     -- defer_to_rebuild decides under its lock. (No name-typed argument: its collation,
     -- "C", would become the text parameters' and keep every lookup here off its index.)
-    IF p_table IS NOT NULL
-       AND EXISTS (SELECT 1 FROM compaction.source_tracking AS st
+    -- (Two IFs: a statement is planned whole, and on a Citus shard, where p_table is
+    -- NULL, planning the read of source_tracking would cost a statement for nothing.)
+    IF p_table IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM compaction.source_tracking AS st
                    WHERE st.singleton
                      AND (st.rebuild_after < p_conversation_id
                           OR (st.rebuild_after IS NULL
                               AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger AS t
                                               WHERE t.tgrelid = p_table
                                                 AND t.oid = ANY (st.object_oids)))))
-       AND compaction.defer_to_rebuild(p_conversation_id) THEN
-        RETURN;
+           AND compaction.defer_to_rebuild(p_conversation_id) THEN
+            RETURN;
+        END IF;
     END IF;
     -- The conversation's foreign messages first; the pairs below are
     -- judged by its own rows alone.
-    PERFORM compaction.refresh_foreign_messages(p_conversation_id, p_run_ids);
-
     IF v_runs IS NULL THEN
+        PERFORM compaction.refresh_foreign_messages(p_conversation_id, NULL);
         v_runs := ARRAY(SELECT sr.run_id FROM compaction.source_runs AS sr
                         WHERE sr.conversation_id = p_conversation_id
                         UNION
                         SELECT p.run_id FROM compaction.pairs AS p
                         WHERE p.conversation_id = p_conversation_id);
+        PERFORM compaction.rederive_runs(p_conversation_id, v_runs, v_count);
+        RETURN;
+    END IF;
+    -- Two questions in one statement (each a statement Citus plans, on a shard). Whether
+    -- a touched Run can form a pair or had one: if not, nothing derived changes, without
+    -- judging the Runs' messages. Whether the record of foreign messages may change: not
+    -- while the conversation holds every run named and records none of them (the common
+    -- answer), so refresh_foreign_messages' own statement is spared.
     -- Each run named is looked up on its own (a lateral subquery per run, kept apart by
     -- OFFSET 0), never as "run_id = ANY (the runs) of this conversation": the trigger's
     -- generic plan prices an array as ten probes, so wherever conversations are small on
     -- average it found them on the conversation's prefix of a key, and every tracked
     -- write to a large conversation read all its runs and pairs.
-    ELSIF NOT EXISTS (SELECT 1
-                      FROM pg_catalog.unnest(v_runs) AS k (run_id)
-                      CROSS JOIN LATERAL (
-                          SELECT 1 FROM compaction.source_runs AS sr
-                          WHERE sr.run_id = k.run_id
-                            AND sr.conversation_id = p_conversation_id
-                            -- judge_runs' first rule: only a Run in one of these can pair
-                            -- (track_source_changes asks the same, word for word)
-                            AND sr.status IN ('completed', 'partial', 'clarify_pending')
-                            -- and only one with a user message of its own (a
-                            -- message belongs to its own conversation's run,
-                            -- contract §3, so no other conversation is read). A Run written in its final state before its
-                            -- messages ends here, unjudged.
-                            AND EXISTS (SELECT 1 FROM compaction.source_messages AS sm
-                                        WHERE sm.run_id = k.run_id
-                                          AND sm.conversation_id = p_conversation_id
-                                          AND sm.role = 'user')
-                          OFFSET 0) AS r)
-          AND NOT EXISTS (SELECT 1
-                          FROM pg_catalog.unnest(v_runs) AS k (run_id)
-                          CROSS JOIN LATERAL (
-                              -- The conversation as a filter, not an index condition:
-                              -- the only index for this lookup is then
-                              -- pairs_run_hash_idx. As a condition, where pairs has no
-                              -- statistics yet, the planner read the conversation's
-                              -- primary key entries as well (a BitmapAnd), all of them for
-                              -- every tracked write.
-                              SELECT 1 FROM compaction.pairs AS p
-                              WHERE NOT v_citus
-                                AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
-                                AND p.run_id = k.run_id
-                                AND (p.conversation_id = p_conversation_id) IS TRUE
-                              OFFSET 0) AS q)
-          AND NOT EXISTS (SELECT 1
-                          FROM pg_catalog.unnest(v_runs) AS k (run_id)
-                          CROSS JOIN LATERAL (
-                              SELECT 1 FROM compaction.pairs AS p
-                              WHERE v_citus
-                                AND p.conversation_id = p_conversation_id
-                                AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
-                                AND p.run_id = k.run_id
-                              OFFSET 0) AS q) THEN
+    SELECT NOT EXISTS (SELECT 1
+                       FROM pg_catalog.unnest(v_runs) AS k (run_id)
+                       CROSS JOIN LATERAL (
+                           SELECT 1 FROM compaction.source_runs AS sr
+                           WHERE sr.run_id = k.run_id
+                             AND sr.conversation_id = p_conversation_id
+                             -- judge_runs' first rule: only a Run in one of these can pair
+                             -- (track_source_changes asks the same, word for word)
+                             AND sr.status IN ('completed', 'partial', 'clarify_pending')
+                             -- and only one with a user message of its own (a
+                             -- message belongs to its own conversation's run,
+                             -- contract §3, so no other conversation is read). A Run written in its final state before its
+                             -- messages ends here, unjudged.
+                             AND EXISTS (SELECT 1 FROM compaction.source_messages AS sm
+                                         WHERE sm.run_id = k.run_id
+                                           AND sm.conversation_id = p_conversation_id
+                                           AND sm.role = 'user')
+                           OFFSET 0) AS r)
+           AND NOT EXISTS (SELECT 1
+                           FROM pg_catalog.unnest(v_runs) AS k (run_id)
+                           CROSS JOIN LATERAL (
+                               -- The conversation as a filter, not an index condition:
+                               -- the only index for this lookup is then
+                               -- pairs_run_hash_idx. As a condition, where pairs has no
+                               -- statistics yet, the planner read the conversation's
+                               -- primary key entries as well (a BitmapAnd), all of them for
+                               -- every tracked write.
+                               SELECT 1 FROM compaction.pairs AS p
+                               WHERE NOT v_citus
+                                 AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                                 AND p.run_id = k.run_id
+                                 AND (p.conversation_id = p_conversation_id) IS TRUE
+                               OFFSET 0) AS q)
+           AND NOT EXISTS (SELECT 1
+                           FROM pg_catalog.unnest(v_runs) AS k (run_id)
+                           CROSS JOIN LATERAL (
+                               SELECT 1 FROM compaction.pairs AS p
+                               WHERE v_citus
+                                 AND p.conversation_id = p_conversation_id
+                                 AND pg_catalog.hashtext(p.run_id) = pg_catalog.hashtext(k.run_id)
+                                 AND p.run_id = k.run_id
+                               OFFSET 0) AS q),
+           -- (track_source_changes asks the same, word for word)
+           NOT EXISTS (SELECT 1
+                       FROM pg_catalog.unnest(v_runs) AS k (run_id)
+                       LEFT JOIN LATERAL (
+                           SELECT true AS held FROM compaction.source_runs AS sr
+                           WHERE sr.run_id = k.run_id
+                             AND sr.conversation_id = p_conversation_id
+                           OFFSET 0) AS r ON true
+                       LEFT JOIN LATERAL (
+                           SELECT true AS recorded
+                           FROM compaction.foreign_messages AS fm
+                           WHERE fm.conversation_id = p_conversation_id
+                             AND fm.run_id = k.run_id
+                           OFFSET 0) AS f ON true
+                       WHERE r.held IS NULL OR f.recorded)
+    INTO v_unchanged, v_record_kept;
+    IF NOT v_record_kept THEN
+        PERFORM compaction.refresh_foreign_messages(p_conversation_id, v_runs);
+    END IF;
+    IF v_unchanged THEN
         -- No touched Run can form a pair, and none had one: nothing derived changes.
-        -- One statement instead of judging the Runs' messages.
         RETURN;
     END IF;
     PERFORM compaction.rederive_runs(p_conversation_id, v_runs, v_count);
@@ -398,20 +399,20 @@ BEGIN
         INTO v_fresh
         FROM compaction.judge_runs(p_conversation_id, p_run_ids, false) AS j
         WHERE j.reason IS NULL;
-        -- (each row built by name: Citus returns a whole-row value as a bare record)
-        SELECT coalesce(array_agg(ROW(p.conversation_id, p.run_id, p.pair_index, p.user_seq,
-                                      p.user_message_id, p.user_bytes,
-                                      p.assistant_message_id,
-                                      p.assistant_bytes)::compaction.pairs), '{}')
-        INTO v_stale
-        FROM compaction.pairs AS p
-        WHERE p_pair_count > 0
-          AND p.conversation_id = p_conversation_id
-          AND pg_catalog.hashtext(p.run_id)
-              = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
-                           FROM pg_catalog.unnest(p_run_ids) AS k (run_id)))
-          AND p.run_id = ANY (p_run_ids);
-        SELECT l.user_message_id,
+        -- The rows the runs had and the last pair, in one statement (each row built by
+        -- name: Citus returns a whole-row value as a bare record).
+        SELECT (SELECT coalesce(array_agg(ROW(p.conversation_id, p.run_id, p.pair_index,
+                                              p.user_seq, p.user_message_id, p.user_bytes,
+                                              p.assistant_message_id,
+                                              p.assistant_bytes)::compaction.pairs), '{}')
+                FROM compaction.pairs AS p
+                WHERE p_pair_count > 0
+                  AND p.conversation_id = p_conversation_id
+                  AND pg_catalog.hashtext(p.run_id)
+                      = ANY (ARRAY(SELECT pg_catalog.hashtext(k.run_id)
+                                   FROM pg_catalog.unnest(p_run_ids) AS k (run_id)))
+                  AND p.run_id = ANY (p_run_ids)),
+               l.user_message_id,
                NOT EXISTS (SELECT 1 FROM pg_catalog.unnest(v_fresh) AS f
                            WHERE NOT CASE WHEN l.user_seq IS NULL THEN
                                               f.user_seq IS NULL
@@ -420,9 +421,10 @@ BEGIN
                                                OR (f.user_seq = l.user_seq
                                                    AND f.user_message_id > l.user_message_id)
                                      END)
-        INTO v_last, v_after
-        FROM compaction.pairs AS l
-        WHERE l.conversation_id = p_conversation_id AND l.pair_index = p_pair_count - 1;
+        INTO v_stale, v_last, v_after
+        FROM (SELECT) AS one
+        LEFT JOIN compaction.pairs AS l
+          ON l.conversation_id = p_conversation_id AND l.pair_index = p_pair_count - 1;
     ELSE
     -- In one statement: the pairs these runs form now (pair_index is set below), the
     -- rows they had, and whether every new pair comes after the last pair.

@@ -147,6 +147,10 @@ BEGIN
         WHERE r.source_hash IS DISTINCT FROM j.source_hash
           AND NOT (j.conversation_id = ANY (v_apart))
         ORDER BY j.conversation_id, j.from_pair, s.summary_id;
+        -- None judged apart (the common answer): the loop's read of every shard spared.
+        IF pg_catalog.cardinality(v_apart) = 0 THEN
+            RETURN;
+        END IF;
     END IF;
     FOR v_summary IN
         SELECT s.summary_id AS sid, j.conversation_id AS cid, j.scope AS sc,

@@ -242,58 +242,33 @@ BEGIN
         INSERT INTO compaction.conversation_state AS cs (conversation_id, pair_count, generation)
         VALUES (p_conversation_id, 0, 1)
         ON CONFLICT (conversation_id) DO UPDATE SET generation = cs.generation + 1;
-        -- The common case, in one statement: the first summary of its range in its scope
-        -- has no other to be preferred to, so its verdict is judge_summaries' first two
-        -- rules alone (written here again; verify_conversation compares the result with
-        -- judge_summaries).
-        IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN
-            -- Citus: the same verdict read, then written by key. As one INSERT ...
-            -- SELECT, Citus sent the statement to every shard of the verdicts.
-            SELECT j.scope, j.from_pair,
-                   CASE WHEN NOT coalesce(pv.projectable, false) THEN 'version_not_projectable'
-                        WHEN NOT coalesce(r.source_hash = j.source_hash
-                                          AND r.source_message_ids = j.source_message_ids,
-                                          false)
-                            THEN 'stale_source' END
-            INTO v_scope, v_from, v_reason
-            FROM compaction.job_summaries AS js
-            JOIN compaction.jobs AS j
-              ON j.conversation_id = js.conversation_id AND j.job_id = js.job_id
-            LEFT JOIN compaction.prompt_versions AS pv ON pv.prompt_version = j.prompt_version
-            LEFT JOIN compaction.ranges AS r
-              ON r.conversation_id = p_conversation_id AND r.from_pair = j.from_pair
-            WHERE js.conversation_id = p_conversation_id AND js.summary_id = p_new_summary_id
-              AND NOT EXISTS (SELECT 1 FROM compaction.summary_verdicts AS o
-                              WHERE o.conversation_id = p_conversation_id
-                                AND o.from_pair = j.from_pair AND o.scope = j.scope);
-            IF FOUND THEN
-                INSERT INTO compaction.summary_verdicts
-                    (conversation_id, summary_id, scope, from_pair, reason)
-                VALUES (p_conversation_id, p_new_summary_id, v_scope, v_from, v_reason);
-                RETURN;
-            END IF;
-        ELSE
-            INSERT INTO compaction.summary_verdicts AS v
+        -- The common case: the first summary of its range in its scope has no other to be
+        -- preferred to, so its verdict is judge_summaries' first two rules alone (written
+        -- here again; verify_conversation compares the result with judge_summaries). Read,
+        -- then written by key: as one INSERT ... SELECT, Citus sent the statement to every
+        -- shard of the verdicts; on one node the two statements cost what the one did.
+        SELECT j.scope, j.from_pair,
+               CASE WHEN NOT coalesce(pv.projectable, false) THEN 'version_not_projectable'
+                    WHEN NOT coalesce(r.source_hash = j.source_hash
+                                      AND r.source_message_ids = j.source_message_ids,
+                                      false)
+                        THEN 'stale_source' END
+        INTO v_scope, v_from, v_reason
+        FROM compaction.job_summaries AS js
+        JOIN compaction.jobs AS j
+          ON j.conversation_id = js.conversation_id AND j.job_id = js.job_id
+        LEFT JOIN compaction.prompt_versions AS pv ON pv.prompt_version = j.prompt_version
+        LEFT JOIN compaction.ranges AS r
+          ON r.conversation_id = p_conversation_id AND r.from_pair = j.from_pair
+        WHERE js.conversation_id = p_conversation_id AND js.summary_id = p_new_summary_id
+          AND NOT EXISTS (SELECT 1 FROM compaction.summary_verdicts AS o
+                          WHERE o.conversation_id = p_conversation_id
+                            AND o.from_pair = j.from_pair AND o.scope = j.scope);
+        IF FOUND THEN
+            INSERT INTO compaction.summary_verdicts
                 (conversation_id, summary_id, scope, from_pair, reason)
-            SELECT p_conversation_id, js.summary_id, j.scope, j.from_pair,
-                   CASE WHEN NOT coalesce(pv.projectable, false) THEN 'version_not_projectable'
-                        WHEN NOT coalesce(r.source_hash = j.source_hash
-                                          AND r.source_message_ids = j.source_message_ids,
-                                          false)
-                            THEN 'stale_source' END
-            FROM compaction.job_summaries AS js
-            JOIN compaction.jobs AS j
-              ON j.conversation_id = js.conversation_id AND j.job_id = js.job_id
-            LEFT JOIN compaction.prompt_versions AS pv ON pv.prompt_version = j.prompt_version
-            LEFT JOIN compaction.ranges AS r
-              ON r.conversation_id = p_conversation_id AND r.from_pair = j.from_pair
-            WHERE js.conversation_id = p_conversation_id AND js.summary_id = p_new_summary_id
-              AND NOT EXISTS (SELECT 1 FROM compaction.summary_verdicts AS o
-                              WHERE o.conversation_id = p_conversation_id
-                                AND o.from_pair = j.from_pair AND o.scope = j.scope);
-            IF FOUND THEN
-                RETURN;
-            END IF;
+            VALUES (p_conversation_id, p_new_summary_id, v_scope, v_from, v_reason);
+            RETURN;
         END IF;
         -- Provisional, so the judgment below finds it with its range's other summaries.
         INSERT INTO compaction.summary_verdicts AS v

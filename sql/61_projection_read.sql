@@ -179,6 +179,85 @@ $$;
 COMMENT ON FUNCTION compaction.judged_frame(text, text) IS
     'Internal: projection_frame''s row judged from the views in one judgement: every eligible pair (first_pair 0) and every summary''s verdict of the scope, derived = false';
 
+-- projection_frame's row read from the derived state, for a caller that has asked
+-- derived_state_serves in its snapshot: projection_frame, and projection_read, which asks
+-- it once however many frames its walk reads (on Citus each asking reads the record of
+-- foreign messages on every shard). No SECURITY DEFINER and no SET clause: only the
+-- engine's owner may execute it, and it runs under its callers' settings.
+CREATE FUNCTION compaction.derived_frame(p_conversation_id text, p_scope text, p_pairs int)
+RETURNS TABLE (
+    derived               boolean,
+    pair_count            int,
+    first_pair            int,
+    user_message_ids      text[],
+    assistant_message_ids text[],
+    user_bytes            int[],
+    assistant_bytes       int[],
+    summary_ids           bigint[],
+    summary_from_pairs    int[],
+    summary_reasons       text[],
+    summary_bytes         int[]
+)
+LANGUAGE plpgsql
+STABLE
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- The pair count and the frame in one statement: on Citus each statement is a round
+    -- trip to the conversation's node.
+    RETURN QUERY
+    WITH bounds AS (
+        SELECT c.n AS frame_count,
+               greatest(0, c.n - p_pairs) - greatest(0, c.n - p_pairs) % 10 AS frame_first
+        FROM (SELECT coalesce((SELECT cs.pair_count
+                               FROM compaction.conversation_state AS cs
+                               WHERE cs.conversation_id = p_conversation_id), 0) AS n) AS c
+    ), suffix AS (
+        -- The four arrays take the rows in the subquery's order, read in index order
+        -- (an ORDER BY in each aggregate would sort them four times).
+        SELECT pg_catalog.array_agg(p.user_message_id) AS users,
+               pg_catalog.array_agg(p.assistant_message_id) AS assistants,
+               pg_catalog.array_agg(p.user_bytes) AS user_sizes,
+               pg_catalog.array_agg(p.assistant_bytes) AS assistant_sizes
+        FROM (SELECT q.user_message_id, q.assistant_message_id, q.user_bytes, q.assistant_bytes
+              FROM compaction.pairs AS q
+              WHERE q.conversation_id = p_conversation_id
+                AND q.pair_index >= (SELECT b.frame_first FROM bounds AS b)
+              ORDER BY q.pair_index) AS p
+    ), verdicts AS (
+        -- One sort for the four arrays: they take the rows in the subquery's order (an
+        -- ORDER BY in each aggregate sorted them four times). The driver checks the order
+        -- all the same.
+        SELECT pg_catalog.array_agg(o.summary_id) AS ids,
+               pg_catalog.array_agg(o.from_pair) AS froms,
+               pg_catalog.array_agg(o.reason) AS reasons,
+               pg_catalog.array_agg(o.bytes) AS sizes
+        FROM (SELECT v.summary_id, v.from_pair, v.reason, NULL::int AS bytes
+              FROM compaction.summary_verdicts AS v
+              WHERE v.conversation_id = p_conversation_id AND v.scope = p_scope
+                AND v.reason IS NOT NULL
+              UNION ALL
+              SELECT v.summary_id, v.from_pair, NULL::text,
+                     (SELECT pg_catalog.octet_length(js.summary)
+                      FROM compaction.job_summaries AS js
+                      WHERE js.conversation_id = p_conversation_id
+                        AND js.summary_id = v.summary_id)
+              FROM compaction.summary_verdicts AS v
+              WHERE v.conversation_id = p_conversation_id AND v.scope = p_scope
+                AND v.reason IS NULL AND v.from_pair >= (SELECT b.frame_first FROM bounds AS b)
+              ORDER BY 2, 1) AS o
+    )
+    SELECT true, b.frame_count, b.frame_first,
+           coalesce(x.users, '{}'), coalesce(x.assistants, '{}'),
+           coalesce(x.user_sizes, '{}'), coalesce(x.assistant_sizes, '{}'),
+           coalesce(y.ids, '{}'), coalesce(y.froms, '{}'), coalesce(y.reasons, '{}'),
+           coalesce(y.sizes, '{}')
+    FROM bounds AS b CROSS JOIN suffix AS x CROSS JOIN verdicts AS y;
+END
+$$;
+COMMENT ON FUNCTION compaction.derived_frame(text, text, int) IS
+    'Internal: projection_frame''s row from the derived state, for a caller that found derived_state_serves true in its snapshot';
+
 -- The projection's one read: what the walk needs from the newest pairs
 -- back, and the verdicts it needs, in one statement, so a projection costs one round trip
 -- (projection_read) and, while the derived state is in use, grows with the budget rather
@@ -215,9 +294,6 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
-DECLARE
-    v_count int;
-    v_first int;
 BEGIN
     IF p_pairs IS NULL OR p_pairs < 0 THEN
         RAISE EXCEPTION 'p_pairs must be 0 or more, got %', p_pairs USING ERRCODE = 'CP020';
@@ -226,53 +302,7 @@ BEGIN
         RETURN QUERY SELECT * FROM compaction.judged_frame(p_conversation_id, p_scope);
         RETURN;
     END IF;
-    SELECT cs.pair_count INTO v_count
-    FROM compaction.conversation_state AS cs
-    WHERE cs.conversation_id = p_conversation_id;
-    v_count := coalesce(v_count, 0);
-    v_first := greatest(0, v_count - p_pairs);
-    v_first := v_first - v_first % 10;
-    RETURN QUERY
-    WITH suffix AS (
-        -- The four arrays take the rows in the subquery's order, read in index order
-        -- (an ORDER BY in each aggregate would sort them four times).
-        SELECT pg_catalog.array_agg(p.user_message_id) AS users,
-               pg_catalog.array_agg(p.assistant_message_id) AS assistants,
-               pg_catalog.array_agg(p.user_bytes) AS user_sizes,
-               pg_catalog.array_agg(p.assistant_bytes) AS assistant_sizes
-        FROM (SELECT q.user_message_id, q.assistant_message_id, q.user_bytes, q.assistant_bytes
-              FROM compaction.pairs AS q
-              WHERE q.conversation_id = p_conversation_id AND q.pair_index >= v_first
-              ORDER BY q.pair_index) AS p
-    ), verdicts AS (
-        -- One sort for the four arrays: they take the rows in the subquery's order (an
-        -- ORDER BY in each aggregate sorted them four times). The driver checks the order
-        -- all the same.
-        SELECT pg_catalog.array_agg(o.summary_id) AS ids,
-               pg_catalog.array_agg(o.from_pair) AS froms,
-               pg_catalog.array_agg(o.reason) AS reasons,
-               pg_catalog.array_agg(o.bytes) AS sizes
-        FROM (SELECT v.summary_id, v.from_pair, v.reason, NULL::int AS bytes
-              FROM compaction.summary_verdicts AS v
-              WHERE v.conversation_id = p_conversation_id AND v.scope = p_scope
-                AND v.reason IS NOT NULL
-              UNION ALL
-              SELECT v.summary_id, v.from_pair, NULL::text,
-                     (SELECT pg_catalog.octet_length(js.summary)
-                      FROM compaction.job_summaries AS js
-                      WHERE js.conversation_id = p_conversation_id
-                        AND js.summary_id = v.summary_id)
-              FROM compaction.summary_verdicts AS v
-              WHERE v.conversation_id = p_conversation_id AND v.scope = p_scope
-                AND v.reason IS NULL AND v.from_pair >= v_first
-              ORDER BY 2, 1) AS o
-    )
-    SELECT true, v_count, v_first,
-           coalesce(x.users, '{}'), coalesce(x.assistants, '{}'),
-           coalesce(x.user_sizes, '{}'), coalesce(x.assistant_sizes, '{}'),
-           coalesce(y.ids, '{}'), coalesce(y.froms, '{}'), coalesce(y.reasons, '{}'),
-           coalesce(y.sizes, '{}')
-    FROM suffix AS x CROSS JOIN verdicts AS y;
+    RETURN QUERY SELECT * FROM compaction.derived_frame(p_conversation_id, p_scope, p_pairs);
 END
 $$;
 COMMENT ON FUNCTION compaction.projection_frame(text, text, int) IS
@@ -342,6 +372,7 @@ DECLARE
     v_dropped     int := -1;
     v_message_ids text[] := '{}';
     v_summary_ids bigint[] := '{}';
+    v_serves      boolean;
 BEGIN
     IF p_budget_bytes IS NULL OR p_budget_bytes < 0 THEN
         RAISE EXCEPTION 'p_budget_bytes must be 0 or more, got %', p_budget_bytes
@@ -352,7 +383,13 @@ BEGIN
             USING ERRCODE = 'CP020';
     END IF;
     LOOP
-        SELECT * INTO f FROM compaction.projection_frame(p_conversation_id, p_scope, v_wanted::int);
+        IF NOT coalesce(v_serves, false) THEN
+            SELECT * INTO f FROM compaction.projection_frame(p_conversation_id, p_scope, v_wanted::int);
+            v_serves := f.derived;
+        ELSE
+            -- A step back: the derived state served the first frame in this snapshot.
+            SELECT * INTO f FROM compaction.derived_frame(p_conversation_id, p_scope, v_wanted::int);
+        END IF;
         v_users := f.user_message_ids;
         v_assistants := f.assistant_message_ids;
         v_user_sizes := f.user_bytes;

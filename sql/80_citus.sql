@@ -235,6 +235,8 @@ BEGIN
     -- (one generic plan on one node) Citus plans only with their values bound.
     ALTER FUNCTION compaction.projection_frame(text, text, int)
         SET plan_cache_mode = force_custom_plan;
+    ALTER FUNCTION compaction.derived_frame(text, text, int)
+        SET plan_cache_mode = force_custom_plan;
     CALL compaction.place_audit_views();
     CALL compaction.place_view_grants();
     -- The tracking triggers fire on the workers and call the engine's functions there.
