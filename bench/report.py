@@ -360,7 +360,8 @@ def markdown_table(results: dict[str, Any]) -> str:
                          f" {_fmt(judged['us_per_run'], 1)} | {detail} |")
         if "from_the_views_64k" in proj:
             lines += ["", "Projection with the derived state out of use (judged from the views on"
-                      " each call: before an install's rebuild has finished, and on Citus),"
+                      " each call: before an install's rebuild has finished, and for a"
+                      " conversation a foreign message names),"
                       " 64 KiB, p50 ms:", "",
                       "| pairs | derived state | from the views | ratio |",
                       "| --- | --- | --- | --- |"]
