@@ -81,7 +81,7 @@ docs-images: $(STAMP) ## regenerate docs/images/evaluate-*.svg and the table in 
 	@scripts/prepare $(BIN)/python --corpus
 	$(BIN)/python scripts/docs_images.py
 
-# Not part of `make test` nor `make bench`: one node against a Citus cluster (issue 29).
+# Not part of `make test` nor `make bench`: one node against a Citus cluster.
 bench-citus: $(STAMP) ## the same drain and projection on one node and on Citus, side by side: PG_CONFIG=/path/to/pg_config
 	@test -n "$(PG_CONFIG)" || { echo "make bench-citus: give PG_CONFIG=/path/to/pg_config of a PostgreSQL with Citus installed" >&2; exit 2; }
 	$(BIN)/python -m bench.scale_out --pg-config $(PG_CONFIG) $(BENCH_ARGS)

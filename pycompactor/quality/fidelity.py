@@ -5,9 +5,9 @@ Counting digits that survive (pycompactor.quality.figures) cannot tell "Lotus As
 measures here ask the summary the question each reply sentence answers, as a reader
 would, and check the answer (docs/evaluate.md defines them in prose):
 
-* **sentences** are pycompactor.quality.qualifiers' (a summary line is a sentence too),
-  a reply's read with its hard line wraps undone (`unwrap`); the
-  summary's bracketed reply labels (`[a3]`, the replies' ids) are read as no words;
+* **sentences** are pycompactor.quality.qualifiers' `statements` (a summary line is a
+  sentence too), a reply's read with its hard line wraps undone (`unwrap`); the summary's
+  bracketed reply labels (`[a3]`, the replies' ids) are read as no words;
 * **words** of a sentence: its figures (contract §8), its other words lowercased minus a
   few English stopwords, and for Chinese text every character and every pair of adjacent
   characters (a reader matches Chinese without word boundaries); plus the words of its
@@ -49,7 +49,7 @@ from types import MappingProxyType
 from typing import Final, Literal
 
 from pycompactor.quality.figures import FIGURE, figures
-from pycompactor.quality.qualifiers import qualifier_spans, sentences, unwrap
+from pycompactor.quality.qualifiers import qualifier_spans, statements, unwrap
 
 #: The share of a question's weight the best sentence must hold for the reader to take it
 #: as the place that answers the question: below half, it shares fewer of the question's
@@ -185,7 +185,7 @@ def _subjects(text: str) -> Iterator[_Sentence]:
     "default value" sentences of five entries are five different questions."""
     for line in _LINES.split(text):
         context: frozenset[str] = frozenset()
-        for s in sentences(line):
+        for s in statements(line):
             named, lead_end = _lead(s)
             if named:
                 context = frozenset().union(*map(words, named))

@@ -1,6 +1,7 @@
 """Naive whole-sentence selection: the baseline an offline summarizer must beat.
 
-Measured on public text: take every sentence of the replies that holds a
+Measured on public text: take every sentence of the replies (as the measures split
+them, pycompactor.quality.qualifiers.statements) that holds a
 figure (contract §8) or a qualifier of the scope set (pycompactor.quality.qualifiers), most
 per byte first, until the summary would pass a byte target. It never cuts a sentence,
 so each line keeps what its figures are about as far as its own sentence says it. A
@@ -26,7 +27,7 @@ from typing import Final
 
 from pycompactor.models import AssistantReply
 from pycompactor.quality.figures import figures
-from pycompactor.quality.qualifiers import scope_qualifiers, sentences, unwrap
+from pycompactor.quality.qualifiers import scope_qualifiers, statements, unwrap
 from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
 
 #: The baseline's model id in reports, and its caveats-first variant's.
@@ -44,7 +45,7 @@ def select(replies: Sequence[str], target: float, *, caveats_first: bool = False
     if not 0.0 < target <= 1.0:
         raise ValueError(f"target must be a share above 0 and at most 1, got {target}")
     budget = target * sum(_utf8(r) for r in replies)
-    found: list[str] = list(dict.fromkeys(s for r in replies for s in sentences(unwrap(r))))
+    found: list[str] = list(dict.fromkeys(s for r in replies for s in statements(unwrap(r))))
     ranked = []
     for order, sentence in enumerate(found):
         caveats = scope_qualifiers(sentence)

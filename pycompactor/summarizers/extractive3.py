@@ -7,8 +7,9 @@ whose subject is gone answers no question. extractive-3 is offline and determini
 and writes only lines a reader can quote back to one reply:
 
 1. **Whole statements.** The unit is one sentence of one reply, as the measures split it
-   (pycompactor.quality.qualifiers.sentences). A sentence is kept whole or not at all, and never
-   joined to another: every line is a true statement of the reply it names.
+   (pycompactor.quality.qualifiers.statements: never after "vs." or inside parentheses).
+   A sentence is kept whole or not at all, and never joined to another: every line is a
+   true statement of the reply it names.
 2. **Telegraphic, not clipped.** A kept sentence loses only its articles and a few
    fillers (`_FUNCTION_WORDS`), an opening connective ("However,") and its list marker;
    every other word, every figure and every qualifier stay, in their order ("Lotus Asia
@@ -62,8 +63,7 @@ from typing import Final
 from pycompactor.models import AssistantReply
 from pycompactor.quality.fidelity import lead_terms
 from pycompactor.quality.figures import FIGURE
-from pycompactor.quality.qualifiers import scope_qualifiers, unwrap
-from pycompactor.quality.qualifiers import sentences as measure_sentences
+from pycompactor.quality.qualifiers import scope_qualifiers, statements, unwrap
 from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS, OfflineSummarizer
 
 EXTRACTIVE3_MODEL: Final = "pycompactor/extractive-3"
@@ -178,7 +178,7 @@ def subject(reply: str) -> str | None:
     term = entry_term(lead)
     if term:
         return term
-    first = measure_sentences(lead)
+    first = statements(lead)
     match = _PROPER.search(first[0]) if first else None
     return match.group(0) if match else None
 
@@ -214,7 +214,7 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
         order = 0
         for item, line in enumerate(_LINES.split(unwrap(reply))):
             chain: list[str] = []
-            said = measure_sentences(_BULLET.sub("", line.strip(_ASCII_WS)))
+            said = statements(_BULLET.sub("", line.strip(_ASCII_WS)))
             # Every sentence of an entry is about the term its line opens with ("The
             # default value is 2." of vacuum_cost_page_miss).
             term = entry_term(said[0]) if said else None

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pycompactor.corpus import build_corpus
 from pycompactor.evaluation import EvalPair, reply_problem
 from pycompactor.quality.fidelity import attribution
-from pycompactor.quality.qualifiers import sentences
+from pycompactor.quality.qualifiers import statements, unwrap
 from pycompactor.summarizers.baseline import (
     BASELINE_CAVEATS_MODEL,
     BASELINE_MODEL,
@@ -83,5 +83,5 @@ def test_within_target_whole_sentences_deterministic(
     assert summary == select(replies, target, caveats_first=caveats_first)
     assert size(summary) <= target * sum(map(size, replies))
     assert len(summary) <= 6000
-    whole = {s for r in replies for s in sentences(r)}
+    whole = {s for r in replies for s in statements(unwrap(r))}
     assert all(line in whole for line in summary.split("\n") if summary)

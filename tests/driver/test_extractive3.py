@@ -22,7 +22,7 @@ from pycompactor.cli.evaluate import read_corpus
 from pycompactor.cli.sample import sample_turns
 from pycompactor.models import Pair
 from pycompactor.quality import fidelity
-from pycompactor.quality.qualifiers import sentences, unwrap
+from pycompactor.quality.qualifiers import sentences, statements, unwrap
 from pycompactor.summarizers.baseline import select
 from pycompactor.summarizers.extractive import MAX_SUMMARY_CHARS
 from pycompactor.summarizers.extractive2 import extract
@@ -152,6 +152,21 @@ def test_a_parenthesis_that_points_back_is_kept_with_what_it_governs() -> None:
         summary = summarize_replies(replies, target)
         assert ("does not apply" in summary) == ("completely empty" in summary), (target, summary)
     assert "does not apply" in summarize_replies(replies, 0.4)
+
+
+def test_a_sentence_with_an_abbreviation_in_parentheses_is_written_whole() -> None:
+    """Split at "vs.", the reply's sentence leaves "POSIX) are treated slightly differently
+    by systemd, so ... not removed ...", a caveat about nothing the line names."""
+    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
+    ipc = ("- Different types of IPC objects (shared memory vs. semaphores, System V vs."
+           " POSIX) are treated slightly differently by systemd, so one might observe that"
+           " some IPC resources are not removed in the same way as others.")
+    replies = [filler + "\n" + ipc] + [filler] * 9
+    for target in (0.005, 0.02, 0.1, 0.4):
+        summary = summarize_replies(replies, target)
+        assert ("not removed" in summary) == ("Different types of IPC objects" in summary), \
+            (target, summary)
+    assert "(shared memory vs. semaphores, System V vs. POSIX)" in summarize_replies(replies, 0.4)
 
 
 @pytest.mark.parametrize("second", [
@@ -294,9 +309,9 @@ def from_one_sentence(replies: list[str], summary: str) -> None:
         topic = subject(reply)
         if topic and text.startswith(f"{topic}: "):
             text = text[len(topic) + 2:]
-        sources = [_WORDS.findall(s.lower()) for s in sentences(unwrap(reply))]
+        sources = [_WORDS.findall(s.lower()) for s in statements(unwrap(reply))]
         terms = {entry_term(said[0]) for line in unwrap(reply).splitlines()
-                 if (said := sentences(_MARKER.sub("", line.strip())))}
+                 if (said := statements(_MARKER.sub("", line.strip())))}
         for piece in sentences(text):
             term = next((t for t in terms if t and piece.startswith(f"{t}: ")), None)
             if term:

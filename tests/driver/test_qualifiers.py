@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from pycompactor.quality.qualifiers import qualified_facts, qualifier_stats, qualifiers, unwrap
+from pycompactor.quality.qualifiers import (
+    qualified_facts,
+    qualifier_stats,
+    qualifiers,
+    sentences,
+    statements,
+    unwrap,
+)
 
 
 def test_phrases_before_words_and_contractions_as_not() -> None:
@@ -42,3 +49,25 @@ def test_unwrap_joins_a_wrapped_sentence_and_leaves_lists_and_code_alone() -> No
     assert unwrap(code) == ("Set it like this for example:\n```python\nx = 1\ny = 2\n"
                             "print(x)\nfoo()\n```\nok")
     assert unwrap("a\n```\nb = 1\nc\n") == "a\n```\nb = 1\nc\n"  # unclosed: to the end
+
+
+def test_statements_end_neither_after_an_abbreviation_nor_inside_parentheses() -> None:
+    ipc = ("Different types of IPC objects (shared memory vs. semaphores, System V vs."
+           " POSIX) are treated slightly differently by systemd.")
+    assert statements(ipc + " Next one.") == [ipc, "Next one."]
+    assert len(sentences(ipc)) == 3  # extractive-2's split, unchanged
+    assert statements("Use e.g. a socket; or i.e. a pipe. Done.") == [
+        "Use e.g. a socket;", "or i.e. a pipe.", "Done."]
+    assert statements("Then (x; y) z. Also (a. b.) c.") == ["Then (x; y) z.", "Also (a. b.) c."]
+    assert statements("2. Install it. Version 2. Done.") == [
+        "2. Install it.", "Version 2.", "Done."]
+    # A parenthesis that never closes on its line ends nothing early; a line break and
+    # the Chinese ends still end a sentence.
+    assert statements("(Broken (never closes. Then.\nNext (one.\nTwo) three.") == [
+        "(Broken (never closes.", "Then.", "Next (one.", "Two) three."]
+    assert statements("今天不是。明天是！ok.") == ["今天不是", "明天是", "ok."]
+    # A parenthesis or a quote that closes on an end ends the statement before a capital.
+    assert statements("A (Write %% for a literal %.) Note that it is (see 9.6.) for all.") == [
+        "A (Write %% for a literal %.)", "Note that it is (see 9.6.) for all."]
+    assert statements('He said "Stop." Then (it was done.) (A note.)') == [
+        'He said "Stop."', "Then (it was done.)", "(A note.)"]
