@@ -329,7 +329,9 @@ def _clip(text: str, limit: int) -> str:
     if len(text.encode()) <= limit:
         return text
     out = ""
-    for sentence in re.split(r"(?<=[.!?。！？])\s*", text):
+    # A full stop ends a sentence only before whitespace: "Table 9.91" and "10.37" are
+    # one figure each (split there, they came back as "9. 91").
+    for sentence in re.split(r"(?<=[.!?])\s+|(?<=[。！？])\s*", text):
         candidate = (out + " " + sentence).strip() if out and not out.endswith(
             tuple("。！？")) else out + sentence
         if len(candidate.encode()) > limit:

@@ -86,6 +86,14 @@ def test_figures_qualifiers_and_corrections(corpus: tuple[CorpusConversation, ..
     assert any(q in zh for q in ("不", "只", "仅", "没有"))
 
 
+def test_clipping_never_splits_a_figure(corpus: tuple[CorpusConversation, ...]) -> None:
+    """A reply clipped to its size keeps "Table 9.91" and "Section 20.5.1" whole: split at
+    every full stop they came back as "9. 91", figures the source never gave."""
+    english = "\n".join(a for c in corpus if c.language == "en" for _, a in c.pairs)
+    assert re.search(r"\b(?:Section|Table|Chapter) \d+\. \d", english) is None
+    assert re.search(r"\bSection \d+\.\d+", english)
+
+
 def test_a_correction_corrects_what_an_earlier_reply_said(
         corpus: tuple[CorpusConversation, ...]) -> None:
     head = re.compile(r"Correction: I listed these entries under PostgreSQL (15\.\d+), released "
