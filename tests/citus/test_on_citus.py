@@ -214,6 +214,8 @@ def test_bench_citus_smoke(tmp_path: Any) -> None:
     results = json.loads((tmp_path / "scale_out.json").read_text(encoding="utf-8"))
     for setup in ("single_node", "citus"):
         assert results[setup]["drain"]["ranges"] == results[setup]["drain"]["claimed"] > 0
+        assert (results[setup]["long_drain"]["ranges"]
+                == results[setup]["long_drain"]["claimed"] == 4)  # 60 pairs: ranges 0-30
         assert set(results[setup]["projection"]["p50_ms"]) == {"40", "100", "200"}
         assert results[setup]["derived_state"] == "in_use"
         assert results[setup]["appends"]["tracked_ms"] > 0
@@ -239,12 +241,14 @@ def test_bench_citus_smoke(tmp_path: Any) -> None:
         assert outcomes[reach].startswith("refused: "), outcomes
     assert results["single_node"]["probe"]["shard_triggers"] is None
     assert set(results["goals"]) == {
-        "drain_citus_over_single", "drain_met", "projection_citus_over_single",
+        "drain_citus_over_single", "drain_met", "long_drain_citus_over_single",
+        "long_drain_met", "projection_citus_over_single",
         "projection_met", "projection_large_over_small_citus", "projection_scaling_met",
         "append_tracked_over_untracked_citus", "append_met", "audit_citus_over_single",
         "audit_met"}
     report = (tmp_path / "scale_out.md").read_text(encoding="utf-8")
     assert "| drain:" in report
+    assert "| drain: one conversation of 60 pairs, 4 ranges" in report
     assert ("a read of every shard of an empty table, co-located with the history"
             f" ({scale_out.RUNBOOK_SHARD_COUNT} shards)") in report
     assert "cross-conversation question, as every read asks it first" in report
