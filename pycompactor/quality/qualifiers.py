@@ -16,6 +16,7 @@ qualifier with the fact it qualifies. Both use the definitions here:
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -82,7 +83,9 @@ _EN_V2: Final = _en_pattern(QUALIFIERS_EN_V2)
 _ZH_V2: Final = _zh_pattern(QUALIFIERS_ZH_V2)
 # Sentence ends: ASCII .!?; followed by whitespace (so 10.37 stays one figure), Chinese
 # 。！？；, and line breaks.
-_SENTENCE_END: Final = re.compile(r"(?<=[.!?;])\s+|[。！？；\n\r]+")
+_ASCII_END: Final = r"(?<=[.!?;])\s+"
+_HARD_END: Final = r"[。！？；\n\r]+"
+_SENTENCE_END: Final = re.compile(f"{_ASCII_END}|{_HARD_END}")
 _WS_RUN: Final = re.compile(r"\s+")
 
 
@@ -120,16 +123,16 @@ def sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
 
 
-# Where `statements` must not end a sentence: after an abbreviation that never ends one.
+# Where `statements` must not end a sentence: after an abbreviation that never ends one,
 _ABBREVIATION: Final = re.compile(r"(?:^|[\s(\[])(?:e\.g|i\.e|vs|cf|viz|approx|resp|incl|esp)\.$",
                                   re.IGNORECASE)
 # … nor after the number of a numbered list's item ("2. Install the package."): alone,
 # "2." states nothing.
 _LIST_NUMBER: Final = re.compile(r"^\d{1,3}\.$")
-_STATEMENT_BREAK: Final = re.compile(r"[。！？；\n\r]+")
+_HARD_BREAK: Final = re.compile(_HARD_END)
 # … and where `sentences` misses an end: after a parenthesis or a quote that closes on a
 # sentence's end ("(Write %% for a literal %.) Note that …").
-_STATEMENT_END: Final = re.compile(r"(?<=[.!?;])\s+|(?<=[.!?][)\]”’\"])\s+(?=[A-Z(\[“\"])")
+_STATEMENT_END: Final = re.compile(rf"{_ASCII_END}|(?<=[.!?][)\]”’\"])\s+(?=[A-Z(\[“\"])")
 
 
 def statements(text: str) -> list[str]:
@@ -143,31 +146,23 @@ def statements(text: str) -> list[str]:
     ("(Write %% for a literal %.)" and "Note that …" are two statements). extractive-2
     keeps `sentences`, so its summaries stay byte-identical."""
     out: list[str] = []
-    for line in _STATEMENT_BREAK.split(text):
+    for line in _HARD_BREAK.split(text):
         pieces = [p.strip() for p in _STATEMENT_END.split(line) if p.strip()]
-        at = 0
-        while at < len(pieces):
-            end = at
-            while end + 1 < len(pieces) and _open(" ".join(pieces[at:end + 1]), pieces[end + 1:]):
-                end += 1
-            out.append(" ".join(pieces[at:end + 1]))
-            at = end + 1
+        # The parentheses open after each piece, counted from the line's start, and the
+        # fewest open after any later piece: a parenthesis opened in a statement closes
+        # on the line when a later count falls back to the statement's opening count.
+        depth = list(itertools.accumulate(p.count("(") - p.count(")") for p in pieces))
+        fewest_later = list(itertools.accumulate(reversed(depth), min))[::-1][1:]
+        start, opening = 0, 0
+        for i, piece in enumerate(pieces):
+            if i + 1 < len(pieces) and (
+                    _ABBREVIATION.search(piece)
+                    or (i == start and _LIST_NUMBER.match(piece))
+                    or depth[i] > opening >= fewest_later[i]):
+                continue
+            out.append(" ".join(pieces[start:i + 1]))
+            start, opening = i + 1, depth[i]
     return out
-
-
-def _open(sentence: str, rest: list[str]) -> bool:
-    """Whether `sentence` goes on into the next piece: it ends in an abbreviation, or a
-    parenthesis it opened closes in one of the pieces after it."""
-    if _ABBREVIATION.search(sentence) or _LIST_NUMBER.match(sentence):
-        return True
-    depth = sentence.count("(") - sentence.count(")")
-    if depth <= 0:
-        return False
-    for piece in rest:
-        depth -= piece.count(")") - piece.count("(")
-        if depth <= 0:
-            return True
-    return False
 
 
 def qualifiers(sentence: str) -> set[str]:
