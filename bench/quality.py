@@ -15,6 +15,7 @@ ranges, as the worker would) and is measured by `pycompactor.evaluation`, the co
 - attribution, qualifier scope and invented figures (pycompactor.quality.fidelity);
 - what keeping every caveat would take: the share of the bytes the sentences holding a
   figure or a caveat take, and extractive-3 with the 6,000-character cap lifted;
+- the reach no summarizer passes: every summary one byte long (`reach_ceiling`);
 - held-out text (bench.held_out: man pages, standard-library docstrings) the summarizers
   were not built on: the model beside naive selection at the model's own bytes.
 
@@ -46,6 +47,8 @@ from pycompactor.evaluation import (
     Report,
     conversation_from_texts,
     evaluate,
+    reach,
+    target_ranges,
 )
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.projection import marker_line, message_cost, utf8_len
@@ -260,6 +263,23 @@ def beyond_the_cap(report: Report) -> dict[str, Any]:
     }
 
 
+def reach_ceiling(conversations: Sequence[EvalConversation],
+                  budgets: Sequence[int] = DEFAULT_BUDGETS) -> list[dict[str, Any]]:
+    """History reach at each budget if every target range's summary were one byte, by the
+    projection's own planner: what no summarizer passes, since a summary block still
+    carries its ten user messages verbatim and the marker line (contract §9), and the
+    newest 20 to 29 pairs travel raw (the window policy, §4)."""
+    compacted = dict.fromkeys(budgets, 0)
+    raw_only = dict.fromkeys(budgets, 0)
+    for conversation in conversations:
+        pairs = conversation.pairs
+        for r in reach(pairs, dict.fromkeys(target_ranges(len(pairs)), "-"), budgets):
+            compacted[r.budget_bytes] += r.compacted
+            raw_only[r.budget_bytes] += r.raw_only
+    return [{"budget_bytes": b, "compacted": compacted[b], "raw_only": raw_only[b],
+             "ratio": compacted[b] / raw_only[b] if raw_only[b] else None} for b in budgets]
+
+
 def held_out(model: str = FRONTIER_MODEL) -> dict[str, Any] | None:
     """The model and naive selection at the model's pooled compression on held-out
     reference text (bench.held_out: man pages and standard-library docstrings), which the
@@ -289,4 +309,5 @@ def run(sizes: Sizes, model: str = FRONTIER_MODEL) -> dict[str, Any]:
                       budgets=(_REACH_BUDGET,))
     return {"seed": 0, "models": models, "frontier": frontier(conversations, model),
             "beyond_the_cap": beyond_the_cap(report),
+            "reach_ceiling": reach_ceiling(conversations),
             "held_out": held_out(model) if sizes.quality_conversations is None else None}

@@ -230,6 +230,13 @@ def _quality_lines(quality: dict[str, Any]) -> list[str]:
         lines += _frontier_lines(quality["frontier"])
     if quality.get("beyond_the_cap"):
         lines += _beyond_lines(quality["beyond_the_cap"])
+    if quality.get("reach_ceiling"):
+        lines += ["", "The reach no summarizer passes, on the same conversations: every summary"
+                  " one byte (a block still carries its ten user messages; the newest 20-29"
+                  " pairs travel raw): " + ", ".join(
+                      f"{_budget(r['budget_bytes'])} {_fmt(r['ratio'])}"
+                      for r in quality["reach_ceiling"]) + " times the raw-only projection's"
+                  " pairs."]
     if quality.get("held_out"):
         lines += _held_out_lines(quality["held_out"])
     return lines

@@ -25,6 +25,10 @@ and writes only lines a reader can quote back to one reply:
    entries ("- vacuum_cost_page_miss (integer): … The default value is 2.") gives each
    entry's sentences under the entry's term ("vacuum_cost_page_miss: Default value is
    2."), never as one of several bare "Default value is N." under the chapter's name.
+   A sentence several entries of one reply state is one statement about each: it is
+   written once, after the reply's other sentences, naming them all ("max_connections,
+   shared_buffers: This parameter can only be set at server start."), and counts as
+   many facts as entries when sentences are ranked.
 4. **Corrections first, caveats with what they govern.** Sentences are chosen by what
    they state per byte:
    a correction ("Correction: …", "corrected from …", "that is incorrect") before
@@ -57,7 +61,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from pycompactor.models import AssistantReply
@@ -75,6 +79,8 @@ _WS_RUN: Final = re.compile(r"[ \t\n\r\f\v]+")
 _LINES: Final = re.compile(r"[\n\r]+")
 _BULLET: Final = re.compile(r"^(?:[-*•]\s+|・\s*)")
 _LABELS: Final = "abcdefghij"
+# A shared sentence's place: after every sentence of its reply (see `_shared`).
+_LAST: Final = 1 << 30
 #: What a qualifier counts against a figure when sentences are ranked. A figure is a
 #: question only its own sentence answers, and a caveat that governs a figure is bound to
 #: its sentence (step 4) and travels with it whatever it counts; what this weighs is a
@@ -150,10 +156,14 @@ class _Unit:
     #: The line of the reply it comes from, and the term that line's entry defines.
     item: int = 0
     term: str | None = None
+    #: How many entries of its reply state it (`_shared`): each is a question answered.
+    entries: int = 1
 
     @property
     def size(self) -> int:
-        return len(self.text.encode("utf-8")) + 1
+        """The bytes it adds to its line, with the entries' terms when it is shared."""
+        names = len(self.term.encode("utf-8")) + 2 if self.entries > 1 and self.term else 0
+        return len(self.text.encode("utf-8")) + 1 + names
 
 
 def entry_term(lead: str) -> str | None:
@@ -228,7 +238,27 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
                 chain.append(sentence)
             units.extend(_unit(r, order, chain, item, term))
             order += len(chain)
-    return units
+    return _shared(units)
+
+
+def _shared(units: Sequence[_Unit]) -> list[_Unit]:
+    """The units, where several entries of one reply state the same sentence ("This
+    parameter can only be set at server start.") as one unit naming them all, written
+    after the reply's other sentences (module docstring, step 3)."""
+    groups: dict[tuple[int, str], list[_Unit]] = {}
+    for unit in units:
+        if unit.term is not None:
+            groups.setdefault((unit.reply, unit.text), []).append(unit)
+    out = []
+    for unit in units:
+        group = groups.get((unit.reply, unit.text), [])
+        terms = list(dict.fromkeys(u.term for u in group if u.term is not None))
+        if len(terms) < 2:
+            out.append(unit)
+        elif unit is group[0]:
+            out.append(replace(unit, order=_LAST + unit.order, item=-1 - unit.order,
+                               term=", ".join(terms), entries=len(terms)))
+    return out
 
 
 def _unit(reply: int, order: int, chain: Sequence[str], item: int = 0,
@@ -285,7 +315,7 @@ def _ended(text: str) -> str:
 
 def _rank(unit: _Unit) -> tuple[bool, float, int, int]:
     """Corrections first, then facts per byte, ties in reply order."""
-    facts = len(unit.figures) + QUALIFIER_WORTH * unit.qualifiers
+    facts = (len(unit.figures) + QUALIFIER_WORTH * unit.qualifiers) * unit.entries
     return (not unit.correction, -facts / unit.size, unit.reply, unit.order)
 
 

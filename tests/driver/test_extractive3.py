@@ -267,6 +267,24 @@ def test_a_caveat_about_the_entry_is_kept_under_its_term_on_its_own() -> None:
     assert summary == "a) opt_x: This parameter can only be set at server start."
 
 
+def test_a_sentence_several_entries_state_is_written_once_naming_them_all() -> None:
+    """Three entries' "This parameter can only be set at server start." are three caveats
+    about three options: one sentence naming the three keeps each, for the bytes of one
+    sentence and three names, after the reply's other sentences."""
+    names = ("max_connections", "shared_buffers", "wal_level")
+    reply = "Server Settings:\n" + "\n".join(
+        f"- {name} (integer): Sets the {name} of the server. Default is {i}0. This parameter "
+        "can only be set at server start." for i, name in enumerate(names, 1))
+    summary = summarize_replies([reply], 0.9)
+    assert summary == (
+        "a) Server Settings: max_connections: Default is 10. shared_buffers: Default is 20."
+        " wal_level: Default is 30. max_connections, shared_buffers, wal_level: This"
+        " parameter can only be set at server start.")
+    assert fidelity.scores([reply], summary) == (fidelity.Score(3, 3), fidelity.Score(3, 3))
+    # Written once per entry instead, the three copies would cost what a figure buys.
+    assert summary.count("only be set") == 1
+
+
 def test_telegraph_restores_spacing_a_dropped_article_leaves() -> None:
     assert telegraph("-1 (the default) means no limit.") == "-1 (default) means no limit."
     assert telegraph("a “just in time” policy") == "“just in time” policy"
@@ -313,8 +331,9 @@ def from_one_sentence(replies: list[str], summary: str) -> None:
         terms = {entry_term(said[0]) for line in unwrap(reply).splitlines()
                  if (said := statements(_MARKER.sub("", line.strip())))}
         for piece in sentences(text):
-            term = next((t for t in terms if t and piece.startswith(f"{t}: ")), None)
-            if term:
+            # An entry's term, or the terms of the entries that share the sentence.
+            while term := next((t for t in terms if t and piece.startswith((f"{t}: ",
+                                                                             f"{t}, "))), None):
                 piece = piece[len(term) + 2:]
             words = _WORDS.findall(piece.lower())
             assert any(is_subsequence(words, source) for source in sources), piece
