@@ -310,7 +310,9 @@ def _ended(text: str) -> str:
         text = text[:-1].rstrip(_ASCII_WS)
         if not text:
             return text
-    return text + ("。" if "\u2e80" <= text[-1] <= "\u9fff" else ".")
+    # Chinese ends with 。 even after a figure ("托管费为 0.05%。"): the last letter tells.
+    last = next((c for c in reversed(text) if c.isalpha()), "")
+    return text + ("。" if "\u2e80" <= last <= "\u9fff" else ".")
 
 
 def _rank(unit: _Unit) -> tuple[bool, float, int, int]:

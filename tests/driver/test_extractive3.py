@@ -285,6 +285,15 @@ def test_a_sentence_several_entries_state_is_written_once_naming_them_all() -> N
     assert summary.count("only be set") == 1
 
 
+def test_a_chinese_sentence_that_ends_on_a_figure_ends_as_chinese() -> None:
+    reply = "Cedar Dividend 的管理费为 0.36%，托管费为 0.05%。截至 2026-10-23，单位净值为 11.11。"
+    replies = [reply, *["Nothing to add here."] * 9]
+    summary = summarize_replies(replies, 0.9)
+    assert summary == ("a) Cedar Dividend 的管理费为 0.36%，托管费为 0.05%。"
+                       " 截至 2026-10-23，单位净值为 11.11。")
+    assert fidelity.attribution(replies, summary) == fidelity.Score(4, 4)
+
+
 def test_telegraph_restores_spacing_a_dropped_article_leaves() -> None:
     assert telegraph("-1 (the default) means no limit.") == "-1 (default) means no limit."
     assert telegraph("a “just in time” policy") == "“just in time” policy"
