@@ -10,12 +10,12 @@ ranges, as the worker would) and is measured by `pycompactor.evaluation`, the co
   against the same pairs sent raw (the cost of the projection, contract §9: a summary
   block is its ten user messages, the marker line and the summary; 16 bytes a message);
 - reach at 8, 16, 32 and 64 KiB: pairs the next Run sees with the summaries over pairs
-  the raw-only projection (newest pairs only) sees, pooled over conversations;
+  the raw-only projection (newest pairs only) sees, pooled over conversations, and the
+  same with every summary one byte long (the ceiling no summarizer passes);
 - wall-clock milliseconds per range (p50, p95, max);
 - attribution, qualifier scope and invented figures (pycompactor.quality.fidelity);
 - what keeping every caveat would take: the share of the bytes the sentences holding a
   figure or a caveat take, and extractive-3 with the 6,000-character cap lifted;
-- the reach no summarizer passes: every summary one byte long (`reach_ceiling`);
 - held-out text (bench.held_out: man pages, standard-library docstrings) the summarizers
   were not built on: the model beside naive selection at the model's own bytes.
 
@@ -47,8 +47,6 @@ from pycompactor.evaluation import (
     Report,
     conversation_from_texts,
     evaluate,
-    reach,
-    target_ranges,
 )
 from pycompactor.hashing import PAIRS_PER_RANGE
 from pycompactor.projection import marker_line, message_cost, utf8_len
@@ -142,7 +140,9 @@ def _measures(conversations: Sequence[EvalConversation], report: Report) -> dict
         "density": density(conversations, report),
         "reach": [{"budget_bytes": t.budget_bytes, "compacted": t.compacted,
                    "raw_only": t.raw_only,
-                   "ratio": t.compacted / t.raw_only if t.raw_only else None}
+                   "ratio": t.compacted / t.raw_only if t.raw_only else None,
+                   "ceiling": t.ceiling,
+                   "ceiling_ratio": t.ceiling / t.raw_only if t.raw_only else None}
                   for t in report.reach],
         "ms_per_range": {"p50": _quantile(millis, 0.5), "p95": _quantile(millis, 0.95),
                          "max": max(millis, default=None)},
@@ -263,23 +263,6 @@ def beyond_the_cap(report: Report) -> dict[str, Any]:
     }
 
 
-def reach_ceiling(conversations: Sequence[EvalConversation],
-                  budgets: Sequence[int] = DEFAULT_BUDGETS) -> list[dict[str, Any]]:
-    """History reach at each budget if every target range's summary were one byte, by the
-    projection's own planner: what no summarizer passes, since a summary block still
-    carries its ten user messages verbatim and the marker line (contract §9), and the
-    newest 20 to 29 pairs travel raw (the window policy, §4)."""
-    compacted = dict.fromkeys(budgets, 0)
-    raw_only = dict.fromkeys(budgets, 0)
-    for conversation in conversations:
-        pairs = conversation.pairs
-        for r in reach(pairs, dict.fromkeys(target_ranges(len(pairs)), "-"), budgets):
-            compacted[r.budget_bytes] += r.compacted
-            raw_only[r.budget_bytes] += r.raw_only
-    return [{"budget_bytes": b, "compacted": compacted[b], "raw_only": raw_only[b],
-             "ratio": compacted[b] / raw_only[b] if raw_only[b] else None} for b in budgets]
-
-
 def held_out(model: str = FRONTIER_MODEL) -> dict[str, Any] | None:
     """The model and naive selection at the model's pooled compression on held-out
     reference text (bench.held_out: man pages and standard-library docstrings), which the
@@ -309,5 +292,4 @@ def run(sizes: Sizes, model: str = FRONTIER_MODEL) -> dict[str, Any]:
                       budgets=(_REACH_BUDGET,))
     return {"seed": 0, "models": models, "frontier": frontier(conversations, model),
             "beyond_the_cap": beyond_the_cap(report),
-            "reach_ceiling": reach_ceiling(conversations),
             "held_out": held_out(model) if sizes.quality_conversations is None else None}

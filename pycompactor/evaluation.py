@@ -289,8 +289,10 @@ def measure_range(pairs: Sequence[SourcePair], summary: str | None, *,
 @dataclass(frozen=True, slots=True)
 class Reach:
     """How many of a conversation's pairs reach the next Run under one budget: with the
-    summaries (`compacted`, of which `summarized` travel as summary blocks) and with
-    the raw-only projection (`raw_only`: newest pairs only)."""
+    summaries (`compacted`, of which `summarized` travel as summary blocks), with
+    the raw-only projection (`raw_only`: newest pairs only), and with summaries of the
+    same ranges one byte long (`ceiling`: what no summary of them passes, since a block
+    still carries its ten user messages verbatim and the newest pairs stay raw)."""
 
     budget_bytes: int
     compacted: int
@@ -298,6 +300,7 @@ class Reach:
     raw_only: int
     compacted_bytes: int
     raw_only_bytes: int
+    ceiling: int
 
     @property
     def gain(self) -> int:
@@ -307,7 +310,8 @@ class Reach:
     def to_dict(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "compacted": self.compacted,
                 "summarized": self.summarized, "raw_only": self.raw_only, "gain": self.gain,
-                "compacted_bytes": self.compacted_bytes, "raw_only_bytes": self.raw_only_bytes}
+                "compacted_bytes": self.compacted_bytes, "raw_only_bytes": self.raw_only_bytes,
+                "ceiling": self.ceiling}
 
 
 def _metas(pairs: Sequence[SourcePair]) -> list[PairMeta]:
@@ -346,16 +350,19 @@ def reach(pairs: Sequence[SourcePair], summaries: Mapping[int, str],
     """
     metas = _metas(pairs)
     candidates = _candidates(pairs, summaries)
+    smallest = _candidates(pairs, dict.fromkeys(summaries, "-"))
     out = []
     for budget in budgets:
         compacted = plan_projection(metas, candidates, budget)
         raw_only = plan_projection(metas, [], budget)
+        ceiling = plan_projection(metas, smallest, budget)
         out.append(Reach(
             budget_bytes=budget,
             compacted=len(metas) - compacted.pairs.omitted,
             summarized=sum(1 for p in compacted.pairs if p.placement == "summarized"),
             raw_only=len(metas) - raw_only.pairs.omitted,
             compacted_bytes=compacted.used_bytes, raw_only_bytes=raw_only.used_bytes,
+            ceiling=len(metas) - ceiling.pairs.omitted,
         ))
     return tuple(out)
 
@@ -480,6 +487,8 @@ class ReachTotals:
     pairs: int
     compacted: int
     raw_only: int
+    #: Pairs reached were every summary one byte (Reach.ceiling).
+    ceiling: int
 
     @property
     def gain(self) -> int:
@@ -488,7 +497,7 @@ class ReachTotals:
     def to_dict(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "conversations": self.conversations,
                 "pairs": self.pairs, "compacted": self.compacted, "raw_only": self.raw_only,
-                "gain": self.gain}
+                "gain": self.gain, "ceiling": self.ceiling}
 
 
 def reach_totals(conversations: Sequence[ConversationResult],
@@ -501,6 +510,7 @@ def reach_totals(conversations: Sequence[ConversationResult],
             pairs=sum(c.pairs for c in conversations),
             compacted=sum(c.reach[i].compacted for c in conversations),
             raw_only=sum(c.reach[i].raw_only for c in conversations),
+            ceiling=sum(c.reach[i].ceiling for c in conversations),
         ))
     return tuple(out)
 

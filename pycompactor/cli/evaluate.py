@@ -488,7 +488,7 @@ def totals_rows(report: Report) -> list[tuple[object, ...]]:
 
 def reach_rows(report: Report) -> list[tuple[object, ...]]:
     return [(f"{r.budget_bytes // 1024} KiB", r.conversations, r.pairs, r.compacted,
-             r.raw_only, f"{r.gain:+d}") for r in report.reach]
+             r.raw_only, f"{r.gain:+d}", r.ceiling) for r in report.reach]
 
 
 RANGE_HEADERS: Final = ("conversation", "lang", "pairs", "reply bytes", "summary bytes",
@@ -543,7 +543,7 @@ def lost_rows(report: Report, *, per_range: int = 3) -> list[tuple[object, ...]]
         rows += [_lost_row(where if i == 0 else "", q) for i, q in enumerate(r.lost[:per_range])]
     return rows
 REACH_HEADERS: Final = ("budget", "conversations", "pairs", "reached with compaction",
-                        "reached raw only", "gain")
+                        "reached raw only", "gain", "at most (1-byte summaries)")
 
 
 def _wrapped_table(title: str, headers: Sequence[str],
@@ -587,7 +587,9 @@ def readable(report: Report, *, max_range_rows: int | None = None, label: str | 
         _table("Pooled (ratios of sums over the summarized ranges)", TOTALS_HEADERS,
                totals_rows(report), right=TOTALS_HEADERS[1:]),
         _table("History the next Run sees: pairs reached under each budget, with the "
-               "summaries and with the raw-only projection (newest pairs only)",
+               "summaries, with the raw-only projection (newest pairs only), and at most, "
+               "with summaries of one byte (the user messages and the newest pairs still "
+               "take their bytes)",
                REACH_HEADERS, reach_rows(report), right=REACH_HEADERS[1:]),
         _wrapped_table("The worst ranges (lowest attribution; the first questions each "
                        "summary does not answer; --json and --html show them whole)",
@@ -662,7 +664,9 @@ def report_charts(report: Report, *, standalone: bool = False, label: str | None
             [charts.Series("with compaction", tuple(r.compacted / n for r in reach),
                            charts.BLUE),
              charts.Series("raw only (newest pairs)", tuple(r.raw_only / n for r in reach),
-                           charts.ORANGE)],
+                           charts.ORANGE),
+             charts.Series("at most (1-byte summaries)", tuple(r.ceiling / n for r in reach),
+                           charts.PALETTE[4])],
             x_label="history budget", y_label="pairs", standalone=standalone),
     }
 
@@ -767,7 +771,9 @@ qualifier's own sentence must carry it.</dd>
 id aside).</dd>
 <dt>reach</dt><dd>pairs of the conversation that reach the next Run under the budget
 (user message verbatim; reply raw or summarized), by the projection's rules, against the
-raw-only projection (newest pairs only).</dd>
+raw-only projection (newest pairs only); at most: the same with every summary one byte
+long, what no summary of these ranges can pass (a block still carries its ten user
+messages, and the newest pairs travel raw).</dd>
 </dl>
 <h2>The worst ranges, summary beside source</h2>
 {html_worst(report, primary, compared)}

@@ -3,6 +3,7 @@ the window, and reach against hand-computed projections."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -187,7 +188,7 @@ def test_reach_a_summary_block_buys_older_pairs() -> None:
     # With the summary: pairs 20-29 raw (6,000 bytes), then the whole block of 0-9 fits
     # exactly. Raw only: 20 pairs and three more of 300 in the block's 1,172 bytes.
     assert got == Reach(budget, compacted=30, summarized=10, raw_only=23,
-                        compacted_bytes=budget, raw_only_bytes=23 * PAIR_COST)
+                        compacted_bytes=budget, raw_only_bytes=23 * PAIR_COST, ceiling=30)
     assert got.gain == 7
 
 
@@ -196,7 +197,10 @@ def test_reach_a_block_that_does_not_fit_falls_back_to_raw_pairs() -> None:
     budget = 20 * PAIR_COST + 3 * PAIR_COST + 50  # 1,172 for the block: 50 short of it
     got = reach_at(pairs, {0: summary_of(100)}, budget)
     assert got == Reach(budget, compacted=23, summarized=0, raw_only=23,
-                        compacted_bytes=23 * PAIR_COST, raw_only_bytes=23 * PAIR_COST)
+                        compacted_bytes=23 * PAIR_COST, raw_only_bytes=23 * PAIR_COST,
+                        ceiling=23)
+    # Not even a one-byte summary's block (1,073 bytes) fits in the 950 left after the
+    # newest 20 pairs: no summary could have reached further, which the ceiling says.
 
 
 def test_reach_raw_only_can_reach_more_than_compaction() -> None:
@@ -233,12 +237,16 @@ def test_reach_agrees_with_the_projection_itself() -> None:
                       text)
         for from_pair, text in summaries.items()
     ]
+    smallest = [dataclasses.replace(s, summary="-") for s in stored]
     for budget in itertools.chain(range(0, 20_000, 457), DEFAULT_BUDGETS):
         projection = project_pairs(pairs, stored, budget_bytes=budget)
         raw = project_pairs(pairs, [], budget_bytes=budget)
         got = reach_at(pairs, summaries, budget)
         assert got.compacted == len(pairs) - projection.pairs.omitted, budget
         assert got.raw_only == len(pairs) - raw.pairs.omitted, budget
+        ceiling = project_pairs(pairs, smallest, budget_bytes=budget)
+        assert got.ceiling == len(pairs) - ceiling.pairs.omitted, budget
+        assert got.ceiling >= got.compacted
         assert got.compacted_bytes == projection.used_bytes
         assert got.summarized == sum(p.placement == "summarized" for p in projection.pairs)
 
