@@ -215,7 +215,7 @@ def _quality_lines(quality: dict[str, Any]) -> list[str]:
         row(f"pairs reached at {_budget(r['budget_bytes'])}: compacted / raw only (ratio)",
             [f"{m['reach'][i]['compacted']:,} / {m['reach'][i]['raw_only']:,}"
              f" ({_fmt(m['reach'][i]['ratio'])})" for m in models])
-    # Every offline model summarizes every range: one ceiling for all of them.
+    # Per model: a range whose attempt failed has no block, one-byte or not.
     row("pairs reached at most (1-byte summaries; ratio to raw only)",
         [", ".join(f"{_budget(r['budget_bytes'])} {r['ceiling']:,}"
                    f" ({_fmt(r['ceiling_ratio'])})" for r in m["reach"]) for m in models])

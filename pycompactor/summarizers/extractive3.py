@@ -249,15 +249,22 @@ def _shared(units: Sequence[_Unit]) -> list[_Unit]:
     for unit in units:
         if unit.term is not None:
             groups.setdefault((unit.reply, unit.text), []).append(unit)
+    # Per shared sentence: the unit it is first written at, and the unit naming them all.
+    merged: dict[tuple[int, str], tuple[_Unit, _Unit]] = {}
+    for key, group in groups.items():
+        terms = list(dict.fromkeys(u.term for u in group if u.term is not None))
+        if len(terms) > 1:
+            first = group[0]
+            merged[key] = (first, replace(first, order=_LAST + first.order,
+                                          item=-1 - first.order, term=", ".join(terms),
+                                          entries=len(terms)))
     out = []
     for unit in units:
-        group = groups.get((unit.reply, unit.text), [])
-        terms = list(dict.fromkeys(u.term for u in group if u.term is not None))
-        if len(terms) < 2:
+        key = (unit.reply, unit.text)
+        if key not in merged:
             out.append(unit)
-        elif unit is group[0]:
-            out.append(replace(unit, order=_LAST + unit.order, item=-1 - unit.order,
-                               term=", ".join(terms), entries=len(terms)))
+        elif unit is merged[key][0]:
+            out.append(merged[key][1])
     return out
 
 
