@@ -98,8 +98,9 @@ QUALIFIER_WORTH: Final = 0.4
 _FUNCTION_WORDS: Final = frozenset({"a", "an", "the", "very", "also"})
 # A word standing alone: "a" of "a.k.a." or "e.g." is no article.
 _WORD: Final = re.compile(r"(?<![\w.'-])[A-Za-z]+(?:'[a-z]+)?(?![\w.'-])")
-# A dropped word leaves " ," or "( " behind.
-_SPACE_BEFORE_MARK: Final = re.compile(r" ([,;:.!?)])(?![0-9])")
+# A dropped word leaves " ," or "( " behind; a mark that opens a token (".conf", ".*",
+# ".5" of "10 .5") keeps its space.
+_SPACE_BEFORE_MARK: Final = re.compile(r" ([,;:.!?)])(?=[\s,;:.!?)]|$)")
 _SPACE_AFTER_OPENING: Final = re.compile(r"([(\[“]) (?=\S)")
 # A sentence that opens with one of these, a comma after it, loses the opener.
 _OPENERS: Final = re.compile(
@@ -202,7 +203,6 @@ def telegraph(sentence: str) -> str:
 
     text = _WORD.sub(keep, text)
     text = _WS_RUN.sub(" ", text)
-    # (Not before a digit: "10 .5" must not become the figure 10.5.)
     text = _SPACE_AFTER_OPENING.sub(r"\1", _SPACE_BEFORE_MARK.sub(r"\1", text)).strip(" ,")
     if text and text[0].islower() and sentence.lstrip(_ASCII_WS + "-*•・ ")[:1].isupper():
         text = text[0].upper() + text[1:]

@@ -299,6 +299,17 @@ def test_telegraph_restores_spacing_a_dropped_article_leaves() -> None:
     assert telegraph("a “just in time” policy") == "“just in time” policy"
 
 
+def test_telegraph_keeps_the_space_before_a_mark_that_opens_a_token() -> None:
+    # A dot or a question mark that starts a file name, an operator or an accessor is no
+    # sentence end: "without.NN", "-Tdvi./foo.1x.gz" and "jsonbcol?|" name nothing.
+    assert telegraph("files (without the .NN suffix) go.") == "files (without .NN suffix) go."
+    assert telegraph("Run groff -Tdvi ./foo.1x.gz now.") == "Run groff -Tdvi ./foo.1x.gz now."
+    assert telegraph("It supports the .* and .** accessors.") == \
+        "It supports .* and .** accessors."
+    assert telegraph("Use jsonbcol ?| array['a'].") == "Use jsonbcol ?| array['a']."
+    assert telegraph("It ends in the .log, then the .") == "It ends in .log, then."
+
+
 def test_telegraph_drops_articles_and_keeps_every_qualifier_and_figure() -> None:
     assert telegraph("- However, the NAV is not the current one: 10.37 as of 2026-10-09.") \
         == "NAV is not current one: 10.37 as of 2026-10-09."
