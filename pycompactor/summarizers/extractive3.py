@@ -37,7 +37,9 @@ and writes only lines a reader can quote back to one reply:
    time scope) `QUALIFIER_WORTH`. A sentence holding neither a figure nor a qualifier
    states no fact a measure or a follow-up question can find, and is left out. A
    sentence that points back ("it is not the current NAV", "These errors could …",
-   "这是历史净值", "Over a 5-year horizon that is about 1.25%"), and the rest of a
+   "这是历史净值", "Over a 5-year horizon that is about 1.25%"), one whose opening or
+   close makes it the second half of the one before ("Otherwise, queries will not be
+   allowed …", "In that case …", "MERGE shouldn't either."), and the rest of a
    statement the split left after ";" or cut short ("…no visible ill effect; but if …",
    "see Section 9.6"), is bound to the sentence before it: both are kept or neither, so
    a caveat never floats free of what it governs and no clause loses its subject. The
@@ -121,6 +123,19 @@ _ANAPHOR: Final = re.compile(
     r"|^[^,;:.]{0,40}?\b(?:that|this|it)\s+(?:is|was|means|comes\s+to|amounts\s+to)\b",
     re.IGNORECASE,
 )
+# A sentence whose opening word or close makes it the second half of the sentence before
+# ("Otherwise, queries will not be allowed …", "In that case …", "Then newly promoted node
+# no longer has such files", "MERGE shouldn't either."): its condition or its
+# comparison is there, and alone it states something the reply did not.
+_DEPENDENT: Final = re.compile(
+    r"^(?:Otherwise|Then|In (?:that|this|which|such|either) cases?|If so|If not|Instead|"
+    r"Even so|Either way|Likewise|Similarly|Conversely)\b|\beither[.!?]?$|"
+    r"^(?:否则|那么|这样|同样|此时)",
+    re.IGNORECASE,
+)
+# Openers that say where a sentence stands in a list or an argument, not what it is about:
+# "Second, it allows …" points back as much as "It allows …".
+_ORDINAL: Final = re.compile(r"^(?:First|Second|Third|Fourth|Finally|Lastly|Next),?\s+")
 # … except one that points at the entry it belongs to ("This parameter can only be set
 # at server start."): its line names the entry's term, which says what it is about.
 _THE_ENTRY: Final = re.compile(r"^(?:this|that) (?:parameter|setting|option|variable)\b",
@@ -229,9 +244,7 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
             # default value is 2." of vacuum_cost_page_miss).
             term = entry_term(said[0]) if said else None
             for sentence in said:
-                if chain and not ((_ANAPHOR.match(sentence)
-                                   and not (term and _THE_ENTRY.match(sentence)))
-                                  or _CONTINUATION.match(sentence)):
+                if chain and not _points_back(sentence, term):
                     units.extend(_unit(r, order, chain, item, term))
                     order += len(chain)
                     chain = []
@@ -239,6 +252,14 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
             units.extend(_unit(r, order, chain, item, term))
             order += len(chain)
     return _shared(units)
+
+
+def _points_back(sentence: str, term: str | None) -> bool:
+    """Whether a sentence states nothing without the one before it (module docstring,
+    step 4), read past an opening connective ("However, it is not …")."""
+    opened = _ORDINAL.sub("", _OPENERS.sub("", sentence.strip(_ASCII_WS)))
+    return bool((_ANAPHOR.match(opened) and not (term and _THE_ENTRY.match(opened)))
+                or _DEPENDENT.search(opened) or _CONTINUATION.match(sentence))
 
 
 def _shared(units: Sequence[_Unit]) -> list[_Unit]:

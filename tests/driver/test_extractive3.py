@@ -188,6 +188,33 @@ def test_a_clause_after_a_semicolon_or_a_lowercase_start_is_never_written_alone(
             (target, summary)
 
 
+
+@pytest.mark.parametrize(("first", "second"), [
+    # the condition "Otherwise" negates is the sentence before
+    ("Set hot_standby on the primary as well.",
+     "Otherwise, queries will not be allowed on the standby."),
+    ("If the option is given, the server binds to port 5433.",
+     "In that case it never listens on 5432."),
+    # the comparison "either" makes
+    ("These actions would typically fail, which is why UPDATE skips them.",
+     "MERGE should not run them either."),
+    # an ordinal before the pointer
+    ("The visibility map tracks which pages are all-visible.",
+     "Second, it never needs the heap for such pages."),
+])
+def test_a_sentence_that_opens_by_depending_on_the_one_before_is_never_written_alone(
+        first: str, second: str) -> None:
+    """A sentence whose opening or close makes it the second half of the one before
+    ("Otherwise, queries will not be allowed …" after an unrelated sentence reads as the
+    condition the reply did not state) is written with it, or not at all."""
+    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
+    replies = [f"{filler}{first} {second} {filler}"] + [filler] * 9
+    for target in (0.01, 0.02, 0.05, 0.4):
+        summary = summarize_replies(replies, target)
+        assert (telegraph(second)[:16] in summary) <= (telegraph(first)[:16] in summary), \
+            (target, summary)
+    assert telegraph(second)[:16] in summarize_replies(replies, 0.4)
+
 def test_a_sentence_wrapped_across_lines_is_written_whole() -> None:
     """A docstring wraps at 72 columns: "you may not use the Popen constructor's stdin
     argument" alone forbids what the reply forbids only "if you use this argument"."""
