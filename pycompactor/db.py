@@ -324,8 +324,8 @@ def range_replies(conn: Connection, conversation_id: str, from_pair: int,
                   source_hash: str) -> list[RangeReply]:
     """The 10 assistant replies of a range, in pair order, only while their texts hash to
     `source_hash` (else none): the text a claimed attempt summarizes. With the derived
-    state in use, the range's current hash; judged from the views, the hash of the ids
-    of the job claimed with `source_hash`, else the current range's."""
+    state in use, the range's current hash; judged from the views, and on Citus, the
+    hash of the ids of the job claimed with `source_hash`, else the current range's."""
     return _rows(
         conn, class_row(RangeReply),
         "SELECT pair_index, assistant_message_id, assistant_content"

@@ -57,22 +57,26 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_derived boolean := compaction.derived_state_serves(p_conversation_id);
+    v_derived boolean;
     v_ids     text[];
     v_hash    text;
 BEGIN
     IF p_source_hash IS NULL THEN
         RETURN;
     END IF;
-    -- Judged from the views (always on Citus, and on a source without
-    -- tracking), the range's current ids cost a judgment of the whole conversation, which
-    -- the claim made a moment before. The claim bound the range to the 20 ids its job
-    -- keeps: the replies are read with the hash of those ids' texts as they are now, in
-    -- one statement (one snapshot, one query to the node that holds the conversation),
-    -- and returned only when it is the claimed hash, so the model still never sees text
-    -- the hash does not cover. A range that moved with its texts unchanged is not
-    -- noticed here; its summary is then judged stale_source, as any summary of a range
-    -- that moved after it was written. With no job of that hash, the current range.
+    -- Judged from the views (on a source without tracking), the range's current ids cost
+    -- a judgment of the whole conversation, which the claim made a moment before; on
+    -- Citus, the derived range costs a read of every shard first (derived_state_serves
+    -- asks the record of foreign messages), which the claim made too. The claim bound
+    -- the range to the 20 ids its job keeps: the replies are read with the hash of those
+    -- ids' texts as they are now, in one statement (one snapshot, one query to the node
+    -- that holds the conversation), and returned only when it is the claimed hash, so the
+    -- model still never sees text the hash does not cover. A range that moved with its
+    -- texts unchanged is not noticed here; its summary is then judged stale_source, as
+    -- any summary of a range that moved after it was written. With no job of that hash,
+    -- the current range.
+    v_derived := CASE WHEN compaction.engine_distributed() THEN false
+                      ELSE compaction.derived_state_serves(p_conversation_id) END;
     IF NOT v_derived THEN
         SELECT j.source_message_ids INTO v_ids
         FROM compaction.jobs AS j
@@ -135,4 +139,4 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION compaction.range_replies(text, int, text) IS
-    'The 10 assistant replies of range from_pair (pair_index, message id, text), only while their texts hash to the source hash given: the range''s current hash, or (judged from the views) that of the ids of the job claimed with that hash; no user text';
+    'The 10 assistant replies of range from_pair (pair_index, message id, text), only while their texts hash to the source hash given: the range''s current hash, or (judged from the views, and on Citus) that of the ids of the job claimed with that hash; no user text';

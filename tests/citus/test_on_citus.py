@@ -312,9 +312,10 @@ def test_judging_a_conversation_sends_no_intermediate_result_and_no_read_by_run_
 def test_the_replies_of_a_claimed_range_are_two_queries_to_its_node(conn: Conn) -> None:
     """After a claim, range_replies reads the replies by the ids of the
     claimed job, with the hash of their texts, in two queries to the node that holds the
-    conversation (the job's ids, then the texts and their hash), not judging the whole
-    conversation again (a query on every shard of the messages among them). A text edited
-    since the claim still withholds every reply."""
+    conversation (the job's ids, then the texts and their hash), and nothing else: not
+    judging the conversation again, and not the derived range, whose use asks the record
+    of foreign messages on every shard first (the claim asked both a moment before). A
+    text edited since the claim still withholds every reply."""
     from pycompactor import db
 
     conn.execute(_history_sql("replied", runs=100))
@@ -328,12 +329,9 @@ def test_the_replies_of_a_claimed_range_are_two_queries_to_its_node(conn: Conn) 
     rows, issued = _remote_commands(conn, query)
     assert [r[1] for r in rows] == target.source_message_ids[1::2]
     assert [r[0] for r in rows] == list(range(target.from_pair, target.from_pair + 10))
-    # Besides the record of foreign messages, read whole once (every shard), as every
-    # read of the derived state asks it first.
-    queries = [c for c in issued if c.startswith(("issuing SELECT", "issuing WITH"))
-               and "FROM compaction.foreign_messages_" not in c]
+    queries = [c for c in issued if c.startswith(("issuing SELECT", "issuing WITH"))]
     assert len(queries) == 2, issued
-    assert every_shard(issued) == message_shards(conn), issued
+    assert every_shard(issued) == 0, issued
     assert not [c for c in issued if c.startswith("issuing COPY")], issued
     conn.execute("UPDATE compaction_source.messages SET content = content || '!'"
                  " WHERE conversation_id = 'replied' AND message_id = %s",
