@@ -125,11 +125,14 @@ _ANAPHOR: Final = re.compile(
 )
 # A sentence whose opening word or close makes it the second half of the sentence before
 # ("Otherwise, queries will not be allowed …", "In that case …", "Then newly promoted node
-# no longer has such files", "MERGE shouldn't either."): its condition or its
-# comparison is there, and alone it states something the reply did not.
+# no longer has such files", "Or any other registered format.", "MERGE shouldn't
+# either."): its condition, alternative or comparison is there, and alone, or after
+# another sentence, it states something the reply did not. ("But …", "So …" state a
+# claim of their own, which stays true alone.)
 _DEPENDENT: Final = re.compile(
     r"^(?:Otherwise|Then|In (?:that|this|which|such|either) cases?|If so|If not|Instead|"
-    r"Even so|Either way|Likewise|Similarly|Conversely)\b|\beither[.!?]?$|"
+    r"Even so|Either way|Likewise|Similarly|Conversely|Or|Nor)\b|"
+    r"\beither[.!?]?$|"
     r"^(?:否则|那么|这样|同样|此时)",
     re.IGNORECASE,
 )

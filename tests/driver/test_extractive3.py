@@ -195,6 +195,9 @@ def test_a_clause_after_a_semicolon_or_a_lowercase_start_is_never_written_alone(
      "Otherwise, queries will not be allowed on the standby."),
     ("If the option is given, the server binds to port 5433.",
      "In that case it never listens on 5432."),
+    # the alternative an "Or" fragment continues
+    ("The format is zip or tar, and tar is the default since 3.12.",
+     "Or any other registered format, if none was given."),
     # the comparison "either" makes
     ("These actions would typically fail, which is why UPDATE skips them.",
      "MERGE should not run them either."),
