@@ -133,7 +133,8 @@ _DEPENDENT: Final = re.compile(
     r"^(?:Otherwise|Then|In (?:that|this|which|such|either) cases?|If so|If not|Instead|"
     r"Even so|Either way|Likewise|Similarly|Conversely|Or|Nor)\b|"
     r"\beither[.!?]?$|"
-    r"^(?:否则|那么|这样|同样|此时)",
+    # (这样, 此时, … point back through 这/此: _ANAPHOR)
+    r"^(?:否则|那么|同样)",
     re.IGNORECASE,
 )
 # Openers that say where a sentence stands in a list or an argument, not what it is about:

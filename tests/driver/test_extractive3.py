@@ -188,7 +188,6 @@ def test_a_clause_after_a_semicolon_or_a_lowercase_start_is_never_written_alone(
             (target, summary)
 
 
-
 @pytest.mark.parametrize(("first", "second"), [
     # the condition "Otherwise" negates is the sentence before
     ("Set hot_standby on the primary as well.",
@@ -217,6 +216,7 @@ def test_a_sentence_that_opens_by_depending_on_the_one_before_is_never_written_a
         assert (telegraph(second)[:16] in summary) <= (telegraph(first)[:16] in summary), \
             (target, summary)
     assert telegraph(second)[:16] in summarize_replies(replies, 0.4)
+
 
 def test_a_sentence_wrapped_across_lines_is_written_whole() -> None:
     """A docstring wraps at 72 columns: "you may not use the Popen constructor's stdin
