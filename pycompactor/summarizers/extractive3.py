@@ -18,7 +18,8 @@ and writes only lines a reader can quote back to one reply:
 3. **Each fact with its subject.** A reply's subject is the entity it is about, read from
    where the reply names it: its lead line ("PostgreSQL 15.2 was released on …", "From
    the PostgreSQL 15 documentation, Numeric Types:", "关于 alter_table，…"), the term a
-   reference entry defines ("WorkingDirectory=: Takes …", "os.path.join: Join …"), or
+   reference entry defines ("WorkingDirectory=: Takes …", "os.path.join: Join …", "-U,
+   --filter-any-user = USER (as: number or name): Display …", "\\pset [ option ]: …"), or
    the first proper name of its first sentence ("Lotus Asia Growth charges …"). A reply's line
    starts with that subject when its first kept sentence does not name it, so "The fund's
    NAV on 2026-10-30 was 11.48." reads under the fund it belongs to. A reply that lists
@@ -157,6 +158,12 @@ _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
 _ZH_ABOUT: Final = re.compile(r"^关于\s*(.{1,60}?)[，,]")
 _PROPER: Final = re.compile(r"\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*)+")
+# A name a lead defines before its colon (`_named_before_colon`): at most this long, with a
+# character only names have, no sentence inside it.
+_NAMED_MAX: Final = 60
+_NAME_LIKE: Final = re.compile(r"[=._/\\()\[\]<>|-]|[a-z][A-Z]")
+_LETTER: Final = re.compile(r"[^\W\d_]")
+_SENTENCE_END: Final = re.compile(r"[.!?。！？](?:\s|$)")
 # A type or unit note after an entry's term ("bgwriter_delay (integer)"): the line names
 # the term without it.
 _TYPE_NOTE: Final = re.compile(r"\s*\([^()]*\)$")
@@ -208,9 +215,35 @@ def subject(reply: str) -> str | None:
     term = entry_term(lead)
     if term:
         return term
+    named = _named_before_colon(lead)
+    if named:
+        return named
     first = statements(lead)
     match = _PROPER.search(first[0]) if first else None
     return match.group(0) if match else None
+
+
+def _named_before_colon(lead: str) -> str | None:
+    """The name a reference entry's lead defines where `entry_term` reads none ("-U,
+    --filter-any-user = USER (as: number or name): Display only …", "\\pset [ option
+    [ value ] ]: …"): what stands before its first colon outside brackets, when that
+    looks like a name (`_NAME_LIKE`: "Correction: …", "Noted: …" label a statement,
+    they name nothing) and is one short phrase, without its bracketed note."""
+    depth = 0
+    for at, char in enumerate(lead[:_NAMED_MAX + 1]):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth = max(0, depth - 1)
+        elif char in ":：" and depth == 0 and lead[at + 1:at + 2] in (" ", "", "\u3000"):
+            named = _TYPE_NOTE.sub("", lead[:at]).strip(_ASCII_WS)
+            if (named and _NAME_LIKE.search(named) and _LETTER.search(named)
+                    and not _SENTENCE_END.search(named)):
+                # Written as its sentence is ("TIME  --  CPU Time" is "TIME -- CPU
+                # Time" there), so a line whose sentence names it does not name it twice.
+                return telegraph(named) or None
+            return None
+    return None
 
 
 def telegraph(sentence: str) -> str:
@@ -329,7 +362,10 @@ def _line(label: str, topic: str | None, chosen: Sequence[_Unit]) -> str:
                 text = f"{term}: {text}"
         parts.append(text)
     head = f"{label}) "
-    if topic and topic.lower() not in parts[0].lower():
+    # Named by the first sentence: also when the split cut the name itself ("for
+    # ((expr1; expr2; expr3)); do list; done: First, …" is two statements).
+    at = " ".join(parts).lower().find(topic.lower()) if topic else -1
+    if topic and not 0 <= at <= len(parts[0]):
         head += f"{topic}: "
     return head + " ".join(parts)
 

@@ -256,6 +256,42 @@ def test_subjects_where_a_reply_names_them() -> None:
     # A step number or a date is no subject: the reply may state other steps' or dates'.
     assert subject("Step 1: Install it; step 2 migrates.") is None
     assert subject("2026-10-09: the NAV was 10.37 USD.") is None
+    # A lead longer than a term, read up to its colon outside brackets.
+    assert subject("-U, --filter-any-user = USER (as: number or name): Display only"
+                   " processes with a user id matching that given.") == \
+        "-U, --filter-any-user = USER"
+    assert subject("\\pset [ option [ value ] ]: This command sets options.") == \
+        "\\pset [option [value ] ]"
+    assert subject("TIME  --  CPU Time: Total CPU time the task has used.") == \
+        "TIME -- CPU Time"
+    assert subject("Correction: I listed these under 15.17; that is incorrect.") is None
+    assert subject("Step 1 is done. Then-a: x") is None
+
+
+def test_a_reply_s_later_line_is_written_under_the_option_its_lead_names() -> None:
+    """Man-page entries that differ in their option ("-U" matches any user id, "-u" the
+    effective one) each go on to say what "!" does: written without the option it
+    belongs to, "display only processes with users not matching" reads as true of any
+    option, or of the wrong one."""
+    def entry(option: str, scope: str) -> str:
+        return (f"{option} = USER (as: number or name): Display processes with a user id"
+                f" or user name matching that given, {scope}.\n"
+                "Prepending an exclamation point ('!') to the user id or name instructs top"
+                f" to display only processes with users not matching the one provided, {scope}.")
+    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
+    replies = [entry("-U, --filter-any-user", "any user"),
+               entry("-u, --filter-only-euser", "effective user")] + [filler] * 8
+    summary = summarize_replies(replies, 0.4)
+    lines = {line[:2]: line for line in summary.splitlines()}
+    assert "not matching" in lines["a)"], summary
+    assert "not matching" in lines["b)"], summary
+    assert lines["a)"].startswith("a) -U, --filter-any-user = USER: Prepending"), summary
+    assert lines["b)"].startswith("b) -u, --filter-only-euser = USER"), summary
+    # A lead the sentence split cut in two is named once, by its sentence.
+    loop = ("for (( expr1 ; expr2 ; expr3 )) ; do list ; done: First, the arithmetic"
+            " expression expr1 is evaluated; it may not be empty.")
+    written = summarize_replies([loop] + [filler] * 9, 1.0)
+    assert written.count("do list; done") == 1, written
 
 
 def test_a_reference_entry_s_default_reads_under_its_option() -> None:
