@@ -158,11 +158,16 @@ _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
 _ZH_ABOUT: Final = re.compile(r"^关于\s*(.{1,60}?)[，,]")
 _PROPER: Final = re.compile(r"\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*)+")
-# A name a lead defines before its colon (`_named_before_colon`): at most this long, with a
-# character only names have, no sentence inside it.
-_NAMED_MAX: Final = 60
+# A name a lead defines before its colon (`_named_before_colon`): at most this long (five
+# systemd settings described together: "RuntimeDirectoryMode=, StateDirectoryMode=, …"),
+# with a character only names have, no sentence inside it.
+_NAMED_MAX: Final = 120
 _NAME_LIKE: Final = re.compile(r"[=._/\\()\[\]<>|-]|[a-z][A-Z]")
 _LETTER: Final = re.compile(r"[^\W\d_]")
+# … and few plain words: "select name [ in word ] ; do list ; done" names a command; "The
+# [DHCPServer] section contains settings for the DHCP server, if enabled via …" is prose.
+_NAMED_WORDS: Final = 8
+_PLAIN_WORD: Final = re.compile(r"(?<![\w=.-])[a-z]{2,}(?![\w=.(-])")
 _SENTENCE_END: Final = re.compile(r"[.!?。！？](?:\s|$)")
 # A type or unit note after an entry's term ("bgwriter_delay (integer)"): the line names
 # the term without it.
@@ -238,7 +243,8 @@ def _named_before_colon(lead: str) -> str | None:
         elif char in ":：" and depth == 0 and lead[at + 1:at + 2] in (" ", "", "\u3000"):
             named = _TYPE_NOTE.sub("", lead[:at]).strip(_ASCII_WS)
             if (named and _NAME_LIKE.search(named) and _LETTER.search(named)
-                    and not _SENTENCE_END.search(named)):
+                    and not _SENTENCE_END.search(named)
+                    and len(_PLAIN_WORD.findall(named)) <= _NAMED_WORDS):
                 # Written as its sentence is ("TIME  --  CPU Time" is "TIME -- CPU
                 # Time" there), so a line whose sentence names it does not name it twice.
                 return telegraph(named) or None

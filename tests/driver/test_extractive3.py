@@ -264,7 +264,13 @@ def test_subjects_where_a_reply_names_them() -> None:
         "\\pset [option [value ] ]"
     assert subject("TIME  --  CPU Time: Total CPU time the task has used.") == \
         "TIME -- CPU Time"
+    assert subject("RuntimeDirectoryMode=, StateDirectoryMode=, CacheDirectoryMode=,"
+                   " LogsDirectoryMode=: Specifies the access mode.") == \
+        "RuntimeDirectoryMode=, StateDirectoryMode=, CacheDirectoryMode=, LogsDirectoryMode="
     assert subject("Correction: I listed these under 15.17; that is incorrect.") is None
+    assert subject("The [DHCPServer] section contains settings for the DHCP server, if"
+                   " enabled via the DHCPServer= option described above: ServerAddress=:"
+                   " Specifies server address.") is None
     assert subject("Step 1 is done. Then-a: x") is None
 
 
