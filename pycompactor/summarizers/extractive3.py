@@ -25,7 +25,9 @@ and writes only lines a reader can quote back to one reply:
    NAV on 2026-10-30 was 11.48." reads under the fund it belongs to. A reply that lists
    entries ("- vacuum_cost_page_miss (integer): … The default value is 2.") gives each
    entry's sentences under the entry's term ("vacuum_cost_page_miss: Default value is
-   2."), never as one of several bare "Default value is N." under the chapter's name.
+   2."), also where an entry opens in the middle of a line ("… sockets. ProtectSystem=:
+   Takes a boolean … If true, mounts /usr/ read-only"), never as one of several bare
+   "Default value is N." under the chapter's name.
    A sentence several entries of one reply state is one statement about each: it is
    written once, after the reply's other sentences, naming them all ("max_connections,
    shared_buffers: This parameter can only be set at server start."), and counts as
@@ -280,17 +282,26 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
     units = []
     for r, reply in enumerate(replies):
         order = 0
-        for item, line in enumerate(_LINES.split(unwrap(reply))):
+        item = -1
+        for line in _LINES.split(unwrap(reply)):
             chain: list[str] = []
             said = statements(_BULLET.sub("", line.strip(_ASCII_WS)))
             # Every sentence of an entry is about the term its line opens with ("The
-            # default value is 2." of vacuum_cost_page_miss).
+            # default value is 2." of vacuum_cost_page_miss), or that a sentence of the
+            # line opens with, until the next one ("Note that … do not affect AF_UNIX
+            # sockets. ProtectSystem=: Takes a boolean … If true, mounts /usr/ …"): the
+            # measures read a line so (pycompactor.quality.fidelity).
+            item += 1
             term = entry_term(said[0]) if said else None
-            for sentence in said:
-                if chain and not _points_back(sentence, term):
+            for at, sentence in enumerate(said):
+                named = entry_term(sentence) if at else None
+                if chain and (named or not _points_back(sentence, term)):
                     units.extend(_unit(r, order, chain, item, term))
                     order += len(chain)
                     chain = []
+                if named:
+                    item += 1
+                    term = named
                 chain.append(sentence)
             units.extend(_unit(r, order, chain, item, term))
             order += len(chain)

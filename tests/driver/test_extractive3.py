@@ -300,6 +300,23 @@ def test_a_reply_s_later_line_is_written_under_the_option_its_lead_names() -> No
     assert written.count("do list; done") == 1, written
 
 
+def test_an_entry_that_opens_mid_line_names_the_sentences_after_it() -> None:
+    """A man page's note runs into the next entry on one line ("… AF_UNIX sockets.
+    ProtectSystem=: Takes a boolean … If true, mounts /usr/ read-only …"): "If true,
+    mounts /usr/ read-only" is about ProtectSystem=, and reads so only under its name,
+    as the measures read the line (their question's context is the entry)."""
+    reply = ("Note that the various options that turn directories read-only do not affect"
+             " the ability of programs to connect to AF_UNIX sockets. ProtectSystem=: Takes"
+             " a boolean argument or the special values \"full\" or \"strict\". If true,"
+             " mounts the /usr/ directory read-only for processes invoked by this unit.")
+    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
+    for target in (0.2, 0.4, 1.0):
+        summary = summarize_replies([reply] + [filler] * 9, target)
+        assert "If true" in summary, (target, summary)
+        line = summary.splitlines()[0]
+        assert "ProtectSystem=:" in line[:line.index("If true")], (target, summary)
+
+
 def test_a_reference_entry_s_default_reads_under_its_option() -> None:
     """A man page's "Defaults to 0022" answers nothing unless it says of which option."""
     replies = [f"Option{i}=: Takes a boolean. Defaults to {i}{i}22 for system units."
@@ -420,8 +437,9 @@ def from_one_sentence(replies: list[str], summary: str) -> None:
         if topic and text.startswith(f"{topic}: "):
             text = text[len(topic) + 2:]
         sources = [_WORDS.findall(s.lower()) for s in statements(unwrap(reply))]
-        terms = {entry_term(said[0]) for line in unwrap(reply).splitlines()
-                 if (said := statements(_MARKER.sub("", line.strip())))}
+        # An entry opens a line or a sentence within one.
+        terms = {entry_term(sentence) for line in unwrap(reply).splitlines()
+                 for sentence in statements(_MARKER.sub("", line.strip()))}
         for piece in sentences(text):
             # An entry's term, or the terms of the entries that share the sentence.
             while term := next((t for t in terms if t and piece.startswith((f"{t}: ",
