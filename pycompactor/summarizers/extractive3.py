@@ -159,6 +159,13 @@ _CONTINUATION: Final = re.compile(r"^[a-z]+(?:[ ,]|$)(?![(:]|-[A-Za-z])")
 _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
 _ZH_ABOUT: Final = re.compile(r"^关于\s*(.{1,60}?)[，,]")
+# A man page's variable or option and its description, set apart by spaces alone ("HOME
+# The home directory of …", "-D        A list of …", "--ssl  (FTP IMAP) Warning: …"):
+# not "HOME The", a proper name, nor "--ssl (FTP IMAP) Warning".
+_LISTED: Final = re.compile(
+    r"^(-{1,2}[A-Za-z0-9][\w-]*|[A-Z][A-Z0-9_]+)(?:[ \t]{2,}|[ \t]+(?=(?:The|A|An|If|When|"
+    r"This|These|Each|Set|Use)\b))(?=\S)"
+)
 _PROPER: Final = re.compile(r"\b[A-Z][\w&.-]*(?:\s+[A-Z][\w&.-]*)+")
 # A name a lead defines before its colon (`_named_before_colon`): at most this long (five
 # systemd settings described together: "RuntimeDirectoryMode=, StateDirectoryMode=, …"),
@@ -222,6 +229,9 @@ def subject(reply: str) -> str | None:
     term = entry_term(lead)
     if term:
         return term
+    listed = _LISTED.match(lead)
+    if listed:
+        return listed.group(1)
     named = _named_before_colon(lead)
     if named:
         return named
@@ -247,8 +257,9 @@ def _named_before_colon(lead: str) -> str | None:
             if (named and _NAME_LIKE.search(named) and _LETTER.search(named)
                     and not _SENTENCE_END.search(named)
                     and len(_PLAIN_WORD.findall(named)) <= _NAMED_WORDS):
-                # Written as its sentence is ("TIME  --  CPU Time" is "TIME -- CPU
-                # Time" there), so a line whose sentence names it does not name it twice.
+                # Written as its sentence is ("for (( expr1 ; expr2 )) ; do list ; done"
+                # is "for ((expr1; expr2)); do list; done" there), so a line whose
+                # sentence names it does not name it twice.
                 return telegraph(named) or None
             return None
     return None
@@ -380,9 +391,12 @@ def _line(label: str, topic: str | None, chosen: Sequence[_Unit]) -> str:
         parts.append(text)
     head = f"{label}) "
     # Named by the first sentence: also when the split cut the name itself ("for
-    # ((expr1; expr2; expr3)); do list; done: First, …" is two statements).
-    at = " ".join(parts).lower().find(topic.lower()) if topic else -1
-    if topic and not 0 <= at <= len(parts[0]):
+    # ((expr1; expr2; expr3)); do list; done: First, …" is two statements); as words, not
+    # inside one ("PR" is not named by "priority"), and an upper-case name in its case
+    # ("COMMAND" is not named by "command lines"; "Hot Standby" is by "hot standby").
+    named = re.search(rf"(?<!\w){re.escape(topic)}(?!\w)", " ".join(parts),
+                      0 if topic.isupper() else re.IGNORECASE) if topic else None
+    if topic and not (named and named.start() <= len(parts[0])):
         head += f"{topic}: "
     return head + " ".join(parts)
 

@@ -262,11 +262,16 @@ def test_subjects_where_a_reply_names_them() -> None:
         "-U, --filter-any-user = USER"
     assert subject("\\pset [ option [ value ] ]: This command sets options.") == \
         "\\pset [option [value ] ]"
-    assert subject("TIME  --  CPU Time: Total CPU time the task has used.") == \
+    assert subject("TIME -- CPU Time: Total CPU time the task has used.") == \
         "TIME -- CPU Time"
     assert subject("RuntimeDirectoryMode=, StateDirectoryMode=, CacheDirectoryMode=,"
                    " LogsDirectoryMode=: Specifies the access mode.") == \
         "RuntimeDirectoryMode=, StateDirectoryMode=, CacheDirectoryMode=, LogsDirectoryMode="
+    # A man page's name and its description set apart by spaces: not "HOME The".
+    assert subject("HOME   The home directory of the current user.") == "HOME"
+    assert subject("CDPATH The search path for the cd command.") == "CDPATH"
+    assert subject("-D        A list of all double-quoted strings is printed.") == "-D"
+    assert subject("--ssl  (FTP IMAP POP3) Warning: this is an insecure option.") == "--ssl"
     assert subject("Correction: I listed these under 15.17; that is incorrect.") is None
     assert subject("The [DHCPServer] section contains settings for the DHCP server, if"
                    " enabled via the DHCPServer= option described above: ServerAddress=:"
@@ -298,6 +303,21 @@ def test_a_reply_s_later_line_is_written_under_the_option_its_lead_names() -> No
             " expression expr1 is evaluated; it may not be empty.")
     written = summarize_replies([loop] + [filler] * 9, 1.0)
     assert written.count("do list; done") == 1, written
+
+
+def test_a_line_names_its_subject_unless_its_sentence_names_it_as_a_word() -> None:
+    """"PR" is not named by "priority", nor "MAIL" by "mail", nor "manpath" by
+    "MANDATORY_MANPATH": such a line is written under its subject."""
+    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
+    for reply, lead in (
+            ("PR  --  Priority: The scheduling priority of the task.\nUnder linux, real"
+             " time priority is not always preemptible.", "PR: Under linux"),
+            ("MAIL   If this parameter is set to a file name, bash informs the user.\n"
+             "The default is 60 seconds; mail is checked before each prompt.", "MAIL: Default"),
+            ("PR  --  Priority: The scheduling priority.\nThe PR field is not always shown.",
+             "PR field is not")):
+        summary = summarize_replies([reply] + [filler] * 9, 0.4)
+        assert summary.startswith(f"a) {lead}"), summary
 
 
 def test_an_entry_that_opens_mid_line_names_the_sentences_after_it() -> None:
