@@ -159,6 +159,13 @@ _CONTINUATION: Final = re.compile(r"^[a-z]+(?:[ ,]|$)(?![(:]|-[A-Za-z])")
 _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
 _ZH_ABOUT: Final = re.compile(r"^关于\s*(.{1,60}?)[，,]")
+# An upper-case name before a colon ("HISTSIZE: …", "PGHOST: …"), unless a label.
+_CAPITAL_NAME: Final = re.compile(r"^([A-Z][A-Z0-9_]{2,}):\s")
+_LABEL_WORDS: Final = frozenset({"NOTE", "NOTES", "WARNING", "CAUTION", "IMPORTANT", "TIP",
+                                 "EXAMPLE", "EXAMPLES", "TODO", "FIXME", "BUGS", "HINT",
+                                 "DEPRECATED", "SEE", "USAGE", "SYNOPSIS", "DESCRIPTION"})
+# A section's introduction up to the colon before its first entry (`entry_term`).
+_INTRODUCED: Final = re.compile(r"^[^:：]{8,200}?[:：]\s+(?=\S+[:：]\s)")
 # A man page's variable or option and its description, set apart by spaces alone ("HOME
 # The home directory of …", "-D        A list of …", "--ssl  (FTP IMAP) Warning: …"):
 # not "HOME The", a proper name, nor "--ssl (FTP IMAP) Warning".
@@ -212,7 +219,17 @@ def entry_term(lead: str) -> str | None:
     -> "vacuum_cost_page_miss"), None when it names none (module docstring, step 3)."""
     named = lead_terms(lead)
     if not named:
-        return None
+        # An upper-case name ("HISTSIZE: The number of commands …"), not a label.
+        capital = _CAPITAL_NAME.match(lead)
+        if capital and capital.group(1) not in _LABEL_WORDS:
+            return capital.group(1)
+        # The first entry after a section's introduction ("The [DHCPv4] section
+        # configures …, if enabled with the DHCP= setting described above: SendHostname=:
+        # When true, …").
+        introduced = _INTRODUCED.match(lead)
+        named = lead_terms(lead[introduced.end():]) if introduced else ()
+        if not named:
+            return None
     return _TYPE_NOTE.sub("", named[0]) or named[0]
 
 

@@ -275,7 +275,7 @@ def test_subjects_where_a_reply_names_them() -> None:
     assert subject("Correction: I listed these under 15.17; that is incorrect.") is None
     assert subject("The [DHCPServer] section contains settings for the DHCP server, if"
                    " enabled via the DHCPServer= option described above: ServerAddress=:"
-                   " Specifies server address.") is None
+                   " Specifies server address.") == "ServerAddress="
     assert subject("Step 1 is done. Then-a: x") is None
 
 
@@ -361,6 +361,13 @@ def test_every_entry_s_figure_is_written_under_its_term() -> None:
     assert fidelity.attribution([reply], summary) == fidelity.Score(len(names), len(names))
     assert entry_term("vacuum_cost_limit (integer): The cost.") == "vacuum_cost_limit"
     assert entry_term("Understood: a 10-year horizon.") is None
+    # An upper-case name is a term, an upper-case label is not; nor is a section's
+    # introduction, whose first entry follows it.
+    assert entry_term("HISTSIZE: The number of commands to remember.") == "HISTSIZE"
+    assert entry_term("NOTE: this is read once.") is None
+    assert entry_term("The [DHCPv4] section configures the DHCPv4 client, if it is enabled"
+                      " with the DHCP= setting described above: SendHostname=: When true,"
+                      " the hostname is sent.") == "SendHostname="
 
 
 def test_a_caveat_about_the_entry_is_kept_under_its_term_on_its_own() -> None:
