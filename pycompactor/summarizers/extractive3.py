@@ -184,7 +184,7 @@ _LETTER: Final = re.compile(r"[^\W\d_]")
 # [DHCPServer] section contains settings for the DHCP server, if enabled via …" is prose.
 _NAMED_WORDS: Final = 8
 _PLAIN_WORD: Final = re.compile(r"(?<![\w=.-])[a-z]{2,}(?![\w=.(-])")
-_SENTENCE_END: Final = re.compile(r"[.!?。！？](?:\s|$)")
+_SENTENCE_END: Final = re.compile(r"(?<!\.)[.!?。！？](?:\s|$)")  # not "[ word ... ]"
 # A type or unit note after an entry's term ("bgwriter_delay (integer)"): the line names
 # the term without it.
 _TYPE_NOTE: Final = re.compile(r"\s*\([^()]*\)$")

@@ -272,6 +272,8 @@ def test_subjects_where_a_reply_names_them() -> None:
     assert subject("CDPATH The search path for the cd command.") == "CDPATH"
     assert subject("-D        A list of all double-quoted strings is printed.") == "-D"
     assert subject("--ssl  (FTP IMAP POP3) Warning: this is an insecure option.") == "--ssl"
+    assert subject("for name [ [ in [ word ... ] ] ; ] do list ; done: The list of words"
+                   " following in is expanded.") == "for name [[in [word... ] ]; ] do list; done"
     assert subject("Correction: I listed these under 15.17; that is incorrect.") is None
     assert subject("The [DHCPServer] section contains settings for the DHCP server, if"
                    " enabled via the DHCPServer= option described above: ServerAddress=:"
