@@ -159,6 +159,7 @@ _CONTINUATION: Final = re.compile(r"^[a-z]+(?:[ ,]|$)(?![(:]|-[A-Za-z])")
 _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
 _ZH_ABOUT: Final = re.compile(r"^关于\s*(.{1,60}?)[，,]")
+_COLON: Final = re.compile("[:：]")  # what every entry's term ends with
 # An upper-case name before a colon ("HISTSIZE: …", "PGHOST: …"), unless a label.
 _CAPITAL_NAME: Final = re.compile(r"^([A-Z][A-Z0-9_]{2,}):\s")
 _LABEL_WORDS: Final = frozenset({"NOTE", "NOTES", "WARNING", "CAUTION", "IMPORTANT", "TIP",
@@ -322,7 +323,7 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
             item += 1
             term = entry_term(said[0]) if said else None
             for at, sentence in enumerate(said):
-                named = entry_term(sentence) if at else None
+                named = entry_term(sentence) if at and _COLON.search(sentence) else None
                 if chain and (named or not _points_back(sentence, term)):
                     units.extend(_unit(r, order, chain, item, term))
                     order += len(chain)
