@@ -412,8 +412,12 @@ def _line(label: str, topic: str | None, chosen: Sequence[_Unit]) -> str:
     # ((expr1; expr2; expr3)); do list; done: First, …" is two statements); as words, not
     # inside one ("PR" is not named by "priority"), and an upper-case name in its case
     # ("COMMAND" is not named by "command lines"; "Hot Standby" is by "hot standby").
-    named = re.search(rf"(?<!\w){re.escape(topic)}(?!\w)", " ".join(parts),
-                      0 if topic.isupper() else re.IGNORECASE) if topic else None
+    # The sentence is telegraphic: "The Cumulative Statistics System" is named there as
+    # "Cumulative Statistics System".
+    named = next((m for name in dict.fromkeys((topic, telegraph(topic))) if name
+                  for m in [re.search(rf"(?<!\w){re.escape(name)}(?!\w)", " ".join(parts),
+                                      0 if name.isupper() else re.IGNORECASE)] if m),
+                 None) if topic else None
     if topic and not (named and named.start() <= len(parts[0])):
         head += f"{topic}: "
     return head + " ".join(parts)

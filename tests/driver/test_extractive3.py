@@ -320,6 +320,11 @@ def test_a_line_names_its_subject_unless_its_sentence_names_it_as_a_word() -> No
              "PR field is not")):
         summary = summarize_replies([reply] + [filler] * 9, 0.4)
         assert summary.startswith(f"a) {lead}"), summary
+    # … and is named by it in its telegraphic form ("The" dropped): not twice.
+    reply = ("From the PostgreSQL 15 documentation, The Cumulative Statistics System:\n\n"
+             "- The view will contain only one row.")
+    summary = summarize_replies([reply] + [filler] * 9, 1.0)
+    assert summary.count("Cumulative Statistics System") == 1, summary
 
 
 def test_an_entry_that_opens_mid_line_names_the_sentences_after_it() -> None:
