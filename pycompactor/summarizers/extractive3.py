@@ -19,9 +19,9 @@ and writes only lines a reader can quote back to one reply:
    where the reply names it: its lead line ("PostgreSQL 15.2 was released on …", "From
    the PostgreSQL 15 documentation, Numeric Types:", "关于 alter_table，…"), the term a
    reference entry defines ("WorkingDirectory=: Takes …", "os.path.join: Join …", "-U,
-   --filter-any-user = USER (as: number or name): Display …", "\\pset [ option ]: …"), or
-   the first proper name of its first sentence ("Lotus Asia Growth charges …"). A reply's line
-   starts with that subject when its first kept sentence does not name it, so "The fund's
+   --filter-any-user = USER (as: number or name): Display …", "-a, --append Add the
+   user …", "\\pset [ option ]: …"), or the first proper name of its first sentence
+   ("Lotus Asia Growth charges …"). A reply's line starts with that subject when its first kept sentence does not name it, so "The fund's
    NAV on 2026-10-30 was 11.48." reads under the fund it belongs to. A reply that lists
    entries ("- vacuum_cost_page_miss (integer): … The default value is 2.") gives each
    entry's sentences under the entry's term ("vacuum_cost_page_miss: Default value is
@@ -159,7 +159,12 @@ _CONTINUATION: Final = re.compile(r"^[a-z]+(?:[ ,]|$)(?![(:]|-[A-Za-z])")
 _RELEASED: Final = re.compile(r"^(.{2,80}?)\s+(?:was|were)\s+released\b")
 _FROM_DOCS: Final = re.compile(r"^From\b.{0,120},\s*(.{2,80}?):\s*$")
 _ZH_ABOUT: Final = re.compile(r"^关于\s*(.{1,60}?)[，,]")
-_COLON: Final = re.compile("[:：]")  # what every entry's term ends with
+_COLON: Final = re.compile("[:：]")  # what every entry's term ends with, but an option's
+# A long option opening its entry without a colon (`entry_term`).
+_OPTION_ENTRY: Final = re.compile(
+    r"^((?:-[A-Za-z0-9], )?--[A-Za-z0-9][\w-]*)(?:[ =][A-Z][A-Z0-9_]*)?\s+(?=[^\s:：])"
+    # … not a sentence about the option ("--no-config is …", "--foo and --bar …")
+    r"(?!(?:is|are|was|were|and|or|has|have|can|may|must|will|does|do|also|option)\b)")
 # An upper-case name before a colon ("HISTSIZE: …", "PGHOST: …"), unless a label.
 _CAPITAL_NAME: Final = re.compile(r"^([A-Z][A-Z0-9_]{2,}):\s")
 _LABEL_WORDS: Final = frozenset({"NOTE", "NOTES", "WARNING", "CAUTION", "IMPORTANT", "TIP",
@@ -220,6 +225,12 @@ def entry_term(lead: str) -> str | None:
     -> "vacuum_cost_page_miss"), None when it names none (module docstring, step 3)."""
     named = lead_terms(lead)
     if not named:
+        # A man page's long option and its argument, then its description, no colon
+        # ("-a, --append Add the user to the supplementary group(s). Use only with the -G
+        # option. -b, --badname Allow …").
+        option = _OPTION_ENTRY.match(lead)
+        if option:
+            return option.group(1)
         # An upper-case name ("HISTSIZE: The number of commands …"), not a label.
         capital = _CAPITAL_NAME.match(lead)
         if capital and capital.group(1) not in _LABEL_WORDS:
@@ -259,9 +270,9 @@ def subject(reply: str) -> str | None:
 
 
 def _named_before_colon(lead: str) -> str | None:
-    """The name a reference entry's lead defines where `entry_term` reads none ("-U,
-    --filter-any-user = USER (as: number or name): Display only …", "\\pset [ option
-    [ value ] ]: …"): what stands before its first colon outside brackets, when that
+    """The name a reference entry's lead defines where `entry_term` reads none ("\\pset
+    [ option [ value ] ]: …", "RuntimeDirectoryMode=, StateDirectoryMode=, …: …", "TIME
+    -- CPU Time: …"): what stands before its first colon outside brackets, when that
     looks like a name (`_NAME_LIKE`: "Correction: …", "Noted: …" label a statement,
     they name nothing) and is one short phrase, without its bracketed note."""
     depth = 0
@@ -323,7 +334,8 @@ def _units(replies: Sequence[str]) -> list[_Unit]:
             item += 1
             term = entry_term(said[0]) if said else None
             for at, sentence in enumerate(said):
-                named = entry_term(sentence) if at and _COLON.search(sentence) else None
+                named = (entry_term(sentence)
+                         if at and (sentence[:1] == "-" or _COLON.search(sentence)) else None)
                 if chain and (named or not _points_back(sentence, term)):
                     units.extend(_unit(r, order, chain, item, term))
                     order += len(chain)

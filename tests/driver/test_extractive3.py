@@ -259,7 +259,7 @@ def test_subjects_where_a_reply_names_them() -> None:
     # A lead longer than a term, read up to its colon outside brackets.
     assert subject("-U, --filter-any-user = USER (as: number or name): Display only"
                    " processes with a user id matching that given.") == \
-        "-U, --filter-any-user = USER"
+        "-U, --filter-any-user"
     assert subject("\\pset [ option [ value ] ]: This command sets options.") == \
         "\\pset [option [value ] ]"
     assert subject("TIME -- CPU Time: Total CPU time the task has used.") == \
@@ -298,13 +298,29 @@ def test_a_reply_s_later_line_is_written_under_the_option_its_lead_names() -> No
     lines = {line[:2]: line for line in summary.splitlines()}
     assert "not matching" in lines["a)"], summary
     assert "not matching" in lines["b)"], summary
-    assert lines["a)"].startswith("a) -U, --filter-any-user = USER: Prepending"), summary
-    assert lines["b)"].startswith("b) -u, --filter-only-euser = USER"), summary
+    assert lines["a)"].startswith("a) -U, --filter-any-user: Prepending"), summary
+    assert lines["b)"].startswith("b) -u, --filter-only-euser"), summary
     # A lead the sentence split cut in two is named once, by its sentence.
     loop = ("for (( expr1 ; expr2 ; expr3 )) ; do list ; done: First, the arithmetic"
             " expression expr1 is evaluated; it may not be empty.")
     written = summarize_replies([loop] + [filler] * 9, 1.0)
     assert written.count("do list; done") == 1, written
+
+
+def test_an_option_s_sentences_are_written_under_that_option() -> None:
+    """A man page lists options without colons ("-a, --append Add the user to the
+    supplementary group(s). Use only with the -G option. -e, --expiredate EXPIRE_DATE
+    The date on which …"): "Use only with -G option." under the command alone reads as
+    true of every option, "Integers as input are interpreted as days" as true of -a."""
+    reply = ("About usermod:\n\n- -a, --append Add the user to the supplementary group(s)."
+             " Use only with the -G option. -e, --expiredate EXPIRE_DATE The date on which"
+             " the user account will be disabled. Integers as input are interpreted as days"
+             " after 1970-01-01. --no-config is not an option of usermod.")
+    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
+    summary = summarize_replies([reply] + [filler] * 9, 0.5)
+    assert "-a, --append: Use only with -G option." in summary, summary
+    assert "-e, --expiredate: Integers as input" in summary, summary
+    assert entry_term("--no-config is not an option of usermod.") is None
 
 
 def test_a_line_names_its_subject_unless_its_sentence_names_it_as_a_word() -> None:
