@@ -21,8 +21,9 @@ and writes only lines a reader can quote back to one reply:
    reference entry defines ("WorkingDirectory=: Takes …", "os.path.join: Join …", "-U,
    --filter-any-user = USER (as: number or name): Display …", "-a, --append Add the
    user …", "\\pset [ option ]: …"), or the first proper name of its first sentence
-   ("Lotus Asia Growth charges …"). A reply's line starts with that subject when its first kept sentence does not name it, so "The fund's
-   NAV on 2026-10-30 was 11.48." reads under the fund it belongs to. A reply that lists
+   ("Lotus Asia Growth charges …"). A reply's line starts with that subject when its
+   first kept sentence does not name it, so "The fund's NAV on 2026-10-30 was 11.48."
+   reads under the fund it belongs to. A reply that lists
    entries ("- vacuum_cost_page_miss (integer): … The default value is 2.") gives each
    entry's sentences under the entry's term ("vacuum_cost_page_miss: Default value is
    2."), also where an entry opens in the middle of a line ("… sockets. ProtectSystem=:
