@@ -23,12 +23,12 @@ and writes only lines a reader can quote back to one reply:
    user …", "\\pset [ option ]: …"), or the first proper name of its first sentence
    ("Lotus Asia Growth charges …"). A reply's line starts with that subject when its
    first kept sentence does not name it, so "The fund's NAV on 2026-10-30 was 11.48."
-   reads under the fund it belongs to. A reply that lists
-   entries ("- vacuum_cost_page_miss (integer): … The default value is 2.") gives each
-   entry's sentences under the entry's term ("vacuum_cost_page_miss: Default value is
-   2."), also where an entry opens in the middle of a line ("… sockets. ProtectSystem=:
-   Takes a boolean … If true, mounts /usr/ read-only"), never as one of several bare
-   "Default value is N." under the chapter's name.
+   reads under the fund it belongs to. A reply that lists entries
+   ("- vacuum_cost_page_miss (integer): … The default value is 2.") gives each entry's
+   sentences under the entry's term ("vacuum_cost_page_miss: Default value is 2."), also
+   where an entry opens in the middle of a line ("… sockets. ProtectSystem=: Takes a
+   boolean … If true, mounts /usr/ read-only"), never as one of several bare "Default
+   value is N." under the chapter's name.
    A sentence several entries of one reply state is one statement about each: it is
    written once, after the reply's other sentences, naming them all ("max_connections,
    shared_buffers: This parameter can only be set at server start."), and counts as
@@ -427,13 +427,19 @@ def _line(label: str, topic: str | None, chosen: Sequence[_Unit]) -> str:
     # ("COMMAND" is not named by "command lines"; "Hot Standby" is by "hot standby").
     # The sentence is telegraphic: "The Cumulative Statistics System" is named there as
     # "Cumulative Statistics System".
-    named = next((m for name in dict.fromkeys((topic, telegraph(topic))) if name
-                  for m in [re.search(rf"(?<!\w){re.escape(name)}(?!\w)", " ".join(parts),
-                                      0 if name.isupper() else re.IGNORECASE)] if m),
-                 None) if topic else None
-    if topic and not (named and named.start() <= len(parts[0])):
-        head += f"{topic}: "
+    if topic:
+        joined = " ".join(parts)
+        places = [_named_at(joined, name) for name in (topic, telegraph(topic)) if name]
+        if not any(0 <= at <= len(parts[0]) for at in places):
+            head += f"{topic}: "
     return head + " ".join(parts)
+
+
+def _named_at(text: str, name: str) -> int:
+    """Where `text` names `name` as words (an upper-case name in its case), -1 if not."""
+    found = re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text,
+                      0 if name.isupper() else re.IGNORECASE)
+    return found.start() if found else -1
 
 
 def _ended(text: str) -> str:
