@@ -43,6 +43,8 @@ Conn = psycopg.Connection[Any]
 ASCII_WS = " \t\n\r\f\v"
 _WORDS = re.compile(r"\w+")
 _LINE = re.compile(r"^([a-j])\) (.*)$")
+# A reply that states nothing a summary keeps: the nine beside the one a test is about.
+FILLER = "Ordinary entries follow here with nothing to add about them at all. " * 6
 
 
 def size(text: str) -> int:
@@ -144,10 +146,9 @@ def test_a_figure_that_points_back_is_kept_with_the_fee_it_restates() -> None:
 def test_a_parenthesis_that_points_back_is_kept_with_what_it_governs() -> None:
     """"(This consideration does not apply to non-B-tree indexes.)" alone denies what the
     reply never said: it limits the sentence before it."""
-    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
     first = "B-tree index pages that have become completely empty are reclaimed for re-use. "
     second = "(This consideration does not apply to non-B-tree indexes.)"
-    replies = [filler + first + second] + [filler] * 9
+    replies = [FILLER + first + second] + [FILLER] * 9
     for target in (0.005, 0.02, 0.1, 0.4):
         summary = summarize_replies(replies, target)
         assert ("does not apply" in summary) == ("completely empty" in summary), (target, summary)
@@ -157,11 +158,10 @@ def test_a_parenthesis_that_points_back_is_kept_with_what_it_governs() -> None:
 def test_a_sentence_with_an_abbreviation_in_parentheses_is_written_whole() -> None:
     """Split at "vs.", the reply's sentence leaves "POSIX) are treated slightly differently
     by systemd, so ... not removed ...", a caveat about nothing the line names."""
-    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
     ipc = ("- Different types of IPC objects (shared memory vs. semaphores, System V vs."
            " POSIX) are treated slightly differently by systemd, so one might observe that"
            " some IPC resources are not removed in the same way as others.")
-    replies = [filler + "\n" + ipc] + [filler] * 9
+    replies = [FILLER + "\n" + ipc] + [FILLER] * 9
     for target in (0.005, 0.02, 0.1, 0.4):
         summary = summarize_replies(replies, target)
         assert ("not removed" in summary) == ("Different types of IPC objects" in summary), \
@@ -179,9 +179,8 @@ def test_a_clause_after_a_semicolon_or_a_lowercase_start_is_never_written_alone(
     """The half of a statement the sentence split leaves after ";" (or a split that
     cut a sentence short) is written with the half before it, or not at all: "no
     visible ill effect" alone says the opposite of the reply."""
-    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
     first = "In production builds there would often be no visible ill effect; "
-    replies = [filler + first + second] + [filler] * 9
+    replies = [FILLER + first + second] + [FILLER] * 9
     for target in (0.005, 0.02, 0.1, 0.4):
         summary = summarize_replies(replies, target)
         assert ("no visible ill effect" in summary) == (telegraph(second)[:12] in summary), \
@@ -209,8 +208,7 @@ def test_a_sentence_that_opens_by_depending_on_the_one_before_is_never_written_a
     """A sentence whose opening or close makes it the second half of the one before
     ("Otherwise, queries will not be allowed …" after an unrelated sentence reads as the
     condition the reply did not state) is written with it, or not at all."""
-    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
-    replies = [f"{filler}{first} {second} {filler}"] + [filler] * 9
+    replies = [f"{FILLER}{first} {second} {FILLER}"] + [FILLER] * 9
     for target in (0.01, 0.02, 0.05, 0.4):
         summary = summarize_replies(replies, target)
         assert (telegraph(second)[:16] in summary) <= (telegraph(first)[:16] in summary), \
@@ -225,13 +223,12 @@ def test_a_sentence_wrapped_across_lines_is_written_whole() -> None:
                "If you use this argument\nyou may not use the Popen constructor's \"stdin\""
                " argument, as\nit will be used internally. By default, stdout and stderr"
                " are not captured, and those attributes\nwill be None.\n")
-    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
     for target in (0.1, 0.4, 1.0):
-        summary = summarize_replies([wrapped] + [filler] * 9, target)
+        summary = summarize_replies([wrapped] + [FILLER] * 9, target)
         assert "may not use" not in summary or "If you use this argument you may not use" \
             in summary, summary
         assert "not captured" not in summary or "those attributes will be None." in summary
-    assert "not captured" in summarize_replies([wrapped] + [filler] * 9, 1.0)
+    assert "not captured" in summarize_replies([wrapped] + [FILLER] * 9, 1.0)
 
 
 def test_telegraph_keeps_an_article_inside_an_abbreviation() -> None:
@@ -291,9 +288,8 @@ def test_a_reply_s_later_line_is_written_under_the_option_its_lead_names() -> No
                 f" or user name matching that given, {scope}.\n"
                 "Prepending an exclamation point ('!') to the user id or name instructs top"
                 f" to display only processes with users not matching the one provided, {scope}.")
-    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
     replies = [entry("-U, --filter-any-user", "any user"),
-               entry("-u, --filter-only-euser", "effective user")] + [filler] * 8
+               entry("-u, --filter-only-euser", "effective user")] + [FILLER] * 8
     summary = summarize_replies(replies, 0.4)
     lines = {line[:2]: line for line in summary.splitlines()}
     assert "not matching" in lines["a)"], summary
@@ -303,7 +299,7 @@ def test_a_reply_s_later_line_is_written_under_the_option_its_lead_names() -> No
     # A lead the sentence split cut in two is named once, by its sentence.
     loop = ("for (( expr1 ; expr2 ; expr3 )) ; do list ; done: First, the arithmetic"
             " expression expr1 is evaluated; it may not be empty.")
-    written = summarize_replies([loop] + [filler] * 9, 1.0)
+    written = summarize_replies([loop] + [FILLER] * 9, 1.0)
     assert written.count("do list; done") == 1, written
 
 
@@ -316,8 +312,7 @@ def test_an_option_s_sentences_are_written_under_that_option() -> None:
              " Use only with the -G option. -e, --expiredate EXPIRE_DATE The date on which"
              " the user account will be disabled. Integers as input are interpreted as days"
              " after 1970-01-01. --no-config is not an option of usermod.")
-    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
-    summary = summarize_replies([reply] + [filler] * 9, 0.5)
+    summary = summarize_replies([reply] + [FILLER] * 9, 0.5)
     assert "-a, --append: Use only with -G option." in summary, summary
     assert "-e, --expiredate: Integers as input" in summary, summary
     assert entry_term("--no-config is not an option of usermod.") is None
@@ -326,7 +321,6 @@ def test_an_option_s_sentences_are_written_under_that_option() -> None:
 def test_a_line_names_its_subject_unless_its_sentence_names_it_as_a_word() -> None:
     """"PR" is not named by "priority", nor "MAIL" by "mail", nor "manpath" by
     "MANDATORY_MANPATH": such a line is written under its subject."""
-    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
     for reply, lead in (
             ("PR  --  Priority: The scheduling priority of the task.\nUnder linux, real"
              " time priority is not always preemptible.", "PR: Under linux"),
@@ -334,12 +328,12 @@ def test_a_line_names_its_subject_unless_its_sentence_names_it_as_a_word() -> No
              "The default is 60 seconds; mail is checked before each prompt.", "MAIL: Default"),
             ("PR  --  Priority: The scheduling priority.\nThe PR field is not always shown.",
              "PR field is not")):
-        summary = summarize_replies([reply] + [filler] * 9, 0.4)
+        summary = summarize_replies([reply] + [FILLER] * 9, 0.4)
         assert summary.startswith(f"a) {lead}"), summary
     # … and is named by it in its telegraphic form ("The" dropped): not twice.
     reply = ("From the PostgreSQL 15 documentation, The Cumulative Statistics System:\n\n"
              "- The view will contain only one row.")
-    summary = summarize_replies([reply] + [filler] * 9, 1.0)
+    summary = summarize_replies([reply] + [FILLER] * 9, 1.0)
     assert summary.count("Cumulative Statistics System") == 1, summary
 
 
@@ -352,9 +346,8 @@ def test_an_entry_that_opens_mid_line_names_the_sentences_after_it() -> None:
              " the ability of programs to connect to AF_UNIX sockets. ProtectSystem=: Takes"
              " a boolean argument or the special values \"full\" or \"strict\". If true,"
              " mounts the /usr/ directory read-only for processes invoked by this unit.")
-    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
     for target in (0.2, 0.4, 1.0):
-        summary = summarize_replies([reply] + [filler] * 9, target)
+        summary = summarize_replies([reply] + [FILLER] * 9, target)
         assert "If true" in summary, (target, summary)
         line = summary.splitlines()[0]
         assert "ProtectSystem=:" in line[:line.index("If true")], (target, summary)
@@ -396,11 +389,10 @@ def test_every_entry_s_figure_is_written_under_its_term() -> None:
 def test_a_caveat_about_the_entry_is_kept_under_its_term_on_its_own() -> None:
     """"This parameter can only be set at server start." is about the entry its line
     names, not about the sentence before it: kept alone, it is written under the term."""
-    filler = "Ordinary entries follow here with nothing to add about them at all. " * 6
     entry = ("- opt_x (integer): Sets the thing. Default is 5 units for most of the servers"
              " in any ordinary install of today. This parameter can only be set at server"
              " start.")
-    replies = [entry] + [filler] * 9
+    replies = [entry] + [FILLER] * 9
     # Room for the caveat's line, not for the default's sentence with it.
     summary = summarize_replies(replies, 60 / sum(len(r) for r in replies))
     assert summary == "a) opt_x: This parameter can only be set at server start."
