@@ -102,8 +102,11 @@ QUALIFIER_WORTH: Final = 0.4
 #: carries a clause ("that", "which", "this", a verb) goes, so no clause loses its subject
 #: or turns into another statement, and never a qualifier ("not", "no", "only", "may").
 _FUNCTION_WORDS: Final = frozenset({"a", "an", "the", "very", "also"})
-# A word standing alone: "a" of "a.k.a." or "e.g." is no article.
-_WORD: Final = re.compile(r"(?<![\w.'-])[A-Za-z]+(?:'[a-z]+)?(?![\w.'-])")
+# One of them standing alone: "a" of "a.k.a." or "e.g." is no article, nor "the" of
+# "the's".
+_FUNCTION_WORD: Final = re.compile(
+    rf"(?<![\w.'-])(?:{'|'.join(sorted(_FUNCTION_WORDS, key=len, reverse=True))})(?![\w.'-])",
+    re.IGNORECASE)
 # A dropped word leaves " ," or "( " behind; a mark that opens a token (".conf", ".*",
 # ".5" of "10 .5") keeps its space.
 _SPACE_BEFORE_MARK: Final = re.compile(r" ([,;:.!?)])(?=[\s,;:.!?)]|$)")
@@ -298,11 +301,7 @@ def _named_before_colon(lead: str) -> str | None:
 def telegraph(sentence: str) -> str:
     """A sentence without its function words (module docstring, step 2)."""
     text = _OPENERS.sub("", _BULLET.sub("", sentence.strip(_ASCII_WS)))
-
-    def keep(match: re.Match[str]) -> str:
-        return "" if match.group(0).lower() in _FUNCTION_WORDS else match.group(0)
-
-    text = _WORD.sub(keep, text)
+    text = _FUNCTION_WORD.sub("", text)
     text = _WS_RUN.sub(" ", text)
     text = _SPACE_AFTER_OPENING.sub(r"\1", _SPACE_BEFORE_MARK.sub(r"\1", text)).strip(" ,")
     if text and text[0].islower() and sentence.lstrip(_ASCII_WS + "-*•・ ")[:1].isupper():
@@ -390,16 +389,19 @@ def _unit(reply: int, order: int, chain: Sequence[str], item: int = 0,
     """A sentence and the ones that point back to it, as one unit if any states a fact."""
     found: set[str] = set()
     qualifiers = 0
-    texts = []
     for sentence in chain:
         found.update(FIGURE.findall(sentence))
         qualifiers += len(scope_qualifiers(sentence))
+    if not (found or qualifiers):
+        return []
+    texts = []
+    for sentence in chain:
         text = telegraph(sentence)
         if text.strip(_ASCII_WS):
             text = _ended(text)  # a lead's colon becomes a full stop; "the:" leaves nothing
         if text.strip(_ASCII_WS):
             texts.append(text)
-    if not texts or not (found or qualifiers):
+    if not texts:
         return []
     return [_Unit(reply, order, " ".join(texts), frozenset(found), qualifiers,
                   any(_CORRECTION.search(sentence) for sentence in chain), item, term)]
