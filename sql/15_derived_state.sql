@@ -246,8 +246,12 @@ COMMENT ON FUNCTION compaction.source_stamp() IS
 -- distributed table with _<shardid> appended), on the node that holds it; the
 -- distributed table is what the source views read and what the stamp names. This is
 -- that table, found in Citus's metadata on the node (every node holds it); any other
--- relation is returned as it is. No SET clause: called by the tracking trigger on every
--- statement, under its settings.
+-- relation is returned as it is. The shard is never looked up in pg_class: in a client's
+-- session on a worker (Citus takes writes on any node) Citus hides shards from queries
+-- of pg_class, and a write sent there went untracked. Its name comes from regclass and
+-- the match from Citus's own shard_name, both through the catalog caches, which hide
+-- nothing. No SET clause: called by the tracking trigger on every statement, under its
+-- settings.
 CREATE FUNCTION compaction.distributed_relation(p_relid oid)
 RETURNS oid
 LANGUAGE plpgsql
@@ -260,9 +264,8 @@ BEGIN
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NULL THEN
         RETURN p_relid;  -- no Citus here
     END IF;
-    SELECT pg_catalog.substring(c.relname::text, '_([0-9]+)$')::bigint INTO v_shard
-    FROM pg_catalog.pg_class AS c
-    WHERE c.oid = p_relid;
+    -- A quoted name ends with its quote: "My Table_102008".
+    v_shard := pg_catalog.substring(p_relid::regclass::text, '_([0-9]+)"?$')::bigint;
     IF v_shard IS NULL THEN
         RETURN p_relid;
     END IF;
@@ -270,13 +273,10 @@ BEGIN
     -- when it first runs it, so this one is planned only once Citus was found above,
     -- and then once per session (as EXECUTE it was planned again on every tracked
     -- statement, a tenth of a tracked write's time on a shard).
-    SELECT l.oid INTO v_logical
+    SELECT s.logicalrelid INTO v_logical
     FROM pg_catalog.pg_dist_shard AS s
-    JOIN pg_catalog.pg_class AS l ON l.oid = s.logicalrelid
-    JOIN pg_catalog.pg_class AS c ON c.oid = p_relid
     WHERE s.shardid = v_shard
-      AND c.relnamespace = l.relnamespace
-      AND c.relname::text = l.relname::text || '_' || v_shard::text;
+      AND pg_catalog.to_regclass(pg_catalog.shard_name(s.logicalrelid, s.shardid)) = p_relid;
     RETURN coalesce(v_logical, p_relid);
 END
 $$;

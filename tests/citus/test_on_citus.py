@@ -621,6 +621,40 @@ def test_tracking_on_citus_stays_exact_through_a_drain_an_erasure_and_a_repair(
     assert _verify_all(conn) == {}
 
 
+def test_writes_through_a_worker_node_keep_the_derived_state_exact(
+        conn: Conn, dsn: str, citus_nodes: dict[str, Any]) -> None:
+    """Citus takes writes on any node. Sent to a worker, a Run and an edit fire the
+    tracking in a client session there, where Citus hides the shards from pg_class: the
+    trigger still tells its shard's table, so the Run's pair is counted at once and the
+    edited reply makes its summary stale at once (Case B), through either worker (one
+    holds the conversation's shards, the other sends the write on)."""
+    from pycompactor import cli
+    from tests.conftest import make_dsn
+    from tests.history import History
+
+    History(conn).pairs("via-worker", 45)
+    assert cli.main(["worker", "--once", "--sweep", "--model", "pycompactor/extractive-1",
+                     "--dsn", dsn]) == 0
+    assert conn.execute("SELECT count(*) FROM compaction.summary_verdicts"
+                        " WHERE conversation_id = 'via-worker' AND reason IS NULL"
+                        ).fetchone() == (2,)
+    database = conn.info.dbname
+    for n, node in enumerate(("worker1", "worker2")):
+        with psycopg.connect(make_dsn(citus_nodes[node], database), autocommit=True) as w:
+            History(w).pair("via-worker")
+            w.execute("UPDATE compaction_source.messages SET content = content || ' (edited)'"
+                      " WHERE message_id = (SELECT message_id FROM compaction_source.messages"
+                      "   WHERE conversation_id = 'via-worker' AND role = 'assistant'"
+                      "   ORDER BY seq OFFSET %s LIMIT 1)", (10 * n,))
+        assert conn.execute("SELECT pair_count FROM compaction.conversation_state"
+                            " WHERE conversation_id = 'via-worker'").fetchone() == (46 + n,)
+        assert conn.execute("SELECT reason FROM compaction.summary_verdicts"
+                            " WHERE conversation_id = 'via-worker' AND from_pair = %s",
+                            (10 * n,)).fetchone() == ("stale_source",)
+    assert conn.execute("SELECT compaction.derived_state_status()").fetchone() == ("in_use",)
+    assert _verify_all(conn) == {}
+
+
 # Contract §3 with the tracking attached on Citus: C and D each own a run R-r, a message
 # naming R-r filed under E (no run R-r) breaks both, deleting it restores both; a Run
 # created after its foreign message; a deleted Run; one statement over several
