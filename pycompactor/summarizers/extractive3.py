@@ -103,14 +103,18 @@ QUALIFIER_WORTH: Final = 0.4
 #: or turns into another statement, and never a qualifier ("not", "no", "only", "may").
 _FUNCTION_WORDS: Final = frozenset({"a", "an", "the", "very", "also"})
 # One of them standing alone: "a" of "a.k.a." or "e.g." is no article, nor "the" of
-# "the's".
+# "the's", nor a name set in marks ("if *a* is a str", "`a`").
 _FUNCTION_WORD: Final = re.compile(
-    rf"(?<![\w.'-])(?:{'|'.join(sorted(_FUNCTION_WORDS, key=len, reverse=True))})(?![\w.'-])",
+    rf"(?<![\w.'*`-])(?:{'|'.join(sorted(_FUNCTION_WORDS, key=len, reverse=True))})"
+    r"(?![\w.'*`-])",
     re.IGNORECASE)
-# A dropped word leaves " ," or "( " behind; a mark that opens a token (".conf", ".*",
-# ".5" of "10 .5") keeps its space.
-_SPACE_BEFORE_MARK: Final = re.compile(r" ([,;:.!?)])(?=[\s,;:.!?)]|$)")
-_SPACE_AFTER_OPENING: Final = re.compile(r"([(\[“]) (?=\S)")
+# A dropped word leaves a gap (_GAP), which closes up before a mark ("NAV of  , …") and
+# after an opening ("(  default)"); a mark that opens a token (".conf", ".*", ".5" of
+# "10 .5") keeps its space. Spaces the reply wrote stay where they are ("? , for listing
+# completions").
+_GAP: Final = "\x00"
+_GAP_BEFORE_MARK: Final = re.compile(r"[ \t]*\x00[ \t]*(?=[,;:.!?)](?:[\s,;:.!?)]|$)|$)")
+_GAP_AFTER_OPENING: Final = re.compile(r"(?<=[(\[“])[ \t]*\x00[ \t]*")
 # A sentence that opens with one of these, a comma after it, loses the opener.
 _OPENERS: Final = re.compile(
     r"^(?:However|Additionally|Also|Thus|Therefore|Furthermore|Moreover|Note that|"
@@ -301,9 +305,8 @@ def _named_before_colon(lead: str) -> str | None:
 def telegraph(sentence: str) -> str:
     """A sentence without its function words (module docstring, step 2)."""
     text = _OPENERS.sub("", _BULLET.sub("", sentence.strip(_ASCII_WS)))
-    text = _FUNCTION_WORD.sub("", text)
-    text = _WS_RUN.sub(" ", text)
-    text = _SPACE_AFTER_OPENING.sub(r"\1", _SPACE_BEFORE_MARK.sub(r"\1", text)).strip(" ,")
+    text = _GAP_AFTER_OPENING.sub("", _GAP_BEFORE_MARK.sub("", _FUNCTION_WORD.sub(_GAP, text)))
+    text = _WS_RUN.sub(" ", text.replace(_GAP, " ")).strip(" ,")
     if text and text[0].islower() and sentence.lstrip(_ASCII_WS + "-*•・ ")[:1].isupper():
         text = text[0].upper() + text[1:]
     return text

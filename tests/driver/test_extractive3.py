@@ -258,7 +258,7 @@ def test_subjects_where_a_reply_names_them() -> None:
                    " processes with a user id matching that given.") == \
         "-U, --filter-any-user"
     assert subject("\\pset [ option [ value ] ]: This command sets options.") == \
-        "\\pset [option [value ] ]"
+        "\\pset [ option [ value ] ]"
     assert subject("TIME -- CPU Time: Total CPU time the task has used.") == \
         "TIME -- CPU Time"
     assert subject("RuntimeDirectoryMode=, StateDirectoryMode=, CacheDirectoryMode=,"
@@ -270,7 +270,8 @@ def test_subjects_where_a_reply_names_them() -> None:
     assert subject("-D        A list of all double-quoted strings is printed.") == "-D"
     assert subject("--ssl  (FTP IMAP POP3) Warning: this is an insecure option.") == "--ssl"
     assert subject("for name [ [ in [ word ... ] ] ; ] do list ; done: The list of words"
-                   " following in is expanded.") == "for name [[in [word... ] ]; ] do list; done"
+                   " following in is expanded.") == \
+        "for name [ [ in [ word ... ] ] ; ] do list ; done"
     assert subject("Correction: I listed these under 15.17; that is incorrect.") is None
     assert subject("The [DHCPServer] section contains settings for the DHCP server, if"
                    " enabled via the DHCPServer= option described above: ServerAddress=:"
@@ -300,7 +301,7 @@ def test_a_reply_s_later_line_is_written_under_the_option_its_lead_names() -> No
     loop = ("for (( expr1 ; expr2 ; expr3 )) ; do list ; done: First, the arithmetic"
             " expression expr1 is evaluated; it may not be empty.")
     written = summarize_replies([loop] + [FILLER] * 9, 1.0)
-    assert written.count("do list; done") == 1, written
+    assert written.count("do list ; done") == 1, written
 
 
 def test_an_option_s_sentences_are_written_under_that_option() -> None:
@@ -439,6 +440,19 @@ def test_telegraph_keeps_the_space_before_a_mark_that_opens_a_token() -> None:
         "It supports .* and .** accessors."
     assert telegraph("Use jsonbcol ?| array['a'].") == "Use jsonbcol ?| array['a']."
     assert telegraph("It ends in the .log, then the .") == "It ends in .log, then."
+
+
+def test_telegraph_keeps_the_spacing_the_reply_wrote() -> None:
+    # Only the gap a dropped word leaves closes up; a space the reply put before a mark
+    # is part of what it says ("::10.2.3.4" is an address, ",," an operator).
+    assert telegraph("Addresses such as ::10.2.3.4 or ::ffff:10.4.3.2 are mapped.") == \
+        "Addresses such as ::10.2.3.4 or ::ffff:10.4.3.2 are mapped."
+    assert telegraph("The ^^ and ,, expansions convert each character.") == \
+        "^^ and ,, expansions convert each character."
+    assert telegraph("The value of the , option is 5 .") == "Value of, option is 5 ."
+    # A word set in marks is a name, not an article.
+    assert telegraph("All bits are used if *a* is a str.") == "All bits are used if *a* is str."
+    assert telegraph("Pass `a` as the first argument.") == "Pass `a` as first argument."
 
 
 def test_telegraph_drops_articles_and_keeps_every_qualifier_and_figure() -> None:
