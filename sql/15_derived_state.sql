@@ -264,8 +264,9 @@ BEGIN
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_shard') IS NULL THEN
         RETURN p_relid;  -- no Citus here
     END IF;
-    -- A quoted name ends with its quote: "My Table_102008".
-    v_shard := pg_catalog.substring(p_relid::regclass::text, '_([0-9]+)"?$')::bigint;
+    -- A quoted name ends with its quote: "My Table_102008". A number longer than a
+    -- shard id can be ("events_12345678901234567890") names no shard.
+    v_shard := pg_catalog.substring(p_relid::regclass::text, '_([0-9]{1,18})"?$')::bigint;
     IF v_shard IS NULL THEN
         RETURN p_relid;
     END IF;

@@ -655,6 +655,20 @@ def test_writes_through_a_worker_node_keep_the_derived_state_exact(
     assert _verify_all(conn) == {}
 
 
+def test_a_table_named_like_a_shard_is_its_own_table(conn: Conn) -> None:
+    """The tracking trigger asks which distributed table its table is a shard of: one
+    whose name only ends like a shard's (a shard id, quoted or not) is itself, however
+    long its number (one past a bigint failed the trigger). A shard itself is read as its
+    distributed table's in test_writes_through_a_worker_node_keep_the_derived_state_exact."""
+    shard = conn.execute("SELECT min(shardid) FROM pg_dist_shard").fetchone()
+    assert shard is not None
+    for name in (f"events_{shard[0]}", "events_12345678901234567890",
+                 f'"My Events_{shard[0]}"'):
+        conn.execute(f"CREATE TABLE public.{name} (id int)")
+        assert conn.execute(f"SELECT compaction.distributed_relation('public.{name}'::regclass)"
+                            f" = 'public.{name}'::regclass").fetchone() == (True,)
+
+
 # Contract §3 with the tracking attached on Citus: C and D each own a run R-r, a message
 # naming R-r filed under E (no run R-r) breaks both, deleting it restores both; a Run
 # created after its foreign message; a deleted Run; one statement over several
