@@ -410,10 +410,12 @@ def _unit(reply: int, order: int, chain: Sequence[str], item: int = 0,
                   any(_CORRECTION.search(sentence) for sentence in chain), item, term)]
 
 
-def _line(label: str, topic: str | None, chosen: Sequence[_Unit]) -> str:
-    """One reply's line: its label, its subject unless the first sentence names it, and
-    the kept sentences in reply order, each entry's opened with the entry's term unless
-    the sentence opens with it."""
+def _line(label: str, topic: str | None, chosen: Sequence[_Unit],
+          named_as: Sequence[str]) -> str:
+    """One reply's line: its label, its subject unless the first sentence names it (as
+    one of `named_as`: the subject and its telegraphic form, worked out once a reply),
+    and the kept sentences in reply order, each entry's opened with the entry's term
+    unless the sentence opens with it."""
     parts = []
     item = None
     for unit in chosen:
@@ -426,15 +428,15 @@ def _line(label: str, topic: str | None, chosen: Sequence[_Unit]) -> str:
                 text = f"{term}: {text}"
         parts.append(text)
     head = f"{label}) "
-    # Named by the first sentence: also when the split cut the name itself ("for
-    # ((expr1; expr2; expr3)); do list; done: First, …" is two statements); as words, not
+    # Named by the first sentence: also when the split cut the name itself ("for (( expr1
+    # ; expr2 ; expr3 )) ; do list ; done: First, …" is two statements); as words, not
     # inside one ("PR" is not named by "priority"), and an upper-case name in its case
     # ("COMMAND" is not named by "command lines"; "Hot Standby" is by "hot standby").
     # The sentence is telegraphic: "The Cumulative Statistics System" is named there as
     # "Cumulative Statistics System".
     if topic:
         joined = " ".join(parts)
-        places = [_named_at(joined, name) for name in (topic, telegraph(topic)) if name]
+        places = [_named_at(joined, name) for name in named_as if name]
         if not any(0 <= at <= len(parts[0]) for at in places):
             head += f"{topic}: "
     return head + " ".join(parts)
@@ -474,6 +476,7 @@ def summarize_replies(replies: Sequence[str], target: float = DEFAULT_TARGET,
     budget = max(1, int(target * total))
     units = _units(replies)
     topics = [subject(r) for r in replies]
+    named_as = [(t, telegraph(t)) if t else () for t in topics]
     # The same words are one statement: a sentence that points back is bound to what it
     # points at, so "it is not the current NAV" after two funds' NAVs is two statements.
     seen: set[str] = set()
@@ -487,7 +490,8 @@ def summarize_replies(replies: Sequence[str], target: float = DEFAULT_TARGET,
         if unit.text in seen:
             continue
         mine = sorted([*chosen.get(unit.reply, []), unit], key=lambda u: u.order)
-        line = _line(_LABELS[unit.reply % len(_LABELS)], topics[unit.reply], mine)
+        line = _line(_LABELS[unit.reply % len(_LABELS)], topics[unit.reply], mine,
+                     named_as[unit.reply])
         before = lines.get(unit.reply)
         # A new line also costs the newline that separates it (one per line but the first).
         extra_bytes = len(line.encode("utf-8")) + (1 if before is None and lines else 0)
